@@ -1,0 +1,134 @@
+//! Group membership views, as the group communication layer delivers them.
+//!
+//! A view is what every member of a group agrees on between two membership
+//! changes: a unique id, the ordered member list and why it changed. Each
+//! member entry also carries the id of the view that member came from
+//! (Spread's *transitional set*): members that install the same two views in a
+//! row have delivered the same messages in the first (virtual synchrony), which
+//! is what lets the key agreement layer know, without talking, which other
+//! members share its state.
+
+use std::fmt;
+
+/// A member's name in a group: unique within the system (like Spread's
+/// private group names).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MemberId(String);
+
+/// Longest member name accepted anywhere (wire, views, protocol messages).
+pub const MAX_MEMBER_NAME: usize = 255;
+
+/// Errors about names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// Names must not be empty.
+    #[error("name is empty")]
+    Empty,
+    /// Names are limited in length.
+    #[error("name is {0} bytes long; the limit is {MAX_MEMBER_NAME}")]
+    TooLong(usize),
+    /// Names are printable and contain no whitespace.
+    #[error("name contains a control or whitespace character")]
+    BadCharacter,
+}
+
+impl MemberId {
+    /// Checks and wraps a member name.
+    pub fn new(name: impl Into<String>) -> Result<Self, NameError> {
+        let name = name.into();
+        if name.is_empty() {
+            return Err(NameError::Empty);
+        }
+        if name.len() > MAX_MEMBER_NAME {
+            return Err(NameError::TooLong(name.len()));
+        }
+        if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(NameError::BadCharacter);
+        }
+        Ok(Self(name))
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for MemberId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Display for MemberId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A view's identity: unique for the lifetime of the system, so protocol
+/// messages bound to it can never be replayed into another view.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct ViewId(pub u64);
+
+impl fmt::Display for ViewId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// Why a view changed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Cause {
+    /// Members asked to join.
+    Join,
+    /// Members asked to leave.
+    Leave,
+    /// Members disconnected from their daemon.
+    Disconnect,
+    /// The network partitioned or merged.
+    Network,
+}
+
+/// One member of a view, with the view it came from.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ViewMember {
+    /// Who.
+    pub id: MemberId,
+    /// The view this member was in just before this one (`None` for a member
+    /// that was in no view of this group).
+    pub prev: Option<ViewId>,
+}
+
+/// A membership view of one group.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct View {
+    /// Unique id.
+    pub id: ViewId,
+    /// Members, oldest first. Every member of the view sees the same order.
+    pub members: Vec<ViewMember>,
+    /// Why the view changed.
+    pub cause: Cause,
+}
+
+impl View {
+    /// The member ids in view order.
+    pub fn ids(&self) -> impl Iterator<Item = &MemberId> {
+        self.members.iter().map(|m| &m.id)
+    }
+
+    /// Whether `id` is a member.
+    pub fn contains(&self, id: &MemberId) -> bool {
+        self.members.iter().any(|m| &m.id == id)
+    }
+
+    /// Position of `id` in the member list.
+    pub fn position(&self, id: &MemberId) -> Option<usize> {
+        self.members.iter().position(|m| &m.id == id)
+    }
+
+    /// The entry for `id`.
+    pub fn member(&self, id: &MemberId) -> Option<&ViewMember> {
+        self.members.iter().find(|m| &m.id == id)
+    }
+}

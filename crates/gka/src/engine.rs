@@ -1,0 +1,500 @@
+//! The engine interface and the plumbing every protocol shares.
+//!
+//! An [`Engine`] is one member's key agreement state machine for one group.
+//! It is fed views ([`Engine::on_view`]) and the protocol messages the group
+//! communication layer delivers ([`Engine::on_message`]), and answers with
+//! [`Output`]s: messages to send and, when a run completes, the installed
+//! [`SecureView`]. It does no I/O, reads no clock and draws randomness only
+//! from the RNG passed in.
+//!
+//! [`Runner`] implements the interface once for all protocols. It opens and
+//! seals envelopes (signature, group, view, protocol, replay checks; all before
+//! any state changes), meters costs, installs keys, and keeps the knowledge
+//! that makes cascaded membership events safe:
+//!
+//! * A member *installs* a run's key only when the run's final message is
+//!   delivered, to the sender too, so by virtual synchrony the members that
+//!   move together into the next view either all installed it or none did.
+//! * Each member remembers which members of its view share its secure state
+//!   (installed the same key) — all of them right after an install, then only
+//!   those in its transitional set (same previous view) at each view change.
+//!   A protocol is told on every view who shares its state (`Change::mine`) and
+//!   whether everybody does (`Change::single`). Everybody in a transitional
+//!   set computes the same answer, so a view in which not everyone shares one
+//!   state is handled by every member as a merge of the subgroups, from their
+//!   last secure states — an interrupted run is simply abandoned.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use conclave_gcs::{MemberId, View, ViewId};
+use rand_core::CryptoRngCore;
+use sha2::{Digest, Sha256};
+
+use crate::codec::DecodeError;
+use crate::key::{GroupKey, SecureView};
+use crate::message::Envelope;
+use crate::meter::Costs;
+use crate::suite::{CryptoError, Group, Signer, Verifier};
+use crate::ProtocolId;
+
+/// Who may take part: maps members to their identity keys.
+pub trait Directory: Send + Sync {
+    /// The member's verifying key, if the member is trusted.
+    fn verifier(&self, member: &MemberId) -> Option<Arc<dyn Verifier>>;
+}
+
+/// A fixed directory: a map from member to key.
+#[derive(Default, Clone)]
+pub struct StaticDirectory {
+    keys: BTreeMap<MemberId, Arc<dyn Verifier>>,
+}
+
+impl StaticDirectory {
+    /// An empty directory.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Trusts `member` with `key`.
+    pub fn insert(&mut self, member: MemberId, key: Arc<dyn Verifier>) {
+        self.keys.insert(member, key);
+    }
+}
+
+impl Directory for StaticDirectory {
+    fn verifier(&self, member: &MemberId) -> Option<Arc<dyn Verifier>> {
+        self.keys.get(member).cloned()
+    }
+}
+
+/// What an engine asks its driver to do.
+#[derive(Clone, Debug)]
+pub enum Output {
+    /// Send `bytes` to `to`, or to the whole current view if `to` is `None`.
+    Send {
+        /// Unicast recipient, or `None` to broadcast (agreed order).
+        to: Option<MemberId>,
+        /// The signed message.
+        bytes: Vec<u8>,
+    },
+    /// A run completed: the key for this view is agreed.
+    Installed(SecureView),
+}
+
+/// Why an engine rejected an input. A rejected input changes no state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The bytes are not a well-formed message.
+    #[error("malformed message: {0}")]
+    Decode(#[from] DecodeError),
+    /// A well-formed message for another group, suite or protocol.
+    #[error("message for another group, suite or protocol")]
+    WrongContext,
+    /// A message bound to another view (stale, or replayed from elsewhere).
+    #[error("message for view {got}, current view is {current:?}")]
+    WrongView {
+        /// The view the message names.
+        got: ViewId,
+        /// The engine's current view.
+        current: Option<ViewId>,
+    },
+    /// A unicast addressed to someone else.
+    #[error("message addressed to another member")]
+    NotForMe,
+    /// The sender is not in the current view (or differs from who the group
+    /// communication layer says sent it).
+    #[error("sender {0} is not a member of the current view")]
+    NotAMember(MemberId),
+    /// The sender has no trusted identity key.
+    #[error("no trusted identity for {0}")]
+    UnknownSender(MemberId),
+    /// The signature does not verify.
+    #[error("bad signature from {0}")]
+    BadSignature(MemberId),
+    /// The (sender, seq) pair was already accepted in this view.
+    #[error("replayed message {1} from {0}")]
+    Replay(MemberId, u32),
+    /// A group element or key is invalid.
+    #[error("crypto: {0}")]
+    Crypto(#[from] CryptoError),
+    /// A valid message that the protocol does not expect now.
+    #[error("unexpected message: {0}")]
+    Unexpected(&'static str),
+    /// A view that does not contain this member, or a message before any view.
+    #[error("bad view: {0}")]
+    BadView(&'static str),
+}
+
+/// One member's key agreement engine for one group.
+pub trait Engine: Send {
+    /// The protocol this engine runs.
+    fn protocol(&self) -> ProtocolId;
+    /// The member this engine is.
+    fn member(&self) -> &MemberId;
+    /// A new view from the group communication layer. Abandons any run in
+    /// progress and starts the run for this view.
+    fn on_view(&mut self, view: &View, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
+    /// A message delivered in the current view by `from`.
+    fn on_message(&mut self, from: &MemberId, bytes: &[u8], rng: &mut dyn CryptoRngCore)
+        -> Result<Vec<Output>, Error>;
+    /// The secure view of the current view, once its key is agreed.
+    fn secure_view(&self) -> Option<&SecureView>;
+    /// Whether a run is in progress (a view without its key yet).
+    fn in_progress(&self) -> bool;
+    /// Everything this engine has spent so far.
+    fn costs(&self) -> Costs;
+    /// Test hook: the member's secrets, as encodings (see [`Leak`]).
+    #[cfg(feature = "test-hooks")]
+    fn leak(&self) -> Leak;
+    /// Test hook: the group elements a message of this engine's protocol
+    /// carries, as encodings.
+    #[cfg(feature = "test-hooks")]
+    fn public_elements(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, Error>;
+    /// Test hook: exponentiates an encoded element by an encoded exponent, or
+    /// hashes an element to an exponent, in this engine's group (for modelling
+    /// what a departed member can compute).
+    #[cfg(feature = "test-hooks")]
+    fn attacker(&self) -> Box<dyn crate::testing::AttackerGroup>;
+}
+
+/// Test hook: what a member knows that nobody else should.
+#[cfg(feature = "test-hooks")]
+#[derive(Clone, Debug, Default)]
+pub struct Leak {
+    /// Secret exponents (contributions, node keys, channel keys).
+    pub scalars: Vec<Vec<u8>>,
+    /// Secret group elements (group secrets, node secrets, channel secrets).
+    pub elements: Vec<Vec<u8>>,
+    /// The raw group secret of the last installed key.
+    pub group_secret: Option<Vec<u8>>,
+}
+
+/// Who shares what, at a view change (see the module doc).
+#[derive(Clone, Debug)]
+pub(crate) struct Change {
+    /// Members of the view that share this member's secure state, itself
+    /// included, in view order.
+    pub mine: Vec<MemberId>,
+    /// Whether every member of the view shares this member's secure state.
+    pub single: bool,
+}
+
+/// A protocol, as [`Runner`] drives it.
+pub(crate) trait Protocol<G: Group>: Send + Sized + 'static {
+    /// Which protocol.
+    const ID: ProtocolId;
+    /// A member with no state yet.
+    fn new() -> Self;
+    /// Forget all state (the member starts over as a newcomer).
+    fn reset(&mut self);
+    /// A new view: start the run for it from the last secure state.
+    fn on_view(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error>;
+    /// A verified message of the current view. Must validate the whole body
+    /// before changing any state.
+    fn on_message(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, round: u8, body: &[u8]) -> Result<(), Error>;
+    /// The member's secrets (test hook).
+    fn secrets(&self) -> (Vec<G::Scalar>, Vec<G::Element>);
+    /// The group elements a message body carries (test hook).
+    fn public_elements(g: &G, round: u8, body: &[u8]) -> Result<Vec<G::Element>, Error>;
+}
+
+/// What a protocol may do while handling an input: metered crypto, sending
+/// and installing the key.
+pub(crate) struct Ctx<'a, G: Group> {
+    /// The group.
+    pub g: &'a G,
+    /// This member.
+    pub me: &'a MemberId,
+    /// The current view.
+    pub view: &'a View,
+    rng: &'a mut dyn CryptoRngCore,
+    st: &'a mut Session,
+    signer: &'a dyn Signer,
+    install: &'a mut Option<G::Element>,
+}
+
+impl<G: Group> Ctx<'_, G> {
+    /// A fresh random exponent.
+    pub fn random(&mut self) -> G::Scalar {
+        self.g.random_scalar(self.rng)
+    }
+    /// g^s (metered).
+    pub fn exp_g(&mut self, s: &G::Scalar) -> G::Element {
+        self.st.costs.exps += 1;
+        self.g.exp_generator(s)
+    }
+    /// b^s (metered).
+    pub fn exp(&mut self, b: &G::Element, s: &G::Scalar) -> G::Element {
+        self.st.costs.exps += 1;
+        self.g.exp(b, s)
+    }
+    /// b^e for small e (metered apart).
+    pub fn exp_small(&mut self, b: &G::Element, e: u64) -> G::Element {
+        self.st.costs.small_exps += 1;
+        self.g.exp_small(b, e)
+    }
+    /// Broadcasts a message of `round` to the current view.
+    pub fn broadcast(&mut self, round: u8, body: Vec<u8>) {
+        self.send(None, round, body);
+    }
+    /// Sends a message of `round` to one member.
+    pub fn unicast(&mut self, to: &MemberId, round: u8, body: Vec<u8>) {
+        self.send(Some(to.clone()), round, body);
+    }
+    fn send(&mut self, to: Option<MemberId>, round: u8, body: Vec<u8>) {
+        let st = &mut *self.st;
+        let mut env = Envelope {
+            protocol: st.protocol,
+            group_id: self.g.id(),
+            group: st.group.clone(),
+            view: self.view.id,
+            sender: self.me.clone(),
+            recipient: to.clone(),
+            round,
+            seq: st.next_seq,
+            body,
+            signature: Vec::new(),
+        };
+        st.next_seq += 1;
+        env.signature = self.signer.sign(&env.signed_bytes());
+        st.costs.sigs += 1;
+        let bytes = env.encode();
+        st.costs.bytes += bytes.len() as u64;
+        if to.is_some() {
+            st.costs.unicasts += 1;
+        } else {
+            st.costs.broadcasts += 1;
+            st.own.insert(Sha256::digest(&bytes).into());
+        }
+        st.out.push(Output::Send { to, bytes });
+    }
+    /// Installs `secret` as this view's group secret. Called once, when the
+    /// run's final message is delivered.
+    pub fn install(&mut self, secret: &G::Element) {
+        *self.install = Some(secret.clone());
+    }
+}
+
+/// What a member knows about another member's secure state.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Tag {
+    /// This member has never installed a key here (only used for oneself).
+    Fresh,
+    /// Installed the key of this view.
+    Installed(ViewId),
+}
+
+/// The protocol-independent state of one engine.
+struct Session {
+    protocol: ProtocolId,
+    group: String,
+    view: Option<View>,
+    next_seq: u32,
+    seen: BTreeSet<(MemberId, u32)>,
+    own: BTreeSet<[u8; 32]>,
+    known: BTreeMap<MemberId, Tag>,
+    secure: Option<SecureView>,
+    costs: Costs,
+    out: Vec<Output>,
+    #[cfg(feature = "test-hooks")]
+    last_secret: Option<Vec<u8>>,
+}
+
+/// Drives a [`Protocol`] as an [`Engine`].
+pub(crate) struct Runner<G: Group, P: Protocol<G>> {
+    g: G,
+    me: MemberId,
+    signer: Arc<dyn Signer>,
+    directory: Arc<dyn Directory>,
+    st: Session,
+    proto: P,
+}
+
+impl<G: Group, P: Protocol<G>> Runner<G, P> {
+    pub fn new(g: G, group: String, me: MemberId, signer: Arc<dyn Signer>, directory: Arc<dyn Directory>) -> Self {
+        let known = BTreeMap::from([(me.clone(), Tag::Fresh)]);
+        Self {
+            g,
+            me,
+            signer,
+            directory,
+            st: Session {
+                protocol: P::ID,
+                group,
+                view: None,
+                next_seq: 0,
+                seen: BTreeSet::new(),
+                own: BTreeSet::new(),
+                known,
+                secure: None,
+                costs: Costs::default(),
+                out: Vec::new(),
+                #[cfg(feature = "test-hooks")]
+                last_secret: None,
+            },
+            proto: P::new(),
+        }
+    }
+
+    fn with_ctx(
+        &mut self,
+        rng: &mut dyn CryptoRngCore,
+        f: impl FnOnce(&mut P, &mut Ctx<'_, G>) -> Result<(), Error>,
+    ) -> Result<Vec<Output>, Error> {
+        let view = self.st.view.clone().ok_or(Error::BadView("no view yet"))?;
+        let mut install = None;
+        let res = {
+            let mut cx = Ctx {
+                g: &self.g,
+                me: &self.me,
+                view: &view,
+                rng,
+                st: &mut self.st,
+                signer: self.signer.as_ref(),
+                install: &mut install,
+            };
+            f(&mut self.proto, &mut cx)
+        };
+        if let Err(e) = res {
+            self.st.out.clear();
+            return Err(e);
+        }
+        if install.is_some() && self.secure_view().is_some() {
+            self.st.out.clear();
+            return Err(Error::Unexpected("second key in one view"));
+        }
+        if let Some(secret) = install {
+            let enc = self.g.encode(&secret);
+            let key = GroupKey::derive(&enc, P::ID, &self.st.group, view.id);
+            let sv = SecureView {
+                view_id: view.id,
+                epoch: view.id,
+                members: view.ids().cloned().collect(),
+                protocol: P::ID,
+                key,
+            };
+            self.st.known = view.ids().map(|m| (m.clone(), Tag::Installed(view.id))).collect();
+            self.st.secure = Some(sv.clone());
+            self.st.out.push(Output::Installed(sv));
+            #[cfg(feature = "test-hooks")]
+            {
+                self.st.last_secret = Some(enc);
+            }
+        }
+        Ok(std::mem::take(&mut self.st.out))
+    }
+
+    /// All checks on an incoming message, before anything changes.
+    fn open(&mut self, from: &MemberId, bytes: &[u8]) -> Result<Envelope, Error> {
+        let env = Envelope::decode(bytes)?;
+        if env.protocol != P::ID || env.group_id != self.g.id() || env.group != self.st.group {
+            return Err(Error::WrongContext);
+        }
+        let view = self.st.view.as_ref().ok_or(Error::BadView("no view yet"))?;
+        if env.view != view.id {
+            return Err(Error::WrongView { got: env.view, current: Some(view.id) });
+        }
+        if env.recipient.as_ref().is_some_and(|r| r != &self.me) {
+            return Err(Error::NotForMe);
+        }
+        if &env.sender != from || !view.contains(&env.sender) {
+            return Err(Error::NotAMember(env.sender));
+        }
+        if self.st.seen.contains(&(env.sender.clone(), env.seq)) {
+            return Err(Error::Replay(env.sender, env.seq));
+        }
+        if env.sender == self.me {
+            // Our own broadcast coming back: accept exactly what we sent.
+            let h: [u8; 32] = Sha256::digest(bytes).into();
+            if !self.st.own.contains(&h) {
+                return Err(Error::BadSignature(env.sender));
+            }
+        } else {
+            let key = self.directory.verifier(&env.sender).ok_or_else(|| Error::UnknownSender(env.sender.clone()))?;
+            self.st.costs.verifs += 1;
+            key.verify(&env.signed_bytes(), &env.signature).map_err(|_| Error::BadSignature(env.sender.clone()))?;
+        }
+        Ok(env)
+    }
+}
+
+impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
+    fn protocol(&self) -> ProtocolId {
+        P::ID
+    }
+
+    fn member(&self) -> &MemberId {
+        &self.me
+    }
+
+    fn on_view(&mut self, view: &View, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+        let me = view.member(&self.me).ok_or(Error::BadView("view does not contain this member"))?;
+        let mut ids = BTreeSet::new();
+        if !view.ids().all(|m| ids.insert(m)) {
+            return Err(Error::BadView("duplicate member"));
+        }
+        let current = self.st.view.as_ref().map(|v| v.id);
+        if me.prev.is_none() || me.prev != current {
+            // A newcomer (or a member whose history we did not see): start over.
+            self.proto.reset();
+            self.st.known = BTreeMap::from([(self.me.clone(), Tag::Fresh)]);
+        } else {
+            let trans: BTreeSet<&MemberId> = view.members.iter().filter(|m| m.prev == me.prev).map(|m| &m.id).collect();
+            self.st.known.retain(|m, _| trans.contains(m));
+        }
+        let my_tag = self.st.known[&self.me];
+        let mine: Vec<MemberId> = view.ids().filter(|m| self.st.known.get(*m) == Some(&my_tag)).cloned().collect();
+        let change = Change { single: mine.len() == view.members.len(), mine };
+        self.st.view = Some(view.clone());
+        self.st.next_seq = 0;
+        self.st.seen.clear();
+        self.st.own.clear();
+        self.with_ctx(rng, |p, cx| p.on_view(cx, &change))
+    }
+
+    fn on_message(
+        &mut self,
+        from: &MemberId,
+        bytes: &[u8],
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<Vec<Output>, Error> {
+        let env = self.open(from, bytes)?;
+        let out = self.with_ctx(rng, |p, cx| p.on_message(cx, &env.sender, env.round, &env.body))?;
+        self.st.seen.insert((env.sender, env.seq));
+        Ok(out)
+    }
+
+    fn secure_view(&self) -> Option<&SecureView> {
+        let sv = self.st.secure.as_ref()?;
+        (Some(sv.view_id) == self.st.view.as_ref().map(|v| v.id)).then_some(sv)
+    }
+
+    fn in_progress(&self) -> bool {
+        self.st.view.is_some() && self.secure_view().is_none()
+    }
+
+    fn costs(&self) -> Costs {
+        self.st.costs
+    }
+
+    #[cfg(feature = "test-hooks")]
+    fn leak(&self) -> Leak {
+        let (s, e) = self.proto.secrets();
+        Leak {
+            scalars: s.iter().map(|x| self.g.encode_scalar(x)).collect(),
+            elements: e.iter().map(|x| self.g.encode(x)).collect(),
+            group_secret: self.st.last_secret.clone(),
+        }
+    }
+
+    #[cfg(feature = "test-hooks")]
+    fn public_elements(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+        let env = Envelope::decode(bytes)?;
+        Ok(P::public_elements(&self.g, env.round, &env.body)?.iter().map(|e| self.g.encode(e)).collect())
+    }
+
+    #[cfg(feature = "test-hooks")]
+    fn attacker(&self) -> Box<dyn crate::testing::AttackerGroup> {
+        Box::new(crate::testing::Attacker(self.g.clone()))
+    }
+}

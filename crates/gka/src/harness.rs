@@ -1,0 +1,243 @@
+//! Key agreement members on the seeded `sim` backbone, with the cost meter
+//! turned into per-event figures.
+//!
+//! A [`Harness`] owns a [`Sim`] whose nodes are [`Member`]s (an engine, its own
+//! seeded RNG and what it installed). [`Harness::event`] applies one
+//! membership change, runs it to completion and reports what it cost:
+//!
+//! * `total`: the sum over all members;
+//! * `serial`: the critical path, as Table II of the TISSEC paper counts it
+//!   ("computation that can be processed in parallel is collapsed"). Each
+//!   message carries the cost of the longest chain of work that led to it; a
+//!   member's clock is the maximum of its own and that of each message it
+//!   handles, plus what handling it cost. Each counter is maximised on its
+//!   own, so `exps_serial` is the longest chain of exponentiations;
+//! * `rounds`: the longest chain of messages, each causally after the last.
+
+use std::sync::Arc;
+
+use conclave_gcs::sim::{Flush, Outgoing, Sim, SimError, SimNode};
+use conclave_gcs::{MemberId, View};
+use rand_chacha::ChaCha20Rng;
+use rand_core::{RngCore, SeedableRng};
+
+use crate::engine::{Engine, Error, Output, StaticDirectory};
+use crate::key::SecureView;
+use crate::meter::Costs;
+use crate::suite::{generate_signer, GroupId, SignatureId, Signer};
+use crate::{new_engine, Config, ProtocolId};
+
+/// A message on the simulated network, with the critical path behind it.
+#[derive(Clone, Debug)]
+pub struct Msg {
+    /// The signed protocol message.
+    pub bytes: Arc<Vec<u8>>,
+    /// Work on the longest chain that produced it.
+    pub path: Costs,
+    /// Messages on that chain, this one included.
+    pub depth: u64,
+}
+
+/// One simulated member.
+pub struct Member {
+    /// Its engine.
+    pub engine: Box<dyn Engine>,
+    rng: ChaCha20Rng,
+    clock: Costs,
+    depth: u64,
+    /// Every secure view it installed, in order.
+    pub installs: Vec<SecureView>,
+    /// Inputs its engine rejected (none in an honest run).
+    pub errors: Vec<Error>,
+}
+
+impl Member {
+    fn absorb(&mut self, before: Costs, res: Result<Vec<Output>, Error>, out: &mut Vec<Outgoing<Msg>>) {
+        let spent = self.engine.costs() - before;
+        self.clock += spent;
+        match res {
+            Ok(outputs) => {
+                for o in outputs {
+                    match o {
+                        Output::Send { to, bytes } => out.push(Outgoing {
+                            to,
+                            msg: Msg { bytes: Arc::new(bytes), path: self.clock, depth: self.depth + 1 },
+                        }),
+                        Output::Installed(sv) => self.installs.push(sv),
+                    }
+                }
+            }
+            Err(e) => self.errors.push(e),
+        }
+    }
+}
+
+impl SimNode for Member {
+    type Msg = Msg;
+
+    fn on_view(&mut self, view: &View, out: &mut Vec<Outgoing<Msg>>) {
+        let before = self.engine.costs();
+        let res = self.engine.on_view(view, &mut self.rng);
+        self.absorb(before, res, out);
+    }
+
+    fn on_message(&mut self, from: &MemberId, msg: &Msg, out: &mut Vec<Outgoing<Msg>>) {
+        self.clock = self.clock.max(msg.path);
+        self.depth = self.depth.max(msg.depth);
+        let before = self.engine.costs();
+        let res = self.engine.on_message(from, &msg.bytes, &mut self.rng);
+        self.absorb(before, res, out);
+    }
+}
+
+/// What one membership event cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventCost {
+    /// Longest causal chain of messages.
+    pub rounds: u64,
+    /// Critical-path costs (see the module doc).
+    pub serial: Costs,
+    /// Sum over all members.
+    pub total: Costs,
+}
+
+/// Simulated members of one group running one protocol.
+pub struct Harness {
+    sim: Sim<Member>,
+    protocol: ProtocolId,
+    group_id: GroupId,
+    scheme: SignatureId,
+    directory: Arc<StaticDirectory>,
+    pending: Vec<(MemberId, Arc<dyn Signer>)>,
+    rng: ChaCha20Rng,
+    next_name: usize,
+}
+
+impl Harness {
+    /// An empty harness whose every choice derives from `seed`.
+    pub fn new(protocol: ProtocolId, group_id: GroupId, scheme: SignatureId, seed: u64, flush: Flush) -> Self {
+        Self {
+            sim: Sim::new(seed, flush),
+            protocol,
+            group_id,
+            scheme,
+            directory: Arc::new(StaticDirectory::new()),
+            pending: Vec::new(),
+            rng: ChaCha20Rng::seed_from_u64(seed ^ 0x6b65_7973),
+            next_name: 0,
+        }
+    }
+
+    /// The protocol.
+    pub fn protocol(&self) -> ProtocolId {
+        self.protocol
+    }
+
+    /// Creates `n` members (with identities every member trusts), not yet in
+    /// any view, and returns their names.
+    pub fn add_members(&mut self, n: usize) -> Result<Vec<MemberId>, Error> {
+        let mut ids = Vec::new();
+        for _ in 0..n {
+            let id = MemberId::new(format!("m{:04}", self.next_name)).expect("valid name");
+            self.next_name += 1;
+            let signer = generate_signer(self.scheme, &mut self.rng)?;
+            Arc::get_mut(&mut self.directory)
+                .expect("members are added before any engine exists")
+                .insert(id.clone(), signer.verifier());
+            self.pending.push((id.clone(), signer));
+            ids.push(id);
+        }
+        Ok(ids)
+    }
+
+    fn materialize(&mut self) {
+        // Engines share the final directory; they are created once every
+        // identity has been added.
+        for (id, signer) in std::mem::take(&mut self.pending) {
+            let cfg = Config {
+                protocol: self.protocol,
+                group_id: self.group_id,
+                group: "conclave-sim".into(),
+                me: id.clone(),
+                signer,
+                directory: self.directory.clone(),
+            };
+            let rng = ChaCha20Rng::seed_from_u64(self.rng.next_u64());
+            let m = Member {
+                engine: new_engine(cfg),
+                rng,
+                clock: Costs::default(),
+                depth: 0,
+                installs: Vec::new(),
+                errors: Vec::new(),
+            };
+            self.sim.add_node(id, m).expect("fresh name");
+        }
+    }
+
+    /// The simulated group communication layer.
+    pub fn sim(&mut self) -> &mut Sim<Member> {
+        self.materialize();
+        &mut self.sim
+    }
+
+    /// Read-only access to the simulation.
+    pub fn sim_ref(&self) -> &Sim<Member> {
+        &self.sim
+    }
+
+    /// Applies `op`, runs to quiescence, and reports what it cost.
+    pub fn event(&mut self, op: impl FnOnce(&mut Sim<Member>) -> Result<(), SimError>) -> Result<EventCost, SimError> {
+        self.materialize();
+        let ids: Vec<MemberId> = self.sim.nodes().map(|(id, _)| id.clone()).collect();
+        let mut before = Costs::default();
+        for id in &ids {
+            let m = self.sim.node_mut(id).expect("exists");
+            m.clock = Costs::default();
+            m.depth = 0;
+            before += m.engine.costs();
+        }
+        op(&mut self.sim)?;
+        self.sim.run(50_000_000)?;
+        let mut cost = EventCost::default();
+        let mut after = Costs::default();
+        for (_, m) in self.sim.nodes() {
+            cost.serial = cost.serial.max(m.clock);
+            cost.rounds = cost.rounds.max(m.depth);
+            after += m.engine.costs();
+        }
+        cost.total = after - before;
+        Ok(cost)
+    }
+
+    /// Checks that in every component each member holds the secure view of
+    /// its current view and that all of them hold the same key.
+    pub fn check_agreement(&self) -> Result<(), String> {
+        for view in self.sim.views() {
+            let mut key = None;
+            for id in view.ids() {
+                let m = self.sim.node(id).expect("member exists");
+                let sv = m
+                    .engine
+                    .secure_view()
+                    .ok_or_else(|| format!("{id} has no key for {} (members {:?})", view.id, view.ids().collect::<Vec<_>>()))?;
+                if sv.view_id != view.id || sv.members != view.ids().cloned().collect::<Vec<_>>() {
+                    return Err(format!("{id} holds a secure view that is not its view {}", view.id));
+                }
+                match &key {
+                    None => key = Some((id.clone(), sv.key.clone())),
+                    Some((first, k)) if *k != sv.key => {
+                        return Err(format!("{id} and {first} hold different keys in {}", view.id))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every engine error so far, with the member that reported it.
+    pub fn errors(&self) -> Vec<(MemberId, Error)> {
+        self.sim.nodes().flat_map(|(id, m)| m.errors.iter().map(move |e| (id.clone(), e.clone()))).collect()
+    }
+}

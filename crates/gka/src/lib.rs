@@ -1,0 +1,140 @@
+//! Contributory group key agreement for Conclave, as sans-IO state machines.
+//!
+//! This crate is the `gka` layer of DESIGN.md. It holds the five protocols
+//! that the TISSEC paper measures — GDH, CKD, TGDH, STR and BD — each as an
+//! [`Engine`]: fed membership views and signed protocol messages, it answers
+//! with messages to broadcast or unicast and, when a run completes, a
+//! [`SecureView`] carrying the new application key. There are no sockets,
+//! threads, clocks or global randomness inside; the same engines run in unit
+//! tests, in the seeded simulator, in client sessions and in daemons.
+//!
+//! * [`suite`]: the groups (ristretto255; MODP for reproducing the paper) and
+//!   signature schemes (Ed25519; RSA for reproduction).
+//! * [`engine`]: the engine interface and the shared plumbing (signed
+//!   envelopes, replay and view checks, key installation, cascade handling).
+//! * [`protocols`]: the five protocols.
+//! * [`meter`]: the per-member cost meter that benchmarks and tests read.
+//! * [`message`], [`codec`]: wire formats, whose decoders never panic.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod codec;
+pub mod engine;
+pub mod harness;
+pub mod key;
+pub mod message;
+pub mod meter;
+pub mod protocols;
+pub mod suite;
+#[cfg(feature = "test-hooks")]
+pub mod testing;
+
+use std::sync::Arc;
+
+pub use conclave_gcs::{Cause, MemberId, View, ViewId, ViewMember};
+pub use engine::{Directory, Engine, Error, Output, StaticDirectory};
+pub use key::{GroupKey, SecureView};
+pub use meter::Costs;
+pub use suite::{GroupId, SignatureId};
+
+/// Hash domains for turning elements into exponents (see [`suite`]).
+pub(crate) mod domains {
+    pub const TGDH_NODE: &[u8] = b"tgdh/node-key";
+    pub const STR_NODE: &[u8] = b"str/node-key";
+    pub const CKD_CHANNEL: &[u8] = b"ckd/channel-key";
+}
+
+/// The key agreement protocols.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ProtocolId {
+    /// Group Diffie-Hellman (Steiner et al.).
+    Gdh,
+    /// Centralized key distribution with a dynamically chosen controller.
+    Ckd,
+    /// Tree-based group Diffie-Hellman.
+    Tgdh,
+    /// Steer et al.'s protocol: a maximally unbalanced key tree.
+    Str,
+    /// Burmester-Desmedt.
+    Bd,
+}
+
+impl ProtocolId {
+    /// Every protocol.
+    pub const ALL: [ProtocolId; 5] = [Self::Gdh, Self::Ckd, Self::Tgdh, Self::Str, Self::Bd];
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Gdh => "gdh",
+            Self::Ckd => "ckd",
+            Self::Tgdh => "tgdh",
+            Self::Str => "str",
+            Self::Bd => "bd",
+        }
+    }
+
+    /// Parses [`ProtocolId::name`] (case-insensitive).
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name().eq_ignore_ascii_case(s))
+    }
+
+    /// Wire code.
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Gdh => 1,
+            Self::Ckd => 2,
+            Self::Tgdh => 3,
+            Self::Str => 4,
+            Self::Bd => 5,
+        }
+    }
+
+    /// Parses [`ProtocolId::code`].
+    pub fn from_code(c: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.code() == c)
+    }
+}
+
+impl std::fmt::Display for ProtocolId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name().to_uppercase())
+    }
+}
+
+/// Everything needed to create an engine.
+#[derive(Clone)]
+pub struct Config {
+    /// The protocol (fixed by the group's creator).
+    pub protocol: ProtocolId,
+    /// The group the protocol computes in.
+    pub group_id: GroupId,
+    /// The group's name (bound into every message and key).
+    pub group: String,
+    /// This member.
+    pub me: MemberId,
+    /// This member's identity key.
+    pub signer: Arc<dyn suite::Signer>,
+    /// Who may take part.
+    pub directory: Arc<dyn Directory>,
+}
+
+/// Creates the engine a [`Config`] describes.
+pub fn new_engine(c: Config) -> Box<dyn Engine> {
+    use protocols::*;
+    fn make<G: suite::Group>(g: G, c: Config) -> Box<dyn Engine> {
+        use engine::Runner;
+        let Config { protocol, group, me, signer, directory, .. } = c;
+        match protocol {
+            ProtocolId::Gdh => Box::new(Runner::<G, gdh::Gdh<G>>::new(g, group, me, signer, directory)),
+            ProtocolId::Ckd => Box::new(Runner::<G, ckd::Ckd<G>>::new(g, group, me, signer, directory)),
+            ProtocolId::Tgdh => Box::new(Runner::<G, tgdh::Tgdh<G>>::new(g, group, me, signer, directory)),
+            ProtocolId::Str => Box::new(Runner::<G, str::Str<G>>::new(g, group, me, signer, directory)),
+            ProtocolId::Bd => Box::new(Runner::<G, bd::Bd<G>>::new(g, group, me, signer, directory)),
+        }
+    }
+    match c.group_id {
+        GroupId::Ristretto255 => make(suite::ristretto::Ristretto255, c),
+        id => make(suite::modp::Modp::new(id), c),
+    }
+}

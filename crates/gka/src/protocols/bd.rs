@@ -1,0 +1,170 @@
+//! Burmester-Desmedt (TISSEC §4.5, Fig. 9).
+//!
+//! Stateless: every view runs the whole protocol among all members, so a
+//! membership event of any kind costs the same, and a cascaded view simply
+//! starts a new run.
+//!
+//! * Round 1: member i picks r_i and broadcasts Z_i = g^{r_i}.
+//! * Round 2: having Z_{i-1} and Z_{i+1} (indices cyclic in view order), it
+//!   broadcasts X_i = (Z_{i+1}/Z_{i-1})^{r_i}.
+//! * Step 3: having every X, member j computes
+//!   K = Z_{j-1}^{n·r_j} · X_j^{n-1} · X_{j+1}^{n-2} ··· X_{j+n-2}
+//!   = g^{r_1 r_2 + r_2 r_3 + ··· + r_n r_1}: three full exponentiations per
+//!   member, plus the n−1 small-exponent ones the paper calls BD's hidden cost
+//!   (metered as `small_exps`). The key is installed when the last X is
+//!   delivered, the same message at every member.
+//!
+//! With two members X_i is the identity (Z_{i+1} = Z_{i-1}); the message then
+//! carries a flag instead of an element, and the flag is refused for n > 2.
+//! A member alone installs g^{r} from a fresh r.
+
+use std::collections::BTreeMap;
+
+use conclave_gcs::MemberId;
+use zeroize::Zeroize;
+
+use super::{get_elem, put_elem};
+use crate::codec::{DecodeError, Reader, Writer};
+use crate::engine::{Change, Ctx, Error, Protocol};
+use crate::suite::Group;
+use crate::ProtocolId;
+
+const ROUND_Z: u8 = 1;
+const ROUND_X: u8 = 2;
+
+/// One member's BD state for the current view.
+pub struct Bd<G: Group> {
+    r: Option<G::Scalar>,
+    z: BTreeMap<MemberId, G::Element>,
+    x: BTreeMap<MemberId, Option<G::Element>>,
+    sent_x: bool,
+    done: bool,
+}
+
+impl<G: Group> Drop for Bd<G> {
+    fn drop(&mut self) {
+        if let Some(r) = self.r.as_mut() {
+            r.zeroize();
+        }
+    }
+}
+
+impl<G: Group> Bd<G> {
+    fn neighbours(cx: &Ctx<'_, G>, m: &MemberId) -> (MemberId, MemberId) {
+        let n = cx.view.members.len();
+        let i = cx.view.position(m).expect("member of the view");
+        (cx.view.members[(i + n - 1) % n].id.clone(), cx.view.members[(i + 1) % n].id.clone())
+    }
+
+    fn progress(&mut self, cx: &mut Ctx<'_, G>) {
+        let n = cx.view.members.len();
+        let Some(r) = self.r.clone() else { return };
+        let (prev, next) = Self::neighbours(cx, cx.me);
+        if !self.sent_x {
+            if let (Some(zp), Some(zn)) = (self.z.get(&prev), self.z.get(&next)) {
+                let (zp, zn) = (zp.clone(), zn.clone());
+                let mut w = Writer::new();
+                if n == 2 {
+                    w.u8(0);
+                } else {
+                    let x = cx.exp(&cx.g.div(&zn, &zp), &r);
+                    w.u8(1);
+                    put_elem(&mut w, cx.g, &x);
+                }
+                self.sent_x = true;
+                cx.broadcast(ROUND_X, w.buf);
+            }
+        }
+        if self.done || self.x.len() < n {
+            return;
+        }
+        let Some(zp) = self.z.get(&prev).cloned() else { return };
+        // K = Z_{j-1}^{n r_j} · Π_{k=0}^{n-2} X_{j+k}^{n-1-k}
+        let j = cx.view.position(cx.me).expect("member of the view");
+        let mut nr = cx.g.scalar_mul(&cx.g.scalar_from_u64(n as u64), &r);
+        let mut k = cx.exp(&zp, &nr);
+        nr.zeroize();
+        for step in 0..n - 1 {
+            let m = &cx.view.members[(j + step) % n].id;
+            if let Some(Some(x)) = self.x.get(m) {
+                let x = x.clone();
+                let t = cx.exp_small(&x, (n - 1 - step) as u64);
+                k = cx.g.mul(&k, &t);
+            }
+        }
+        self.done = true;
+        cx.install(&k);
+        k.zeroize();
+    }
+}
+
+impl<G: Group> Protocol<G> for Bd<G> {
+    const ID: ProtocolId = ProtocolId::Bd;
+
+    fn new() -> Self {
+        Self { r: None, z: BTreeMap::new(), x: BTreeMap::new(), sent_x: false, done: false }
+    }
+
+    fn reset(&mut self) {
+        *self = Self::new();
+    }
+
+    fn on_view(&mut self, cx: &mut Ctx<'_, G>, _change: &Change) -> Result<(), Error> {
+        *self = Self::new();
+        let r = cx.random();
+        let z = cx.exp_g(&r);
+        if cx.view.members.len() == 1 {
+            self.done = true;
+            cx.install(&z);
+            return Ok(());
+        }
+        self.r = Some(r);
+        let mut w = Writer::new();
+        put_elem(&mut w, cx.g, &z);
+        cx.broadcast(ROUND_Z, w.buf);
+        Ok(())
+    }
+
+    fn on_message(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, round: u8, body: &[u8]) -> Result<(), Error> {
+        let n = cx.view.members.len();
+        let mut r = Reader::new(body);
+        match round {
+            ROUND_Z => {
+                let z = get_elem(&mut r, cx.g)?;
+                r.finish()?;
+                if self.z.contains_key(from) {
+                    return Err(Error::Unexpected("second BD round-1 value from one member"));
+                }
+                self.z.insert(from.clone(), z);
+            }
+            ROUND_X => {
+                let x = match r.u8("flag")? {
+                    0 if n == 2 => None,
+                    1 if n > 2 => Some(get_elem(&mut r, cx.g)?),
+                    _ => return Err(Error::Decode(DecodeError::Bad("BD round-2 flag"))),
+                };
+                r.finish()?;
+                if self.x.contains_key(from) {
+                    return Err(Error::Unexpected("second BD round-2 value from one member"));
+                }
+                self.x.insert(from.clone(), x);
+            }
+            _ => return Err(Error::Unexpected("unknown BD round")),
+        }
+        self.progress(cx);
+        Ok(())
+    }
+
+    fn secrets(&self) -> (Vec<G::Scalar>, Vec<G::Element>) {
+        (self.r.iter().cloned().collect(), Vec::new())
+    }
+
+    fn public_elements(g: &G, round: u8, body: &[u8]) -> Result<Vec<G::Element>, Error> {
+        let mut r = Reader::new(body);
+        match round {
+            ROUND_Z => Ok(vec![get_elem(&mut r, g)?]),
+            ROUND_X if r.u8("flag")? == 1 => Ok(vec![get_elem(&mut r, g)?]),
+            _ => Ok(Vec::new()),
+        }
+    }
+}
