@@ -186,27 +186,44 @@ impl Harness {
         &self.sim
     }
 
-    /// Applies `op`, runs to quiescence, and reports what it cost.
+    /// Applies `op`, runs to quiescence, and reports what it cost, over all members.
     pub fn event(&mut self, op: impl FnOnce(&mut Sim<Member>) -> Result<(), SimError>) -> Result<EventCost, SimError> {
+        self.event_at(None, op)
+    }
+
+    /// Like [`Harness::event`], but reports only what the members of `focus`'s
+    /// final view did (e.g. the side of a partition that the paper counts).
+    pub fn event_at(
+        &mut self,
+        focus: Option<&MemberId>,
+        op: impl FnOnce(&mut Sim<Member>) -> Result<(), SimError>,
+    ) -> Result<EventCost, SimError> {
         self.materialize();
         let ids: Vec<MemberId> = self.sim.nodes().map(|(id, _)| id.clone()).collect();
-        let mut before = Costs::default();
         for id in &ids {
             let m = self.sim.node_mut(id).expect("exists");
             m.clock = Costs::default();
             m.depth = 0;
-            before += m.engine.costs();
         }
+        let starts: std::collections::BTreeMap<MemberId, Costs> =
+            ids.iter().map(|id| (id.clone(), self.sim.node(id).expect("exists").engine.costs())).collect();
         op(&mut self.sim)?;
         self.sim.run(50_000_000)?;
+        let scope: Option<Vec<MemberId>> = match focus {
+            Some(f) => Some(
+                self.sim.view_of(f).ok_or_else(|| SimError::NotInView(f.clone()))?.ids().cloned().collect(),
+            ),
+            None => None,
+        };
         let mut cost = EventCost::default();
-        let mut after = Costs::default();
-        for (_, m) in self.sim.nodes() {
+        for (id, m) in self.sim.nodes() {
+            if scope.as_ref().is_some_and(|s| !s.contains(id)) {
+                continue;
+            }
             cost.serial = cost.serial.max(m.clock);
             cost.rounds = cost.rounds.max(m.depth);
-            after += m.engine.costs();
+            cost.total += m.engine.costs() - starts[id];
         }
-        cost.total = after - before;
         Ok(cost)
     }
 

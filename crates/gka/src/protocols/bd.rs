@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use conclave_gcs::MemberId;
+use conclave_gcs::{MemberId, View};
 use zeroize::Zeroize;
 
 use super::{get_elem, put_elem};
@@ -153,6 +153,15 @@ impl<G: Group> Protocol<G> for Bd<G> {
         }
         self.progress(cx);
         Ok(())
+    }
+
+    fn wants(&self, view: &View, me: &MemberId, from: &MemberId, round: u8) -> bool {
+        // Round-1 values matter only from the two neighbours; every X matters.
+        if round != ROUND_Z {
+            return true;
+        }
+        let (n, i) = (view.members.len(), view.position(me).unwrap_or(0));
+        view.members[(i + n - 1) % n].id == *from || view.members[(i + 1) % n].id == *from
     }
 
     fn secrets(&self) -> (Vec<G::Scalar>, Vec<G::Element>) {

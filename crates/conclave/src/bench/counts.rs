@@ -1,0 +1,247 @@
+//! `conclave bench counts`: what each protocol costs per membership event, as
+//! counted by the engines' cost meters on the seeded simulator, beside the
+//! TISSEC paper's Tables I and II.
+
+use std::io::Write;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use conclave_gcs::sim::Flush;
+use conclave_gcs::MemberId;
+use conclave_gka::harness::{EventCost, Harness};
+use conclave_gka::{GroupId, ProtocolId, SignatureId};
+use serde::Serialize;
+
+use super::paper::{self, PaperRow};
+
+/// Membership events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Event {
+    /// One member joins a group of n.
+    Join,
+    /// One member (the middle one in view order) leaves a group of n.
+    Leave,
+    /// A keyed group of m merges with a keyed group of n.
+    Merge,
+    /// The p most recent members of a group of n are cut off (the n-p side is counted).
+    Partition,
+    /// The oldest member (CKD's controller) leaves a group of n.
+    ControllerLeave,
+}
+
+/// Options of `conclave bench counts`.
+#[derive(Args)]
+pub struct CountsArgs {
+    /// Protocols to run (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "gdh,ckd,tgdh,str,bd")]
+    protocol: Vec<String>,
+    /// Events to run (comma-separated); controller-leave runs for CKD only.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "join,leave,merge,partition,controller-leave")]
+    events: Vec<Event>,
+    /// Group sizes n before the event (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,32")]
+    sizes: Vec<usize>,
+    /// Sizes m of the merging group (comma-separated).
+    #[arg(long = "merge", value_delimiter = ',', default_value = "3")]
+    merge_sizes: Vec<usize>,
+    /// Numbers p of members cut off by a partition (comma-separated).
+    #[arg(long = "partition", value_delimiter = ',', default_value = "1,3")]
+    partition_sizes: Vec<usize>,
+    /// Group for the key agreement: ristretto255, modp512, modp1024, modp2048.
+    #[arg(long, default_value = "ristretto255")]
+    suite: String,
+    /// Signature scheme: ed25519, rsa1024e3, rsa1024e65537, rsa2048e3, rsa2048e65537.
+    #[arg(long, default_value = "ed25519")]
+    signature: String,
+    /// Seed of the simulation (the same seed gives the same counts).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON array of rows instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One result row; the README documents these fields.
+#[derive(Serialize, Debug, Clone)]
+pub struct Row {
+    pub protocol: String,
+    pub event: Event,
+    pub n: usize,
+    pub m: usize,
+    pub p: usize,
+    pub rounds: u64,
+    pub unicasts: u64,
+    pub broadcasts: u64,
+    pub exps_serial: u64,
+    pub sigs_serial: u64,
+    pub verifs_serial: u64,
+    pub exps_total: u64,
+    pub sigs_total: u64,
+    pub verifs_total: u64,
+    pub small_exps_total: u64,
+    pub bytes: u64,
+}
+
+/// Runs one event on a fresh simulated group and counts it.
+pub fn measure(
+    protocol: ProtocolId,
+    group_id: GroupId,
+    scheme: SignatureId,
+    event: Event,
+    n: usize,
+    m: usize,
+    p: usize,
+    seed: u64,
+) -> Result<Row> {
+    let mut h = Harness::new(protocol, group_id, scheme, seed, Flush::All);
+    let extra = match event {
+        Event::Join => 1,
+        Event::Merge => m,
+        _ => 0,
+    };
+    let ids = h.add_members(n + extra).context("creating identities")?;
+    let base: Vec<MemberId> = ids[..n].to_vec();
+    h.event(|s| s.join(&base, None))?;
+    if event == Event::Merge {
+        let other = ids[n..].to_vec();
+        h.event(|s| s.join(&other, None))?;
+    }
+    let cost: EventCost = match event {
+        Event::Join => h.event_at(Some(&ids[0]), |s| s.join(&ids[n..n + 1], Some(&ids[0])))?,
+        Event::Leave => {
+            let who = ids[n / 2].clone();
+            let focus = if n / 2 == 0 { ids[1].clone() } else { ids[0].clone() };
+            h.event_at(Some(&focus), |s| s.leave(&[who]))?
+        }
+        Event::ControllerLeave => h.event_at(Some(&ids[1]), |s| s.leave(&[ids[0].clone()]))?,
+        Event::Merge => h.event_at(Some(&ids[0]), |s| s.merge(&ids[0], &ids[n]))?,
+        Event::Partition => {
+            h.event_at(Some(&ids[0]), |s| s.partition(vec![ids[..n - p].to_vec(), ids[n - p..n].to_vec()]))?
+        }
+    };
+    if let Err(e) = h.check_agreement() {
+        bail!("{protocol} {event:?} n={n}: members disagree: {e}");
+    }
+    let errors = h.errors();
+    if !errors.is_empty() {
+        bail!("{protocol} {event:?} n={n}: engines reported errors: {errors:?}");
+    }
+    Ok(Row {
+        protocol: protocol.name().into(),
+        event,
+        n,
+        m: if event == Event::Merge { m } else { 0 },
+        p: match event {
+            Event::Partition => p,
+            Event::Leave | Event::ControllerLeave => 1,
+            _ => 0,
+        },
+        rounds: cost.rounds,
+        unicasts: cost.total.unicasts,
+        broadcasts: cost.total.broadcasts,
+        exps_serial: cost.serial.exps,
+        sigs_serial: cost.serial.sigs,
+        verifs_serial: cost.serial.verifs,
+        exps_total: cost.total.exps,
+        sigs_total: cost.total.sigs,
+        verifs_total: cost.total.verifs,
+        small_exps_total: cost.total.small_exps,
+        bytes: cost.total.bytes,
+    })
+}
+
+fn cell(measured: u64, paper: Option<u64>, matches: &mut (u32, u32)) -> String {
+    match paper {
+        Some(p) if p == measured => {
+            matches.0 += 1;
+            matches.1 += 1;
+            format!("{measured}")
+        }
+        Some(p) => {
+            matches.1 += 1;
+            format!("{measured}≠{p}")
+        }
+        None => format!("{measured}~"),
+    }
+}
+
+/// Runs the benchmark.
+pub fn run(args: CountsArgs) -> Result<()> {
+    let protocols: Vec<ProtocolId> = args
+        .protocol
+        .iter()
+        .map(|s| ProtocolId::from_name(s).with_context(|| format!("unknown protocol {s:?} (gdh, ckd, tgdh, str, bd)")))
+        .collect::<Result<_>>()?;
+    let group_id = GroupId::from_name(&args.suite)
+        .with_context(|| format!("unknown suite {:?} (ristretto255, modp512, modp1024, modp2048)", args.suite))?;
+    let scheme = SignatureId::from_name(&args.signature).with_context(|| format!("unknown signature {:?}", args.signature))?;
+    if args.sizes.iter().any(|&n| n == 0 || n > 2000) {
+        bail!("group sizes must be between 1 and 2000");
+    }
+    let mut jobs = Vec::new();
+    for &protocol in &protocols {
+        for &event in &args.events {
+            for &n in &args.sizes {
+                match event {
+                    Event::ControllerLeave if protocol != ProtocolId::Ckd => {}
+                    Event::Leave | Event::ControllerLeave if n < 2 => {}
+                    Event::Merge => jobs.extend(args.merge_sizes.iter().filter(|&&m| m >= 1).map(|&m| (protocol, event, n, m, 0))),
+                    Event::Partition => jobs.extend(args.partition_sizes.iter().filter(|&&p| p >= 1 && p < n).map(|&p| (protocol, event, n, 0, p))),
+                    _ => jobs.push((protocol, event, n, 0, 0)),
+                }
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    let mut out = std::io::stdout().lock();
+    if !args.json {
+        writeln!(
+            out,
+            "Counts per membership event on the simulator ({} / {}, seed {}).\n\
+             Serial = critical path (Table II); totals over all members. A≠B: measured A, paper B; A~: the paper gives no exact count.",
+            group_id.name(),
+            scheme.name(),
+            args.seed
+        )?;
+        writeln!(
+            out,
+            "{:<5} {:<16} {:>4} {:>3} {:>3} | {:>7} {:>9} {:>9} | {:>11} {:>8} {:>11} | {:>7} {:>6} {:>7} {:>9}",
+            "proto", "event", "n", "m", "p", "rounds", "unicasts", "bcasts", "exps/ser", "sigs/ser", "verifs/ser", "exps/Σ", "sigs/Σ", "verifs/Σ", "bytes"
+        )?;
+    }
+    let mut matches = (0u32, 0u32);
+    for (i, (protocol, event, n, m, p)) in jobs.iter().copied().enumerate() {
+        let row = measure(protocol, group_id, scheme, event, n, m, p, args.seed.wrapping_add(i as u64))?;
+        if !args.json {
+            let pr: PaperRow = paper::counts(protocol, event, n as u64, m as u64, p as u64);
+            writeln!(
+                out,
+                "{:<5} {:<16} {:>4} {:>3} {:>3} | {:>7} {:>9} {:>9} | {:>11} {:>8} {:>11} | {:>7} {:>6} {:>7} {:>9}",
+                row.protocol,
+                format!("{event:?}").to_lowercase(),
+                n,
+                row.m,
+                row.p,
+                cell(row.rounds, pr.rounds, &mut matches),
+                cell(row.unicasts, pr.unicasts, &mut matches),
+                cell(row.broadcasts, pr.broadcasts, &mut matches),
+                cell(row.exps_serial, pr.exps, &mut matches),
+                cell(row.sigs_serial, pr.sigs, &mut matches),
+                cell(row.verifs_serial, pr.verifs, &mut matches),
+                row.exps_total,
+                row.sigs_total,
+                row.verifs_total,
+                row.bytes
+            )?;
+        }
+        rows.push(row);
+    }
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &rows)?;
+        writeln!(out)?;
+    } else {
+        writeln!(out, "{} of {} exact paper entries match; README explains the rest.", matches.0, matches.1)?;
+    }
+    Ok(())
+}

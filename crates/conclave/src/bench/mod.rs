@@ -1,0 +1,23 @@
+//! `conclave bench`: benchmarks as commands that print tables.
+
+mod counts;
+mod paper;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+/// The benchmarks.
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Count rounds, messages and cryptographic operations per protocol,
+    /// membership event and group size on the seeded simulator, beside the
+    /// TISSEC paper's Tables I and II.
+    Counts(counts::CountsArgs),
+}
+
+/// Runs a benchmark.
+pub fn run(cmd: BenchCommand) -> Result<()> {
+    match cmd {
+        BenchCommand::Counts(args) => counts::run(args),
+    }
+}
