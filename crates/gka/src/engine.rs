@@ -120,6 +120,11 @@ pub enum Error {
     /// A valid message that the protocol does not expect now.
     #[error("unexpected message: {0}")]
     Unexpected(&'static str),
+    /// A message this member has no use for (e.g. a BD round-1 value from a
+    /// non-neighbour). It was dropped before its signature was checked; a
+    /// driver may ignore this error.
+    #[error("message from {0} not needed by this member; dropped unverified")]
+    Ignored(MemberId),
     /// A view that does not contain this member, or a message before any view.
     #[error("bad view: {0}")]
     BadView(&'static str),
@@ -193,8 +198,8 @@ pub(crate) trait Protocol<G: Group>: Send + Sized + 'static {
     /// before changing any state.
     fn on_message(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, round: u8, body: &[u8]) -> Result<(), Error>;
     /// Whether a message of `round` from `from` carries anything this member
-    /// uses. Messages it does not want are dropped before their signature is
-    /// checked (BD members only use their neighbours' round-1 values), so no
+    /// uses. Messages it does not want are dropped with [`Error::Ignored`]
+    /// before their signature is checked (BD members only use their neighbours' round-1 values), so no
     /// unverified byte is ever used and no verification is wasted.
     fn wants(&self, _view: &View, _me: &MemberId, _from: &MemberId, _round: u8) -> bool {
         true
@@ -391,9 +396,8 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         Ok(std::mem::take(&mut self.st.out))
     }
 
-    /// All checks on an incoming message, before anything changes. `None`:
-    /// a valid-looking message the protocol has no use for.
-    fn open(&mut self, from: &MemberId, bytes: &[u8]) -> Result<Option<Envelope>, Error> {
+    /// All checks on an incoming message, before anything changes.
+    fn open(&mut self, from: &MemberId, bytes: &[u8]) -> Result<Envelope, Error> {
         let env = Envelope::decode(bytes)?;
         if env.protocol != P::ID || env.group_id != self.g.id() || env.group != self.st.group {
             return Err(Error::WrongContext);
@@ -412,7 +416,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             return Err(Error::Replay(env.sender, env.seq));
         }
         if env.sender != self.me && !self.proto.wants(view, &self.me, &env.sender, env.round) {
-            return Ok(None);
+            return Err(Error::Ignored(env.sender));
         }
         if env.sender == self.me {
             // Our own broadcast coming back: accept exactly what we sent.
@@ -425,7 +429,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             self.st.costs.verifs += 1;
             key.verify(&env.signed_bytes(), &env.signature).map_err(|_| Error::BadSignature(env.sender.clone()))?;
         }
-        Ok(Some(env))
+        Ok(env)
     }
 }
 
@@ -469,7 +473,7 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
         bytes: &[u8],
         rng: &mut dyn CryptoRngCore,
     ) -> Result<Vec<Output>, Error> {
-        let Some(env) = self.open(from, bytes)? else { return Ok(Vec::new()) };
+        let env = self.open(from, bytes)?;
         let out = self.with_ctx(rng, |p, cx| p.on_message(cx, &env.sender, env.round, &env.body))?;
         self.st.seen.insert((env.sender, env.seq));
         Ok(out)

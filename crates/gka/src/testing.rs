@@ -7,14 +7,23 @@
 
 use crate::suite::Group;
 
-/// Hash domains the protocols use to turn elements into exponents.
-pub const DOMAINS: &[&[u8]] = &[crate::domains::TGDH_NODE, crate::domains::STR_NODE, crate::domains::CKD_CHANNEL];
+/// The hash domain a protocol uses to turn elements into exponents, if any.
+pub fn domains(protocol: crate::ProtocolId) -> Vec<&'static [u8]> {
+    use crate::ProtocolId::*;
+    match protocol {
+        Tgdh => vec![crate::domains::TGDH_NODE],
+        Str => vec![crate::domains::STR_NODE],
+        Ckd => vec![crate::domains::CKD_CHANNEL],
+        Gdh | Bd => Vec::new(),
+    }
+}
 
 /// Group operations on encodings, for the key-independence tests.
 pub trait AttackerGroup {
     /// Whether `target` is among the values reachable from the secret
     /// `scalars` and `elements` and the `publics` within `depth` levels of
-    /// exponentiation. Returns `None` when the closure grows past `budget`
+    /// exponentiation, hashing every element reached to an exponent under
+    /// each of `domains` as the protocols do. Returns `None` when the closure grows past `budget`
     /// exponentiations (the test should then use a smaller case).
     fn can_reach(
         &self,
@@ -22,6 +31,7 @@ pub trait AttackerGroup {
         elements: &[Vec<u8>],
         publics: &[Vec<u8>],
         target: &[u8],
+        domains: &[&[u8]],
         depth: usize,
         budget: usize,
     ) -> Option<bool>;
@@ -37,6 +47,7 @@ impl<G: Group> AttackerGroup for Attacker<G> {
         elements: &[Vec<u8>],
         publics: &[Vec<u8>],
         target: &[u8],
+        domains: &[&[u8]],
         depth: usize,
         budget: usize,
     ) -> Option<bool> {
@@ -59,7 +70,7 @@ impl<G: Group> AttackerGroup for Attacker<G> {
         exps.extend(inverses);
         for b in elements {
             if let Ok(e) = g.decode(b) {
-                for d in DOMAINS {
+                for d in domains {
                     exps.push(g.hash_to_scalar(d, &e));
                 }
             }
@@ -93,7 +104,7 @@ impl<G: Group> AttackerGroup for Attacker<G> {
                     return Some(true);
                 }
                 if known.insert(enc) {
-                    for d in DOMAINS {
+                    for d in domains {
                         exps.push(g.hash_to_scalar(d, &e));
                     }
                     elems.push(e);
