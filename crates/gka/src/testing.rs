@@ -54,7 +54,7 @@ impl<G: Group> AttackerGroup for Attacker<G> {
         let g = &self.0;
         let mut known: std::collections::BTreeSet<Vec<u8>> = std::collections::BTreeSet::new();
         let mut elems: Vec<G::Element> = Vec::new();
-        let mut add = |e: G::Element, elems: &mut Vec<G::Element>, known: &mut std::collections::BTreeSet<Vec<u8>>| {
+        let add = |e: G::Element, elems: &mut Vec<G::Element>, known: &mut std::collections::BTreeSet<Vec<u8>>| {
             if known.insert(g.encode(&e)) {
                 elems.push(e);
             }

@@ -126,7 +126,10 @@ fn bombard(h: &mut Harness, old: &[Vec<u8>], outsider: &dyn conclave_gka::suite:
                 Err(e) => {
                     rejected += 1;
                     if what == "old view" {
-                        assert!(matches!(e, Error::WrongView { .. } | Error::Replay(..)), "earlier message gave {e}");
+                        assert!(
+                            matches!(e, Error::WrongView { .. } | Error::Replay(..) | Error::NotForMe),
+                            "earlier message gave {e}"
+                        );
                     }
                 }
                 Ok(out) => panic!("{what} message to {m} was accepted ({} outputs)", out.len()),
@@ -150,4 +153,14 @@ fn check_protocol(protocol: ProtocolId) {
 #[test]
 fn bd_rejects_bad_messages_and_is_unchanged_by_them() {
     check_protocol(ProtocolId::Bd);
+}
+
+#[test]
+fn gdh_rejects_bad_messages_and_is_unchanged_by_them() {
+    check_protocol(ProtocolId::Gdh);
+}
+
+#[test]
+fn ckd_rejects_bad_messages_and_is_unchanged_by_them() {
+    check_protocol(ProtocolId::Ckd);
 }

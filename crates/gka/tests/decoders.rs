@@ -46,4 +46,6 @@ macro_rules! decoder_tests {
 
 decoder_tests! {
     bd_never_panics_on_signed_garbage: ProtocolId::Bd;
+    ckd_never_panics_on_signed_garbage: ProtocolId::Ckd;
+    gdh_never_panics_on_signed_garbage: ProtocolId::Gdh;
 }

@@ -103,3 +103,13 @@ fn run(protocol: ProtocolId) {
 fn bd_departed_and_new_members_learn_nothing() {
     run(ProtocolId::Bd);
 }
+
+#[test]
+fn ckd_departed_and_new_members_learn_nothing() {
+    run(ProtocolId::Ckd);
+}
+
+#[test]
+fn gdh_departed_and_new_members_learn_nothing() {
+    run(ProtocolId::Gdh);
+}

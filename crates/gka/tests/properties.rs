@@ -186,4 +186,6 @@ macro_rules! property_tests {
 
 property_tests! {
     bd: ProtocolId::Bd;
+    ckd: ProtocolId::Ckd;
+    gdh: ProtocolId::Gdh;
 }
