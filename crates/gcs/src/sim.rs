@@ -447,10 +447,8 @@ mod tests {
         }
         fn on_message(&mut self, from: &MemberId, msg: &String, out: &mut Vec<Outgoing<String>>) {
             self.got.push((from.clone(), msg.clone()));
-            if msg.starts_with("hello") {
-                if from != &self.me {
-                    out.push(Outgoing { to: Some(from.clone()), msg: format!("ack {msg}") });
-                }
+            if msg.starts_with("hello") && from != &self.me {
+                out.push(Outgoing { to: Some(from.clone()), msg: format!("ack {msg}") });
             }
         }
     }

@@ -83,17 +83,19 @@ pub struct Row {
     pub bytes: u64,
 }
 
+/// One measurement: a protocol, an event and its sizes.
+#[derive(Clone, Copy, Debug)]
+pub struct Job {
+    pub protocol: ProtocolId,
+    pub event: Event,
+    pub n: usize,
+    pub m: usize,
+    pub p: usize,
+}
+
 /// Runs one event on a fresh simulated group and counts it.
-pub fn measure(
-    protocol: ProtocolId,
-    group_id: GroupId,
-    scheme: SignatureId,
-    event: Event,
-    n: usize,
-    m: usize,
-    p: usize,
-    seed: u64,
-) -> Result<Row> {
+pub fn measure(job: Job, group_id: GroupId, scheme: SignatureId, seed: u64) -> Result<Row> {
+    let Job { protocol, event, n, m, p } = job;
     let mut h = Harness::new(protocol, group_id, scheme, seed, Flush::All);
     let extra = match event {
         Event::Join => 1,
@@ -186,9 +188,16 @@ pub fn run(args: CountsArgs) -> Result<()> {
                 match event {
                     Event::ControllerLeave if protocol != ProtocolId::Ckd => {}
                     Event::Leave | Event::ControllerLeave if n < 2 => {}
-                    Event::Merge => jobs.extend(args.merge_sizes.iter().filter(|&&m| m >= 1).map(|&m| (protocol, event, n, m, 0))),
-                    Event::Partition => jobs.extend(args.partition_sizes.iter().filter(|&&p| p >= 1 && p < n).map(|&p| (protocol, event, n, 0, p))),
-                    _ => jobs.push((protocol, event, n, 0, 0)),
+                    Event::Merge => jobs.extend(
+                        args.merge_sizes.iter().filter(|&&m| m >= 1).map(|&m| Job { protocol, event, n, m, p: 0 }),
+                    ),
+                    Event::Partition => jobs.extend(
+                        args.partition_sizes
+                            .iter()
+                            .filter(|&&p| p >= 1 && p < n)
+                            .map(|&p| Job { protocol, event, n, m: 0, p }),
+                    ),
+                    _ => jobs.push(Job { protocol, event, n, m: 0, p: 0 }),
                 }
             }
         }
@@ -211,8 +220,9 @@ pub fn run(args: CountsArgs) -> Result<()> {
         )?;
     }
     let mut matches = (0u32, 0u32);
-    for (i, (protocol, event, n, m, p)) in jobs.iter().copied().enumerate() {
-        let row = measure(protocol, group_id, scheme, event, n, m, p, args.seed.wrapping_add(i as u64))?;
+    for (i, job) in jobs.iter().copied().enumerate() {
+        let Job { protocol, event, n, m, p } = job;
+        let row = measure(job, group_id, scheme, args.seed.wrapping_add(i as u64))?;
         if !args.json {
             let pr: PaperRow = paper::counts(protocol, event, n as u64, m as u64, p as u64);
             writeln!(
