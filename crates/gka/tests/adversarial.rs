@@ -164,3 +164,13 @@ fn gdh_rejects_bad_messages_and_is_unchanged_by_them() {
 fn ckd_rejects_bad_messages_and_is_unchanged_by_them() {
     check_protocol(ProtocolId::Ckd);
 }
+
+#[test]
+fn tgdh_rejects_bad_messages_and_is_unchanged_by_them() {
+    check_protocol(ProtocolId::Tgdh);
+}
+
+#[test]
+fn str_rejects_bad_messages_and_is_unchanged_by_them() {
+    check_protocol(ProtocolId::Str);
+}

@@ -48,4 +48,6 @@ decoder_tests! {
     bd_never_panics_on_signed_garbage: ProtocolId::Bd;
     ckd_never_panics_on_signed_garbage: ProtocolId::Ckd;
     gdh_never_panics_on_signed_garbage: ProtocolId::Gdh;
+    tgdh_never_panics_on_signed_garbage: ProtocolId::Tgdh;
+    str_never_panics_on_signed_garbage: ProtocolId::Str;
 }

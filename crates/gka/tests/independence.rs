@@ -113,3 +113,13 @@ fn ckd_departed_and_new_members_learn_nothing() {
 fn gdh_departed_and_new_members_learn_nothing() {
     run(ProtocolId::Gdh);
 }
+
+#[test]
+fn tgdh_departed_and_new_members_learn_nothing() {
+    run(ProtocolId::Tgdh);
+}
+
+#[test]
+fn str_departed_and_new_members_learn_nothing() {
+    run(ProtocolId::Str);
+}

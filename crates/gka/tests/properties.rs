@@ -188,4 +188,6 @@ property_tests! {
     bd: ProtocolId::Bd;
     ckd: ProtocolId::Ckd;
     gdh: ProtocolId::Gdh;
+    tgdh: ProtocolId::Tgdh;
+    str: ProtocolId::Str;
 }

@@ -229,7 +229,7 @@ pub fn run(args: CountsArgs) -> Result<()> {
                 out,
                 "{:<5} {:<16} {:>4} {:>3} {:>3} | {:>7} {:>9} {:>9} | {:>11} {:>8} {:>11} | {:>7} {:>6} {:>7} {:>9}",
                 row.protocol,
-                format!("{event:?}").to_lowercase(),
+                event.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default(),
                 n,
                 row.m,
                 row.p,

@@ -1,32 +1,999 @@
-//! Tgdh: under construction.
+//! Tree-based Group Diffie-Hellman, TGDH (TISSEC §4.3, Figs. 5 and 6; Kim,
+//! Perrig and Tsudik).
+//!
+//! # The key tree
+//! Members are the leaves of a binary tree. A leaf's key is its member's
+//! random contribution r; an internal node with children L and R has the
+//! secret element BK_R^{k_L} = BK_L^{k_R} = g^{k_L k_R}, and — unless it is
+//! the root — the key k = H(secret element) (hash domain `TGDH_NODE`). Every
+//! node's blinded key is BK = g^k. The root's secret element is the group
+//! secret. Every member keeps the whole shape, every blinded key, and the
+//! keys on its own path; that tree, as it was when the last key was
+//! installed, is the member's persistent state. Each run
+//! works on a copy, so a run interrupted by a new view is simply dropped.
+//!
+//! # Sponsors and rounds
+//! A membership event invalidates the blinded keys (and keys) on some paths
+//! to the root. The unknown blinded keys are always closed upwards (an
+//! unknown node's ancestors are unknown). A non-root node whose blinded key is
+//! unknown is *ready* when its children's blinded keys are known (or it is a
+//! leaf whose member refreshed its key). Its *sponsor* is the rightmost leaf
+//! under it: that member computes the keys and blinded keys from the ready
+//! node up its path as far as the known blinded keys allow (stopping below
+//! the root) and broadcasts them (round tag [`ROUND_KEYS`]). These rules are a
+//! function of the public tree, which every member holds identically at every
+//! delivery (agreed order), so exactly one member sends for each ready node;
+//! a member remembers which ready node it already sent for, so it does not
+//! send twice while its own message is in flight. Every member computes the
+//! keys on its own path as soon as the blinded keys it needs are known.
+//!
+//! A member installs when, after a delivered message, every blinded key but
+//! the root's is known: that condition depends only on the public tree, so it
+//! becomes true at the same delivery for everybody, and the last sponsor
+//! installs when its own final broadcast comes back. The root secret is
+//! computed only then.
+//!
+//! # Leave and partition (`Change::single`)
+//! Every member removes the departed leaves: a node that lost a child is
+//! replaced by the other child's subtree, and every node above a removal point
+//! is invalidated (Fig. 5). The sponsor of a removal point is the rightmost
+//! leaf of the subtree that took its place; the shallowest of them (then the
+//! rightmost) refreshes its leaf key, which invalidates its path. If nobody
+//! left (a view with the same members), the rightmost member refreshes. Then
+//! sponsor rounds as above: one round and one broadcast for a single leave.
+//!
+//! # Merge (`!Change::single`, Fig. 6)
+//! Each subgroup removes the members that are not in it (`Change::mine`) from
+//! the tree of its last secure state (a fresh member is a one-leaf tree); its
+//! sponsor, the rightmost leaf, refreshes its leaf key, recomputes its path up
+//! to the subtree's root and broadcasts the whole tree with its blinded keys
+//! (round tag [`ROUND_TREE`]). A member knows its own subgroup only, so it
+//! waits until the announced trees cover the view — using the announcement of
+//! its own subgroup too, so that everybody merges identical inputs. Then
+//! every member orders the trees (more leaves first, then by the view
+//! position of their first member) and inserts each into the accumulated
+//! tree, as the right child of a new node, at the shallowest (then rightmost)
+//! node where it does not make the tree higher, or at the root if it would
+//! everywhere. The new nodes and their ancestors are invalidated and sponsor
+//! rounds follow. A join is the merge of a one-leaf tree: the joiner's and the
+//! old group's announcements, then (unless the joiner went in at the root) the
+//! joiner as the sponsor of its new parent: two rounds, three broadcasts.
+//!
+//! # Cascades
+//! A new view abandons the run: the next one starts from the saved tree of
+//! the last install, which all members of a subgroup share.
+//!
+//! # Validation
+//! Trees are decoded with bounded counts and iteratively (no recursion on
+//! received depth); every member appears at most once in the view's
+//! announcements, which must come from their tree's rightmost leaf and carry
+//! exactly the blinded keys its sponsor can compute; an announcement of the
+//! member's own subgroup must match its own tree except on the sponsor's path.
+//! A blinded-key broadcast must come from the sponsor of the lowest unknown
+//! node on its path, and may only fill unknown nodes it can compute.
 
-use std::marker::PhantomData;
+mod tree;
+
+use std::cmp::Reverse;
+use std::collections::BTreeSet;
 
 use conclave_gcs::MemberId;
+use zeroize::Zeroize;
 
+use self::tree::Tree;
+use super::{get_elem, put_elem, MAX_MEMBERS};
+use crate::codec::{DecodeError, Reader, Writer};
+use crate::domains;
 use crate::engine::{Change, Ctx, Error, Protocol};
 use crate::suite::Group;
 use crate::ProtocolId;
 
-/// One member's Tgdh state.
-pub struct Tgdh<G: Group>(PhantomData<G>);
+/// A subgroup's tree, announced by its sponsor at a merge.
+const ROUND_TREE: u8 = 1;
+/// A sponsor's new blinded keys, bottom up along its path.
+const ROUND_KEYS: u8 = 2;
+
+/// One member's TGDH state.
+pub struct Tgdh<G: Group> {
+    /// The tree as of the last install (keys on this member's path).
+    saved: Option<Tree<G>>,
+    /// The run of the current view.
+    run: Run<G>,
+}
+
+enum Run<G: Group> {
+    /// No run: the key is installed (or there is no view).
+    Idle,
+    /// A merge, waiting for the subgroups' trees.
+    Collect(Collect<G>),
+    /// Sponsor rounds on the new tree.
+    Rounds(Rounds<G>),
+}
+
+struct Collect<G: Group> {
+    /// This member's subgroup's tree, with this member's keys.
+    mine: Tree<G>,
+    /// The members of this member's subgroup.
+    mine_members: BTreeSet<MemberId>,
+    /// The other subgroups' announced trees.
+    others: Vec<Tree<G>>,
+    /// Members of the trees announced so far.
+    covered: BTreeSet<MemberId>,
+}
+
+struct Rounds<G: Group> {
+    tree: Tree<G>,
+    /// Ready nodes this member has broadcast the blinded keys of.
+    sent: BTreeSet<usize>,
+}
+
+/// H(b^k): the key of a parent from one child's key and the other's blinded key.
+fn node_key<G: Group>(cx: &mut Ctx<'_, G>, k: &G::Scalar, b: &G::Element) -> G::Scalar {
+    let mut s = cx.exp(b, k);
+    let key = cx.g.hash_to_scalar(domains::TGDH_NODE, &s);
+    s.zeroize();
+    key
+}
+
+/// Computes the keys on `leaf`'s path as far up as the known blinded keys
+/// allow, the root's too if `with_root` (a subgroup's root at a merge).
+fn climb<G: Group>(cx: &mut Ctx<'_, G>, t: &mut Tree<G>, leaf: usize, with_root: bool) {
+    let path = t.path(leaf);
+    let end = if with_root { path.len() } else { path.len() - 1 };
+    for i in 1..end {
+        let (c, p) = (path[i - 1], path[i]);
+        if t.nodes[p].key.is_some() {
+            continue;
+        }
+        let Some(s) = t.sibling(c) else { break };
+        let key = match (&t.nodes[c].key, &t.nodes[s].bk) {
+            (Some(k), Some(b)) => node_key(cx, k, b),
+            _ => break,
+        };
+        t.nodes[p].key = Some(key);
+    }
+}
+
+impl<G: Group> Tgdh<G> {
+    /// A view whose members all share this member's state: remove the
+    /// departed, let the shallowest-rightmost removal sponsor refresh.
+    fn start_rekey(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
+        let saved = self.saved.as_ref().ok_or(Error::Unexpected("TGDH rekey without a key tree"))?;
+        let view: BTreeSet<&MemberId> = cx.view.ids().collect();
+        if view.iter().any(|m| saved.find(m).is_none()) {
+            return Err(Error::Unexpected("TGDH key tree lacks a member of the view"));
+        }
+        let (mut t, sponsors) = saved.prune(|m| view.contains(m)).ok_or(Error::Unexpected("empty TGDH tree"))?;
+        let sponsors = if sponsors.is_empty() { vec![t.rightmost(t.root)] } else { sponsors };
+        let leaves = t.leaves();
+        let refresher = sponsors
+            .into_iter()
+            .min_by_key(|&s| (t.depth(s), Reverse(leaves.iter().position(|&l| l == s))))
+            .ok_or(Error::Unexpected("no TGDH sponsor"))?;
+        t.invalidate_path(refresher);
+        if t.member(refresher) == Some(cx.me) {
+            t.nodes[refresher].key = Some(cx.random());
+        }
+        self.run = Run::Rounds(Rounds { tree: t, sent: BTreeSet::new() });
+        self.advance(cx)
+    }
+
+    /// A merge: prune to the own subgroup; its sponsor refreshes and
+    /// announces the subgroup's tree.
+    fn start_merge(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
+        let mine: BTreeSet<MemberId> = change.mine.iter().cloned().collect();
+        let mut t = match &self.saved {
+            Some(s) if mine.iter().all(|m| s.find(m).is_some()) => {
+                s.prune(|m| mine.contains(m)).ok_or(Error::Unexpected("empty TGDH tree"))?.0
+            }
+            _ if change.mine.len() == 1 && &change.mine[0] == cx.me => Tree::leaf(cx.me.clone(), None, None),
+            _ => return Err(Error::Unexpected("TGDH key tree lacks a member of the subgroup")),
+        };
+        let sponsor = t.rightmost(t.root);
+        t.invalidate_path(sponsor);
+        if t.member(sponsor) == Some(cx.me) {
+            t.nodes[sponsor].key = Some(cx.random());
+            climb(cx, &mut t, sponsor, true);
+            let mut ann = t.public();
+            for u in t.path(sponsor) {
+                match &t.nodes[u].key {
+                    Some(k) => ann.nodes[u].bk = Some(cx.exp_g(k)),
+                    None => break,
+                }
+            }
+            let mut w = Writer::new();
+            ann.encode(&mut w, cx.g);
+            cx.broadcast(ROUND_TREE, w.buf);
+        }
+        self.run = Run::Collect(Collect { mine: t, mine_members: mine, others: Vec::new(), covered: BTreeSet::new() });
+        Ok(())
+    }
+
+    /// A subgroup's announced tree.
+    fn on_tree(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
+        let Run::Collect(co) = &mut self.run else {
+            return Err(Error::Unexpected("TGDH tree outside a merge"));
+        };
+        let mut r = Reader::new(body);
+        let b = Tree::decode(&mut r, cx.g)?;
+        r.finish()?;
+        let members = b.members();
+        if members.iter().any(|m| !cx.view.contains(m) || co.covered.contains(m)) {
+            return Err(Error::Unexpected("TGDH tree with a member outside the view or announced twice"));
+        }
+        let s = b.find(from).ok_or(Error::Unexpected("TGDH tree announced by a non-member"))?;
+        if b.rightmost(b.root) != s {
+            return Err(Error::Unexpected("TGDH tree not announced by its sponsor"));
+        }
+        for v in 0..b.nodes.len() {
+            if let Some([l, r]) = b.nodes[v].kids {
+                if b.has_bk(v) && !(b.has_bk(l) && b.has_bk(r)) {
+                    return Err(DecodeError::Bad("TGDH blinded key above an unknown one").into());
+                }
+            }
+        }
+        let spath = b.path(s);
+        if !b.has_bk(s) || spath[1..].iter().any(|&u| b.has_bk(u) != b.ready(u)) {
+            return Err(Error::Unexpected("TGDH sponsor's path not fully computed"));
+        }
+        if co.mine_members.contains(from) {
+            let pairs = co.mine.correspondence(&b).ok_or(Error::Unexpected("TGDH tree differs from the subgroup's"))?;
+            let on_path: BTreeSet<usize> = spath.into_iter().collect();
+            if pairs.iter().any(|&(x, y)| !on_path.contains(&y) && co.mine.nodes[x].bk != b.nodes[y].bk) {
+                return Err(Error::Unexpected("TGDH tree contradicts known blinded keys"));
+            }
+            for (x, y) in pairs {
+                if on_path.contains(&y) {
+                    co.mine.nodes[x].bk = b.nodes[y].bk.clone();
+                }
+            }
+        } else {
+            if members.iter().any(|m| co.mine_members.contains(m)) {
+                return Err(Error::Unexpected("TGDH tree of another subgroup holds a member of ours"));
+            }
+            co.others.push(b);
+        }
+        co.covered.extend(members);
+        if co.covered.len() < cx.view.members.len() {
+            return Ok(());
+        }
+        // Every subgroup has announced: merge.
+        let Run::Collect(co) = std::mem::replace(&mut self.run, Run::Idle) else {
+            return Err(Error::Unexpected("TGDH merge state lost"));
+        };
+        let mut trees = co.others;
+        trees.push(co.mine);
+        let first = |t: &Tree<G>| t.members().iter().filter_map(|m| cx.view.position(m)).min();
+        trees.sort_by_cached_key(|t| (Reverse(t.leaves().len()), first(t)));
+        let mut trees = trees.into_iter();
+        let mut acc = trees.next().ok_or(Error::Unexpected("TGDH merge of nothing"))?;
+        for t in trees {
+            acc.insert(&t);
+        }
+        self.run = Run::Rounds(Rounds { tree: acc, sent: BTreeSet::new() });
+        self.advance(cx)
+    }
+
+    /// A sponsor's new blinded keys.
+    fn on_keys(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
+        let Run::Rounds(rd) = &mut self.run else {
+            return Err(Error::Unexpected("TGDH blinded keys outside the sponsor rounds"));
+        };
+        let t = &mut rd.tree;
+        let s = t.find(from).ok_or(Error::Unexpected("TGDH blinded keys from a non-member"))?;
+        let path = t.path(s);
+        let top = path.len() - 1;
+        let i = path[..top]
+            .iter()
+            .position(|&v| !t.has_bk(v))
+            .ok_or(Error::Unexpected("TGDH blinded keys from a member whose path is complete"))?;
+        if !t.ready(path[i]) || t.rightmost(path[i]) != s {
+            return Err(Error::Unexpected("TGDH blinded keys from a member that is not the sponsor"));
+        }
+        let mut r = Reader::new(body);
+        let k = r.count(MAX_MEMBERS, cx.g.element_len(), "TGDH blinded keys")?;
+        if k == 0 || i + k > top {
+            return Err(DecodeError::Bad("TGDH blinded key count").into());
+        }
+        if (i + 1..i + k).any(|j| !t.sibling(path[j - 1]).is_some_and(|u| t.has_bk(u))) {
+            return Err(Error::Unexpected("TGDH blinded key the sponsor cannot compute"));
+        }
+        let mut bks = Vec::with_capacity(k);
+        for _ in 0..k {
+            bks.push(get_elem(&mut r, cx.g)?);
+        }
+        r.finish()?;
+        for (j, bk) in bks.into_iter().enumerate() {
+            t.nodes[path[i + j]].bk = Some(bk);
+        }
+        self.advance(cx)
+    }
+
+    /// After any change: compute own path keys, do sponsor duty, install
+    /// when every non-root blinded key is known.
+    fn advance(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
+        let Run::Rounds(rd) = &mut self.run else { return Ok(()) };
+        let t = &mut rd.tree;
+        let me = t.find(cx.me).ok_or(Error::Unexpected("TGDH tree lacks this member"))?;
+        climb(cx, t, me, false);
+        let path = t.path(me);
+        let top = path.len() - 1;
+        if top == 0 {
+            return Err(Error::Unexpected("TGDH tree of one member in a run"));
+        }
+        if let Some(i) = path[..top].iter().position(|&v| !t.has_bk(v)) {
+            let v = path[i];
+            if t.ready(v) && t.rightmost(v) == me && rd.sent.insert(v) {
+                let mut bks = Vec::new();
+                for &u in &path[i..top] {
+                    match &t.nodes[u].key {
+                        Some(k) => bks.push(cx.exp_g(k)),
+                        None => break,
+                    }
+                }
+                let mut w = Writer::new();
+                w.count(bks.len());
+                for bk in &bks {
+                    put_elem(&mut w, cx.g, bk);
+                }
+                cx.broadcast(ROUND_KEYS, w.buf);
+            }
+            return Ok(());
+        }
+        if !t.complete() {
+            return Ok(());
+        }
+        let c = path[top - 1];
+        let s = t.sibling(c).ok_or(Error::Unexpected("TGDH tree shape"))?;
+        let mut secret = match (&t.nodes[c].key, &t.nodes[s].bk) {
+            (Some(k), Some(b)) => cx.exp(b, k),
+            _ => return Err(Error::Unexpected("TGDH key path incomplete")),
+        };
+        cx.install(&secret);
+        secret.zeroize();
+        if let Run::Rounds(rd) = std::mem::replace(&mut self.run, Run::Idle) {
+            self.saved = Some(rd.tree);
+        }
+        Ok(())
+    }
+}
 
 impl<G: Group> Protocol<G> for Tgdh<G> {
     const ID: ProtocolId = ProtocolId::Tgdh;
+
     fn new() -> Self {
-        Self(PhantomData)
+        Self { saved: None, run: Run::Idle }
     }
-    fn reset(&mut self) {}
-    fn on_view(&mut self, _cx: &mut Ctx<'_, G>, _change: &Change) -> Result<(), Error> {
-        Err(Error::Unexpected("not implemented yet"))
+
+    fn reset(&mut self) {
+        *self = Self::new();
     }
-    fn on_message(&mut self, _cx: &mut Ctx<'_, G>, _from: &MemberId, _round: u8, _body: &[u8]) -> Result<(), Error> {
-        Err(Error::Unexpected("not implemented yet"))
+
+    fn on_view(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
+        self.run = Run::Idle;
+        if cx.view.members.len() == 1 {
+            // Alone: a fresh key, no messages. The leaf's key is refreshed
+            // before it is ever used again (a merge's sponsor refreshes).
+            let r = cx.random();
+            let mut secret = cx.exp_g(&r);
+            cx.install(&secret);
+            secret.zeroize();
+            self.saved = Some(Tree::leaf(cx.me.clone(), Some(r), None));
+            return Ok(());
+        }
+        if change.single {
+            self.start_rekey(cx)
+        } else {
+            self.start_merge(cx, change)
+        }
     }
+
+    fn on_message(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, round: u8, body: &[u8]) -> Result<(), Error> {
+        match round {
+            ROUND_TREE => self.on_tree(cx, from, body),
+            ROUND_KEYS => self.on_keys(cx, from, body),
+            _ => Err(Error::Unexpected("unknown TGDH round")),
+        }
+    }
+
     fn secrets(&self) -> (Vec<G::Scalar>, Vec<G::Element>) {
-        (Vec::new(), Vec::new())
+        let mut keys: Vec<G::Scalar> = self.saved.iter().flat_map(|t| t.keys()).cloned().collect();
+        match &self.run {
+            Run::Idle => {}
+            Run::Collect(co) => keys.extend(co.mine.keys().chain(co.others.iter().flat_map(|t| t.keys())).cloned()),
+            Run::Rounds(rd) => keys.extend(rd.tree.keys().cloned()),
+        }
+        (keys, Vec::new())
     }
-    fn public_elements(_g: &G, _round: u8, _body: &[u8]) -> Result<Vec<G::Element>, Error> {
-        Ok(Vec::new())
+
+    fn public_elements(g: &G, round: u8, body: &[u8]) -> Result<Vec<G::Element>, Error> {
+        let mut r = Reader::new(body);
+        match round {
+            ROUND_TREE => Ok(Tree::decode(&mut r, g)?.bks().cloned().collect()),
+            ROUND_KEYS => {
+                let k = r.count(MAX_MEMBERS, g.element_len(), "TGDH blinded keys")?;
+                (0..k).map(|_| get_elem(&mut r, g)).collect()
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, VecDeque};
+    use std::sync::Arc;
+
+    use conclave_gcs::sim::Flush;
+    use conclave_gcs::{Cause, MemberId, View, ViewId, ViewMember};
+    use rand_chacha::ChaCha20Rng;
+    use rand_core::SeedableRng;
+
+    use super::tree::{Node, Tree};
+    use super::{ROUND_KEYS, ROUND_TREE};
+    use crate::codec::{Reader, Writer};
+    use crate::engine::{Engine, Error, Output, StaticDirectory};
+    use crate::harness::{EventCost, Harness};
+    use crate::message::Envelope;
+    use crate::suite::ristretto::Ristretto255;
+    use crate::suite::{generate_signer, Group, Signer};
+    use crate::{new_engine, Config, GroupId, ProtocolId, SignatureId};
+
+    fn id(i: usize) -> MemberId {
+        MemberId::new(format!("m{i:04}")).unwrap()
+    }
+
+    // ---- Costs against Tables I and II ------------------------------------
+
+    /// Membership events, applied to a group of n members m0..m(n-1) formed in
+    /// one view: a merge of n one-leaf trees in view order, which is n
+    /// successive insertions at the shallowest-rightmost place. For n = 2^h
+    /// that is the full tree of height h (leaf order = view order for n ≤ 8;
+    /// for 16 and 32 the right halves are shuffled, e.g. n = 16:
+    /// ((((0,1),(2,3)),((4,5),(6,7))),(((8,9),(10,15)),((11,12),(13,14))))).
+    #[derive(Clone, Copy, Debug)]
+    enum Ev {
+        /// One fresh member joins.
+        Join,
+        /// m fresh members join in one view (a merge of m + 1 subgroups).
+        JoinMany(usize),
+        /// The last member leaves.
+        Leave,
+        /// A separate group of m members merges in.
+        Merge(usize),
+        /// The group splits into its first and second half (view order): in
+        /// the trees above, the root's two subtrees.
+        Halves,
+        /// The group splits into the members at even and odd view positions:
+        /// in the trees above every pair of sibling leaves is split, the
+        /// worst case (the paper's experiment of §6.1.5).
+        Alternate,
+    }
+
+    fn measure(ev: Ev, n: usize) -> EventCost {
+        let mut h = Harness::new(ProtocolId::Tgdh, GroupId::Ristretto255, SignatureId::Ed25519, n as u64, Flush::All);
+        let ids = h.add_members(n + 3).unwrap();
+        let (old, fresh) = ids.split_at(n);
+        h.event(|s| s.join(old, None)).unwrap();
+        if let Ev::Merge(m) = ev {
+            h.event(|s| s.join(&fresh[..m], None)).unwrap();
+        }
+        let c = h
+            .event(|s| match ev {
+                Ev::Join => s.join(&fresh[..1], Some(&old[0])),
+                Ev::JoinMany(m) => s.join(&fresh[..m], Some(&old[0])),
+                Ev::Leave => s.leave(&old[n - 1..]),
+                Ev::Merge(_) => s.merge(&old[0], &fresh[0]),
+                Ev::Halves => s.partition(vec![old[..n / 2].to_vec(), old[n / 2..].to_vec()]),
+                Ev::Alternate => {
+                    let even: Vec<MemberId> = old.iter().step_by(2).cloned().collect();
+                    let odd: Vec<MemberId> = old.iter().skip(1).step_by(2).cloned().collect();
+                    s.partition(vec![even, odd])
+                }
+            })
+            .unwrap();
+        assert!(h.errors().is_empty(), "{ev:?} n={n}: {:?}", h.errors());
+        h.check_agreement().unwrap();
+        c
+    }
+
+    /// [rounds, broadcasts (all components), unicasts, serial exps, serial sigs, serial verifs]
+    fn counts(ev: Ev, n: usize) -> [u64; 6] {
+        let c = measure(ev, n);
+        [c.rounds, c.total.broadcasts, c.total.unicasts, c.serial.exps, c.serial.sigs, c.serial.verifs]
+    }
+
+    /// Full trees: (n, h = log2 n).
+    const FULL: [(usize, u64); 4] = [(4, 2), (8, 3), (16, 4), (32, 5)];
+
+    #[test]
+    fn join_into_a_full_tree_goes_in_at_the_root() {
+        // Table: 2 rounds, 3 broadcasts, 3h/2 exps (worst case), 2 sigs, 3 verifs.
+        // A full tree has no node where the joiner fits without growing the tree,
+        // so it joins at the root: the new root's children are the old tree (whose
+        // root blinded key the old sponsor announces) and the joiner's leaf, so
+        // after the two announcements of round 1 nothing is missing: 1 round, 2
+        // broadcasts, 1 sig and 2 verifs on the critical path. Exps: the old
+        // sponsor (rightmost leaf, depth h) refreshes its leaf (1) and recomputes
+        // its path up to the old root, key and blinded key at each of the h levels
+        // (2h); its sibling then recomputes those h keys and the root: 3h + 2. The
+        // paper's 3h/2 counts neither the whole refresh nor the receivers' work.
+        for (n, h) in FULL {
+            assert_eq!(counts(Ev::Join, n), [1, 2, 0, 3 * h + 2, 1, 2], "n = {n}");
+        }
+    }
+
+    #[test]
+    fn join_below_the_root_matches_table_one() {
+        // Not full: the joiner goes in lower, as the right child of a new node,
+        // and becomes the sponsor of that node: round 1 (joiner's leaf, old
+        // sponsor's tree), round 2 (joiner's new blinded keys up to below the
+        // root): 2 rounds, 3 broadcasts, 2 sigs, 3 verifs, as in the tables.
+        // Exps for n = 5, tree (((0,1),(2,3)),4): m4 refreshes (leaf, key and
+        // blinded key of the old root: 3), the joiner goes in next to m4 and
+        // computes the new node's key and blinded key (2), the others the root
+        // (1): 6. For n = 6 (sponsor at depth 2, 5 exps, then 2 + 1) 8, for
+        // n = 13 (depth 3) 13.
+        for (n, exps) in [(5, 6), (6, 8), (13, 13)] {
+            assert_eq!(counts(Ev::Join, n), [2, 3, 0, exps, 2, 3], "n = {n}");
+            assert_eq!(counts(Ev::Merge(1), n), [2, 3, 0, exps, 2, 3], "n = {n}");
+        }
+    }
+
+    #[test]
+    fn leave_is_one_broadcast() {
+        // Table: 1 round, 1 broadcast, 3h/2 exps, 1 sig, 1 verif. The leaver's
+        // sibling takes its parent's place (depth h - 1) and, as the shallowest
+        // removal sponsor, refreshes its leaf and broadcasts its path: leaf
+        // blinded key + key and blinded key for each of the h - 2 levels below the
+        // root = 2h - 3 exps; its nearest neighbours then recompute h - 2 keys and
+        // the root: 3h - 4 exps on the critical path.
+        for (n, h) in FULL {
+            assert_eq!(counts(Ev::Leave, n), [1, 1, 0, 3 * h - 4, 1, 1], "n = {n}");
+        }
+        // Unbalanced trees: the sponsor's depth decides. n = 5, (((0,1),(2,3)),4):
+        // the root's left subtree becomes the tree, its rightmost leaf m3 (depth
+        // 2) refreshes; n = 13: m11 takes the place of (11,12) at depth 2.
+        assert_eq!(counts(Ev::Leave, 5), [1, 1, 0, 5, 1, 1]);
+        assert_eq!(counts(Ev::Leave, 13), [1, 1, 0, 5, 1, 1]);
+        // Two members: the one left alone installs a fresh key, no message.
+        assert_eq!(counts(Ev::Leave, 2), [0, 0, 0, 1, 0, 0]);
+    }
+
+    #[test]
+    fn merge_of_a_group_of_three() {
+        // Table: 2 rounds, 3 broadcasts, 3h/2 exps, 2 sigs, 3 verifs. Into a full
+        // tree the 3-member tree (height 2) goes in at the root, as a join does:
+        // the two sponsors' announcements are all it takes (1 round, 2
+        // broadcasts), and the larger tree's sponsor and its sibling dominate the
+        // exps as for a join: 3h + 2.
+        for (n, h) in FULL {
+            assert_eq!(counts(Ev::Merge(3), n), [1, 2, 0, 3 * h + 2, 1, 2], "n = {n}");
+        }
+        // Not full, with room for the smaller tree below the root: n = 6,
+        // ((0,1),(2,3)),(4,5) takes a 2-member tree at (4,5): 2 rounds, 3
+        // broadcasts, exactly as in the tables.
+        assert_eq!(counts(Ev::Merge(2), 6), [2, 3, 0, 8, 2, 3]);
+    }
+
+    #[test]
+    fn three_members_joining_at_once() {
+        // m fresh members are m one-leaf subgroups: m + 1 announcements, then
+        // sponsors. Into a full tree the first joiner goes in at the root, the
+        // second next to it, the third next to those two; one sponsor (the second
+        // joiner) then broadcasts the two new nodes: 2 rounds, m + 2 = 5
+        // broadcasts. Exps: old sponsor 2h + 1, then the second joiner 4 and
+        // the first joiner 2 more: 2h + 7 (up to h = 5, where the old sponsor's
+        // sibling's 3h + 2 takes over).
+        for (n, h) in FULL {
+            assert_eq!(counts(Ev::JoinMany(3), n), [2, 5, 0, 2 * h + 7, 2, 5], "n = {n}");
+        }
+        // n = 5: two of the new nodes are only computable in a third round.
+        assert_eq!(counts(Ev::JoinMany(3), 5), [3, 7, 0, 8, 3, 7]);
+    }
+
+    #[test]
+    fn partition_into_halves_along_the_tree() {
+        // Table (worst case): h rounds, 2h broadcasts, 3h exps, h sigs, h verifs.
+        // Splitting off one of the root's subtrees is the best case: each half is a
+        // subtree, whose rightmost member refreshes and rekeys it like a leave
+        // (1 round, 1 broadcast per half, 3h - 4 exps as for a leave).
+        for (n, h) in FULL {
+            assert_eq!(counts(Ev::Halves, n), [1, 2, 0, 3 * h - 4, 1, 1], "n = {n}");
+        }
+    }
+
+    #[test]
+    fn partition_scattering_every_pair() {
+        // The worst case: every pair of sibling leaves is split, each half keeps a
+        // full tree of height h - 1 all of whose internal blinded keys are new.
+        // Round 1: the sponsor of every lowest internal node (the refresher, the
+        // rightmost member, also covering its parent), then one round per level
+        // up to the root's children: max(1, h - 2) rounds, and as many sigs on
+        // the critical path (paper: h). Every non-root internal node of each
+        // half's tree is sent by its own sponsor, the refresher's leaf and parent
+        // in one message: max(1, 2^(h-1) - 2) broadcasts per half — more than the
+        // paper's 2h for large n, since the sponsors of disjoint subtrees send in
+        // parallel, and the member on the critical path verifies every message of
+        // its half. Exps: the refresher's 3, then 2 per further round (key and
+        // blinded key one level up), then the root: 2h - 2 from h = 4 on (paper:
+        // 3h); h = 3: 3, then its neighbour's key and root, 5; h = 2: 2.
+        assert_eq!(counts(Ev::Alternate, 4), [1, 2, 0, 2, 1, 1]);
+        assert_eq!(counts(Ev::Alternate, 8), [1, 4, 0, 5, 1, 2]);
+        assert_eq!(counts(Ev::Alternate, 16), [2, 12, 0, 6, 2, 6]);
+        assert_eq!(counts(Ev::Alternate, 32), [3, 28, 0, 8, 3, 14]);
+    }
+
+    // ---- The key tree -------------------------------------------------------
+
+    fn singletons(n: usize) -> Tree<Ristretto255> {
+        let mut t = Tree::leaf(id(0), None, None);
+        for i in 1..n {
+            t.insert(&Tree::leaf(id(i), None, None));
+        }
+        t
+    }
+
+    fn order(t: &Tree<Ristretto255>) -> Vec<usize> {
+        t.members().iter().map(|m| m.as_str()[1..].parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn insertion_keeps_the_tree_low() {
+        for n in 1..=64usize {
+            let t = singletons(n);
+            let h = t.heights()[t.root];
+            assert_eq!(h, n.next_power_of_two().trailing_zeros() as usize, "n = {n}");
+            assert_eq!(t.leaves().len(), n);
+        }
+        assert_eq!(order(&singletons(8)), (0..8).collect::<Vec<_>>());
+        assert_eq!(order(&singletons(16)), [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15, 11, 12, 13, 14]);
+        // A tree as high as the accumulated one goes in at the root.
+        let mut a = singletons(4);
+        a.insert(&singletons(3));
+        assert_eq!(a.heights()[a.root], 3);
+    }
+
+    #[test]
+    fn pruning_names_the_sponsors() {
+        let t = singletons(8);
+        let (p, sponsors) = t.prune(|m| m != &id(7)).unwrap();
+        let s: Vec<&MemberId> = sponsors.iter().filter_map(|&v| p.member(v)).collect();
+        assert_eq!(s, [&id(6)]);
+        assert_eq!(p.depth(sponsors[0]), 2);
+        let (p, sponsors) = t.prune(|m| m.as_str()[1..].parse::<usize>().unwrap() % 2 == 1).unwrap();
+        let mut s: Vec<&MemberId> = sponsors.iter().filter_map(|&v| p.member(v)).collect();
+        s.sort();
+        assert_eq!(s, [&id(1), &id(3), &id(5), &id(7)]);
+        assert!(t.prune(|_| false).is_none());
+        let (_, none) = t.prune(|_| true).unwrap();
+        assert!(none.is_empty());
+    }
+
+    fn with_bks(mut t: Tree<Ristretto255>) -> Tree<Ristretto255> {
+        let g = Ristretto255;
+        let mut rng = ChaCha20Rng::seed_from_u64(7);
+        for (i, n) in t.nodes.iter_mut().enumerate() {
+            if i % 3 != 0 {
+                n.bk = Some(g.exp_generator(&g.random_scalar(&mut rng)));
+            }
+        }
+        t
+    }
+
+    fn full_bks(mut t: Tree<Ristretto255>) -> Tree<Ristretto255> {
+        let g = Ristretto255;
+        for (i, n) in t.nodes.iter_mut().enumerate() {
+            n.bk = Some(g.exp_generator(&g.scalar_from_u64(i as u64 + 2)));
+        }
+        t
+    }
+
+    fn encode(t: &Tree<Ristretto255>) -> Vec<u8> {
+        let mut w = Writer::new();
+        t.encode(&mut w, &Ristretto255);
+        w.buf
+    }
+
+    fn decode(b: &[u8]) -> Result<Tree<Ristretto255>, Error> {
+        let mut r = Reader::new(b);
+        let t = Tree::decode(&mut r, &Ristretto255)?;
+        r.finish()?;
+        Ok(t)
+    }
+
+    #[test]
+    fn tree_codec_round_trips_and_rejects_malformed_input() {
+        let t = with_bks(singletons(13));
+        let bytes = encode(&t);
+        let d = decode(&bytes).unwrap();
+        let pairs = t.correspondence(&d).unwrap();
+        assert!(pairs.iter().all(|&(x, y)| t.nodes[x].bk == d.nodes[y].bk));
+        for cut in 0..bytes.len() {
+            assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(decode(&long).is_err());
+        // A forged leaf count cannot make the decoder allocate.
+        assert!(decode(&[0xff, 0xff, 1, 1, b'a']).is_err());
+        assert!(decode(&[0x10, 0x00]).is_err());
+        assert!(decode(&[0, 0]).is_err());
+        // A bad tag, an invalid element, a member twice, a shape that ends early.
+        assert!(decode(&[0, 1, 4, 1, b'a']).is_err());
+        let mut bad = vec![0, 1, 3, 1, b'a'];
+        bad.extend([0xff; 32]);
+        assert!(decode(&bad).is_err());
+        assert!(decode(&[0, 2, 0, 1, 1, b'a', 1, 1, b'a']).is_err());
+        assert!(decode(&[0, 2, 1, 1, b'a', 1, 1, b'b', 0]).is_err());
+        // Flipping any byte never panics.
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x41;
+            let _ = decode(&b);
+        }
+    }
+
+    #[test]
+    fn deep_trees_are_handled_without_recursion() {
+        // A caterpillar with MAX_MEMBERS leaves: as deep as a tree can be.
+        let n = super::MAX_MEMBERS;
+        let mut nodes: Vec<Node<Ristretto255>> = Vec::new();
+        let mut top = 0;
+        nodes.push(Node { parent: None, kids: None, member: Some(id(0)), bk: None, key: None });
+        for i in 1..n {
+            nodes.push(Node { parent: None, kids: None, member: Some(id(i)), bk: None, key: None });
+            nodes.push(Node { parent: None, kids: Some([top, 2 * i - 1]), member: None, bk: None, key: None });
+            nodes[top].parent = Some(2 * i);
+            nodes[2 * i - 1].parent = Some(2 * i);
+            top = 2 * i;
+        }
+        let t: Tree<Ristretto255> = Tree { nodes, root: top };
+        let d = decode(&encode(&t)).unwrap();
+        assert_eq!(d.heights()[d.root], n - 1);
+        assert_eq!(d.depth(d.find(&id(0)).unwrap()), n - 1);
+        let (p, _) = d.prune(|m| m != &id(1)).unwrap();
+        assert_eq!(p.leaves().len(), n - 1);
+    }
+
+    // ---- Rejection of forged or malformed messages -------------------------
+
+    /// Members driven by hand, to inject signed but bogus messages.
+    struct Net {
+        engines: BTreeMap<MemberId, Box<dyn Engine>>,
+        signers: BTreeMap<MemberId, Arc<dyn Signer>>,
+        rng: ChaCha20Rng,
+        queue: VecDeque<(MemberId, Vec<u8>)>,
+        view: Option<View>,
+        seq: u32,
+    }
+
+    impl Net {
+        fn new(n: usize) -> Self {
+            let mut rng = ChaCha20Rng::seed_from_u64(99);
+            let mut dir = StaticDirectory::new();
+            let mut signers = BTreeMap::new();
+            for i in 0..n {
+                let s = generate_signer(SignatureId::Ed25519, &mut rng).unwrap();
+                dir.insert(id(i), s.verifier());
+                signers.insert(id(i), s);
+            }
+            let dir = Arc::new(dir);
+            let engines = signers
+                .iter()
+                .map(|(m, s)| {
+                    let cfg = Config {
+                        protocol: ProtocolId::Tgdh,
+                        group_id: GroupId::Ristretto255,
+                        group: "forgery".into(),
+                        me: m.clone(),
+                        signer: s.clone(),
+                        directory: dir.clone(),
+                    };
+                    (m.clone(), new_engine(cfg))
+                })
+                .collect();
+            Self { engines, signers, rng, queue: VecDeque::new(), view: None, seq: 1000 }
+        }
+
+        fn absorb(&mut self, from: &MemberId, out: Vec<Output>) {
+            for o in out {
+                if let Output::Send { to: None, bytes } = o {
+                    self.queue.push_back((from.clone(), bytes));
+                }
+            }
+        }
+
+        fn install_view(&mut self, v: u64, members: &[usize]) {
+            let prev = self.view.as_ref().map(|v| v.id);
+            let view = View {
+                id: ViewId(v),
+                members: members.iter().map(|&i| ViewMember { id: id(i), prev: prev.filter(|_| i != 5) }).collect(),
+                cause: Cause::Network,
+            };
+            self.queue.clear();
+            for m in view.ids() {
+                let out = self.engines.get_mut(m).unwrap().on_view(&view, &mut self.rng).unwrap();
+                self.absorb(m, out);
+            }
+            self.view = Some(view);
+        }
+
+        fn members(&self) -> Vec<MemberId> {
+            self.view.as_ref().unwrap().ids().cloned().collect()
+        }
+
+        /// Delivers the next honest broadcast to every member of the view.
+        fn step(&mut self) -> bool {
+            let Some((from, bytes)) = self.queue.pop_front() else { return false };
+            for m in self.members() {
+                let out = self.engines.get_mut(&m).unwrap().on_message(&from, &bytes, &mut self.rng).unwrap();
+                self.absorb(&m, out);
+            }
+            true
+        }
+
+        /// A validly signed message with a bogus body, delivered to everybody
+        /// but its sender: each must reject it.
+        fn forge(&mut self, from: usize, round: u8, body: Vec<u8>, what: &str) {
+            let from = id(from);
+            let view = self.view.as_ref().unwrap().id;
+            let mut env = Envelope {
+                protocol: ProtocolId::Tgdh,
+                group_id: GroupId::Ristretto255,
+                group: "forgery".into(),
+                view,
+                sender: from.clone(),
+                recipient: None,
+                round,
+                seq: self.seq,
+                body,
+                signature: Vec::new(),
+            };
+            self.seq += 1;
+            env.signature = self.signers[&from].sign(&env.signed_bytes());
+            let bytes = env.encode();
+            for m in self.members() {
+                if m != from {
+                    let res = self.engines.get_mut(&m).unwrap().on_message(&from, &bytes, &mut self.rng);
+                    assert!(res.is_err(), "{m} accepted {what}");
+                }
+            }
+        }
+
+        fn agreed(&self) {
+            let keys: Vec<_> =
+                self.members().iter().map(|m| self.engines[m].secure_view().expect("installed").key.clone()).collect();
+            assert!(keys.windows(2).all(|w| w[0] == w[1]));
+        }
+    }
+
+    fn leaf_tree(m: usize, bk: bool) -> Vec<u8> {
+        let g = Ristretto255;
+        let bk = bk.then(|| g.exp_generator(&g.scalar_from_u64(5)));
+        encode(&Tree::leaf(id(m), None, bk))
+    }
+
+    fn keys_body(k: usize, elem: &[u8]) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.count(k);
+        for _ in 0..k {
+            w.raw(elem);
+        }
+        w.buf
+    }
+
+    #[test]
+    fn forged_and_malformed_messages_are_rejected_without_effect() {
+        let g = Ristretto255;
+        let elem = g.encode(&g.exp_generator(&g.scalar_from_u64(3)));
+        let mut net = Net::new(6);
+        // View 1: five fresh members, a merge of five one-leaf trees.
+        net.install_view(1, &[0, 1, 2, 3, 4]);
+        net.forge(0, ROUND_TREE, leaf_tree(5, true), "a tree with a non-member");
+        net.forge(0, ROUND_TREE, leaf_tree(0, false), "a sponsor's leaf without blinded key");
+        net.forge(0, ROUND_TREE, leaf_tree(1, true), "a tree announced by someone else");
+        net.forge(0, ROUND_TREE, vec![0, 1, 3, 1], "a truncated tree");
+        net.forge(0, ROUND_TREE, [leaf_tree(0, true), vec![0]].concat(), "a tree with trailing bytes");
+        net.forge(0, ROUND_KEYS, keys_body(1, &elem), "blinded keys during a merge");
+        net.forge(0, 9, Vec::new(), "an unknown round");
+        // Half of the announcements, then a second tree holding an announced member.
+        for _ in 0..3 {
+            net.step();
+        }
+        net.forge(3, ROUND_TREE, encode(&full_bks(singletons(2))), "a tree not from its sponsor");
+        net.forge(1, ROUND_TREE, encode(&full_bks(singletons(2))), "a tree holding announced members");
+        while net.step() {}
+        net.agreed();
+        net.forge(0, ROUND_KEYS, keys_body(1, &elem), "blinded keys after the install");
+
+        // View 2: m4 leaves (everybody else shares the state): one sponsor.
+        net.install_view(2, &[0, 1, 2, 3]);
+        let (sponsor, honest) = net.queue.front().cloned().unwrap();
+        assert_eq!(net.queue.len(), 1);
+        let sponsor: usize = sponsor.as_str()[1..].parse().unwrap();
+        for other in (0..4).filter(|&i| i != sponsor) {
+            net.forge(other, ROUND_KEYS, keys_body(1, &elem), "blinded keys from a non-sponsor");
+        }
+        net.forge(sponsor, ROUND_KEYS, keys_body(0, &elem), "no blinded key");
+        net.forge(sponsor, ROUND_KEYS, keys_body(5, &elem), "more blinded keys than the path holds");
+        net.forge(sponsor, ROUND_KEYS, keys_body(1, &[0xff; 32]), "an invalid element");
+        net.forge(sponsor, ROUND_KEYS, keys_body(1, &elem)[..20].to_vec(), "truncated blinded keys");
+        net.forge(sponsor, ROUND_TREE, leaf_tree(sponsor, true), "a tree outside a merge");
+        assert!(!honest.is_empty());
+        while net.step() {}
+        net.agreed();
+
+        // View 3: m5 (fresh) joins; its leaf must not be announced by another.
+        net.install_view(3, &[0, 1, 2, 3, 5]);
+        net.forge(0, ROUND_TREE, leaf_tree(5, true), "the joiner's tree from an old member");
+        while net.step() {}
+        net.agreed();
+    }
+
+    // ---- Key independence ---------------------------------------------------
+
+    /// Whether `who`'s secrets before `ev`, with every element broadcast
+    /// during it, reach the group secret installed by `by` after it.
+    #[cfg(feature = "test-hooks")]
+    fn reaches(
+        n: usize,
+        who: usize,
+        by: usize,
+        ev: impl FnOnce(&mut conclave_gcs::sim::Sim<crate::harness::Member>, &[MemberId]),
+    ) -> bool {
+        let mut h = Harness::new(ProtocolId::Tgdh, GroupId::Ristretto255, SignatureId::Ed25519, 3, Flush::All);
+        let ids = h.add_members(n + 1).unwrap();
+        h.sim().enable_trace();
+        h.event(|s| s.join(&ids[..n], None)).unwrap();
+        let leak = h.sim_ref().node(&ids[who]).unwrap().engine.leak();
+        h.event(|s| {
+            ev(s, &ids);
+            Ok(())
+        })
+        .unwrap();
+        h.check_agreement().unwrap();
+        let sim = h.sim_ref();
+        let m = sim.node(&ids[by]).unwrap();
+        let publics: Vec<Vec<u8>> =
+            sim.trace().iter().flat_map(|d| m.engine.public_elements(&d.msg.bytes).unwrap()).collect();
+        let target = m.engine.leak().group_secret.unwrap();
+        let mut elements = leak.elements.clone();
+        elements.extend(leak.group_secret.clone());
+        m.engine.attacker().can_reach(&leak.scalars, &elements, &publics, &target, &[crate::domains::TGDH_NODE], 2, 200_000).expect("within budget")
+    }
+
+    #[cfg(feature = "test-hooks")]
+    #[test]
+    fn departed_members_cannot_reach_later_keys() {
+        // Sanity check of the model: a member reaches its own next key.
+        assert!(reaches(4, 0, 0, |s, ids| s.leave(&ids[3..4]).unwrap()));
+        // Forward secrecy: a leaver (with everything it held) and the next key.
+        assert!(!reaches(4, 3, 0, |s, ids| s.leave(&ids[3..4]).unwrap()));
+        // A member partitioned away, and the key of the other side.
+        assert!(!reaches(6, 5, 0, |s, ids| s.partition(vec![ids[..3].to_vec(), ids[3..6].to_vec()]).unwrap()));
+    }
+
+    #[cfg(feature = "test-hooks")]
+    #[test]
+    fn a_joiner_cannot_reach_the_previous_key() {
+        for n in [3, 4] {
+            let mut h = Harness::new(ProtocolId::Tgdh, GroupId::Ristretto255, SignatureId::Ed25519, 5, Flush::All);
+            let ids = h.add_members(n + 1).unwrap();
+            h.sim().enable_trace();
+            h.event(|s| s.join(&ids[..n], None)).unwrap();
+            let old = h.sim_ref().node(&ids[0]).unwrap().engine.leak().group_secret.unwrap();
+            h.event(|s| s.join(&ids[n..], Some(&ids[0]))).unwrap();
+            h.check_agreement().unwrap();
+            let sim = h.sim_ref();
+            let j = &sim.node(&ids[n]).unwrap().engine;
+            let publics: Vec<Vec<u8>> =
+                sim.trace().iter().flat_map(|d| j.public_elements(&d.msg.bytes).unwrap()).collect();
+            let leak = j.leak();
+            let mut elements = leak.elements.clone();
+            elements.extend(leak.group_secret.clone());
+            let reach = j.attacker().can_reach(&leak.scalars, &elements, &publics, &old, &[crate::domains::TGDH_NODE], 2, 200_000);
+            assert_eq!(reach, Some(false), "n = {n}");
+        }
     }
 }
