@@ -40,7 +40,7 @@ pub struct CountsArgs {
     #[arg(long, value_enum, value_delimiter = ',', default_value = "join,leave,merge,partition,controller-leave")]
     events: Vec<Event>,
     /// Group sizes n before the event (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,32")]
+    #[arg(long, value_delimiter = ',', default_value = "2,5,8,13,32")]
     sizes: Vec<usize>,
     /// Sizes m of the merging group (comma-separated).
     #[arg(long = "merge", value_delimiter = ',', default_value = "3")]
