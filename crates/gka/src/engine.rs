@@ -205,8 +205,10 @@ pub(crate) trait Protocol<G: Group>: Send + Sized + 'static {
         true
     }
     /// The member's secrets (test hook).
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     fn secrets(&self) -> (Vec<G::Scalar>, Vec<G::Element>);
     /// The group elements a message body carries (test hook).
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     fn public_elements(g: &G, round: u8, body: &[u8]) -> Result<Vec<G::Element>, Error>;
 }
 

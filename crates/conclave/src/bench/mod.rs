@@ -1,6 +1,7 @@
 //! `conclave bench`: benchmarks as commands that print tables.
 
 mod counts;
+mod crypto;
 mod paper;
 
 use anyhow::Result;
@@ -13,11 +14,14 @@ pub enum BenchCommand {
     /// membership event and group size on the seeded simulator, beside the
     /// TISSEC paper's Tables I and II.
     Counts(counts::CountsArgs),
+    /// Time every cryptographic operation of every suite on this machine.
+    Crypto(crypto::CryptoArgs),
 }
 
 /// Runs a benchmark.
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Counts(args) => counts::run(args),
+        BenchCommand::Crypto(args) => crypto::run(args),
     }
 }
