@@ -1,16 +1,21 @@
 //! Group communication for Conclave: membership views and the backbones that
 //! order traffic for them.
 //!
-//! This crate is the bottom layer of DESIGN.md. Today it holds the view types
-//! that every layer above speaks ([`view`]) and the first stage of the
-//! deterministic `sim` backbone ([`sim`]), an in-memory group communication
-//! layer driven by one seed, which the key agreement tests and benchmarks run
-//! on. The daemon core, wire protocol and the standalone and cluster
-//! backbones grow here too, sans-IO, with async shells in crates above.
+//! This crate is the bottom layer of DESIGN.md, and it does no I/O. It holds
+//! the view types that every layer above speaks ([`view`]); the daemon core
+//! ([`core`]), a deterministic state machine that turns one totally ordered
+//! stream of client and daemon-group operations into per-client deliveries
+//! with lightweight groups and virtual synchrony; the client–daemon wire
+//! format ([`wire`]); and the first stage of the deterministic `sim` backbone
+//! ([`sim`]), an in-memory group communication layer driven by one seed, which
+//! the key agreement tests and benchmarks run on. The async shells — the
+//! standalone daemon and the client library — live in `conclave-gcs-net`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod core;
 pub mod sim;
 pub mod view;
+pub mod wire;
 
-pub use view::{Cause, MemberId, View, ViewId, ViewMember};
+pub use view::{Cause, GroupName, MemberId, View, ViewId, ViewMember};

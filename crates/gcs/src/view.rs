@@ -25,8 +25,13 @@ pub enum NameError {
     #[error("name is empty")]
     Empty,
     /// Names are limited in length.
-    #[error("name is {0} bytes long; the limit is {MAX_MEMBER_NAME}")]
-    TooLong(usize),
+    #[error("name is {len} bytes long; the limit is {max}")]
+    TooLong {
+        /// The name's length in bytes.
+        len: usize,
+        /// The limit for this kind of name.
+        max: usize,
+    },
     /// Names are printable and contain no whitespace.
     #[error("name contains a control or whitespace character")]
     BadCharacter,
@@ -35,23 +40,28 @@ pub enum NameError {
 impl MemberId {
     /// Checks and wraps a member name.
     pub fn new(name: impl Into<String>) -> Result<Self, NameError> {
-        let name = name.into();
-        if name.is_empty() {
-            return Err(NameError::Empty);
-        }
-        if name.len() > MAX_MEMBER_NAME {
-            return Err(NameError::TooLong(name.len()));
-        }
-        if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
-            return Err(NameError::BadCharacter);
-        }
-        Ok(Self(name))
+        check_name(name.into(), MAX_MEMBER_NAME).map(Self)
     }
 
     /// The name as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// Checks the rules every name follows: non-empty, at most `max` bytes,
+/// printable and without whitespace.
+fn check_name(name: String, max: usize) -> Result<String, NameError> {
+    if name.is_empty() {
+        return Err(NameError::Empty);
+    }
+    if name.len() > max {
+        return Err(NameError::TooLong { len: name.len(), max });
+    }
+    if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(NameError::BadCharacter);
+    }
+    Ok(name)
 }
 
 impl fmt::Debug for MemberId {
@@ -61,6 +71,39 @@ impl fmt::Debug for MemberId {
 }
 
 impl fmt::Display for MemberId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A lightweight group's name: chosen by the clients that join it, unique
+/// within the system.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GroupName(String);
+
+/// Longest group name accepted anywhere.
+pub const MAX_GROUP_NAME: usize = 128;
+
+impl GroupName {
+    /// Checks and wraps a group name (same rules as member names, with a
+    /// limit of [`MAX_GROUP_NAME`] bytes).
+    pub fn new(name: impl Into<String>) -> Result<Self, NameError> {
+        check_name(name.into(), MAX_GROUP_NAME).map(Self)
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for GroupName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Display for GroupName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }

@@ -1,0 +1,238 @@
+//! The client library: connect to a daemon, join and leave groups, send,
+//! and receive [`Event`]s.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), conclave_gcs_net::ClientError> {
+//! use conclave_gcs_net::{Client, Event, Service};
+//! let mut c = Client::connect_unix("/run/conclave.sock", "alice").await?;
+//! c.join("chat").await?;
+//! c.multicast("chat", Service::Agreed, &b"hello"[..]).await?;
+//! while let Ok(ev) = c.recv().await {
+//!     if let Event::Message { sender, payload, .. } = ev {
+//!         println!("{sender}: {payload:?}");
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use conclave_gcs::core::{ErrorCode, Service};
+use conclave_gcs::view::NameError;
+use conclave_gcs::wire::{self, FrameReader, Request, WireError};
+use conclave_gcs::{GroupName, MemberId};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, ToSocketAddrs, UnixStream};
+use tokio::sync::Mutex;
+
+/// What a client receives: views, messages, notices and errors from its
+/// daemon (a [`Event::Welcome`] only ever comes first, inside `connect`).
+pub use conclave_gcs::core::Delivery as Event;
+
+/// Largest frame a client accepts from its daemon. Views of big groups are
+/// the largest frames: at most about 265 bytes per member.
+pub const MAX_EVENT_FRAME: usize = 64 << 20;
+
+/// Errors of the client library.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The connection failed.
+    #[error("i/o error: {0}")]
+    Io(#[from] io::Error),
+    /// The daemon refused the connection.
+    #[error("the daemon refused the connection ({code:?}): {text}")]
+    Refused {
+        /// Why.
+        code: ErrorCode,
+        /// The daemon's explanation.
+        text: String,
+    },
+    /// A member or group name breaks the naming rules.
+    #[error("bad name: {0}")]
+    Name(#[from] NameError),
+    /// A message is larger than the daemon accepts.
+    #[error("message of {len} bytes exceeds the limit of {max}")]
+    TooLarge {
+        /// The payload's length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The daemon sent something that is not a valid frame.
+    #[error("malformed frame from the daemon: {0}")]
+    Wire(#[from] WireError),
+    /// The daemon answered Hello with something other than Welcome.
+    #[error("expected Welcome, got {0:?}")]
+    NoWelcome(Box<Event>),
+    /// The daemon closed the connection.
+    #[error("the daemon closed the connection")]
+    Closed,
+}
+
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+type Reader = Box<dyn AsyncRead + Send + Sync + Unpin>;
+
+/// A connection to a daemon. Sending takes `&self`; receiving `&mut self`.
+/// [`Client::split`] separates the two for use from different tasks.
+pub struct Client {
+    sender: ClientSender,
+    receiver: ClientReceiver,
+}
+
+/// The sending half of a [`Client`]; clones share the connection.
+#[derive(Clone)]
+pub struct ClientSender {
+    writer: Arc<Mutex<Writer>>,
+    max_payload: usize,
+}
+
+/// The receiving half of a [`Client`].
+pub struct ClientReceiver {
+    reader: Reader,
+    buf: BytesMut,
+    frames: FrameReader,
+}
+
+impl Client {
+    /// Connects over a Unix socket and introduces itself as `name`.
+    pub async fn connect_unix(path: impl AsRef<Path>, name: &str) -> Result<Self, ClientError> {
+        let (rd, wr) = UnixStream::connect(path).await?.into_split();
+        Self::handshake(Box::new(rd), Box::new(wr), name).await
+    }
+
+    /// Connects over TCP and introduces itself as `name`.
+    pub async fn connect_tcp(addr: impl ToSocketAddrs, name: &str) -> Result<Self, ClientError> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (rd, wr) = stream.into_split();
+        Self::handshake(Box::new(rd), Box::new(wr), name).await
+    }
+
+    async fn handshake(reader: Reader, writer: Writer, name: &str) -> Result<Self, ClientError> {
+        let name = MemberId::new(name)?;
+        let mut c = Client {
+            sender: ClientSender { writer: Arc::new(Mutex::new(writer)), max_payload: wire::DEFAULT_MAX_PAYLOAD },
+            receiver: ClientReceiver { reader, buf: BytesMut::new(), frames: FrameReader::new(MAX_EVENT_FRAME) },
+        };
+        c.sender.send(&Request::Hello { name: name.clone() }).await?;
+        match c.recv().await? {
+            Event::Welcome { member } if member == name => Ok(c),
+            Event::Error { code, text } => Err(ClientError::Refused { code, text }),
+            other => Err(ClientError::NoWelcome(Box::new(other))),
+        }
+    }
+
+    /// Sets the largest payload this client sends (the daemon's own limit
+    /// still applies; the default is [`wire::DEFAULT_MAX_PAYLOAD`]).
+    pub fn set_max_payload(&mut self, max: usize) {
+        self.sender.max_payload = max;
+    }
+
+    /// Joins a closed group, creating it if needed.
+    pub async fn join(&self, group: &str) -> Result<(), ClientError> {
+        self.sender.join(group).await
+    }
+
+    /// Joins a group, creating it as an open group (non-members may send)
+    /// if it does not exist.
+    pub async fn join_open(&self, group: &str) -> Result<(), ClientError> {
+        self.sender.join_open(group).await
+    }
+
+    /// Leaves a group; [`Event::Left`] confirms it.
+    pub async fn leave(&self, group: &str) -> Result<(), ClientError> {
+        self.sender.leave(group).await
+    }
+
+    /// Multicasts to a group.
+    pub async fn multicast(&self, group: &str, service: Service, payload: impl Into<Bytes>) -> Result<(), ClientError> {
+        self.sender.multicast(group, service, payload).await
+    }
+
+    /// Sends to one member of a group.
+    pub async fn unicast(&self, group: &str, to: &str, payload: impl Into<Bytes>) -> Result<(), ClientError> {
+        self.sender.unicast(group, to, payload).await
+    }
+
+    /// The next event. Cancel-safe: nothing is lost if the future is dropped.
+    pub async fn recv(&mut self) -> Result<Event, ClientError> {
+        self.receiver.recv().await
+    }
+
+    /// Says goodbye; the daemon sends what is still queued, then closes.
+    pub async fn bye(&self) -> Result<(), ClientError> {
+        self.sender.bye().await
+    }
+
+    /// Separates sending from receiving.
+    pub fn split(self) -> (ClientSender, ClientReceiver) {
+        (self.sender, self.receiver)
+    }
+}
+
+impl ClientSender {
+    async fn send(&self, req: &Request) -> Result<(), ClientError> {
+        let mut buf = BytesMut::new();
+        wire::encode_request(req, &mut buf);
+        self.writer.lock().await.write_all(&buf).await?;
+        Ok(())
+    }
+
+    fn check(&self, payload: &Bytes) -> Result<(), ClientError> {
+        if payload.len() > self.max_payload {
+            return Err(ClientError::TooLarge { len: payload.len(), max: self.max_payload });
+        }
+        Ok(())
+    }
+
+    /// Joins a closed group, creating it if needed.
+    pub async fn join(&self, group: &str) -> Result<(), ClientError> {
+        self.send(&Request::Join { group: GroupName::new(group)?, open: false }).await
+    }
+
+    /// Joins a group, creating it as an open group if it does not exist.
+    pub async fn join_open(&self, group: &str) -> Result<(), ClientError> {
+        self.send(&Request::Join { group: GroupName::new(group)?, open: true }).await
+    }
+
+    /// Leaves a group.
+    pub async fn leave(&self, group: &str) -> Result<(), ClientError> {
+        self.send(&Request::Leave { group: GroupName::new(group)? }).await
+    }
+
+    /// Multicasts to a group.
+    pub async fn multicast(&self, group: &str, service: Service, payload: impl Into<Bytes>) -> Result<(), ClientError> {
+        let payload = payload.into();
+        self.check(&payload)?;
+        self.send(&Request::Multicast { group: GroupName::new(group)?, service, payload }).await
+    }
+
+    /// Sends to one member of a group.
+    pub async fn unicast(&self, group: &str, to: &str, payload: impl Into<Bytes>) -> Result<(), ClientError> {
+        let payload = payload.into();
+        self.check(&payload)?;
+        self.send(&Request::Unicast { group: GroupName::new(group)?, to: MemberId::new(to)?, payload }).await
+    }
+
+    /// Says goodbye.
+    pub async fn bye(&self) -> Result<(), ClientError> {
+        self.send(&Request::Bye).await
+    }
+}
+
+impl ClientReceiver {
+    /// The next event. Cancel-safe: nothing is lost if the future is dropped.
+    pub async fn recv(&mut self) -> Result<Event, ClientError> {
+        loop {
+            if let Some(frame) = self.frames.next_frame(&mut self.buf)? {
+                return Ok(wire::decode_delivery(frame)?);
+            }
+            if self.reader.read_buf(&mut self.buf).await? == 0 {
+                return Err(ClientError::Closed);
+            }
+        }
+    }
+}

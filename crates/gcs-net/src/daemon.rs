@@ -1,0 +1,471 @@
+//! The standalone daemon: client connections on a Unix socket and on TCP,
+//! one ordered stream into a [`Core`], deliveries out through bounded
+//! per-client queues.
+//!
+//! Tasks:
+//! * one accept loop per listener;
+//! * per connection, a reader (frames → [`Op`]s submitted to the backbone)
+//!   and a writer (its queue → the socket);
+//! * one sequencer that takes the ordered stream, runs the core, and hands
+//!   each delivery to its recipients' queues without ever waiting on them.
+//!
+//! The standalone backbone is a channel: the order in which the sequencer
+//! receives operations is the total order. A cluster backbone replaces it by
+//! routing submissions through the daemon group and feeding the sequencer
+//! what the group delivers; nothing else changes.
+//!
+//! A client whose queue is full is cut off ([`ErrorCode::QueueOverflow`]) so
+//! it cannot stall anyone else; a client that sends a malformed frame gets an
+//! error frame and is disconnected; a frame over the size limit is answered
+//! with [`ErrorCode::TooLarge`] and skipped, and the connection goes on.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, ErrorCode, Limits, Op, Output};
+use conclave_gcs::wire::{self, FrameReader, Request, WireError};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+/// How a daemon is set up.
+#[derive(Clone, Debug)]
+pub struct DaemonConfig {
+    /// Path of the Unix socket to listen on, if any. Nothing may exist at
+    /// the path; the daemon removes the socket when it stops.
+    pub unix: Option<PathBuf>,
+    /// TCP address to listen on, if any (port 0 picks a free port).
+    pub tcp: Option<SocketAddr>,
+    /// Largest message payload accepted, in bytes.
+    pub max_payload: usize,
+    /// Groups one client may be a member of at once.
+    pub max_groups_per_client: usize,
+    /// Frames queued for one client before it is cut off as too slow.
+    pub queue_depth: usize,
+    /// Time a new connection has to say Hello.
+    pub hello_timeout: Duration,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        Self {
+            unix: None,
+            tcp: None,
+            max_payload: wire::DEFAULT_MAX_PAYLOAD,
+            max_groups_per_client: Limits::default().max_groups_per_client,
+            queue_depth: 4096,
+            hello_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// How long a connection that is being closed gets to take its last frames.
+const LAST_WORDS: Duration = Duration::from_secs(2);
+
+/// Operations applied per lock of the connection table.
+const BATCH: usize = 256;
+
+/// This daemon's number: the standalone daemon is alone in its daemon group.
+const STANDALONE: DaemonId = DaemonId(0);
+
+/// What the sequencer holds for one connection.
+struct ConnHandle {
+    queue: mpsc::Sender<Bytes>,
+    kill: mpsc::Sender<Bytes>,
+}
+
+/// Closes a connection after one last error frame, dropping what is queued.
+fn kill(kill: &mpsc::Sender<Bytes>, code: ErrorCode, text: impl Into<String>) {
+    // A full kill channel means the connection is being closed already.
+    let _ = kill.try_send(frame(&Delivery::Error { code, text: text.into() }));
+}
+
+type Conns = Arc<Mutex<HashMap<ConnId, ConnHandle>>>;
+
+/// What every connection task shares.
+struct Shared {
+    config: DaemonConfig,
+    conns: Conns,
+    submit: mpsc::Sender<Op>,
+    next_conn: AtomicU64,
+}
+
+/// A running daemon. Dropping it stops it; [`Daemon::shutdown`] stops it
+/// telling its clients why.
+pub struct Daemon {
+    conns: Conns,
+    unix: Option<PathBuf>,
+    tcp: Option<SocketAddr>,
+    tasks: Vec<JoinHandle<()>>,
+    stop: Option<oneshot::Sender<()>>,
+    sequencer: Option<JoinHandle<()>>,
+}
+
+/// Errors starting a daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Neither a Unix socket nor a TCP address was configured.
+    #[error("no listener configured: give a Unix socket path or a TCP address")]
+    NoListener,
+    /// A configured limit is out of range.
+    #[error("bad configuration: {0}")]
+    Config(&'static str),
+    /// Binding a listener failed.
+    #[error("cannot listen on {what}: {source}")]
+    Bind {
+        /// The address or path.
+        what: String,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+fn frame(d: &Delivery) -> Bytes {
+    let mut b = BytesMut::new();
+    wire::encode_delivery(d, &mut b);
+    b.freeze()
+}
+
+impl Daemon {
+    /// Binds the configured listeners and starts serving.
+    pub async fn start(config: DaemonConfig) -> Result<Self, DaemonError> {
+        if config.unix.is_none() && config.tcp.is_none() {
+            return Err(DaemonError::NoListener);
+        }
+        if config.queue_depth == 0 {
+            return Err(DaemonError::Config("queue depth must be at least 1"));
+        }
+        if config.max_payload > 1 << 30 {
+            return Err(DaemonError::Config("payloads are limited to 1 GiB"));
+        }
+        let unix = match &config.unix {
+            Some(path) => {
+                let l = UnixListener::bind(path)
+                    .map_err(|source| DaemonError::Bind { what: path.display().to_string(), source })?;
+                Some(l)
+            }
+            None => None,
+        };
+        let tcp = match config.tcp {
+            Some(addr) => Some(
+                TcpListener::bind(addr).await.map_err(|source| DaemonError::Bind { what: addr.to_string(), source })?,
+            ),
+            None => None,
+        };
+        let tcp_addr = tcp
+            .as_ref()
+            .map(|l| l.local_addr())
+            .transpose()
+            .map_err(|source| DaemonError::Bind { what: "tcp".into(), source })?;
+
+        // The standalone backbone: one channel whose order is the total order.
+        let (submit, ordered) = mpsc::channel(1024);
+        let conns: Conns = Arc::default();
+        let core = Core::new(STANDALONE, Limits { max_groups_per_client: config.max_groups_per_client });
+        let (stop, stopped) = oneshot::channel();
+        let sequencer = tokio::spawn(sequence(core, ordered, submit.clone(), conns.clone(), stopped));
+        let shared =
+            Arc::new(Shared { config: config.clone(), conns: conns.clone(), submit, next_conn: AtomicU64::new(1) });
+
+        let mut tasks = Vec::new();
+        if let Some(l) = unix {
+            tasks.push(tokio::spawn(accept_loop(l, shared.clone())));
+        }
+        if let Some(l) = tcp {
+            tasks.push(tokio::spawn(accept_loop(l, shared)));
+        }
+        Ok(Self { conns, unix: config.unix, tcp: tcp_addr, tasks, stop: Some(stop), sequencer: Some(sequencer) })
+    }
+
+    /// The Unix socket the daemon listens on.
+    pub fn unix_path(&self) -> Option<&Path> {
+        self.unix.as_deref()
+    }
+
+    /// The TCP address the daemon listens on.
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp
+    }
+
+    /// Stops accepting, tells every client the daemon is shutting down, and
+    /// waits for the sequencer to finish.
+    pub async fn shutdown(mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(s) = self.sequencer.take() {
+            let _ = s.await;
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        if let Some(s) = &self.sequencer {
+            s.abort();
+        }
+        // Closing every queue ends every connection.
+        if let Ok(mut table) = self.conns.lock() {
+            table.clear();
+        }
+        if let Some(path) = &self.unix {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// A listening socket clients connect to (a TLS listener is another).
+trait Listener: Send + 'static {
+    /// One accepted connection.
+    type Stream: AsyncRead + AsyncWrite + Send + 'static;
+    /// Waits for the next connection.
+    fn next(&self) -> impl Future<Output = io::Result<Self::Stream>> + Send;
+}
+
+impl Listener for UnixListener {
+    type Stream = UnixStream;
+    async fn next(&self) -> io::Result<UnixStream> {
+        Ok(self.accept().await?.0)
+    }
+}
+
+impl Listener for TcpListener {
+    type Stream = TcpStream;
+    async fn next(&self) -> io::Result<TcpStream> {
+        let (stream, _) = self.accept().await?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    }
+}
+
+/// Accepts connections until aborted. After a failure (out of file
+/// descriptors, say) it pauses rather than spin.
+async fn accept_loop(listener: impl Listener, shared: Arc<Shared>) {
+    loop {
+        match listener.next().await {
+            Ok(stream) => spawn_conn(stream, shared.clone()),
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Runs the core over the ordered stream until the daemon stops.
+async fn sequence(
+    mut core: Core,
+    mut ordered: mpsc::Receiver<Op>,
+    submit: mpsc::Sender<Op>,
+    conns: Conns,
+    mut stopped: oneshot::Receiver<()>,
+) {
+    let mut out = Vec::new();
+    let mut gone = Vec::new();
+    let mut batch = Vec::with_capacity(BATCH);
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut stopped => break,
+            n = ordered.recv_many(&mut batch, BATCH) => if n == 0 { break },
+        }
+        for op in batch.drain(..) {
+            if let Op::Disconnect { conn } = op {
+                gone.push(conn);
+            }
+            core.handle(op, &mut out);
+        }
+        let mut table = conns.lock().expect("connection table");
+        for o in out.drain(..) {
+            match o {
+                Output::Deliver { to, delivery } => {
+                    let fatal = matches!(delivery, Delivery::Error { code, .. } if code.is_fatal());
+                    let bytes = frame(&delivery);
+                    for c in to {
+                        deliver(&mut table, c, bytes.clone(), fatal, &submit);
+                    }
+                }
+                // A standalone core is never asked for its state; a backbone
+                // that is would order this like any other submission.
+                Output::Submit(op) => resubmit(&submit, op),
+            }
+        }
+        for c in gone.drain(..) {
+            // Dropping the handle closes the queue: the writer sends what is
+            // queued and closes the connection.
+            table.remove(&c);
+        }
+    }
+    for (_, c) in conns.lock().expect("connection table").drain() {
+        kill(&c.kill, ErrorCode::ShuttingDown, "the daemon is shutting down");
+    }
+}
+
+/// Submits an operation from inside the sequencer without waiting on the
+/// stream it is itself draining.
+fn resubmit(submit: &mpsc::Sender<Op>, op: Op) {
+    let submit = submit.clone();
+    tokio::spawn(async move {
+        let _ = submit.send(op).await;
+    });
+}
+
+fn deliver(table: &mut HashMap<ConnId, ConnHandle>, c: ConnId, bytes: Bytes, fatal: bool, submit: &mpsc::Sender<Op>) {
+    let Some(handle) = table.get(&c) else { return };
+    if fatal {
+        let _ = handle.kill.try_send(bytes);
+        table.remove(&c);
+        return;
+    }
+    match handle.queue.try_send(bytes) {
+        Ok(()) => {}
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            tracing::info!(conn = %c, "client too slow: disconnecting");
+            kill(&handle.kill, ErrorCode::QueueOverflow, "you did not read fast enough: disconnected");
+            table.remove(&c);
+            resubmit(submit, Op::Disconnect { conn: c });
+        }
+        // The connection is gone; its reader submits the disconnect.
+        Err(mpsc::error::TrySendError::Closed(_)) => {
+            table.remove(&c);
+        }
+    }
+}
+
+fn spawn_conn<S>(stream: S, shared: Arc<Shared>)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let conn = ConnId { daemon: STANDALONE, local: shared.next_conn.fetch_add(1, Ordering::Relaxed) };
+    let (rd, wr) = tokio::io::split(stream);
+    let (queue, queue_rx) = mpsc::channel(shared.config.queue_depth);
+    let (kill, kill_rx) = mpsc::channel(1);
+    shared.conns.lock().expect("connection table").insert(conn, ConnHandle { queue, kill: kill.clone() });
+    let writer = tokio::spawn(write_loop(wr, queue_rx, kill_rx));
+    tokio::spawn(async move {
+        read_loop(rd, conn, &shared, &kill, writer).await;
+        let _ = shared.submit.send(Op::Disconnect { conn }).await;
+    });
+}
+
+/// Reads requests and submits them until the client leaves, misbehaves, or
+/// its writer ends.
+async fn read_loop<R: AsyncRead>(
+    rd: R,
+    conn: ConnId,
+    shared: &Shared,
+    killer: &mpsc::Sender<Bytes>,
+    mut writer: JoinHandle<()>,
+) {
+    tokio::pin!(rd);
+    let cfg = &shared.config;
+    let mut frames = FrameReader::new(cfg.max_payload + wire::FRAME_OVERHEAD);
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    let hello_deadline = tokio::time::sleep(cfg.hello_timeout);
+    tokio::pin!(hello_deadline);
+    let mut said_hello = false;
+    loop {
+        loop {
+            let op = match frames.next_frame(&mut buf).and_then(|f| f.map(wire::decode_request).transpose()) {
+                Ok(Some(req)) => match to_op(conn, req, cfg.max_payload) {
+                    Some(op) => op,
+                    None => return,
+                },
+                Ok(None) => break,
+                // Refused, but the frame is skipped and the connection goes on.
+                Err(e @ WireError::TooLarge { .. }) => Op::Reject { conn, code: e.code(), text: e.to_string() },
+                Err(e) => {
+                    tracing::info!(conn = %conn, "malformed frame: {e}");
+                    kill(killer, e.code(), e.to_string());
+                    return;
+                }
+            };
+            said_hello |= matches!(op, Op::Connect { .. });
+            if shared.submit.send(op).await.is_err() {
+                return;
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = &mut writer => return,
+            _ = &mut hello_deadline, if !said_hello => {
+                kill(killer, ErrorCode::Timeout, "no Hello in time");
+                return;
+            }
+            r = rd.read_buf(&mut buf) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            },
+        }
+    }
+}
+
+/// The operation a request asks for; `None` for Bye.
+fn to_op(conn: ConnId, req: Request, max_payload: usize) -> Option<Op> {
+    Some(match req {
+        Request::Hello { name } => Op::Connect { conn, name },
+        Request::Join { group, open } => Op::Join { conn, group, open },
+        Request::Leave { group } => Op::Leave { conn, group },
+        Request::Multicast { payload, .. } | Request::Unicast { payload, .. } if payload.len() > max_payload => {
+            let e = WireError::TooLarge { len: payload.len(), max: max_payload };
+            Op::Reject { conn, code: e.code(), text: format!("message payload: {e}") }
+        }
+        Request::Multicast { group, service, payload } => Op::Multicast { conn, group, service, payload },
+        Request::Unicast { group, to, payload } => Op::Unicast { conn, group, to, payload },
+        Request::Bye => return None,
+    })
+}
+
+/// Writes queued frames until the queue closes or the connection is killed;
+/// a kill gets the frame being written and the last words out if the client
+/// takes them within [`LAST_WORDS`].
+async fn write_loop<W: AsyncWrite>(wr: W, mut queue: mpsc::Receiver<Bytes>, mut kill: mpsc::Receiver<Bytes>) {
+    tokio::pin!(wr);
+    let mut pending = BytesMut::new();
+    let last = loop {
+        if pending.is_empty() {
+            tokio::select! {
+                biased;
+                Some(last) = kill.recv() => break Some(last),
+                f = queue.recv() => match f {
+                    Some(f) => pending.extend_from_slice(&f),
+                    None => break None,
+                },
+            }
+            // Gather what else is queued into one write.
+            while pending.len() < 64 * 1024 {
+                match queue.try_recv() {
+                    Ok(f) => pending.extend_from_slice(&f),
+                    Err(_) => break,
+                }
+            }
+        }
+        tokio::select! {
+            biased;
+            Some(last) = kill.recv() => break Some(last),
+            r = wr.write_buf(&mut pending) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            },
+        }
+    };
+    if let Some(last) = last {
+        pending.extend_from_slice(&last);
+        let _ = tokio::time::timeout(LAST_WORDS, wr.write_all(&pending)).await;
+    }
+    let _ = tokio::time::timeout(LAST_WORDS, wr.shutdown()).await;
+}

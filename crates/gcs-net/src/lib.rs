@@ -1,0 +1,23 @@
+//! Async shells around Conclave's group communication core.
+//!
+//! `conclave-gcs` holds the daemon core and the wire format as deterministic
+//! code without I/O; this crate puts them on sockets with tokio:
+//!
+//! * [`daemon`] — the standalone daemon: clients connect over a Unix socket or
+//!   TCP, their requests form one ordered stream into the core, and each
+//!   client's deliveries go out through a bounded queue of its own, so a slow
+//!   or misbehaving client never holds up the others.
+//! * [`client`] — the client library applications use: connect, join, leave,
+//!   multicast, unicast and receive views and messages.
+//!
+//! The cluster backbone (daemons on many machines) and TLS for remote
+//! clients are to come; they plug into the same pieces.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod daemon;
+
+pub use client::{Client, ClientError, ClientReceiver, ClientSender, Event};
+pub use conclave_gcs::core::{ErrorCode, Service};
+pub use daemon::{Daemon, DaemonConfig, DaemonError};

@@ -1,0 +1,503 @@
+//! The standalone daemon over real sockets (Unix sockets in temporary
+//! directories and TCP on loopback): ordering and virtual synchrony under
+//! concurrent traffic and churn, errors that stay with the client that caused
+//! them, and slow clients that are cut off without holding up the rest.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use conclave_gcs::wire::{self, FrameReader, Request};
+use conclave_gcs::{Cause, GroupName, MemberId, View, ViewId};
+use conclave_gcs_net::{Client, ClientError, ClientReceiver, Daemon, DaemonConfig, ErrorCode, Event, Service};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::sync::Semaphore;
+
+struct Setup {
+    daemon: Daemon,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(tune: impl FnOnce(&mut DaemonConfig)) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = DaemonConfig {
+        unix: Some(dir.path().join("conclave.sock")),
+        tcp: Some("127.0.0.1:0".parse().unwrap()),
+        ..DaemonConfig::default()
+    };
+    tune(&mut config);
+    Setup { daemon: Daemon::start(config).await.unwrap(), _dir: dir }
+}
+
+impl Setup {
+    async fn unix(&self, name: &str) -> Client {
+        Client::connect_unix(self.daemon.unix_path().unwrap(), name).await.unwrap()
+    }
+
+    async fn tcp(&self, name: &str) -> Client {
+        Client::connect_tcp(self.daemon.tcp_addr().unwrap(), name).await.unwrap()
+    }
+
+    async fn raw(&self) -> UnixStream {
+        UnixStream::connect(self.daemon.unix_path().unwrap()).await.unwrap()
+    }
+}
+
+/// Fails the test instead of hanging it.
+async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), f).await.unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// Receives until a view of `group` with `n` members arrives.
+async fn until_view(c: &mut Client, group: &str, n: usize) -> View {
+    within("view", async {
+        loop {
+            if let Event::View { group: g, view } = c.recv().await.unwrap() {
+                if g.as_str() == group && view.members.len() == n {
+                    return view;
+                }
+            }
+        }
+    })
+    .await
+}
+
+async fn next_event(c: &mut Client) -> Event {
+    within("event", c.recv()).await.unwrap()
+}
+
+fn frame(req: &Request) -> BytesMut {
+    let mut b = BytesMut::new();
+    wire::encode_request(req, &mut b);
+    b
+}
+
+/// Reads daemon frames off a raw socket until it closes.
+async fn read_all(mut s: UnixStream) -> Vec<Event> {
+    let mut buf = BytesMut::new();
+    let mut frames = FrameReader::new(1 << 20);
+    let mut got = Vec::new();
+    within("raw socket to close", async {
+        loop {
+            while let Some(f) = frames.next_frame(&mut buf).unwrap() {
+                got.push(wire::decode_delivery(f).unwrap());
+            }
+            if s.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                return;
+            }
+        }
+    })
+    .await;
+    got
+}
+
+fn hello(name: &str) -> BytesMut {
+    frame(&Request::Hello { name: MemberId::new(name).unwrap() })
+}
+
+fn code(e: &Event) -> Option<ErrorCode> {
+    match e {
+        Event::Error { code, .. } => Some(*code),
+        _ => None,
+    }
+}
+
+/// What one member saw of one group, in order.
+#[derive(Clone, Debug, PartialEq)]
+enum Seen {
+    View(View),
+    Msg { view: ViewId, sender: MemberId, payload: Bytes },
+}
+
+/// Messages of each view, as one member saw them.
+fn per_view(seen: &[Seen]) -> BTreeMap<ViewId, Vec<(MemberId, Bytes)>> {
+    let mut out: BTreeMap<ViewId, Vec<(MemberId, Bytes)>> = BTreeMap::new();
+    let mut current = None;
+    for s in seen {
+        match s {
+            Seen::View(v) => {
+                current = Some(v.id);
+                out.entry(v.id).or_default();
+            }
+            Seen::Msg { view, sender, payload } => {
+                assert_eq!(Some(*view), current, "a message is delivered in the view it was sent in");
+                out.get_mut(view).unwrap().push((sender.clone(), payload.clone()));
+            }
+        }
+    }
+    out
+}
+
+const SENDERS: usize = 6;
+const PER_SENDER: usize = 300;
+
+/// Six members (half on TCP) send concurrently while two others join and
+/// leave the group over and over: every member that stays delivers the same
+/// sequence, every message exactly once and in its sender's order, each in
+/// the view it was sent in; the churners delivered exactly what the stayers
+/// delivered in every view they were in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_agree_on_order_and_views_under_concurrent_traffic_and_churn() {
+    let s = start(|_| {}).await;
+    let mut stayers = Vec::new();
+    for i in 0..SENDERS {
+        let name = format!("s{i}");
+        let c = if i % 2 == 0 { s.unix(&name).await } else { s.tcp(&name).await };
+        c.join("g").await.unwrap();
+        stayers.push(c);
+    }
+    let mut receivers = Vec::new();
+    let mut senders = Vec::new();
+    for mut c in stayers {
+        let full = until_view(&mut c, "g", SENDERS).await;
+        let (tx, mut rx) = c.split();
+        senders.push(tx);
+        receivers.push(tokio::spawn(async move {
+            let mut seen = vec![Seen::View(full)];
+            let mut done = 0;
+            while done < SENDERS {
+                match rx.recv().await.unwrap() {
+                    Event::View { view, .. } => seen.push(Seen::View(view)),
+                    Event::Message { view, sender, payload, .. } => {
+                        if payload == "done" {
+                            done += 1;
+                        } else {
+                            seen.push(Seen::Msg { view, sender, payload });
+                        }
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            seen
+        }));
+    }
+    let churners: Vec<_> = (0..2)
+        .map(|i| {
+            let path = s.daemon.unix_path().unwrap().to_owned();
+            tokio::spawn(async move {
+                let mut c = Client::connect_unix(path, &format!("churn{i}")).await.unwrap();
+                let mut seen = Vec::new();
+                for round in 0..5 {
+                    c.join("g").await.unwrap();
+                    let mut sent = false;
+                    loop {
+                        match next_event(&mut c).await {
+                            Event::View { view, .. } => {
+                                seen.push(Seen::View(view));
+                                if !sent {
+                                    for k in 0..3 {
+                                        c.multicast("g", Service::Agreed, format!("c{i}:{round}:{k}")).await.unwrap();
+                                    }
+                                    c.leave("g").await.unwrap();
+                                    sent = true;
+                                }
+                            }
+                            Event::Message { view, sender, payload, .. } => {
+                                seen.push(Seen::Msg { view, sender, payload })
+                            }
+                            Event::Left { .. } => break,
+                            other => panic!("unexpected {other:?}"),
+                        }
+                    }
+                }
+                seen
+            })
+        })
+        .collect();
+    // Senders go on until the churners are done, and send at least PER_SENDER each.
+    let churning = Arc::new(AtomicBool::new(true));
+    let sending: Vec<_> = senders
+        .iter()
+        .enumerate()
+        .map(|(i, tx)| {
+            let tx = tx.clone();
+            let churning = churning.clone();
+            tokio::spawn(async move {
+                let service = if i % 2 == 0 { Service::Agreed } else { Service::Fifo };
+                let mut k = 0;
+                while k < PER_SENDER || churning.load(Ordering::Relaxed) {
+                    tx.multicast("g", service, format!("{k}")).await.unwrap();
+                    k += 1;
+                    if k % 16 == 0 {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut churned = Vec::new();
+    for t in churners {
+        churned.push(within("churners", t).await.unwrap());
+    }
+    churning.store(false, Ordering::Relaxed);
+    for t in sending {
+        within("senders", t).await.unwrap();
+    }
+    for tx in &senders {
+        tx.multicast("g", Service::Agreed, "done").await.unwrap();
+    }
+    let mut seen = Vec::new();
+    for t in receivers {
+        seen.push(within("receivers", t).await.unwrap());
+    }
+
+    // Identical order everywhere.
+    for other in &seen[1..] {
+        assert_eq!(other, &seen[0]);
+    }
+    let views = per_view(&seen[0]);
+    assert_eq!(views.len(), 1 + 2 * 2 * 5, "the full view, then a join and a leave per churn round");
+    // Every stayer's message once, in its sender's order.
+    let mut by_sender: BTreeMap<MemberId, Vec<usize>> = BTreeMap::new();
+    for (sender, payload) in views.values().flatten() {
+        if sender.as_str().starts_with('s') {
+            by_sender.entry(sender.clone()).or_default().push(std::str::from_utf8(payload).unwrap().parse().unwrap());
+        }
+    }
+    assert_eq!(by_sender.len(), SENDERS);
+    for (sender, ks) in &by_sender {
+        assert!(ks.len() >= PER_SENDER);
+        assert_eq!(ks, &(0..ks.len()).collect::<Vec<_>>(), "{sender}");
+    }
+    let busy = views.values().filter(|msgs| !msgs.is_empty()).count();
+    assert!(busy > views.len() / 2, "traffic ran through the churn: {busy} of {} views had messages", views.len());
+    // Churners: every view they were in, with exactly the stayers' messages,
+    // and every one of their own messages reached the stayers.
+    for (i, c) in churned.iter().enumerate() {
+        let theirs = per_view(c);
+        assert!(theirs.len() >= 5);
+        for (v, msgs) in &theirs {
+            assert_eq!(msgs, &views[v], "churn{i} in {v}");
+        }
+        let own = views.values().flatten().filter(|(s, _)| s.as_str() == format!("churn{i}")).count();
+        assert_eq!(own, 5 * 3);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unicast_open_groups_and_disconnects_over_tcp() {
+    let s = start(|_| {}).await;
+    let mut a = s.tcp("a").await;
+    let mut b = s.tcp("b").await;
+    let outsider = s.tcp("outsider").await;
+    a.join_open("lobby").await.unwrap();
+    until_view(&mut a, "lobby", 1).await;
+    b.join("lobby").await.unwrap();
+    let v = until_view(&mut a, "lobby", 2).await;
+    until_view(&mut b, "lobby", 2).await;
+
+    outsider.multicast("lobby", Service::Agreed, "knock knock").await.unwrap();
+    let Event::Message { sender, view, .. } = next_event(&mut a).await else { panic!() };
+    assert_eq!((sender.as_str(), view), ("outsider", v.id));
+    next_event(&mut b).await;
+    outsider.unicast("lobby", "b", "just you").await.unwrap();
+    let got = next_event(&mut b).await;
+    assert!(
+        matches!(got, Event::Unicast { ref sender, ref payload, .. } if sender.as_str() == "outsider" && payload == "just you")
+    );
+    a.unicast("lobby", "outsider", "no").await.unwrap();
+    assert_eq!(code(&next_event(&mut a).await), Some(ErrorCode::UnknownRecipient));
+
+    b.leave("lobby").await.unwrap();
+    assert_eq!(next_event(&mut b).await, Event::Left { group: GroupName::new("lobby").unwrap() });
+    let v = until_view(&mut a, "lobby", 1).await;
+    assert_eq!(v.cause, Cause::Leave);
+    b.join("lobby").await.unwrap();
+    until_view(&mut a, "lobby", 2).await;
+    drop(b);
+    let v = until_view(&mut a, "lobby", 1).await;
+    assert_eq!(v.cause, Cause::Disconnect);
+    assert_eq!(v.members[0].prev.map(|p| p.0 + 1), Some(v.id.0));
+}
+
+/// Every kind of bad input gets a clear error and leaves others alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_clear_errors_and_disturbs_no_one() {
+    let s = start(|c| {
+        c.max_payload = 4096;
+        c.max_groups_per_client = 3;
+        c.hello_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let mut a = s.unix("a").await;
+    let mut b = s.tcp("b").await;
+    a.join("g").await.unwrap();
+    b.join("g").await.unwrap();
+    let v = until_view(&mut a, "g", 2).await;
+    until_view(&mut b, "g", 2).await;
+
+    // A taken name.
+    match Client::connect_unix(s.daemon.unix_path().unwrap(), "a").await {
+        Err(ClientError::Refused { code: ErrorCode::NameTaken, text }) => assert!(text.contains("taken")),
+        other => panic!("{:?}", other.err()),
+    }
+    // A malformed frame: an error as the last frame (replies still on their
+    // way, like the Welcome, may be dropped), then the connection closes.
+    let mut raw = s.raw().await;
+    raw.write_all(&hello("raw1")).await.unwrap();
+    raw.write_all(&[0, 0, 0, 2, 0x7f, 0]).await.unwrap();
+    let got = read_all(raw).await;
+    assert!(matches!(got.last(), Some(Event::Error { code: ErrorCode::Malformed, text }) if text.contains("0x7f")));
+    assert!(got[..got.len() - 1].iter().all(|e| matches!(e, Event::Welcome { .. })), "{got:?}");
+    // Another version.
+    let mut raw = s.raw().await;
+    let mut h = hello("raw2");
+    h[5..7].copy_from_slice(&99u16.to_be_bytes());
+    raw.write_all(&h).await.unwrap();
+    assert_eq!(read_all(raw).await.iter().filter_map(code).collect::<Vec<_>>(), [ErrorCode::UnsupportedVersion]);
+    // No Hello at all.
+    let raw = s.raw().await;
+    assert_eq!(read_all(raw).await.iter().filter_map(code).collect::<Vec<_>>(), [ErrorCode::Timeout]);
+    // An oversized frame is refused and skipped; the connection goes on.
+    let mut raw = s.raw().await;
+    let mut big = hello("raw3");
+    big.put_u32(100_000);
+    big.put_bytes(0x04, 100_000);
+    big.extend_from_slice(&frame(&Request::Join { group: GroupName::new("h").unwrap(), open: false }));
+    big.extend_from_slice(&frame(&Request::Bye));
+    raw.write_all(&big).await.unwrap();
+    let got = read_all(raw).await;
+    assert!(matches!(got[0], Event::Welcome { .. }), "{got:?}");
+    assert_eq!(code(&got[1]), Some(ErrorCode::TooLarge));
+    assert!(matches!(&got[2], Event::View { view, .. } if view.members.len() == 1), "{got:?}");
+    assert_eq!(got.len(), 3);
+    // An oversized payload inside a frame that fits.
+    a.set_max_payload(1 << 20);
+    a.multicast("g", Service::Agreed, vec![0u8; 4097]).await.unwrap();
+    assert_eq!(code(&next_event(&mut a).await), Some(ErrorCode::TooLarge));
+    // Client-side checks.
+    assert!(matches!(b.multicast("g", Service::Agreed, vec![0u8; 2 << 20]).await, Err(ClientError::TooLarge { .. })));
+    assert!(matches!(b.join("no spaces").await, Err(ClientError::Name(_))));
+    // Unknown groups, closed groups, double joins, too many groups.
+    a.multicast("nowhere", Service::Agreed, "x").await.unwrap();
+    assert_eq!(code(&next_event(&mut a).await), Some(ErrorCode::UnknownGroup));
+    let mut c = s.unix("c").await;
+    c.multicast("g", Service::Agreed, "x").await.unwrap();
+    assert_eq!(code(&next_event(&mut c).await), Some(ErrorCode::NotMember));
+    a.join("g").await.unwrap();
+    assert_eq!(code(&next_event(&mut a).await), Some(ErrorCode::AlreadyMember));
+    for g in ["g1", "g2", "g3", "g4"] {
+        c.join(g).await.unwrap();
+    }
+    for _ in 0..3 {
+        assert!(matches!(next_event(&mut c).await, Event::View { .. }));
+    }
+    assert_eq!(code(&next_event(&mut c).await), Some(ErrorCode::TooManyGroups));
+
+    // Through all that, a and b kept their view and still talk.
+    b.multicast("g", Service::Agreed, "still here").await.unwrap();
+    for m in [&mut a, &mut b] {
+        let e = next_event(m).await;
+        let Event::Message { payload, view, .. } = e else { panic!("{e:?}") };
+        assert_eq!((payload, view), (Bytes::from("still here"), v.id));
+    }
+}
+
+/// Receives until `n` messages and one view have arrived; returns the
+/// messages' numbers and the views. Each message returns a permit to
+/// `window`, if given.
+async fn drain_until_cut_off(
+    mut rx: ClientReceiver,
+    n: usize,
+    window: Option<Arc<Semaphore>>,
+) -> (Vec<u64>, Vec<View>) {
+    let mut ks = Vec::new();
+    let mut views = Vec::new();
+    while ks.len() < n || views.is_empty() {
+        match rx.recv().await.unwrap() {
+            Event::Message { payload, .. } => {
+                ks.push(u64::from_be_bytes(payload[..8].try_into().unwrap()));
+                if let Some(w) = &window {
+                    w.add_permits(1);
+                }
+            }
+            Event::View { view, .. } => views.push(view),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    (ks, views)
+}
+
+/// A member that stops reading is cut off; the others get everything. The
+/// sender keeps at most `WINDOW` of its messages in flight (it receives its
+/// own), as a well-behaved client does, so only the reader that stopped can
+/// fall behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_is_disconnected_and_the_others_keep_going() {
+    const N: usize = 3000;
+    const WINDOW: usize = 64;
+    let s = start(|c| c.queue_depth = 512).await;
+    let mut fast = s.unix("fast").await;
+    let mut sender = s.tcp("sender").await;
+    let mut slow = s.unix("slow").await;
+    for c in [&fast, &sender, &slow] {
+        c.join("g").await.unwrap();
+    }
+    until_view(&mut fast, "g", 3).await;
+    until_view(&mut sender, "g", 3).await;
+    until_view(&mut slow, "g", 3).await;
+
+    let (tx, sender_rx) = sender.split();
+    let window = Arc::new(Semaphore::new(WINDOW));
+    let permits = window.clone();
+    let sending = tokio::spawn(async move {
+        for k in 0..N {
+            permits.acquire().await.unwrap().forget();
+            let mut p = vec![0u8; 1024];
+            p[..8].copy_from_slice(&(k as u64).to_be_bytes());
+            tx.multicast("g", Service::Agreed, p).await.unwrap();
+        }
+    });
+    let (_fast_tx, fast_rx) = fast.split();
+    let fast_task = tokio::spawn(drain_until_cut_off(fast_rx, N, None));
+    let sender_task = tokio::spawn(drain_until_cut_off(sender_rx, N, Some(window)));
+    within("sending", sending).await.unwrap();
+    for (name, task) in [("fast", fast_task), ("sender", sender_task)] {
+        let (ks, views) = within(name, task).await.unwrap();
+        assert_eq!(ks, (0..N as u64).collect::<Vec<_>>(), "{name} got every message once, in order");
+        assert_eq!(views.len(), 1, "{name}");
+        assert_eq!(views[0].cause, Cause::Disconnect);
+        assert!(!views[0].contains(&MemberId::new("slow").unwrap()));
+    }
+
+    // The slow client reads at last: what was queued, then why it was cut off.
+    let mut last = None;
+    let mut got = 0;
+    loop {
+        match within("slow", slow.recv()).await {
+            Ok(Event::Message { .. }) => got += 1,
+            Ok(e @ Event::Error { .. }) => last = Some(e),
+            Ok(other) => panic!("{other:?}"),
+            Err(ClientError::Closed) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(got < N, "cut off before the end");
+    assert_eq!(last.as_ref().and_then(code), Some(ErrorCode::QueueOverflow));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutting_down_tells_clients_why_and_removes_the_socket() {
+    let s = start(|_| {}).await;
+    let mut a = s.unix("a").await;
+    let mut b = s.tcp("b").await;
+    let path = s.daemon.unix_path().unwrap().to_owned();
+    s.daemon.shutdown().await;
+    for c in [&mut a, &mut b] {
+        assert_eq!(code(&next_event(c).await), Some(ErrorCode::ShuttingDown));
+        assert!(matches!(within("close", c.recv()).await, Err(ClientError::Closed)));
+    }
+    assert!(!path.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_daemon_closes_every_connection() {
+    let s = start(|_| {}).await;
+    let mut a = s.unix("a").await;
+    drop(s.daemon);
+    assert!(matches!(within("close", a.recv()).await, Err(ClientError::Closed)));
+}

@@ -1,0 +1,797 @@
+//! The daemon core: lightweight groups over one totally ordered stream.
+//!
+//! A [`Core`] is a deterministic state machine with no I/O. It consumes
+//! [`Op`]s — what clients asked for, and what the daemon group itself went
+//! through — in one total order, and answers with [`Output`]s: [`Delivery`]s
+//! addressed to this daemon's clients, and (in a cluster) state it must send
+//! to the other daemons. Every daemon that is fed the same stream computes the
+//! same groups and the same views; it only delivers to its own clients. That
+//! is the Spread design: a client's join or leave is one ordered operation, not
+//! a membership protocol; only a change of the daemon group is costly.
+//!
+//! Who orders the stream is the backbone's business: a single daemon orders
+//! its clients' requests by arrival (*standalone*); a cluster orders the
+//! requests of all daemons with an existing group communication engine.
+//!
+//! # Semantics
+//!
+//! * **Connections.** A client connects with a name ([`MemberId`]) that must
+//!   be unique among connected clients ([`ErrorCode::NameTaken`] otherwise);
+//!   it is greeted with [`Delivery::Welcome`].
+//! * **Views.** Every change of a group's membership installs a new [`View`]
+//!   and delivers it to every member of the new view. View ids are unique: they
+//!   come from one counter in the core (see [`ViewId`] layout below). Members are
+//!   listed in join order, oldest first; each member's `prev` is the id of the
+//!   view of this group it was in just before (`None` for a member that just
+//!   joined). The cause says why: [`Cause::Join`], [`Cause::Leave`],
+//!   [`Cause::Disconnect`] (the client went away) or [`Cause::Network`] (the
+//!   daemon group changed). All members see the same sequence of views, since
+//!   views are computed from the one stream.
+//! * **Leaving.** The leaver gets [`Delivery::Left`] and nothing more from the
+//!   group; the others get the new view. A group with no members ceases to
+//!   exist.
+//! * **Multicast.** A multicast is delivered to every member of the group's
+//!   current view, the sender included, tagged with that view's id. The order
+//!   is the stream order, which is one total order over all senders of a group
+//!   (*agreed*) and therefore also FIFO per sender; [`Service::Fifo`] and
+//!   [`Service::Agreed`] are both honoured by it and the service is passed on
+//!   to receivers as the sender chose it.
+//! * **Unicast.** A unicast names one member of the group and is delivered to
+//!   that member only, in the same order as the group's multicasts.
+//! * **Virtual synchrony.** A view change is a point in the stream: a message
+//!   ordered before it is delivered in the old view, to every member of the old
+//!   view, before the new view; one ordered after it is delivered in the new
+//!   view. So members that move from one view to the next together have
+//!   delivered the same messages in the first, and every message is delivered
+//!   in the view in which it was sent (ordered).
+//! * **Closed and open groups.** Groups are closed by default: only members
+//!   may send ([`ErrorCode::NotMember`] otherwise). A group created with
+//!   `open: true` accepts multicasts and unicasts from any connected client; a
+//!   non-member sender does not receive its own multicast. The option is set
+//!   by the join that creates the group and ignored on later joins.
+//! * **Errors** are delivered to the client whose request failed, as
+//!   [`Delivery::Error`]; a failed request changes nothing. Errors whose code
+//!   [`is fatal`](ErrorCode::is_fatal) end the connection.
+//!
+//! # The daemon group (cluster backbones)
+//!
+//! A standalone backbone never produces [`Op::Daemons`] or [`Op::State`];
+//! the core starts as the only daemon of its group. A cluster backbone
+//! reports every change of the daemon group with [`Op::Daemons`]. Then:
+//!
+//! 1. every member of a group is told [`Delivery::ViewChangeBegins`]
+//!    (Spread's transitional signal: no more messages in the current view);
+//! 2. every daemon of the new daemon group sends its state — its own clients
+//!    and their groups, as they stood when the change was ordered — by an
+//!    [`Output::Submit`] of [`Op::State`]; client operations ordered during
+//!    the exchange are held, not lost;
+//! 3. when the states of all daemons are in, every core rebuilds the same
+//!    groups from them: clients of daemons that are gone are dropped, clients
+//!    of daemons that arrived are added (a name claimed on both sides of a
+//!    merge stays with the lower daemon; the other client gets a fatal
+//!    [`ErrorCode::NameTaken`]), every group gets a new view with cause
+//!    [`Cause::Network`], and the held operations are applied in order.
+//!
+//! A new [`Op::Daemons`] during an exchange restarts it. Operations from
+//! connections of daemons outside the daemon group are dropped: a backbone
+//! that is correct never orders them.
+//!
+//! # View ids
+//!
+//! A [`ViewId`] is `(tag << 48) | counter`: the counter is the core's, and the
+//! tag is the lowest [`DaemonId`] of the daemon group that installed the view.
+//! After an exchange the counter continues from the highest counter of the
+//! exchanged states, and two daemon groups that run at the same time are
+//! disjoint and so have different tags: ids stay unique across partitions. A
+//! standalone daemon 0 numbers its views 1, 2, 3, …
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use bytes::Bytes;
+
+use crate::view::{Cause, GroupName, MemberId, View, ViewId, ViewMember};
+
+/// A daemon's number in the daemon group (a cluster backbone maps its node
+/// ids onto these).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct DaemonId(pub u16);
+
+/// One client connection, named by the daemon that accepted it and a number
+/// that daemon never reuses.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct ConnId {
+    /// The daemon the client is connected to.
+    pub daemon: DaemonId,
+    /// The daemon's own number for the connection.
+    pub local: u64,
+}
+
+impl fmt::Display for ConnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "d{}#{}", self.daemon.0, self.local)
+    }
+}
+
+/// The ordering a sender asks for. The core's stream order satisfies both;
+/// the service is carried to the receivers as chosen.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Service {
+    /// Per-sender FIFO order.
+    Fifo,
+    /// One total order over all senders of the group.
+    Agreed,
+}
+
+/// One operation of the totally ordered stream.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Op {
+    /// A client introduced itself.
+    Connect {
+        /// Its connection.
+        conn: ConnId,
+        /// The name it asks for.
+        name: MemberId,
+    },
+    /// A client went away (closed, said goodbye, or was cut off by its daemon).
+    Disconnect {
+        /// Its connection.
+        conn: ConnId,
+    },
+    /// A client joins a group, creating it if it does not exist.
+    Join {
+        /// Who.
+        conn: ConnId,
+        /// Which group.
+        group: GroupName,
+        /// Whether non-members may send, if this join creates the group.
+        open: bool,
+    },
+    /// A client leaves a group.
+    Leave {
+        /// Who.
+        conn: ConnId,
+        /// Which group.
+        group: GroupName,
+    },
+    /// A client multicasts to a group.
+    Multicast {
+        /// Sender.
+        conn: ConnId,
+        /// Destination group.
+        group: GroupName,
+        /// Requested ordering.
+        service: Service,
+        /// The message.
+        payload: Bytes,
+    },
+    /// A client sends to one member of a group.
+    Unicast {
+        /// Sender.
+        conn: ConnId,
+        /// The group both belong to.
+        group: GroupName,
+        /// Recipient.
+        to: MemberId,
+        /// The message.
+        payload: Bytes,
+    },
+    /// A daemon turned down a client's request before it could enter the
+    /// stream (a frame over the size limit, say). It goes through the stream
+    /// so the client gets the error in order with its other replies.
+    Reject {
+        /// Whose request.
+        conn: ConnId,
+        /// Why.
+        code: ErrorCode,
+        /// Details for people.
+        text: String,
+    },
+    /// The daemon group changed (cluster backbones only).
+    Daemons {
+        /// The backbone's number for this configuration; states answer it.
+        epoch: u64,
+        /// The daemons of the new daemon group.
+        members: Vec<DaemonId>,
+    },
+    /// A daemon's state, sent in answer to [`Op::Daemons`] (cluster backbones only).
+    State {
+        /// The configuration this state answers.
+        epoch: u64,
+        /// The state.
+        state: DaemonState,
+    },
+}
+
+impl Op {
+    /// The connection a client operation comes from.
+    fn conn(&self) -> Option<ConnId> {
+        match self {
+            Op::Connect { conn, .. }
+            | Op::Disconnect { conn }
+            | Op::Join { conn, .. }
+            | Op::Leave { conn, .. }
+            | Op::Multicast { conn, .. }
+            | Op::Unicast { conn, .. }
+            | Op::Reject { conn, .. } => Some(*conn),
+            Op::Daemons { .. } | Op::State { .. } => None,
+        }
+    }
+}
+
+/// What one daemon tells the others about itself after the daemon group changed.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct DaemonState {
+    /// Whose state.
+    pub daemon: DaemonId,
+    /// The daemon's view counter.
+    pub next_view: u64,
+    /// The daemon's own clients.
+    pub clients: Vec<ClientState>,
+}
+
+/// One client in a [`DaemonState`].
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ClientState {
+    /// Its connection.
+    pub conn: ConnId,
+    /// Its name.
+    pub name: MemberId,
+    /// The groups it is a member of.
+    pub groups: Vec<Membership>,
+}
+
+/// A client's membership of one group, in a [`DaemonState`].
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Membership {
+    /// The group.
+    pub group: GroupName,
+    /// Whether the group is open.
+    pub open: bool,
+    /// The group's current view.
+    pub view: ViewId,
+    /// Counter of the view the client joined in: orders members oldest first.
+    pub since: u64,
+}
+
+/// Why a request failed. The numbers are the wire's.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ErrorCode {
+    /// The client speaks a wire version the daemon does not.
+    UnsupportedVersion,
+    /// A frame could not be decoded.
+    Malformed,
+    /// A frame is larger than the daemon accepts.
+    TooLarge,
+    /// Another connected client has that name.
+    NameTaken,
+    /// The connection has not introduced itself.
+    NotConnected,
+    /// The connection already introduced itself.
+    AlreadyConnected,
+    /// The client is already a member of the group.
+    AlreadyMember,
+    /// The client is not a member of the group (or sends to a closed group).
+    NotMember,
+    /// No such group.
+    UnknownGroup,
+    /// The unicast's recipient is not a member of the group.
+    UnknownRecipient,
+    /// The client is a member of as many groups as allowed.
+    TooManyGroups,
+    /// The client did not read its deliveries fast enough.
+    QueueOverflow,
+    /// The client did not introduce itself in time.
+    Timeout,
+    /// The daemon is shutting down.
+    ShuttingDown,
+    /// A code this version does not know.
+    Other(u16),
+}
+
+impl ErrorCode {
+    /// The code's number on the wire.
+    pub fn to_u16(self) -> u16 {
+        match self {
+            ErrorCode::UnsupportedVersion => 1,
+            ErrorCode::Malformed => 2,
+            ErrorCode::TooLarge => 3,
+            ErrorCode::NameTaken => 4,
+            ErrorCode::NotConnected => 5,
+            ErrorCode::AlreadyConnected => 6,
+            ErrorCode::AlreadyMember => 7,
+            ErrorCode::NotMember => 8,
+            ErrorCode::UnknownGroup => 9,
+            ErrorCode::UnknownRecipient => 10,
+            ErrorCode::TooManyGroups => 11,
+            ErrorCode::QueueOverflow => 12,
+            ErrorCode::Timeout => 13,
+            ErrorCode::ShuttingDown => 14,
+            ErrorCode::Other(n) => n,
+        }
+    }
+
+    /// The code for a number on the wire.
+    pub fn from_u16(n: u16) -> Self {
+        match n {
+            1 => ErrorCode::UnsupportedVersion,
+            2 => ErrorCode::Malformed,
+            3 => ErrorCode::TooLarge,
+            4 => ErrorCode::NameTaken,
+            5 => ErrorCode::NotConnected,
+            6 => ErrorCode::AlreadyConnected,
+            7 => ErrorCode::AlreadyMember,
+            8 => ErrorCode::NotMember,
+            9 => ErrorCode::UnknownGroup,
+            10 => ErrorCode::UnknownRecipient,
+            11 => ErrorCode::TooManyGroups,
+            12 => ErrorCode::QueueOverflow,
+            13 => ErrorCode::Timeout,
+            14 => ErrorCode::ShuttingDown,
+            n => ErrorCode::Other(n),
+        }
+    }
+
+    /// Whether the daemon closes the connection after this error.
+    pub fn is_fatal(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::UnsupportedVersion
+                | ErrorCode::Malformed
+                | ErrorCode::NameTaken
+                | ErrorCode::QueueOverflow
+                | ErrorCode::Timeout
+                | ErrorCode::ShuttingDown
+        )
+    }
+}
+
+/// What a client is told.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Delivery {
+    /// The connection is accepted under this name.
+    Welcome {
+        /// The client's name.
+        member: MemberId,
+    },
+    /// A new view of a group the client is a member of.
+    View {
+        /// The group.
+        group: GroupName,
+        /// The view.
+        view: View,
+    },
+    /// The daemon group is changing: no more messages in the group's current
+    /// view; a new view follows.
+    ViewChangeBegins {
+        /// The group.
+        group: GroupName,
+    },
+    /// The client's leave took effect: nothing more comes from the group.
+    Left {
+        /// The group.
+        group: GroupName,
+    },
+    /// A multicast.
+    Message {
+        /// The group it was sent to.
+        group: GroupName,
+        /// Sender.
+        sender: MemberId,
+        /// The ordering the sender asked for.
+        service: Service,
+        /// The view it was sent and is delivered in.
+        view: ViewId,
+        /// The message.
+        payload: Bytes,
+    },
+    /// A unicast to this client.
+    Unicast {
+        /// The group it was sent in.
+        group: GroupName,
+        /// Sender.
+        sender: MemberId,
+        /// The view it was sent and is delivered in.
+        view: ViewId,
+        /// The message.
+        payload: Bytes,
+    },
+    /// A request failed.
+    Error {
+        /// What went wrong.
+        code: ErrorCode,
+        /// Details for people.
+        text: String,
+    },
+}
+
+impl Delivery {
+    fn error(code: ErrorCode, text: impl Into<String>) -> Self {
+        Delivery::Error { code, text: text.into() }
+    }
+}
+
+/// What the core asks its shell to do.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Output {
+    /// Deliver to these clients of this daemon, in order after everything
+    /// delivered to them before.
+    Deliver {
+        /// Recipients.
+        to: Vec<ConnId>,
+        /// What to deliver.
+        delivery: Delivery,
+    },
+    /// Send this operation to the daemon group through the backbone.
+    Submit(Op),
+}
+
+/// Per-client limits the core enforces.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Groups one client may be a member of at once.
+    pub max_groups_per_client: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_groups_per_client: 1024 }
+    }
+}
+
+struct Client {
+    name: MemberId,
+    groups: BTreeSet<GroupName>,
+}
+
+/// A member of a group, beside its entry in the group's view.
+#[derive(Clone)]
+struct Seat {
+    conn: ConnId,
+    since: u64,
+}
+
+struct Group {
+    open: bool,
+    view: View,
+    /// Index for index with `view.members`.
+    seats: Vec<Seat>,
+}
+
+/// A member of the view being installed.
+struct NewSeat {
+    conn: ConnId,
+    id: MemberId,
+    since: u64,
+    prev: Option<ViewId>,
+}
+
+struct Exchange {
+    epoch: u64,
+    members: BTreeSet<DaemonId>,
+    states: BTreeMap<DaemonId, DaemonState>,
+    held: Vec<Op>,
+}
+
+/// The daemon core (see the [module docs](self) for its semantics).
+pub struct Core {
+    me: DaemonId,
+    limits: Limits,
+    tag: u16,
+    next_view: u64,
+    daemons: BTreeSet<DaemonId>,
+    clients: BTreeMap<ConnId, Client>,
+    names: BTreeMap<MemberId, ConnId>,
+    groups: BTreeMap<GroupName, Group>,
+    exchange: Option<Exchange>,
+}
+
+const COUNTER_BITS: u32 = 48;
+
+impl Core {
+    /// The core of daemon `me`, alone in its daemon group.
+    pub fn new(me: DaemonId, limits: Limits) -> Self {
+        Self {
+            me,
+            limits,
+            tag: me.0,
+            next_view: 1,
+            daemons: BTreeSet::from([me]),
+            clients: BTreeMap::new(),
+            names: BTreeMap::new(),
+            groups: BTreeMap::new(),
+            exchange: None,
+        }
+    }
+
+    /// This daemon.
+    pub fn me(&self) -> DaemonId {
+        self.me
+    }
+
+    /// The current view of `group`.
+    pub fn view(&self, group: &GroupName) -> Option<&View> {
+        self.groups.get(group).map(|g| &g.view)
+    }
+
+    /// The groups that exist, by name.
+    pub fn groups(&self) -> impl Iterator<Item = &GroupName> {
+        self.groups.keys()
+    }
+
+    /// The name of a connected client.
+    pub fn member(&self, conn: ConnId) -> Option<&MemberId> {
+        self.clients.get(&conn).map(|c| &c.name)
+    }
+
+    /// Whether a change of the daemon group is being worked through.
+    pub fn exchanging(&self) -> bool {
+        self.exchange.is_some()
+    }
+
+    /// Consumes the next operation of the stream; appends what follows to `out`.
+    pub fn handle(&mut self, op: Op, out: &mut Vec<Output>) {
+        match op {
+            Op::Daemons { epoch, members } => self.daemons_changed(epoch, members, out),
+            Op::State { epoch, state } => self.state_arrived(epoch, state, out),
+            op => {
+                let daemon = op.conn().expect("client operation").daemon;
+                match &mut self.exchange {
+                    Some(x) if x.members.contains(&daemon) => x.held.push(op),
+                    Some(_) => {}
+                    None if self.daemons.contains(&daemon) => self.client_op(op, out),
+                    None => {}
+                }
+            }
+        }
+    }
+
+    fn client_op(&mut self, op: Op, out: &mut Vec<Output>) {
+        match op {
+            Op::Connect { conn, name } => self.connect(conn, name, out),
+            Op::Disconnect { conn } => self.disconnect(conn, out),
+            Op::Join { conn, group, open } => self.join(conn, group, open, out),
+            Op::Leave { conn, group } => self.leave(conn, group, out),
+            Op::Multicast { conn, group, service, payload } => {
+                let Some((sender, g)) = self.sender_and_group(conn, &group, out) else { return };
+                let delivery = Delivery::Message { group, sender, service, view: g.view.id, payload };
+                self.deliver(g.seats.iter().map(|s| s.conn), delivery, out);
+            }
+            Op::Unicast { conn, group, to, payload } => {
+                let Some((sender, g)) = self.sender_and_group(conn, &group, out) else { return };
+                let Some(i) = g.view.position(&to) else {
+                    let text = format!("{to} is not a member of {group}");
+                    self.reply(conn, Delivery::error(ErrorCode::UnknownRecipient, text), out);
+                    return;
+                };
+                let delivery = Delivery::Unicast { group, sender, view: g.view.id, payload };
+                self.deliver([g.seats[i].conn], delivery, out);
+            }
+            Op::Reject { conn, code, text } => self.reply(conn, Delivery::error(code, text), out),
+            Op::Daemons { .. } | Op::State { .. } => unreachable!("not a client operation"),
+        }
+    }
+
+    /// Delivers to those of `conns` that are this daemon's clients: only
+    /// they get deliveries from this core.
+    fn deliver(&self, conns: impl IntoIterator<Item = ConnId>, delivery: Delivery, out: &mut Vec<Output>) {
+        let to: Vec<ConnId> = conns.into_iter().filter(|c| c.daemon == self.me).collect();
+        if !to.is_empty() {
+            out.push(Output::Deliver { to, delivery });
+        }
+    }
+
+    fn reply(&self, conn: ConnId, delivery: Delivery, out: &mut Vec<Output>) {
+        self.deliver([conn], delivery, out);
+    }
+
+    fn client(&self, conn: ConnId, out: &mut Vec<Output>) -> Option<&Client> {
+        let client = self.clients.get(&conn);
+        if client.is_none() {
+            let text = "introduce yourself (Hello) first";
+            self.reply(conn, Delivery::error(ErrorCode::NotConnected, text), out);
+        }
+        client
+    }
+
+    /// Checks that `conn` may send to `group`; returns its name and the group.
+    fn sender_and_group(&self, conn: ConnId, group: &GroupName, out: &mut Vec<Output>) -> Option<(MemberId, &Group)> {
+        let name = self.client(conn, out)?.name.clone();
+        let Some(g) = self.groups.get(group) else {
+            self.reply(conn, Delivery::error(ErrorCode::UnknownGroup, format!("no group {group}")), out);
+            return None;
+        };
+        if !g.open && !g.view.contains(&name) {
+            let text = format!("{name} is not a member of closed group {group}");
+            self.reply(conn, Delivery::error(ErrorCode::NotMember, text), out);
+            return None;
+        }
+        Some((name, g))
+    }
+
+    fn connect(&mut self, conn: ConnId, name: MemberId, out: &mut Vec<Output>) {
+        if let Some(c) = self.clients.get(&conn) {
+            let text = format!("this connection is already {}", c.name);
+            self.reply(conn, Delivery::error(ErrorCode::AlreadyConnected, text), out);
+            return;
+        }
+        if self.names.contains_key(&name) {
+            self.reply(conn, Delivery::error(ErrorCode::NameTaken, format!("{name} is taken")), out);
+            return;
+        }
+        self.names.insert(name.clone(), conn);
+        self.clients.insert(conn, Client { name: name.clone(), groups: BTreeSet::new() });
+        self.reply(conn, Delivery::Welcome { member: name }, out);
+    }
+
+    fn disconnect(&mut self, conn: ConnId, out: &mut Vec<Output>) {
+        let Some(client) = self.clients.remove(&conn) else { return };
+        self.names.remove(&client.name);
+        for group in client.groups {
+            self.remove_seat(group, conn, Cause::Disconnect, out);
+        }
+    }
+
+    fn join(&mut self, conn: ConnId, group: GroupName, open: bool, out: &mut Vec<Output>) {
+        let Some(client) = self.client(conn, out) else { return };
+        if client.groups.contains(&group) {
+            let text = format!("{} is already a member of {group}", client.name);
+            self.reply(conn, Delivery::error(ErrorCode::AlreadyMember, text), out);
+            return;
+        }
+        if client.groups.len() >= self.limits.max_groups_per_client {
+            let text = format!("a client may be in at most {} groups", self.limits.max_groups_per_client);
+            self.reply(conn, Delivery::error(ErrorCode::TooManyGroups, text), out);
+            return;
+        }
+        let name = client.name.clone();
+        let since = self.next_view;
+        let mut seats = self.seats_of(&group);
+        seats.push(NewSeat { conn, id: name, since, prev: None });
+        self.clients.get_mut(&conn).expect("checked").groups.insert(group.clone());
+        let open = self.groups.get(&group).map_or(open, |g| g.open);
+        self.install(group, open, seats, Cause::Join, out);
+    }
+
+    fn leave(&mut self, conn: ConnId, group: GroupName, out: &mut Vec<Output>) {
+        let Some(client) = self.client(conn, out) else { return };
+        if !client.groups.contains(&group) {
+            let (code, text) = if self.groups.contains_key(&group) {
+                (ErrorCode::NotMember, format!("{} is not a member of {group}", client.name))
+            } else {
+                (ErrorCode::UnknownGroup, format!("no group {group}"))
+            };
+            self.reply(conn, Delivery::error(code, text), out);
+            return;
+        }
+        self.clients.get_mut(&conn).expect("checked").groups.remove(&group);
+        self.reply(conn, Delivery::Left { group: group.clone() }, out);
+        self.remove_seat(group, conn, Cause::Leave, out);
+    }
+
+    /// The current members of `group` as members of its next view.
+    fn seats_of(&self, group: &GroupName) -> Vec<NewSeat> {
+        let Some(g) = self.groups.get(group) else { return Vec::new() };
+        g.view
+            .members
+            .iter()
+            .zip(&g.seats)
+            .map(|(m, s)| NewSeat { conn: s.conn, id: m.id.clone(), since: s.since, prev: Some(g.view.id) })
+            .collect()
+    }
+
+    fn remove_seat(&mut self, group: GroupName, conn: ConnId, cause: Cause, out: &mut Vec<Output>) {
+        let mut seats = self.seats_of(&group);
+        seats.retain(|s| s.conn != conn);
+        let open = self.groups.get(&group).is_some_and(|g| g.open);
+        self.install(group, open, seats, cause, out);
+    }
+
+    /// Installs the next view of `group` with `seats` (oldest first), or
+    /// removes the group if no one is left.
+    fn install(&mut self, group: GroupName, open: bool, seats: Vec<NewSeat>, cause: Cause, out: &mut Vec<Output>) {
+        if seats.is_empty() {
+            self.groups.remove(&group);
+            return;
+        }
+        assert!(self.next_view < 1 << COUNTER_BITS, "view counter exhausted");
+        let id = ViewId((u64::from(self.tag) << COUNTER_BITS) | self.next_view);
+        self.next_view += 1;
+        let members = seats.iter().map(|s| ViewMember { id: s.id.clone(), prev: s.prev }).collect();
+        let seats: Vec<Seat> = seats.into_iter().map(|s| Seat { conn: s.conn, since: s.since }).collect();
+        let view = View { id, members, cause };
+        let delivery = Delivery::View { group: group.clone(), view: view.clone() };
+        self.deliver(seats.iter().map(|s| s.conn), delivery, out);
+        self.groups.insert(group, Group { open, view, seats });
+    }
+
+    /// This daemon's clients and their groups.
+    fn snapshot(&self) -> DaemonState {
+        let clients = self
+            .clients
+            .iter()
+            .filter(|(conn, _)| conn.daemon == self.me)
+            .map(|(&conn, c)| ClientState {
+                conn,
+                name: c.name.clone(),
+                groups: c
+                    .groups
+                    .iter()
+                    .map(|name| {
+                        let g = &self.groups[name];
+                        let seat = g.seats.iter().find(|s| s.conn == conn).expect("member has a seat");
+                        Membership { group: name.clone(), open: g.open, view: g.view.id, since: seat.since }
+                    })
+                    .collect(),
+            })
+            .collect();
+        DaemonState { daemon: self.me, next_view: self.next_view, clients }
+    }
+
+    fn daemons_changed(&mut self, epoch: u64, members: Vec<DaemonId>, out: &mut Vec<Output>) {
+        let held = match self.exchange.take() {
+            Some(x) => x.held,
+            None => {
+                for (group, g) in &self.groups {
+                    let delivery = Delivery::ViewChangeBegins { group: group.clone() };
+                    self.deliver(g.seats.iter().map(|s| s.conn), delivery, out);
+                }
+                Vec::new()
+            }
+        };
+        let members: BTreeSet<DaemonId> = members.into_iter().collect();
+        if members.contains(&self.me) {
+            out.push(Output::Submit(Op::State { epoch, state: self.snapshot() }));
+        }
+        self.exchange = Some(Exchange { epoch, members, states: BTreeMap::new(), held });
+    }
+
+    fn state_arrived(&mut self, epoch: u64, state: DaemonState, out: &mut Vec<Output>) {
+        let Some(x) = &mut self.exchange else { return };
+        if x.epoch != epoch || !x.members.contains(&state.daemon) {
+            return;
+        }
+        x.states.entry(state.daemon).or_insert(state);
+        if x.states.len() == x.members.len() {
+            let x = self.exchange.take().expect("exchanging");
+            self.rebuild(x, out);
+        }
+    }
+
+    /// Rebuilds clients and groups from the exchanged states, installs a
+    /// network view of every group, and applies the held operations.
+    fn rebuild(&mut self, x: Exchange, out: &mut Vec<Output>) {
+        self.clients.clear();
+        self.names.clear();
+        self.groups.clear();
+        self.daemons = x.members;
+        self.tag = self.daemons.first().map_or(self.me.0, |d| d.0);
+        self.next_view = x.states.values().map(|s| s.next_view).max().unwrap_or(self.next_view);
+        let mut groups: BTreeMap<GroupName, Vec<(Membership, NewSeat)>> = BTreeMap::new();
+        for state in x.states.into_values() {
+            for c in state.clients.into_iter().filter(|c| c.conn.daemon == state.daemon) {
+                if self.names.contains_key(&c.name) || self.clients.contains_key(&c.conn) {
+                    let text = format!("{} was claimed in another partition first", c.name);
+                    self.reply(c.conn, Delivery::error(ErrorCode::NameTaken, text), out);
+                    continue;
+                }
+                self.names.insert(c.name.clone(), c.conn);
+                let names = c.groups.iter().map(|m| m.group.clone()).collect();
+                self.clients.insert(c.conn, Client { name: c.name.clone(), groups: names });
+                for m in c.groups {
+                    let seat = NewSeat { conn: c.conn, id: c.name.clone(), since: m.since, prev: Some(m.view) };
+                    groups.entry(m.group.clone()).or_default().push((m, seat));
+                }
+            }
+        }
+        for (group, mut entries) in groups {
+            entries.sort_by_key(|(m, s)| (m.since, s.conn));
+            let open = entries[0].0.open;
+            let seats = entries.into_iter().map(|(_, s)| s).collect();
+            self.install(group, open, seats, Cause::Network, out);
+        }
+        for op in x.held {
+            self.handle(op, out);
+        }
+    }
+}

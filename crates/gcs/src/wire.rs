@@ -1,0 +1,485 @@
+//! The client–daemon wire format: versioned, length-delimited binary frames.
+//!
+//! Every frame is a 4-byte big-endian length followed by that many bytes: a
+//! kind byte and the kind's fields. Clients send [`Request`]s; the daemon
+//! sends [`Delivery`]s. The format is described byte by byte in `docs/wire.md`.
+//!
+//! Decoding is sans-IO: a [`FrameReader`] cuts frames off a buffer as bytes
+//! arrive, refusing (and skipping) any frame longer than its limit before it is
+//! buffered, and [`decode_request`] / [`decode_delivery`] parse one frame.
+//! Decoders reject every malformed input with a [`WireError`] — they never
+//! panic — and the encoding is canonical: bytes that decode re-encode to
+//! themselves.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use crate::core::{Delivery, ErrorCode, Service};
+use crate::view::{Cause, GroupName, MemberId, NameError, View, ViewId, ViewMember};
+
+/// The wire version this module speaks. A client announces it in `Hello`, the
+/// daemon confirms it in `Welcome`.
+pub const VERSION: u16 = 1;
+
+/// Default limit on the payload of one message: 1 MiB.
+pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
+
+/// Bytes a message frame needs beyond its payload: the kind, two names, the
+/// service and a view id, with room to spare.
+pub const FRAME_OVERHEAD: usize = 1024;
+
+/// Longest error text sent; longer texts are cut.
+pub const MAX_ERROR_TEXT: usize = u16::MAX as usize;
+
+const HELLO: u8 = 0x01;
+const JOIN: u8 = 0x02;
+const LEAVE: u8 = 0x03;
+const MULTICAST: u8 = 0x04;
+const UNICAST: u8 = 0x05;
+const BYE: u8 = 0x06;
+
+const WELCOME: u8 = 0x81;
+const VIEW: u8 = 0x82;
+const VIEW_CHANGE_BEGINS: u8 = 0x83;
+const LEFT: u8 = 0x84;
+const MESSAGE: u8 = 0x85;
+const UNICAST_MESSAGE: u8 = 0x86;
+const ERROR: u8 = 0x87;
+
+/// What a client asks its daemon.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Request {
+    /// The first frame of a connection: who the client is (the frame also
+    /// carries [`VERSION`]).
+    Hello {
+        /// The name the client asks for.
+        name: MemberId,
+    },
+    /// Join a group, creating it if needed.
+    Join {
+        /// Which group.
+        group: GroupName,
+        /// Whether non-members may send, if this join creates the group.
+        open: bool,
+    },
+    /// Leave a group.
+    Leave {
+        /// Which group.
+        group: GroupName,
+    },
+    /// Multicast to a group.
+    Multicast {
+        /// Destination.
+        group: GroupName,
+        /// Requested ordering.
+        service: Service,
+        /// The message.
+        payload: Bytes,
+    },
+    /// Send to one member of a group.
+    Unicast {
+        /// The group.
+        group: GroupName,
+        /// Recipient.
+        to: MemberId,
+        /// The message.
+        payload: Bytes,
+    },
+    /// The client is done; the daemon closes the connection.
+    Bye,
+}
+
+/// Why bytes could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// A frame is longer than the reader's limit.
+    #[error("frame of {len} bytes exceeds the limit of {max}")]
+    TooLarge {
+        /// The frame's announced length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A frame has no kind byte.
+    #[error("empty frame")]
+    Empty,
+    /// A frame ended inside a field.
+    #[error("frame ends inside {0}")]
+    Truncated(&'static str),
+    /// An unknown kind byte.
+    #[error("unknown frame kind {0:#04x}")]
+    UnknownKind(u8),
+    /// Bytes after the last field.
+    #[error("{0} bytes after the last field")]
+    Trailing(usize),
+    /// A text field is not UTF-8.
+    #[error("{0} is not UTF-8")]
+    Utf8(&'static str),
+    /// A name breaks the naming rules.
+    #[error("bad {what}: {err}")]
+    Name {
+        /// Which field.
+        what: &'static str,
+        /// What is wrong with it.
+        err: NameError,
+    },
+    /// A field has a value outside its range.
+    #[error("bad {what}: {value}")]
+    BadValue {
+        /// Which field.
+        what: &'static str,
+        /// The value found.
+        value: u64,
+    },
+    /// The peer speaks another version.
+    #[error("wire version {0} is not supported (this is version {VERSION})")]
+    UnsupportedVersion(u16),
+}
+
+impl WireError {
+    /// The error code a daemon answers this error with.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            WireError::TooLarge { .. } => ErrorCode::TooLarge,
+            WireError::UnsupportedVersion(_) => ErrorCode::UnsupportedVersion,
+            _ => ErrorCode::Malformed,
+        }
+    }
+}
+
+/// Cuts frames off the front of a receive buffer.
+#[derive(Debug)]
+pub struct FrameReader {
+    max: usize,
+    skip: usize,
+}
+
+impl FrameReader {
+    /// A reader that refuses frames longer than `max` bytes (not counting the
+    /// length prefix).
+    pub fn new(max: usize) -> Self {
+        Self { max, skip: 0 }
+    }
+
+    /// The next complete frame (kind byte and fields) in `buf`, if one has
+    /// fully arrived. A frame over the limit is reported once with
+    /// [`WireError::TooLarge`] and its bytes are then dropped as they arrive,
+    /// so a caller may go on reading after that error.
+    pub fn next_frame(&mut self, buf: &mut BytesMut) -> Result<Option<Bytes>, WireError> {
+        if self.skip > 0 {
+            let n = self.skip.min(buf.len());
+            buf.advance(n);
+            self.skip -= n;
+            if self.skip > 0 {
+                return Ok(None);
+            }
+        }
+        let Some(prefix) = buf.get(..4) else { return Ok(None) };
+        let len = u32::from_be_bytes(prefix.try_into().expect("four bytes")) as usize;
+        if len > self.max {
+            buf.advance(4);
+            self.skip = len;
+            return Err(WireError::TooLarge { len, max: self.max });
+        }
+        if buf.len() < 4 + len {
+            buf.reserve(4 + len - buf.len());
+            return Ok(None);
+        }
+        buf.advance(4);
+        Ok(Some(buf.split_to(len).freeze()))
+    }
+}
+
+/// Field-by-field reading of one frame.
+struct Fields {
+    frame: Bytes,
+    pos: usize,
+}
+
+impl Fields {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&[u8], WireError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.frame.len()).ok_or(WireError::Truncated(what))?;
+        let s = &self.frame[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn u16(&mut self, what: &'static str) -> Result<u16, WireError> {
+        Ok(u16::from_be_bytes(self.take(2, what)?.try_into().expect("two bytes")))
+    }
+
+    fn u32(&mut self, what: &'static str) -> Result<u32, WireError> {
+        Ok(u32::from_be_bytes(self.take(4, what)?.try_into().expect("four bytes")))
+    }
+
+    fn u64(&mut self, what: &'static str) -> Result<u64, WireError> {
+        Ok(u64::from_be_bytes(self.take(8, what)?.try_into().expect("eight bytes")))
+    }
+
+    fn text(&mut self, len: usize, what: &'static str) -> Result<&str, WireError> {
+        std::str::from_utf8(self.take(len, what)?).map_err(|_| WireError::Utf8(what))
+    }
+
+    fn str8(&mut self, what: &'static str) -> Result<&str, WireError> {
+        let len = self.u8(what)?;
+        self.text(len.into(), what)
+    }
+
+    fn member(&mut self, what: &'static str) -> Result<MemberId, WireError> {
+        MemberId::new(self.str8(what)?).map_err(|err| WireError::Name { what, err })
+    }
+
+    fn group(&mut self) -> Result<GroupName, WireError> {
+        GroupName::new(self.str8("group name")?).map_err(|err| WireError::Name { what: "group name", err })
+    }
+
+    fn flag(&mut self, what: &'static str) -> Result<bool, WireError> {
+        match self.u8(what)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(WireError::BadValue { what, value: v.into() }),
+        }
+    }
+
+    fn version(&mut self) -> Result<(), WireError> {
+        match self.u16("version")? {
+            VERSION => Ok(()),
+            v => Err(WireError::UnsupportedVersion(v)),
+        }
+    }
+
+    fn service(&mut self) -> Result<Service, WireError> {
+        match self.u8("service")? {
+            1 => Ok(Service::Fifo),
+            2 => Ok(Service::Agreed),
+            v => Err(WireError::BadValue { what: "service", value: v.into() }),
+        }
+    }
+
+    fn cause(&mut self) -> Result<Cause, WireError> {
+        match self.u8("cause")? {
+            1 => Ok(Cause::Join),
+            2 => Ok(Cause::Leave),
+            3 => Ok(Cause::Disconnect),
+            4 => Ok(Cause::Network),
+            v => Err(WireError::BadValue { what: "cause", value: v.into() }),
+        }
+    }
+
+    fn view(&mut self) -> Result<View, WireError> {
+        let id = ViewId(self.u64("view id")?);
+        let cause = self.cause()?;
+        let count = self.u32("member count")? as usize;
+        // Each member takes at least three bytes: never trust the count
+        // further than the frame can back it.
+        let mut members = Vec::with_capacity(count.min(self.rest_len() / 3));
+        for _ in 0..count {
+            let id = self.member("member name")?;
+            let prev = if self.flag("previous view flag")? { Some(ViewId(self.u64("previous view")?)) } else { None };
+            members.push(ViewMember { id, prev });
+        }
+        Ok(View { id, members, cause })
+    }
+
+    fn rest_len(&self) -> usize {
+        self.frame.len() - self.pos
+    }
+
+    /// The rest of the frame, without copying.
+    fn payload(&mut self) -> Bytes {
+        let p = self.frame.slice(self.pos..);
+        self.pos = self.frame.len();
+        p
+    }
+
+    fn finish<T>(self, value: T) -> Result<T, WireError> {
+        match self.rest_len() {
+            0 => Ok(value),
+            n => Err(WireError::Trailing(n)),
+        }
+    }
+}
+
+fn fields(frame: Bytes) -> Result<(u8, Fields), WireError> {
+    let mut f = Fields { frame, pos: 0 };
+    let kind = f.u8("kind").map_err(|_| WireError::Empty)?;
+    Ok((kind, f))
+}
+
+/// Decodes one client request frame (as returned by [`FrameReader::next_frame`]).
+pub fn decode_request(frame: Bytes) -> Result<Request, WireError> {
+    let (kind, mut f) = fields(frame)?;
+    let req = match kind {
+        HELLO => {
+            f.version()?;
+            Request::Hello { name: f.member("member name")? }
+        }
+        JOIN => Request::Join { group: f.group()?, open: f.flag("open flag")? },
+        LEAVE => Request::Leave { group: f.group()? },
+        MULTICAST => Request::Multicast { group: f.group()?, service: f.service()?, payload: f.payload() },
+        UNICAST => Request::Unicast { group: f.group()?, to: f.member("recipient")?, payload: f.payload() },
+        BYE => Request::Bye,
+        k => return Err(WireError::UnknownKind(k)),
+    };
+    f.finish(req)
+}
+
+/// Decodes one daemon frame (as returned by [`FrameReader::next_frame`]).
+pub fn decode_delivery(frame: Bytes) -> Result<Delivery, WireError> {
+    let (kind, mut f) = fields(frame)?;
+    let d = match kind {
+        WELCOME => {
+            f.version()?;
+            Delivery::Welcome { member: f.member("member name")? }
+        }
+        VIEW => Delivery::View { group: f.group()?, view: f.view()? },
+        VIEW_CHANGE_BEGINS => Delivery::ViewChangeBegins { group: f.group()? },
+        LEFT => Delivery::Left { group: f.group()? },
+        MESSAGE => Delivery::Message {
+            group: f.group()?,
+            sender: f.member("sender")?,
+            service: f.service()?,
+            view: ViewId(f.u64("view id")?),
+            payload: f.payload(),
+        },
+        UNICAST_MESSAGE => Delivery::Unicast {
+            group: f.group()?,
+            sender: f.member("sender")?,
+            view: ViewId(f.u64("view id")?),
+            payload: f.payload(),
+        },
+        ERROR => {
+            let code = ErrorCode::from_u16(f.u16("error code")?);
+            let len = f.u16("error text")?;
+            Delivery::Error { code, text: f.text(len.into(), "error text")?.to_owned() }
+        }
+        k => return Err(WireError::UnknownKind(k)),
+    };
+    f.finish(d)
+}
+
+/// Writes one frame: the length prefix is patched in when the fields are done.
+struct FrameWriter<'a> {
+    out: &'a mut BytesMut,
+    start: usize,
+}
+
+impl<'a> FrameWriter<'a> {
+    fn new(out: &'a mut BytesMut, kind: u8) -> Self {
+        let start = out.len();
+        out.put_u32(0);
+        out.put_u8(kind);
+        Self { out, start }
+    }
+
+    fn str8(&mut self, s: &str) -> &mut Self {
+        // Member and group names are at most 255 bytes by construction.
+        let len = u8::try_from(s.len()).expect("names fit a one-byte length");
+        self.out.put_u8(len);
+        self.out.put_slice(s.as_bytes());
+        self
+    }
+
+    fn service(&mut self, s: Service) -> &mut Self {
+        self.out.put_u8(match s {
+            Service::Fifo => 1,
+            Service::Agreed => 2,
+        });
+        self
+    }
+
+    fn view(&mut self, v: &View) -> &mut Self {
+        self.out.put_u64(v.id.0);
+        self.out.put_u8(match v.cause {
+            Cause::Join => 1,
+            Cause::Leave => 2,
+            Cause::Disconnect => 3,
+            Cause::Network => 4,
+        });
+        let count = u32::try_from(v.members.len()).expect("views have fewer than 2^32 members");
+        self.out.put_u32(count);
+        for m in &v.members {
+            self.str8(m.id.as_str());
+            match m.prev {
+                Some(p) => {
+                    self.out.put_u8(1);
+                    self.out.put_u64(p.0);
+                }
+                None => self.out.put_u8(0),
+            }
+        }
+        self
+    }
+
+    fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        self.out.put_slice(b);
+        self
+    }
+
+    fn finish(&mut self) {
+        let len = self.out.len() - self.start - 4;
+        let len = u32::try_from(len).expect("frames are shorter than 4 GiB: callers limit payloads");
+        self.out[self.start..self.start + 4].copy_from_slice(&len.to_be_bytes());
+    }
+}
+
+/// Appends `req` as one frame to `out`.
+pub fn encode_request(req: &Request, out: &mut BytesMut) {
+    match req {
+        Request::Hello { name } => {
+            FrameWriter::new(out, HELLO).bytes(&VERSION.to_be_bytes()).str8(name.as_str()).finish()
+        }
+        Request::Join { group, open } => {
+            FrameWriter::new(out, JOIN).str8(group.as_str()).bytes(&[u8::from(*open)]).finish()
+        }
+        Request::Leave { group } => FrameWriter::new(out, LEAVE).str8(group.as_str()).finish(),
+        Request::Multicast { group, service, payload } => {
+            FrameWriter::new(out, MULTICAST).str8(group.as_str()).service(*service).bytes(payload).finish()
+        }
+        Request::Unicast { group, to, payload } => {
+            FrameWriter::new(out, UNICAST).str8(group.as_str()).str8(to.as_str()).bytes(payload).finish()
+        }
+        Request::Bye => FrameWriter::new(out, BYE).finish(),
+    }
+}
+
+/// Appends `d` as one frame to `out`. An error text longer than
+/// [`MAX_ERROR_TEXT`] bytes is cut at a character boundary.
+pub fn encode_delivery(d: &Delivery, out: &mut BytesMut) {
+    match d {
+        Delivery::Welcome { member } => {
+            FrameWriter::new(out, WELCOME).bytes(&VERSION.to_be_bytes()).str8(member.as_str()).finish()
+        }
+        Delivery::View { group, view } => FrameWriter::new(out, VIEW).str8(group.as_str()).view(view).finish(),
+        Delivery::ViewChangeBegins { group } => FrameWriter::new(out, VIEW_CHANGE_BEGINS).str8(group.as_str()).finish(),
+        Delivery::Left { group } => FrameWriter::new(out, LEFT).str8(group.as_str()).finish(),
+        Delivery::Message { group, sender, service, view, payload } => FrameWriter::new(out, MESSAGE)
+            .str8(group.as_str())
+            .str8(sender.as_str())
+            .service(*service)
+            .bytes(&view.0.to_be_bytes())
+            .bytes(payload)
+            .finish(),
+        Delivery::Unicast { group, sender, view, payload } => FrameWriter::new(out, UNICAST_MESSAGE)
+            .str8(group.as_str())
+            .str8(sender.as_str())
+            .bytes(&view.0.to_be_bytes())
+            .bytes(payload)
+            .finish(),
+        Delivery::Error { code, text } => {
+            let mut end = text.len().min(MAX_ERROR_TEXT);
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            let len = u16::try_from(end).expect("cut to fit");
+            FrameWriter::new(out, ERROR)
+                .bytes(&code.to_u16().to_be_bytes())
+                .bytes(&len.to_be_bytes())
+                .bytes(&text.as_bytes()[..end])
+                .finish()
+        }
+    }
+}

@@ -1,0 +1,581 @@
+//! The daemon core's semantics, one test per promise of `conclave_gcs::core`,
+//! then random streams checked against the virtual synchrony invariants, then
+//! the daemon-group exchange of cluster backbones.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use bytes::Bytes;
+use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, ErrorCode, Limits, Op, Output, Service};
+use conclave_gcs::{Cause, GroupName, MemberId, View, ViewId};
+use proptest::prelude::*;
+
+fn conn(d: u16, n: u64) -> ConnId {
+    ConnId { daemon: DaemonId(d), local: n }
+}
+
+fn g(s: &str) -> GroupName {
+    GroupName::new(s).unwrap()
+}
+
+fn m(s: &str) -> MemberId {
+    MemberId::new(s).unwrap()
+}
+
+/// Daemons of one component, fed one stream as a backbone would: what a core
+/// submits is ordered after the operation being processed.
+struct Component {
+    cores: Vec<Core>,
+    log: Vec<(ConnId, Delivery)>,
+}
+
+impl Component {
+    fn new(daemons: &[u16]) -> Self {
+        Self::with(daemons.iter().map(|&d| Core::new(DaemonId(d), Limits::default())).collect())
+    }
+
+    fn with(cores: Vec<Core>) -> Self {
+        Self { cores, log: Vec::new() }
+    }
+
+    fn feed(&mut self, op: Op) {
+        let mut stream = VecDeque::from([op]);
+        while let Some(op) = stream.pop_front() {
+            for core in &mut self.cores {
+                let mut out = Vec::new();
+                core.handle(op.clone(), &mut out);
+                for o in out {
+                    match o {
+                        Output::Deliver { to, delivery } => {
+                            for c in to {
+                                assert_eq!(c.daemon, core.me(), "a core delivers only to its own clients");
+                                self.log.push((c, delivery.clone()));
+                            }
+                        }
+                        Output::Submit(op) => stream.push_back(op),
+                    }
+                }
+            }
+        }
+    }
+
+    fn take(&mut self, c: ConnId) -> Vec<Delivery> {
+        let (mine, rest) = std::mem::take(&mut self.log).into_iter().partition(|(to, _)| *to == c);
+        self.log = rest;
+        mine.into_iter().map(|(_, d)| d).collect()
+    }
+
+    fn connect(&mut self, c: ConnId, name: &str) {
+        self.feed(Op::Connect { conn: c, name: m(name) });
+        assert_eq!(self.take(c), [Delivery::Welcome { member: m(name) }]);
+    }
+
+    fn join(&mut self, c: ConnId, group: &str) {
+        self.feed(Op::Join { conn: c, group: g(group), open: false });
+    }
+
+    fn send(&mut self, c: ConnId, group: &str, text: &str) {
+        self.feed(Op::Multicast {
+            conn: c,
+            group: g(group),
+            service: Service::Agreed,
+            payload: Bytes::copy_from_slice(text.as_bytes()),
+        });
+    }
+}
+
+fn views(ds: &[Delivery]) -> Vec<View> {
+    ds.iter()
+        .filter_map(|d| match d {
+            Delivery::View { view, .. } => Some(view.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn names(v: &View) -> Vec<&str> {
+    v.ids().map(|i| i.as_str()).collect()
+}
+
+fn error_code(ds: &[Delivery]) -> Option<ErrorCode> {
+    ds.iter().find_map(|d| match d {
+        Delivery::Error { code, .. } => Some(*code),
+        _ => None,
+    })
+}
+
+fn one() -> Component {
+    Component::new(&[0])
+}
+
+/// One daemon whose clients `conn(0, i)`, named `names[i]`, joined group "g"
+/// in that order; their deliveries so far are consumed. Returns the last view's id.
+fn group_g(names: &[&str]) -> (Component, ViewId) {
+    let mut c = one();
+    for (i, n) in names.iter().enumerate() {
+        c.connect(conn(0, i as u64), n);
+        c.join(conn(0, i as u64), "g");
+    }
+    let mut last = None;
+    for i in 0..names.len() {
+        last = views(&c.take(conn(0, i as u64))).pop().map(|v| v.id);
+    }
+    (c, last.expect("a view"))
+}
+
+#[test]
+fn names_are_unique_among_connected_clients() {
+    let mut c = one();
+    c.connect(conn(0, 1), "alice");
+    c.feed(Op::Connect { conn: conn(0, 2), name: m("alice") });
+    let code = error_code(&c.take(conn(0, 2))).unwrap();
+    assert_eq!(code, ErrorCode::NameTaken);
+    assert!(code.is_fatal());
+    // Once alice is gone, the name is free again.
+    c.feed(Op::Disconnect { conn: conn(0, 1) });
+    c.connect(conn(0, 3), "alice");
+}
+
+#[test]
+fn requests_before_hello_are_refused() {
+    let mut c = one();
+    c.join(conn(0, 1), "g");
+    assert_eq!(error_code(&c.take(conn(0, 1))), Some(ErrorCode::NotConnected));
+    c.connect(conn(0, 1), "a");
+    c.feed(Op::Connect { conn: conn(0, 1), name: m("b") });
+    assert_eq!(error_code(&c.take(conn(0, 1))), Some(ErrorCode::AlreadyConnected));
+}
+
+#[test]
+fn views_list_members_oldest_first_with_their_previous_view() {
+    let mut c = one();
+    for (i, n) in ["carol", "alice", "bob"].iter().enumerate() {
+        c.connect(conn(0, i as u64), n);
+        c.join(conn(0, i as u64), "g");
+    }
+    let carol = views(&c.take(conn(0, 0)));
+    let alice = views(&c.take(conn(0, 1)));
+    let bob = views(&c.take(conn(0, 2)));
+    assert_eq!(carol.iter().map(|v| v.id).collect::<Vec<_>>(), [ViewId(1), ViewId(2), ViewId(3)]);
+    assert_eq!(names(&carol[2]), ["carol", "alice", "bob"], "join order, not name order");
+    assert_eq!(carol[2].cause, Cause::Join);
+    // Everyone in a view gets the same view.
+    assert_eq!(alice.last(), carol.last());
+    assert_eq!(bob, carol[2..]);
+    // prev: the member's previous view of the group, None for the newcomer.
+    let prev: Vec<_> = carol[2].members.iter().map(|m| m.prev).collect();
+    assert_eq!(prev, [Some(ViewId(2)), Some(ViewId(2)), None]);
+    assert_eq!(carol[1].member(&m("carol")).unwrap().prev, Some(ViewId(1)));
+}
+
+#[test]
+fn view_ids_are_unique_across_groups() {
+    let mut c = one();
+    c.connect(conn(0, 1), "a");
+    c.join(conn(0, 1), "g");
+    c.join(conn(0, 1), "h");
+    c.feed(Op::Leave { conn: conn(0, 1), group: g("g") });
+    c.join(conn(0, 1), "g");
+    let ids: Vec<_> = views(&c.take(conn(0, 1))).iter().map(|v| v.id.0).collect();
+    assert_eq!(ids, [1, 2, 3], "g, h, g again: one counter for all groups");
+}
+
+#[test]
+fn leaving_tells_the_leaver_and_shows_the_others_a_new_view() {
+    let (mut c, full) = group_g(&["a", "b", "c"]);
+    c.feed(Op::Leave { conn: conn(0, 1), group: g("g") });
+    assert_eq!(c.take(conn(0, 1)), [Delivery::Left { group: g("g") }]);
+    let v = views(&c.take(conn(0, 0)));
+    assert_eq!(names(&v[0]), ["a", "c"]);
+    assert_eq!(v[0].cause, Cause::Leave);
+    assert_eq!(v[0].members.iter().map(|m| m.prev).collect::<Vec<_>>(), [Some(full); 2]);
+    assert_eq!(views(&c.take(conn(0, 2))), v);
+    // After Left, the group's traffic no longer reaches the leaver.
+    c.send(conn(0, 0), "g", "after");
+    assert!(c.take(conn(0, 1)).is_empty());
+    // Leaving again: not a member; a group nobody is in: unknown.
+    c.feed(Op::Leave { conn: conn(0, 1), group: g("g") });
+    assert_eq!(error_code(&c.take(conn(0, 1))), Some(ErrorCode::NotMember));
+    c.feed(Op::Leave { conn: conn(0, 1), group: g("nowhere") });
+    assert_eq!(error_code(&c.take(conn(0, 1))), Some(ErrorCode::UnknownGroup));
+}
+
+#[test]
+fn an_empty_group_ceases_to_exist_and_its_options_with_it() {
+    let mut c = one();
+    c.connect(conn(0, 1), "a");
+    c.connect(conn(0, 2), "b");
+    c.feed(Op::Join { conn: conn(0, 1), group: g("g"), open: true });
+    c.feed(Op::Leave { conn: conn(0, 1), group: g("g") });
+    assert!(c.cores[0].groups().next().is_none());
+    c.send(conn(0, 2), "g", "anyone?");
+    assert_eq!(error_code(&c.take(conn(0, 2))), Some(ErrorCode::UnknownGroup));
+    // Recreated closed: a non-member may no longer send.
+    c.join(conn(0, 1), "g");
+    c.send(conn(0, 2), "g", "anyone?");
+    assert_eq!(error_code(&c.take(conn(0, 2))), Some(ErrorCode::NotMember));
+}
+
+#[test]
+fn a_disconnect_removes_the_client_from_every_group() {
+    let mut c = one();
+    c.connect(conn(0, 1), "a");
+    c.connect(conn(0, 2), "b");
+    for grp in ["g", "h"] {
+        c.join(conn(0, 1), grp);
+        c.join(conn(0, 2), grp);
+    }
+    c.take(conn(0, 1));
+    c.take(conn(0, 2));
+    c.feed(Op::Disconnect { conn: conn(0, 2) });
+    assert!(c.take(conn(0, 2)).is_empty(), "nothing goes to a closed connection");
+    let v = views(&c.take(conn(0, 1)));
+    assert_eq!(v.len(), 2);
+    assert!(v.iter().all(|v| v.cause == Cause::Disconnect && names(v) == ["a"]));
+    // A second disconnect (e.g. the shell's and the reader's) changes nothing.
+    c.feed(Op::Disconnect { conn: conn(0, 2) });
+    assert!(c.take(conn(0, 1)).is_empty());
+}
+
+#[test]
+fn multicasts_reach_every_member_including_the_sender_in_stream_order() {
+    let (mut c, v) = group_g(&["a", "b", "c"]);
+    c.send(conn(0, 1), "g", "1");
+    c.feed(Op::Multicast {
+        conn: conn(0, 0),
+        group: g("g"),
+        service: Service::Fifo,
+        payload: Bytes::from_static(b"2"),
+    });
+    c.send(conn(0, 1), "g", "3");
+    let expect = |sender: &str, service, text: &'static str| Delivery::Message {
+        group: g("g"),
+        sender: m(sender),
+        service,
+        view: v,
+        payload: Bytes::from_static(text.as_bytes()),
+    };
+    let want = [expect("b", Service::Agreed, "1"), expect("a", Service::Fifo, "2"), expect("b", Service::Agreed, "3")];
+    for i in 0..3 {
+        assert_eq!(c.take(conn(0, i)), want, "member {i}");
+    }
+}
+
+#[test]
+fn closed_groups_refuse_non_members_and_open_groups_accept_them() {
+    let mut c = one();
+    c.connect(conn(0, 1), "member");
+    c.connect(conn(0, 2), "outsider");
+    c.join(conn(0, 1), "closed");
+    c.feed(Op::Join { conn: conn(0, 1), group: g("open"), open: true });
+    c.take(conn(0, 1));
+    c.send(conn(0, 2), "closed", "x");
+    assert_eq!(error_code(&c.take(conn(0, 2))), Some(ErrorCode::NotMember));
+    assert!(c.take(conn(0, 1)).is_empty());
+    c.send(conn(0, 2), "open", "y");
+    assert!(c.take(conn(0, 2)).is_empty(), "a non-member does not get its own multicast");
+    let got = c.take(conn(0, 1));
+    assert!(matches!(&got[..], [Delivery::Message { sender, .. }] if sender.as_str() == "outsider"));
+    c.feed(Op::Unicast { conn: conn(0, 2), group: g("open"), to: m("member"), payload: Bytes::new() });
+    assert!(matches!(&c.take(conn(0, 1))[..], [Delivery::Unicast { .. }]));
+    // A later join cannot change the option.
+    c.feed(Op::Join { conn: conn(0, 2), group: g("closed"), open: true });
+    c.feed(Op::Leave { conn: conn(0, 2), group: g("closed") });
+    c.take(conn(0, 2));
+    c.send(conn(0, 2), "closed", "x");
+    assert_eq!(error_code(&c.take(conn(0, 2))), Some(ErrorCode::NotMember));
+}
+
+#[test]
+fn unicasts_reach_only_their_recipient() {
+    let (mut c, v) = group_g(&["a", "b", "c"]);
+    c.feed(Op::Unicast { conn: conn(0, 0), group: g("g"), to: m("c"), payload: Bytes::from_static(b"psst") });
+    assert!(c.take(conn(0, 0)).is_empty());
+    assert!(c.take(conn(0, 1)).is_empty());
+    let want = Delivery::Unicast { group: g("g"), sender: m("a"), view: v, payload: Bytes::from_static(b"psst") };
+    assert_eq!(c.take(conn(0, 2)), [want]);
+    c.feed(Op::Unicast { conn: conn(0, 0), group: g("g"), to: m("zed"), payload: Bytes::new() });
+    assert_eq!(error_code(&c.take(conn(0, 0))), Some(ErrorCode::UnknownRecipient));
+}
+
+#[test]
+fn a_client_may_join_only_so_many_groups_and_each_once() {
+    let mut c = Component::with(vec![Core::new(DaemonId(0), Limits { max_groups_per_client: 2 })]);
+    c.connect(conn(0, 1), "a");
+    c.join(conn(0, 1), "g1");
+    c.join(conn(0, 1), "g1");
+    assert_eq!(error_code(&c.take(conn(0, 1))), Some(ErrorCode::AlreadyMember));
+    c.join(conn(0, 1), "g2");
+    c.join(conn(0, 1), "g3");
+    assert_eq!(error_code(&c.take(conn(0, 1))), Some(ErrorCode::TooManyGroups));
+    c.feed(Op::Leave { conn: conn(0, 1), group: g("g1") });
+    c.join(conn(0, 1), "g3");
+    assert_eq!(error_code(&c.take(conn(0, 1))), None);
+}
+
+#[test]
+fn operations_from_daemons_outside_the_daemon_group_are_dropped() {
+    let mut c = one();
+    c.feed(Op::Connect { conn: conn(7, 1), name: m("stranger") });
+    assert!(c.log.is_empty());
+    assert!(c.cores[0].member(conn(7, 1)).is_none());
+}
+
+// ---------------------------------------------------------------------------
+// Random streams.
+
+/// What one client saw of one group: views and the messages between them.
+#[derive(Default, Debug)]
+struct Timeline {
+    /// (view, messages delivered in it, in order)
+    views: Vec<(View, Vec<(MemberId, Bytes)>)>,
+}
+
+#[derive(Clone, Debug)]
+enum Act {
+    Join(u8, u8),
+    Leave(u8, u8),
+    Send(u8, u8),
+    Unicast(u8, u8, u8),
+    Reconnect(u8),
+}
+
+fn act() -> impl Strategy<Value = Act> {
+    prop_oneof![
+        3 => (0..6u8, 0..3u8).prop_map(|(c, g)| Act::Join(c, g)),
+        2 => (0..6u8, 0..3u8).prop_map(|(c, g)| Act::Leave(c, g)),
+        6 => (0..6u8, 0..3u8).prop_map(|(c, g)| Act::Send(c, g)),
+        1 => (0..6u8, 0..3u8, 0..6u8).prop_map(|(c, g, t)| Act::Unicast(c, g, t)),
+        1 => (0..6u8).prop_map(Act::Reconnect),
+    ]
+}
+
+/// Turns actions into a stream; clients reconnect on a fresh connection.
+fn stream(acts: &[Act]) -> Vec<Op> {
+    let mut conns: Vec<u64> = (0..6).collect();
+    let mut next = 6;
+    let mut ops: Vec<Op> = (0..6).map(|i| Op::Connect { conn: conn(0, i), name: m(&format!("c{i}")) }).collect();
+    for (n, a) in acts.iter().enumerate() {
+        let group = |i: u8| g(&format!("g{i}"));
+        let op = match *a {
+            Act::Join(c, gi) => Op::Join { conn: conn(0, conns[c as usize]), group: group(gi), open: false },
+            Act::Leave(c, gi) => Op::Leave { conn: conn(0, conns[c as usize]), group: group(gi) },
+            Act::Send(c, gi) => Op::Multicast {
+                conn: conn(0, conns[c as usize]),
+                group: group(gi),
+                service: Service::Agreed,
+                payload: Bytes::from(n.to_string()),
+            },
+            Act::Unicast(c, gi, t) => Op::Unicast {
+                conn: conn(0, conns[c as usize]),
+                group: group(gi),
+                to: m(&format!("c{t}")),
+                payload: Bytes::from(format!("u{n}")),
+            },
+            Act::Reconnect(c) => {
+                let old = conns[c as usize];
+                conns[c as usize] = next;
+                ops.push(Op::Disconnect { conn: conn(0, old) });
+                next += 1;
+                Op::Connect { conn: conn(0, next - 1), name: m(&format!("c{c}")) }
+            }
+        };
+        ops.push(op);
+    }
+    ops
+}
+
+fn timelines(log: &[(ConnId, Delivery)]) -> BTreeMap<(ConnId, GroupName), Timeline> {
+    let mut t: BTreeMap<(ConnId, GroupName), Timeline> = BTreeMap::new();
+    for (c, d) in log {
+        match d {
+            Delivery::View { group, view } => {
+                t.entry((*c, group.clone())).or_default().views.push((view.clone(), Vec::new()));
+            }
+            Delivery::Message { group, sender, view, payload, .. } => {
+                let tl = t.get_mut(&(*c, group.clone())).expect("a message only after a view");
+                let (cur, msgs) = tl.views.last_mut().expect("a message only after a view");
+                assert_eq!(cur.id, *view, "a message is delivered in the view it was sent in");
+                msgs.push((sender.clone(), payload.clone()));
+            }
+            Delivery::Unicast { group, view, .. } => {
+                let tl = t.get(&(*c, group.clone())).expect("a unicast only to a member");
+                assert_eq!(tl.views.last().unwrap().0.id, *view);
+            }
+            _ => {}
+        }
+    }
+    t
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Every client gets the same views as its fellow members; members that
+    /// go from one view to the next together delivered the same messages in
+    /// the first; a core fed the same stream again does the same.
+    #[test]
+    fn random_streams_keep_virtual_synchrony(acts in prop::collection::vec(act(), 1..120)) {
+        let ops = stream(&acts);
+        let mut a = one();
+        for op in ops.clone() {
+            a.feed(op);
+        }
+        let mut b = one();
+        for op in ops {
+            b.feed(op);
+        }
+        prop_assert_eq!(&a.log, &b.log, "same stream, same deliveries");
+
+        // Each member's record of each view it was in, with the id of its next view.
+        struct Stay<'a> {
+            view: &'a View,
+            msgs: &'a [(MemberId, Bytes)],
+            next: Option<ViewId>,
+        }
+        let t = timelines(&a.log);
+        let mut seen: BTreeMap<ViewId, Vec<Stay>> = BTreeMap::new();
+        for tl in t.values() {
+            for (i, (view, msgs)) in tl.views.iter().enumerate() {
+                let next = tl.views.get(i + 1).map(|(n, _)| n.id);
+                seen.entry(view.id).or_default().push(Stay { view, msgs, next });
+            }
+            // Views of one group arrive in increasing id order.
+            prop_assert!(tl.views.windows(2).all(|w| w[0].0.id < w[1].0.id));
+        }
+        for (id, stays) in &seen {
+            let v = stays[0].view;
+            prop_assert_eq!(stays.len(), v.members.len(), "every member of {} got it", id);
+            for a in stays {
+                prop_assert_eq!(a.view, v);
+                // Same next view => same messages in this one.
+                for b in stays {
+                    if a.next.is_some() && a.next == b.next {
+                        prop_assert_eq!(a.msgs, b.msgs);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The daemon group (cluster backbones).
+
+fn daemons(epoch: u64, ds: &[u16]) -> Op {
+    Op::Daemons { epoch, members: ds.iter().map(|&d| DaemonId(d)).collect() }
+}
+
+/// Two daemons, each alone in its own component with its own clients in a
+/// group "g", merge: both compute the same views, announce the change first,
+/// and hold operations ordered during the exchange.
+#[test]
+fn a_merge_gives_every_daemon_the_same_views() {
+    let mut left = Component::new(&[1]);
+    let mut right = Component::new(&[2]);
+    left.connect(conn(1, 1), "a");
+    left.join(conn(1, 1), "g");
+    right.connect(conn(2, 1), "b");
+    right.join(conn(2, 1), "g");
+    right.connect(conn(2, 2), "c");
+    right.join(conn(2, 2), "g");
+    let v_left = views(&left.take(conn(1, 1))).pop().unwrap();
+    let v_right = views(&right.take(conn(2, 1))).pop().unwrap();
+    right.take(conn(2, 2));
+
+    let mut merged = Component::with(left.cores.into_iter().chain(right.cores).collect());
+    // The exchange: states are submitted by both cores and ordered after this.
+    merged.feed(daemons(10, &[1, 2]));
+    // The cores are through the exchange already; test holding explicitly below.
+    let a = merged.take(conn(1, 1));
+    let b = merged.take(conn(2, 1));
+    let c = merged.take(conn(2, 2));
+    for ds in [&a, &b, &c] {
+        assert_eq!(ds[0], Delivery::ViewChangeBegins { group: g("g") });
+        assert_eq!(ds.len(), 2);
+    }
+    let v = views(&a).pop().unwrap();
+    assert_eq!(views(&b), std::slice::from_ref(&v));
+    assert_eq!(views(&c), std::slice::from_ref(&v));
+    assert_eq!(v.cause, Cause::Network);
+    assert_eq!(v.id.0 >> 48, 1, "tagged with the lowest daemon");
+    assert_eq!(names(&v), ["a", "b", "c"], "ordered by the view each joined in, oldest first");
+    let prev: Vec<_> = v.members.iter().map(|m| m.prev).collect();
+    assert_eq!(prev, [Some(v_left.id), Some(v_right.id), Some(v_right.id)]);
+    assert_ne!(v_left.id, v_right.id, "views of concurrent components differ");
+    let cores = &merged.cores;
+    assert_eq!(cores[0].view(&g("g")), cores[1].view(&g("g")));
+}
+
+#[test]
+fn operations_during_an_exchange_are_held_then_applied_in_order() {
+    let mut core = Core::new(DaemonId(1), Limits::default());
+    let mut out = Vec::new();
+    core.handle(Op::Connect { conn: conn(1, 1), name: m("a") }, &mut out);
+    core.handle(Op::Join { conn: conn(1, 1), group: g("g"), open: false }, &mut out);
+    out.clear();
+    core.handle(daemons(5, &[1, 2]), &mut out);
+    let Some(Output::Submit(Op::State { epoch: 5, state: mine })) = out.pop() else { panic!("must send its state") };
+    assert_eq!(mine.clients.len(), 1);
+    out.clear();
+    // A message and a join are ordered before the other daemon's state.
+    core.handle(
+        Op::Multicast { conn: conn(1, 1), group: g("g"), service: Service::Agreed, payload: Bytes::new() },
+        &mut out,
+    );
+    core.handle(Op::Connect { conn: conn(2, 9), name: m("z") }, &mut out);
+    assert!(out.is_empty() && core.exchanging());
+    // A state for an older epoch is ignored; then ours and the other's complete it.
+    let other = conclave_gcs::core::DaemonState { daemon: DaemonId(2), next_view: 40, clients: Vec::new() };
+    core.handle(Op::State { epoch: 4, state: other.clone() }, &mut out);
+    core.handle(Op::State { epoch: 5, state: mine }, &mut out);
+    assert!(core.exchanging());
+    core.handle(Op::State { epoch: 5, state: other }, &mut out);
+    assert!(!core.exchanging());
+    let kinds: Vec<_> = out
+        .iter()
+        .map(|o| match o {
+            Output::Deliver { delivery: Delivery::View { view, .. }, .. } => format!("view {}", view.id.0 & 0xffff),
+            Output::Deliver { delivery: Delivery::Message { view, .. }, .. } => format!("msg {}", view.0 & 0xffff),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(kinds, ["view 40", "msg 40"], "the network view, then the held message in it");
+    assert_eq!(core.member(conn(2, 9)), Some(&m("z")), "the held connect was applied");
+}
+
+#[test]
+fn a_departed_daemon_takes_its_clients_with_it() {
+    let mut c = Component::new(&[1, 2]);
+    c.feed(daemons(1, &[1, 2]));
+    c.connect(conn(1, 1), "a");
+    c.connect(conn(2, 1), "b");
+    c.join(conn(1, 1), "g");
+    c.join(conn(2, 1), "g");
+    c.take(conn(1, 1));
+    // Daemon 2 is cut off; daemon 1's side carries on.
+    let mut left = Component::with(vec![c.cores.remove(0)]);
+    left.feed(daemons(2, &[1]));
+    let got = left.take(conn(1, 1));
+    assert_eq!(got[0], Delivery::ViewChangeBegins { group: g("g") });
+    let v = views(&got).pop().unwrap();
+    assert_eq!((names(&v), v.cause), (vec!["a"], Cause::Network));
+    assert!(left.cores[0].member(conn(2, 1)).is_none());
+    // The name is free again on this side.
+    left.connect(conn(1, 2), "b");
+}
+
+#[test]
+fn a_name_claimed_on_both_sides_of_a_merge_stays_with_the_lower_daemon() {
+    let mut left = Component::new(&[1]);
+    let mut right = Component::new(&[2]);
+    left.connect(conn(1, 1), "same");
+    right.connect(conn(2, 1), "same");
+    let mut merged = Component::with(left.cores.into_iter().chain(right.cores).collect());
+    merged.feed(daemons(3, &[1, 2]));
+    assert!(merged.take(conn(1, 1)).is_empty());
+    assert_eq!(error_code(&merged.take(conn(2, 1))), Some(ErrorCode::NameTaken));
+    for core in &merged.cores {
+        assert_eq!(core.member(conn(1, 1)), Some(&m("same")));
+        assert_eq!(core.member(conn(2, 1)), None);
+    }
+}

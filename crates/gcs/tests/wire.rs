@@ -1,0 +1,221 @@
+//! The wire format: every request and delivery round-trips, arbitrary bytes
+//! never panic a decoder (and what decodes re-encodes to the same bytes),
+//! frames survive any split of the byte stream, and limits are enforced.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use conclave_gcs::core::{Delivery, ErrorCode, Service};
+use conclave_gcs::wire::{
+    decode_delivery, decode_request, encode_delivery, encode_request, FrameReader, Request, WireError,
+};
+use conclave_gcs::{Cause, GroupName, MemberId, View, ViewId, ViewMember};
+use proptest::prelude::*;
+
+fn member() -> impl Strategy<Value = MemberId> {
+    "[a-z0-9#._-]{1,40}".prop_map(|s| MemberId::new(s).unwrap())
+}
+
+fn group() -> impl Strategy<Value = GroupName> {
+    "[a-zA-Z0-9@é]{1,30}".prop_map(|s| GroupName::new(s).unwrap())
+}
+
+fn payload() -> impl Strategy<Value = Bytes> {
+    prop::collection::vec(any::<u8>(), 0..300).prop_map(Bytes::from)
+}
+
+fn service() -> impl Strategy<Value = Service> {
+    prop_oneof![Just(Service::Fifo), Just(Service::Agreed)]
+}
+
+fn view() -> impl Strategy<Value = View> {
+    let cause = prop_oneof![Just(Cause::Join), Just(Cause::Leave), Just(Cause::Disconnect), Just(Cause::Network)];
+    let m = (member(), prop::option::of(any::<u64>().prop_map(ViewId))).prop_map(|(id, prev)| ViewMember { id, prev });
+    (any::<u64>(), cause, prop::collection::vec(m, 0..8)).prop_map(|(id, cause, members)| View {
+        id: ViewId(id),
+        members,
+        cause,
+    })
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    prop_oneof![
+        member().prop_map(|name| Request::Hello { name }),
+        (group(), any::<bool>()).prop_map(|(group, open)| Request::Join { group, open }),
+        group().prop_map(|group| Request::Leave { group }),
+        (group(), service(), payload()).prop_map(|(group, service, payload)| Request::Multicast {
+            group,
+            service,
+            payload
+        }),
+        (group(), member(), payload()).prop_map(|(group, to, payload)| Request::Unicast { group, to, payload }),
+        Just(Request::Bye),
+    ]
+}
+
+fn code() -> impl Strategy<Value = ErrorCode> {
+    // Known codes by number; unknown ones stay `Other`.
+    any::<u16>().prop_map(ErrorCode::from_u16)
+}
+
+fn delivery() -> impl Strategy<Value = Delivery> {
+    prop_oneof![
+        member().prop_map(|member| Delivery::Welcome { member }),
+        (group(), view()).prop_map(|(group, view)| Delivery::View { group, view }),
+        group().prop_map(|group| Delivery::ViewChangeBegins { group }),
+        group().prop_map(|group| Delivery::Left { group }),
+        (group(), member(), service(), any::<u64>(), payload()).prop_map(|(group, sender, service, v, payload)| {
+            Delivery::Message { group, sender, service, view: ViewId(v), payload }
+        }),
+        (group(), member(), any::<u64>(), payload()).prop_map(|(group, sender, v, payload)| Delivery::Unicast {
+            group,
+            sender,
+            view: ViewId(v),
+            payload
+        }),
+        (code(), ".{0,80}").prop_map(|(code, text)| Delivery::Error { code, text }),
+    ]
+}
+
+/// The one frame in `buf`, without its length prefix.
+fn only_frame(buf: BytesMut) -> Bytes {
+    let mut buf = buf;
+    let mut r = FrameReader::new(1 << 20);
+    let f = r.next_frame(&mut buf).unwrap().expect("a whole frame");
+    assert!(buf.is_empty());
+    f
+}
+
+proptest! {
+    #[test]
+    fn requests_round_trip(req in request()) {
+        let mut buf = BytesMut::new();
+        encode_request(&req, &mut buf);
+        prop_assert_eq!(decode_request(only_frame(buf)).unwrap(), req);
+    }
+
+    #[test]
+    fn deliveries_round_trip(d in delivery()) {
+        let mut buf = BytesMut::new();
+        encode_delivery(&d, &mut buf);
+        prop_assert_eq!(decode_delivery(only_frame(buf)).unwrap(), d);
+    }
+
+    #[test]
+    fn arbitrary_bytes_decode_to_a_value_or_an_error(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+        let frame = Bytes::from(bytes);
+        if let Ok(req) = decode_request(frame.clone()) {
+            let mut buf = BytesMut::new();
+            encode_request(&req, &mut buf);
+            prop_assert_eq!(&buf[4..], &frame[..], "canonical encoding");
+        }
+        if let Ok(d) = decode_delivery(frame.clone()) {
+            let mut buf = BytesMut::new();
+            encode_delivery(&d, &mut buf);
+            prop_assert_eq!(&buf[4..], &frame[..], "canonical encoding");
+        }
+    }
+
+    /// Valid frames with one byte changed: still never a panic.
+    #[test]
+    fn mutated_frames_decode_to_a_value_or_an_error(d in delivery(), req in request(), at in any::<usize>(), x in any::<u8>()) {
+        let mut buf = BytesMut::new();
+        encode_delivery(&d, &mut buf);
+        encode_request(&req, &mut buf);
+        let mut r = FrameReader::new(1 << 20);
+        let a = r.next_frame(&mut buf).unwrap().unwrap();
+        let b = r.next_frame(&mut buf).unwrap().unwrap();
+        for f in [a, b] {
+            let mut v = f.to_vec();
+            let i = at % v.len();
+            v[i] ^= x | 1;
+            let _ = decode_delivery(Bytes::from(v.clone()));
+            let _ = decode_request(Bytes::from(v));
+        }
+    }
+
+    /// However the byte stream is cut into reads, the same frames come out.
+    #[test]
+    fn frames_survive_any_split(ds in prop::collection::vec(delivery(), 1..10), cuts in prop::collection::vec(1usize..50, 1..40)) {
+        let mut all = BytesMut::new();
+        for d in &ds {
+            encode_delivery(d, &mut all);
+        }
+        let mut r = FrameReader::new(1 << 20);
+        let mut buf = BytesMut::new();
+        let mut got = Vec::new();
+        let mut rest = &all[..];
+        let mut i = 0;
+        while !rest.is_empty() {
+            let n = cuts[i % cuts.len()].min(rest.len());
+            buf.put_slice(&rest[..n]);
+            rest = &rest[n..];
+            i += 1;
+            while let Some(f) = r.next_frame(&mut buf).unwrap() {
+                got.push(decode_delivery(f).unwrap());
+            }
+        }
+        prop_assert_eq!(got, ds);
+    }
+}
+
+#[test]
+fn an_oversized_frame_is_refused_before_it_is_buffered_then_skipped() {
+    let mut r = FrameReader::new(100);
+    let mut buf = BytesMut::new();
+    buf.put_u32(5000);
+    buf.put_slice(&[0xAA; 10]);
+    assert_eq!(r.next_frame(&mut buf), Err(WireError::TooLarge { len: 5000, max: 100 }));
+    // The rest of the big frame is dropped as it arrives, then reading goes on.
+    buf.put_slice(&[0xAA; 4990]);
+    encode_request(&Request::Bye, &mut buf);
+    let f = r.next_frame(&mut buf).unwrap().unwrap();
+    assert_eq!(decode_request(f), Ok(Request::Bye));
+    assert!(buf.is_empty());
+}
+
+#[test]
+fn an_incomplete_frame_waits_for_more_bytes() {
+    let mut full = BytesMut::new();
+    encode_request(&Request::Leave { group: GroupName::new("g").unwrap() }, &mut full);
+    let mut r = FrameReader::new(100);
+    for n in 0..full.len() {
+        let mut part = BytesMut::from(&full[..n]);
+        assert_eq!(r.next_frame(&mut part), Ok(None), "{n} bytes");
+    }
+}
+
+#[test]
+fn malformed_frames_get_typed_errors() {
+    let f = |b: &[u8]| decode_request(Bytes::copy_from_slice(b));
+    assert_eq!(f(&[]), Err(WireError::Empty));
+    assert_eq!(f(&[0x7f]), Err(WireError::UnknownKind(0x7f)));
+    assert_eq!(f(&[0x06, 0]), Err(WireError::Trailing(1)));
+    assert_eq!(f(&[0x01, 0, 9, 1, b'a']), Err(WireError::UnsupportedVersion(9)));
+    assert_eq!(f(&[0x01, 0, 1, 5, b'a']), Err(WireError::Truncated("member name")));
+    assert!(matches!(f(&[0x01, 0, 1, 1, b' ']), Err(WireError::Name { what: "member name", .. })));
+    assert_eq!(f(&[0x01, 0, 1, 1, 0xff]), Err(WireError::Utf8("member name")));
+    assert!(matches!(f(&[0x03, 0]), Err(WireError::Name { what: "group name", .. })));
+    assert_eq!(f(&[0x02, 1, b'g', 2]), Err(WireError::BadValue { what: "open flag", value: 2 }));
+    assert_eq!(f(&[0x04, 1, b'g', 3]), Err(WireError::BadValue { what: "service", value: 3 }));
+    let long_group = [&[0x03, 129][..], &[b'g'; 129]].concat();
+    assert!(matches!(f(&long_group), Err(WireError::Name { what: "group name", .. })));
+    assert_eq!(WireError::UnsupportedVersion(9).code(), ErrorCode::UnsupportedVersion);
+    assert_eq!(WireError::Empty.code(), ErrorCode::Malformed);
+}
+
+#[test]
+fn a_view_cannot_claim_more_members_than_its_frame_holds() {
+    let mut v = vec![0x82, 1, b'g'];
+    v.extend_from_slice(&7u64.to_be_bytes());
+    v.push(1);
+    v.extend_from_slice(&u32::MAX.to_be_bytes());
+    assert_eq!(decode_delivery(Bytes::from(v)), Err(WireError::Truncated("member name")));
+}
+
+#[test]
+fn long_error_texts_are_cut_at_a_character_boundary() {
+    let text = "é".repeat(40_000);
+    let mut buf = BytesMut::new();
+    encode_delivery(&Delivery::Error { code: ErrorCode::Malformed, text }, &mut buf);
+    let Ok(Delivery::Error { text, .. }) = decode_delivery(only_frame(buf)) else { panic!() };
+    assert_eq!(text.len(), 65_534);
+}
