@@ -415,6 +415,38 @@ impl<N: SimNode> Sim<N> {
         done
     }
 
+    /// Takes every pending message out of the components' queues, in queue
+    /// order, for a driver that schedules delivery itself (the timed
+    /// benchmarks). Each entry is (view, sender, unicast recipient, message).
+    pub fn take_pending(&mut self) -> Vec<Delivery<N::Msg>> {
+        let mut out = Vec::new();
+        for c in &mut self.components {
+            let view = c.view.id;
+            out.extend(c.queue.drain(..).map(|m| Delivery { view, from: m.from, to: m.to, msg: m.msg }));
+        }
+        out
+    }
+
+    /// Delivers one message to one member directly and returns what it sends
+    /// in reply, for a driver that schedules delivery itself. The member must
+    /// be in the view the message was sent in.
+    pub fn deliver_to(&mut self, to: &MemberId, d: &Delivery<N::Msg>) -> Result<Vec<Outgoing<N::Msg>>, SimError> {
+        let view = self.view_of(to).ok_or_else(|| SimError::NotInView(to.clone()))?.clone();
+        if view.id != d.view {
+            return Err(SimError::NotInView(to.clone()));
+        }
+        let mut out = Vec::new();
+        self.nodes.get_mut(to).ok_or_else(|| SimError::UnknownMember(to.clone()))?.node.on_message(&d.from, &d.msg, &mut out);
+        self.delivered += 1;
+        if let Some(trace) = self.trace.as_mut() {
+            for o in &out {
+                trace.push(Delivery { view: view.id, from: to.clone(), to: o.to.clone(), msg: o.msg.clone() });
+            }
+        }
+        out.retain(|o| o.to.as_ref().is_none_or(|t| view.contains(t)));
+        Ok(out)
+    }
+
     /// Delivers until nothing is pending, or fails after `limit` deliveries.
     pub fn run(&mut self, limit: u64) -> Result<(), SimError> {
         let start = self.delivered;

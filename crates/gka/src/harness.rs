@@ -52,6 +52,17 @@ pub struct Member {
 }
 
 impl Member {
+    /// The critical-path costs behind this member's current state, since the
+    /// last [`Harness::reset_paths`].
+    pub fn critical_path(&self) -> Costs {
+        self.clock
+    }
+
+    /// The longest message chain behind this member's current state.
+    pub fn depth(&self) -> u64 {
+        self.depth
+    }
+
     fn absorb(&mut self, before: Costs, res: Result<Vec<Output>, Error>, out: &mut Vec<Outgoing<Msg>>) {
         let spent = self.engine.costs() - before;
         self.clock += spent;
@@ -190,6 +201,19 @@ impl Harness {
         &self.sim
     }
 
+    /// Starts critical-path accounting afresh at every member (what
+    /// [`Harness::event`] does before applying its event), for drivers that
+    /// deliver messages themselves.
+    pub fn reset_paths(&mut self) {
+        self.materialize();
+        let ids: Vec<MemberId> = self.sim.nodes().map(|(id, _)| id.clone()).collect();
+        for id in &ids {
+            let m = self.sim.node_mut(id).expect("exists");
+            m.clock = Costs::default();
+            m.depth = 0;
+        }
+    }
+
     /// Applies `op`, runs to quiescence, and reports what it cost, over all members.
     pub fn event(&mut self, op: impl FnOnce(&mut Sim<Member>) -> Result<(), SimError>) -> Result<EventCost, SimError> {
         self.event_at(None, op)
@@ -202,13 +226,8 @@ impl Harness {
         focus: Option<&MemberId>,
         op: impl FnOnce(&mut Sim<Member>) -> Result<(), SimError>,
     ) -> Result<EventCost, SimError> {
-        self.materialize();
+        self.reset_paths();
         let ids: Vec<MemberId> = self.sim.nodes().map(|(id, _)| id.clone()).collect();
-        for id in &ids {
-            let m = self.sim.node_mut(id).expect("exists");
-            m.clock = Costs::default();
-            m.depth = 0;
-        }
         let starts: std::collections::BTreeMap<MemberId, Costs> =
             ids.iter().map(|id| (id.clone(), self.sim.node(id).expect("exists").engine.costs())).collect();
         op(&mut self.sim)?;

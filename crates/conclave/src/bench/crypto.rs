@@ -72,6 +72,17 @@ fn group_ops<G: Group>(g: G, iterations: usize, out: &mut Vec<OpCost>) {
     push("exponent inverse", time(iterations, || drop(black_box(g.scalar_invert(black_box(&a))))));
 }
 
+/// Measures one group and one signature scheme (the `measured` cost model).
+pub fn measure_suite(group: GroupId, scheme: SignatureId, iterations: usize) -> Result<Vec<OpCost>> {
+    let args = CryptoArgs {
+        groups: vec![group.name().into()],
+        signatures: vec![scheme.name()],
+        iterations,
+        json: false,
+    };
+    measure(&args)
+}
+
 /// Measures every requested suite.
 pub fn measure(args: &CryptoArgs) -> Result<Vec<OpCost>> {
     let mut out = Vec::new();

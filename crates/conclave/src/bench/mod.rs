@@ -2,6 +2,7 @@
 
 mod counts;
 mod crypto;
+mod events;
 mod paper;
 
 use anyhow::Result;
@@ -16,6 +17,9 @@ pub enum BenchCommand {
     Counts(counts::CountsArgs),
     /// Time every cryptographic operation of every suite on this machine.
     Crypto(crypto::CryptoArgs),
+    /// Time from a membership event until every member has the new key, on
+    /// the simulator with virtual time (TISSEC §6 scenarios).
+    Events(events::EventsArgs),
 }
 
 /// Runs a benchmark.
@@ -23,5 +27,6 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Counts(args) => counts::run(args),
         BenchCommand::Crypto(args) => crypto::run(args),
+        BenchCommand::Events(args) => events::run(args),
     }
 }

@@ -1,0 +1,433 @@
+//! `conclave bench events`: the time from a membership event until every
+//! member holds the new key (TISSEC §6), on the simulator with virtual time.
+//!
+//! The key agreement engines run for real; every operation they perform is
+//! charged virtual CPU time from a cost model, and every message virtual
+//! network time:
+//!
+//! * **Placement.** Members are spread round-robin over 13 machines with 2
+//!   CPUs each (the paper's testbed); members on one machine share its CPUs,
+//!   first come, first served, and a member handles one input at a time.
+//! * **Network.** An agreed multicast is delivered to all members at once,
+//!   `multicast` ms plus the largest one-way delay from the sender's site after
+//!   it was sent (so agreed order is delivery-time order); a unicast after
+//!   `multicast` ms plus the one-way delay between the two sites. On the LAN
+//!   every machine is on one site; the WAN profile of §6.2.1 puts 11 machines
+//!   at one site and one each at two others (round trips 70, 300 and 270 ms).
+//! * **Membership.** The new view reaches the members after the membership
+//!   service's time (2 ms for 2 members to 8 ms for 50, linear, as §6.1.1
+//!   measured; a third of that with measured costs).
+//!
+//! Each point also prints the lower bound: the same run's critical path with
+//! unlimited CPUs — every member's work charged at the operation costs, every
+//! message its network delay, but no waiting for a busy CPU — and the measured
+//! time divided by it.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::io::Write;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use conclave_gcs::sim::{Delivery, Flush};
+use conclave_gcs::MemberId;
+use conclave_gka::harness::{Harness, Msg};
+use conclave_gka::{Costs, GroupId, ProtocolId, SignatureId};
+use serde::Serialize;
+
+use super::crypto;
+
+/// Which per-operation costs to charge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CostsFrom {
+    /// Measured on this machine at start (`conclave bench crypto`).
+    Measured,
+    /// The paper's 2002 testbed (667 MHz Pentium III, OpenSSL, Spread).
+    Tissec2002,
+}
+
+/// Network profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Wan {
+    /// One site.
+    Lan,
+    /// Three sites: JHU (11 machines), UCI, ICU (§6.2.1).
+    Tissec2002,
+}
+
+/// Events of the §6.1.2 scenarios.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TimedEvent {
+    /// One member joins a group of n−1.
+    Join,
+    /// A random member of n leaves (STR: the middle member of the chain).
+    Leave,
+    /// A group of n splits into two halves.
+    Partition,
+    /// Two halves of n merge back.
+    Merge,
+}
+
+/// Options of `conclave bench events`.
+#[derive(Args)]
+pub struct EventsArgs {
+    /// Protocols (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "gdh,ckd,tgdh,str,bd")]
+    protocols: Vec<String>,
+    /// Events (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "join,leave,partition,merge")]
+    events: Vec<TimedEvent>,
+    /// Group sizes n after a join / before a leave, partition or merge (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "2,5,10,20,30,40,50")]
+    sizes: Vec<usize>,
+    /// Group: ristretto255, modp512, modp1024, modp2048. With --costs tissec2002
+    /// only the exponentiation cost of modp512 or modp1024 differs.
+    #[arg(long, default_value = "modp512")]
+    suite: String,
+    /// Signature scheme (see `bench counts --help`).
+    #[arg(long, default_value = "ed25519")]
+    signature: String,
+    /// Cost model.
+    #[arg(long, value_enum, default_value = "tissec2002")]
+    costs: CostsFrom,
+    /// Network profile.
+    #[arg(long, value_enum, default_value = "lan")]
+    wan: Wan,
+    /// Runs per point (mean, p50 and p95 are over these).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// First seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Also write the rows as JSON to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+/// Per-operation and per-message costs, in milliseconds.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct CostModel {
+    pub exp: f64,
+    pub small_exp: f64,
+    pub sign: f64,
+    pub verify: f64,
+    /// Overhead of delivering one agreed multicast or unicast.
+    pub multicast: f64,
+    /// Membership service time for 2 members; grows linearly to 4× at 50.
+    pub membership_2: f64,
+}
+
+impl CostModel {
+    fn cpu(&self, c: Costs) -> f64 {
+        c.exps as f64 * self.exp + c.small_exps as f64 * self.small_exp + c.sigs as f64 * self.sign
+            + c.verifs as f64 * self.verify
+    }
+
+    fn membership(&self, n: usize) -> f64 {
+        self.membership_2 * (1.0 + 3.0 * (n.saturating_sub(2) as f64) / 48.0)
+    }
+
+    fn build(from: CostsFrom, group: GroupId, scheme: SignatureId) -> Result<Self> {
+        Ok(match from {
+            CostsFrom::Tissec2002 => {
+                let exp = match group {
+                    GroupId::Modp1024 => 5.3,
+                    _ => 1.7,
+                };
+                // Small exponents (at most 6 bits for n ≤ 50) against 160-bit ones.
+                CostModel { exp, small_exp: exp * 6.0 / 160.0, sign: 9.6, verify: 0.2, multicast: 0.8, membership_2: 2.0 }
+            }
+            CostsFrom::Measured => {
+                let ops = crypto::measure_suite(group, scheme, 100)?;
+                let get = |op: &str| ops.iter().find(|c| c.op == op).map(|c| c.median_us / 1000.0).unwrap_or(0.0);
+                CostModel {
+                    exp: get("exp (variable base)"),
+                    small_exp: get("exp (small, e=31)"),
+                    sign: get("sign (200 B)"),
+                    verify: get("verify (200 B)"),
+                    multicast: 0.16,
+                    membership_2: 0.7,
+                }
+            }
+        })
+    }
+}
+
+const MACHINES: usize = 13;
+const CPUS: usize = 2;
+
+fn site(machine: usize, wan: Wan) -> usize {
+    match wan {
+        Wan::Lan => 0,
+        Wan::Tissec2002 => machine.saturating_sub(10).min(2),
+    }
+}
+
+fn one_way(a: usize, b: usize) -> f64 {
+    const RTT: [[f64; 3]; 3] = [[0.0, 70.0, 300.0], [70.0, 0.0, 270.0], [300.0, 270.0, 0.0]];
+    RTT[a][b] / 2.0
+}
+
+/// One run's result.
+struct RunResult {
+    total_ms: f64,
+    bound_ms: f64,
+}
+
+/// Virtual-time state of one run.
+struct Clock {
+    machine_cpus: Vec<[f64; CPUS]>,
+    member_free: BTreeMap<MemberId, f64>,
+    placement: BTreeMap<MemberId, usize>,
+    installed: BTreeMap<MemberId, f64>,
+}
+
+impl Clock {
+    /// Runs `ms` of CPU work for `m`, ready at `t`; returns when it finishes.
+    fn run(&mut self, m: &MemberId, t: f64, ms: f64) -> f64 {
+        let machine = self.placement[m];
+        let cpus = &mut self.machine_cpus[machine];
+        let (i, free) = cpus.iter().copied().enumerate().min_by(|a, b| a.1.total_cmp(&b.1)).expect("CPUs");
+        let start = t.max(free).max(self.member_free.get(m).copied().unwrap_or(0.0));
+        let end = start + ms;
+        cpus[i] = end;
+        self.member_free.insert(m.clone(), end);
+        end
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_once(
+    protocol: ProtocolId,
+    event: TimedEvent,
+    n: usize,
+    group: GroupId,
+    scheme: SignatureId,
+    model: &CostModel,
+    wan: Wan,
+    seed: u64,
+) -> Result<RunResult> {
+    let mut h = Harness::new(protocol, group, scheme, seed, Flush::All);
+    let ids = h.add_members(n).context("identities")?;
+    let half = n / 2;
+    match event {
+        TimedEvent::Join => {
+            h.event(|s| s.join(&ids[..n - 1], None))?;
+        }
+        TimedEvent::Leave | TimedEvent::Partition => {
+            h.event(|s| s.join(&ids, None))?;
+        }
+        TimedEvent::Merge => {
+            h.event(|s| s.join(&ids, None))?;
+            h.event(|s| s.partition(vec![ids[..half].to_vec(), ids[half..].to_vec()]))?;
+        }
+    }
+    let placement: BTreeMap<MemberId, usize> = ids.iter().enumerate().map(|(i, m)| (m.clone(), i % MACHINES)).collect();
+    let before: BTreeMap<MemberId, (Costs, usize)> = ids
+        .iter()
+        .map(|m| {
+            let node = h.sim_ref().node(m).expect("member");
+            (m.clone(), (node.engine.costs(), node.installs.len()))
+        })
+        .collect();
+    h.reset_paths();
+    let leaver = match protocol {
+        ProtocolId::Str => ids[n / 2].clone(),
+        _ => ids[(seed as usize).wrapping_mul(7919) % n].clone(),
+    };
+    match event {
+        TimedEvent::Join => h.sim().join(&ids[n - 1..], Some(&ids[0]))?,
+        TimedEvent::Leave => h.sim().leave(std::slice::from_ref(&leaver))?,
+        TimedEvent::Partition => h.sim().partition(vec![ids[..half].to_vec(), ids[half..].to_vec()])?,
+        TimedEvent::Merge => h.sim().merge(&ids[0], &ids[half])?,
+    }
+    let mut clock = Clock {
+        machine_cpus: vec![[0.0; CPUS]; MACHINES],
+        member_free: BTreeMap::new(),
+        placement: placement.clone(),
+        installed: BTreeMap::new(),
+    };
+    let view_at = model.membership(n);
+    // Every member of the new views handled its view at once inside the
+    // simulator; charge that work now, in view order.
+    let mut send_time: BTreeMap<MemberId, f64> = BTreeMap::new();
+    // Per member: when it would be done with what it has seen, given unlimited CPUs.
+    let mut ideal: BTreeMap<MemberId, f64> = BTreeMap::new();
+    let mut ideal_install: f64 = 0.0;
+    let members: Vec<MemberId> = h.sim_ref().views().iter().flat_map(|v| v.ids().cloned().collect::<Vec<_>>()).collect();
+    for m in &members {
+        let node = h.sim_ref().node(m).expect("member");
+        let spent = node.engine.costs() - before[m].0;
+        let end = clock.run(m, view_at, model.cpu(spent));
+        send_time.insert(m.clone(), end);
+        ideal.insert(m.clone(), view_at + model.cpu(spent));
+        if node.installs.len() > before[m].1 {
+            clock.installed.insert(m.clone(), end);
+            ideal_install = ideal_install.max(ideal[m]);
+        }
+    }
+    // Deliveries in virtual-time order.
+    let mut heap: BinaryHeap<Reverse<(u64, u64, usize)>> = BinaryHeap::new();
+    let mut pending: Vec<(MemberId, Delivery<Msg>, f64)> = Vec::new();
+    let mut seq = 0u64;
+    let to_key = |t: f64| (t * 1e6) as u64;
+    // `ideal` is the time the message would be sent with unlimited CPUs.
+    let mut schedule = |h: &mut Harness,
+                        d: Delivery<Msg>,
+                        at: f64,
+                        ideal: f64,
+                        heap: &mut BinaryHeap<Reverse<(u64, u64, usize)>>,
+                        pending: &mut Vec<(MemberId, Delivery<Msg>, f64)>| {
+        let Some(view) = h.sim_ref().view_of(&d.from).cloned() else { return };
+        let s_site = site(placement[&d.from], wan);
+        match &d.to {
+            Some(r) => {
+                let delay = model.multicast + one_way(s_site, site(placement[r], wan));
+                heap.push(Reverse((to_key(at + delay), seq, pending.len())));
+                pending.push((r.clone(), d, ideal + delay));
+            }
+            None => {
+                let far = view.ids().map(|r| one_way(s_site, site(placement[r], wan))).fold(0.0, f64::max);
+                let delay = model.multicast + far;
+                for r in view.ids() {
+                    heap.push(Reverse((to_key(at + delay), seq, pending.len())));
+                    pending.push((r.clone(), d.clone(), ideal + delay));
+                    seq += 1;
+                }
+            }
+        }
+        seq += 1;
+    };
+    for d in h.sim().take_pending() {
+        let (at, ia) = (send_time[&d.from], ideal[&d.from]);
+        schedule(&mut h, d, at, ia, &mut heap, &mut pending);
+    }
+    let mut steps = 0u64;
+    while let Some(Reverse((t, _, idx))) = heap.pop() {
+        steps += 1;
+        if steps > 50_000_000 {
+            bail!("{protocol} {event:?} n={n}: run does not end");
+        }
+        let (to, d, ideal_arrival) = pending[idx].clone();
+        let (c0, i0) = {
+            let node = h.sim_ref().node(&to).expect("member");
+            (node.engine.costs(), node.installs.len())
+        };
+        let out = h.sim().deliver_to(&to, &d)?;
+        let node = h.sim_ref().node(&to).expect("member");
+        let spent = node.engine.costs() - c0;
+        let installed = node.installs.len() > i0;
+        let end = clock.run(&to, t as f64 / 1e6, model.cpu(spent));
+        let ideal_end = ideal.get(&to).copied().unwrap_or(0.0).max(ideal_arrival) + model.cpu(spent);
+        ideal.insert(to.clone(), ideal_end);
+        if installed {
+            clock.installed.insert(to.clone(), end);
+            ideal_install = ideal_install.max(ideal_end);
+        }
+        for o in out {
+            let d = Delivery { view: d.view, from: to.clone(), to: o.to, msg: o.msg };
+            schedule(&mut h, d, end, ideal_end, &mut heap, &mut pending);
+        }
+    }
+    if let Err(e) = h.check_agreement() {
+        bail!("{protocol} {event:?} n={n}: {e}");
+    }
+    let total_ms = members.iter().map(|m| clock.installed.get(m).copied().unwrap_or(f64::NAN)).fold(0.0, f64::max);
+    let bound_ms = ideal_install;
+    Ok(RunResult { total_ms, bound_ms })
+}
+
+/// One point of the output.
+#[derive(Serialize, Debug)]
+pub struct Point {
+    pub protocol: String,
+    pub event: TimedEvent,
+    pub n: usize,
+    pub mean_ms: f64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub bound_ms: f64,
+    pub ratio_to_bound: f64,
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Runs the benchmark.
+pub fn run(args: EventsArgs) -> Result<()> {
+    let protocols: Vec<ProtocolId> = args
+        .protocols
+        .iter()
+        .map(|s| ProtocolId::from_name(s).with_context(|| format!("unknown protocol {s:?}")))
+        .collect::<Result<_>>()?;
+    let group = GroupId::from_name(&args.suite).with_context(|| format!("unknown suite {:?}", args.suite))?;
+    let scheme = SignatureId::from_name(&args.signature).with_context(|| format!("unknown signature {:?}", args.signature))?;
+    if args.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    if let Some(&bad) = args.sizes.iter().find(|&&n| !(2..=1000).contains(&n)) {
+        bail!("group size {bad} out of range (2..=1000)");
+    }
+    let model = CostModel::build(args.costs, group, scheme)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "Time until every member has the new key, virtual ms ({:?} costs: exp {:.3}, sign {:.3}, verify {:.3}, message {:.2}; {:?} network; {} runs per point).",
+        args.costs, model.exp, model.sign, model.verify, model.multicast, args.wan, args.runs
+    )?;
+    writeln!(out, "{:<5} {:<10} {:>4} | {:>9} {:>9} {:>9} | {:>9} {:>7}", "proto", "event", "n", "mean", "p50", "p95", "bound", "÷bound")?;
+    let mut points = Vec::new();
+    let total = args.events.len() * protocols.len() * args.sizes.len();
+    let mut done = 0;
+    for &event in &args.events {
+        for &protocol in &protocols {
+            for &n in &args.sizes {
+                done += 1;
+                if matches!(event, TimedEvent::Partition | TimedEvent::Merge) && n < 2 {
+                    continue;
+                }
+                let mut times = Vec::new();
+                let mut bounds = Vec::new();
+                for r in 0..args.runs {
+                    let res = run_once(protocol, event, n, group, scheme, &model, args.wan, args.seed + r as u64)?;
+                    times.push(res.total_ms);
+                    bounds.push(res.bound_ms);
+                }
+                times.sort_by(f64::total_cmp);
+                let mean = times.iter().sum::<f64>() / times.len() as f64;
+                let bound = bounds.iter().sum::<f64>() / bounds.len() as f64;
+                let p = Point {
+                    protocol: protocol.name().into(),
+                    event,
+                    n,
+                    mean_ms: mean,
+                    p50_ms: percentile(&times, 0.5),
+                    p95_ms: percentile(&times, 0.95),
+                    bound_ms: bound,
+                    ratio_to_bound: mean / bound,
+                };
+                writeln!(
+                    out,
+                    "{:<5} {:<10} {:>4} | {:>9.2} {:>9.2} {:>9.2} | {:>9.2} {:>7.2}   [{done}/{total}]",
+                    p.protocol,
+                    format!("{event:?}").to_lowercase(),
+                    n,
+                    p.mean_ms,
+                    p.p50_ms,
+                    p.p95_ms,
+                    p.bound_ms,
+                    p.ratio_to_bound
+                )?;
+                points.push(p);
+            }
+        }
+    }
+    if let Some(path) = args.json {
+        std::fs::write(&path, serde_json::to_string_pretty(&points)?).with_context(|| format!("writing {}", path.display()))?;
+        writeln!(out, "wrote {}", path.display())?;
+    }
+    Ok(())
+}
