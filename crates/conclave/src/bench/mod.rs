@@ -1,5 +1,6 @@
 //! `conclave bench`: benchmarks as commands that print tables.
 
+mod chart;
 mod counts;
 mod crypto;
 mod events;
