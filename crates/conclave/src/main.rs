@@ -1,10 +1,16 @@
 //! `conclave`: the one command line of Conclave.
 //!
 //! It wires the library crates together and holds no protocol logic of its
-//! own. Today it runs the key agreement benchmarks (`conclave bench`); the
-//! daemon, chat, gauge and keys commands of DESIGN.md join it as they land.
+//! own: the key agreement benchmarks (`conclave bench`), the standalone
+//! daemon (`conclave daemon`), an interactive client in the manner of
+//! Spread's spuser (`conclave client`) and a load generator in the manner of
+//! spflooder (`conclave flood`). The chat, gauge and keys commands of
+//! DESIGN.md join them as they land.
 
 mod bench;
+mod client;
+mod daemon;
+mod flood;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -24,11 +30,33 @@ enum Command {
         #[command(subcommand)]
         which: bench::BenchCommand,
     },
+    /// Run the standalone group communication daemon until Ctrl-C or SIGTERM.
+    Daemon(daemon::DaemonArgs),
+    /// Connect to a daemon and type commands (join, send, leave, ...) on stdin.
+    Client(client::ClientArgs),
+    /// Load test: several connections flood one group with agreed messages.
+    Flood(flood::FloodArgs),
 }
 
-fn main() -> Result<()> {
+fn main() {
     let cli = Cli::parse();
-    match cli.command {
+    let r = match cli.command {
         Command::Bench { which } => bench::run(which),
+        Command::Daemon(args) => daemon::run(args),
+        Command::Client(args) => client::run(args),
+        Command::Flood(args) => flood::run(args),
+    };
+    if let Err(e) = r {
+        eprintln!("conclave: {e:#}");
+        std::process::exit(1);
     }
+}
+
+/// Runs a networked command on a tokio runtime. The runtime does not wait
+/// for a read of stdin that is still pending when the command ends.
+fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let r = rt.block_on(f);
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    r
 }

@@ -358,6 +358,7 @@ where
     let writer = tokio::spawn(write_loop(wr, queue_rx, kill_rx));
     tokio::spawn(async move {
         read_loop(rd, conn, &shared, &kill, writer).await;
+        tracing::info!(conn = %conn, "client disconnected");
         let _ = shared.submit.send(Op::Disconnect { conn }).await;
     });
 }
@@ -394,7 +395,10 @@ async fn read_loop<R: AsyncRead>(
                     return;
                 }
             };
-            said_hello |= matches!(op, Op::Connect { .. });
+            if let Op::Connect { name, .. } = &op {
+                tracing::info!(conn = %conn, name = %name, "client connected");
+                said_hello = true;
+            }
             if shared.submit.send(op).await.is_err() {
                 return;
             }

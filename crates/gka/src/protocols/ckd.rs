@@ -455,21 +455,16 @@ mod tests {
     //!   member the key message. Own messages are free.
     //! * Messages: exactly Table I; for a controller change n (= 2 broadcasts +
     //!   n−2 unicasts), where the garbled Table I reads "3n−6 2n−4".
-    use std::collections::BTreeMap;
-    use std::sync::Arc;
-
     use conclave_gcs::sim::Flush;
-    use conclave_gcs::{Cause, MemberId, View, ViewId, ViewMember};
-    use rand_chacha::ChaCha20Rng;
-    use rand_core::SeedableRng;
+    use conclave_gcs::MemberId;
 
     use super::{ID_LEN, ROUND_KEY, ROUND_SETUP, ROUND_SHARE};
     use crate::codec::{Reader, Writer};
-    use crate::engine::{Engine, Error, Output, StaticDirectory};
+    use crate::engine::Error;
     use crate::harness::{EventCost, Harness};
-    use crate::message::Envelope;
-    use crate::suite::{generate_signer, GroupId, SignatureId, Signer};
-    use crate::{new_engine, Config, ProtocolId};
+    use crate::protocols::testnet::{id, Net, Packet};
+    use crate::suite::{GroupId, SignatureId};
+    use crate::ProtocolId;
 
     #[derive(Debug, PartialEq, Eq)]
     struct Expect {
@@ -661,136 +656,6 @@ mod tests {
         assert_eq!((c.rounds, c.total.unicasts), (1, 0));
     }
 
-    /// Hand-driven engines, for feeding them forged messages.
-    struct Net {
-        signers: BTreeMap<MemberId, Arc<dyn Signer>>,
-        engines: BTreeMap<MemberId, Box<dyn Engine>>,
-        rng: ChaCha20Rng,
-        view: Option<View>,
-    }
-
-    type Sent = (MemberId, Option<MemberId>, Vec<u8>);
-
-    impl Net {
-        fn new(names: &[&str]) -> Self {
-            let mut rng = ChaCha20Rng::seed_from_u64(3);
-            let mut dir = StaticDirectory::new();
-            let mut signers = BTreeMap::new();
-            for n in names {
-                let id = MemberId::new(*n).unwrap();
-                let s = generate_signer(SignatureId::Ed25519, &mut rng).unwrap();
-                dir.insert(id.clone(), s.verifier());
-                signers.insert(id, s);
-            }
-            let dir = Arc::new(dir);
-            let engines = signers
-                .iter()
-                .map(|(id, s)| {
-                    let cfg = Config {
-                        protocol: ProtocolId::Ckd,
-                        group_id: GroupId::Ristretto255,
-                        group: "g".into(),
-                        me: id.clone(),
-                        signer: s.clone(),
-                        directory: dir.clone(),
-                    };
-                    (id.clone(), new_engine(cfg))
-                })
-                .collect();
-            Self { signers, engines, rng, view: None }
-        }
-
-        fn id(s: &str) -> MemberId {
-            MemberId::new(s).unwrap()
-        }
-
-        fn collect(from: &MemberId, outs: Vec<Output>) -> Vec<Sent> {
-            outs.into_iter()
-                .filter_map(|o| match o {
-                    Output::Send { to, bytes } => Some((from.clone(), to, bytes)),
-                    Output::Installed(_) => None,
-                })
-                .collect()
-        }
-
-        /// Installs a view: `(member, previous view)` in view order.
-        fn view(&mut self, id: u64, members: &[(&str, Option<u64>)]) -> Vec<Sent> {
-            let view = View {
-                id: ViewId(id),
-                members: members.iter().map(|(m, p)| ViewMember { id: Self::id(m), prev: p.map(ViewId) }).collect(),
-                cause: Cause::Join,
-            };
-            let mut out = Vec::new();
-            for m in view.ids() {
-                let o = self.engines.get_mut(m).unwrap().on_view(&view, &mut self.rng).unwrap();
-                out.extend(Self::collect(m, o));
-            }
-            self.view = Some(view);
-            out
-        }
-
-        /// Delivers one message to its recipients; panics if one rejects it.
-        fn deliver(&mut self, msg: &Sent) -> Vec<Sent> {
-            let view = self.view.clone().unwrap();
-            let mut out = Vec::new();
-            for r in view.ids() {
-                if msg.1.as_ref().is_some_and(|to| to != r) {
-                    continue;
-                }
-                let o = self.engines.get_mut(r).unwrap().on_message(&msg.0, &msg.2, &mut self.rng).unwrap();
-                out.extend(Self::collect(r, o));
-            }
-            out
-        }
-
-        fn run(&mut self, mut queue: Vec<Sent>) {
-            while !queue.is_empty() {
-                let m = queue.remove(0);
-                let more = self.deliver(&m);
-                queue.extend(more);
-            }
-        }
-
-        /// Offers a message to one member and returns its verdict.
-        fn offer(&mut self, to: &str, msg: &Sent) -> Result<Vec<Output>, Error> {
-            self.engines.get_mut(&Self::id(to)).unwrap().on_message(&msg.0, &msg.2, &mut self.rng)
-        }
-
-        /// A message signed by `from` with any round and body.
-        fn forge(&self, from: &str, to: Option<&str>, round: u8, seq: u32, body: Vec<u8>) -> Sent {
-            let from = Self::id(from);
-            let mut env = Envelope {
-                protocol: ProtocolId::Ckd,
-                group_id: GroupId::Ristretto255,
-                group: "g".into(),
-                view: self.view.as_ref().unwrap().id,
-                sender: from.clone(),
-                recipient: to.map(Self::id),
-                round,
-                seq,
-                body,
-                signature: Vec::new(),
-            };
-            env.signature = self.signers[&from].sign(&env.signed_bytes());
-            (from, to.map(Self::id), env.encode())
-        }
-
-        fn key_of(&self, m: &str) -> Option<crate::GroupKey> {
-            self.engines[&Self::id(m)].secure_view().map(|s| s.key.clone())
-        }
-
-        fn agreed(&self) {
-            let view = self.view.as_ref().unwrap();
-            let keys: Vec<_> = view.ids().map(|m| self.key_of(m.as_str()).expect("installed")).collect();
-            assert!(keys.windows(2).all(|w| w[0] == w[1]));
-        }
-    }
-
-    fn body(m: &Sent) -> (u8, Vec<u8>) {
-        let env = Envelope::decode(&m.2).unwrap();
-        (env.round, env.body)
-    }
-
     /// Re-encodes a key message body with the entries transformed by `f`.
     fn rewrite_key(body: &[u8], f: impl FnOnce(&mut Vec<(Vec<u8>, [u8; ID_LEN], Vec<u8>)>)) -> Vec<u8> {
         let mut r = Reader::new(body);
@@ -814,56 +679,54 @@ mod tests {
 
     #[test]
     fn bad_messages_are_rejected_without_changing_state() {
-        let mut net = Net::new(&["a", "b", "c", "d"]);
+        let mut net = Net::new(ProtocolId::Ckd, &["a", "b", "c", "d"], 3);
         // View 1: a, b, c, all fresh. a is the controller: round 1 lists b and c.
-        let out = net.view(1, &[("a", None), ("b", None), ("c", None)]);
-        assert_eq!(out.len(), 1);
-        let setup = out[0].clone();
-        let (round, setup_body) = body(&setup);
-        assert_eq!(round, ROUND_SETUP);
+        net.view(1, &["a", "b", "c"], &["a", "b", "c"]);
+        assert_eq!(net.queue.len(), 1);
+        let setup = net.queue[0].clone();
+        let setup_body = setup.body();
+        assert_eq!(setup.round, ROUND_SETUP);
         // Only the controller may send round 1.
-        let forged = net.forge("b", None, ROUND_SETUP, 0, setup_body.clone());
-        assert!(matches!(net.offer("c", &forged), Err(Error::Unexpected(_))));
+        let forged = net.forge("b", None, ROUND_SETUP, setup_body.clone());
+        assert!(matches!(net.refuse("c", &forged), Error::Unexpected(_)));
         // Malformed bodies.
         let mut trailing = setup_body.clone();
         trailing.push(0);
         for bad in [setup_body[..10].to_vec(), trailing, vec![0xff; setup_body.len()]] {
-            let m = net.forge("a", None, ROUND_SETUP, 7, bad);
-            assert!(net.offer("c", &m).is_err());
+            net.reject("c", "a", None, ROUND_SETUP, bad);
         }
         // A list naming the controller or a non-member.
         let mut w = Writer::new();
         w.raw(&setup_body[..32]).count(1).short_bytes(b"a");
-        let m = net.forge("a", None, ROUND_SETUP, 8, w.buf);
-        assert!(matches!(net.offer("c", &m), Err(Error::Unexpected(_))));
+        assert!(matches!(net.reject("c", "a", None, ROUND_SETUP, w.buf), Error::Unexpected(_)));
         let mut w = Writer::new();
         w.raw(&setup_body[..32]).count(1).short_bytes(b"zz");
-        let m = net.forge("a", None, ROUND_SETUP, 9, w.buf);
-        assert!(matches!(net.offer("c", &m), Err(Error::Unexpected(_))));
+        assert!(matches!(net.reject("c", "a", None, ROUND_SETUP, w.buf), Error::Unexpected(_)));
 
-        let shares = net.deliver(&setup);
+        net.step();
+        let shares: Vec<Packet> = net.queue.iter().cloned().collect();
         assert_eq!(shares.len(), 2);
-        assert!(shares.iter().all(|s| s.1.as_ref() == Some(&Net::id("a"))));
+        assert!(shares.iter().all(|s| s.to == Some(id("a"))));
         // A second round 1 in the same view is refused.
-        let again = net.forge("a", None, ROUND_SETUP, 10, setup_body.clone());
-        assert!(matches!(net.offer("b", &again), Err(Error::Unexpected(_))));
+        let again = net.forge("a", None, ROUND_SETUP, setup_body.clone());
+        assert!(matches!(net.refuse("b", &again), Error::Unexpected(_)));
         // A share sent to a non-controller is refused.
-        let (_, share_body) = body(&shares[0]);
-        let m = net.forge("b", Some("c"), ROUND_SHARE, 5, share_body.clone());
-        assert!(matches!(net.offer("c", &m), Err(Error::Unexpected(_))));
+        let share_body = shares[0].body();
+        assert!(matches!(net.reject("c", "b", Some("c"), ROUND_SHARE, share_body.clone()), Error::Unexpected(_)));
         // First share accepted, a second share from the same member refused.
-        assert!(net.deliver(&shares[0]).is_empty());
-        let m = net.forge("b", Some("a"), ROUND_SHARE, 6, share_body.clone());
-        assert!(matches!(net.offer("a", &m), Err(Error::Unexpected(_))));
-        let key = net.deliver(&shares[1]);
-        assert_eq!(key.len(), 1);
-        let (round, key_body) = body(&key[0]);
-        assert_eq!(round, ROUND_KEY);
+        assert_eq!(net.step().as_ref(), Some(&shares[0]));
+        assert!(net.queue.len() == 1, "nothing sent on the first share");
+        let m = net.forge("b", Some("a"), ROUND_SHARE, share_body.clone());
+        assert!(matches!(net.refuse("a", &m), Error::Unexpected(_)));
+        assert_eq!(net.step().as_ref(), Some(&shares[1]));
+        assert_eq!(net.queue.len(), 1);
+        let key = net.queue[0].clone();
+        let key_body = key.body();
+        assert_eq!(key.round, ROUND_KEY);
 
         // Key messages: only from the controller, listing exactly the others in
         // view order, naming channels the members hold.
-        let m = net.forge("b", None, ROUND_KEY, 7, key_body.clone());
-        assert!(matches!(net.offer("c", &m), Err(Error::Unexpected(_))));
+        assert!(matches!(net.reject("c", "b", None, ROUND_KEY, key_body.clone()), Error::Unexpected(_)));
         let variants = [
             rewrite_key(&key_body, |e| {
                 e.pop();
@@ -877,36 +740,35 @@ mod tests {
             rewrite_key(&key_body, |e| e[0].1[0] ^= 1),
         ];
         for (i, v) in variants.into_iter().enumerate() {
-            let m = net.forge("a", None, ROUND_KEY, 20 + i as u32, v);
-            assert!(matches!(net.offer("b", &m), Err(Error::Unexpected(_))), "variant {i}");
+            let e = net.reject("b", "a", None, ROUND_KEY, v);
+            assert!(matches!(e, Error::Unexpected(_)), "variant {i}: {e:?}");
         }
-        let m = net.forge("a", None, ROUND_KEY, 30, key_body[..key_body.len() - 1].to_vec());
-        assert!(matches!(net.offer("b", &m), Err(Error::Decode(_))));
-        assert!(net.key_of("b").is_none());
+        let e = net.reject("b", "a", None, ROUND_KEY, key_body[..key_body.len() - 1].to_vec());
+        assert!(matches!(e, Error::Decode(_)), "{e:?}");
+        assert!(net.key("b").is_none());
         // The honest key message still works everywhere.
-        net.run(key);
+        net.run();
         net.agreed();
         // A second key message in the view is refused.
-        let m = net.forge("a", None, ROUND_KEY, 40, key_body.clone());
+        let m = net.forge("a", None, ROUND_KEY, key_body.clone());
         assert!(net.offer("b", &m).is_err());
 
         // View 2: d joins; only d is in N. A share from a member outside N is refused.
-        let out = net.view(2, &[("a", Some(1)), ("b", Some(1)), ("c", Some(1)), ("d", None)]);
-        assert_eq!(out.len(), 1);
-        let m = net.forge("b", Some("a"), ROUND_SHARE, 0, share_body);
-        assert!(matches!(net.offer("a", &m), Err(Error::Unexpected(_))));
-        net.run(out);
+        net.view(2, &["a", "b", "c", "d"], &["d"]);
+        assert_eq!(net.queue.len(), 1);
+        assert!(matches!(net.reject("a", "b", Some("a"), ROUND_SHARE, share_body), Error::Unexpected(_)));
+        net.run();
         net.agreed();
 
         // View 3: b and c come from another view than a (say they saw a view
         // without it): every channel with them is dropped at both ends and set
         // up again; d, from the same view as a, keeps its channel.
-        let out = net.view(3, &[("a", Some(2)), ("b", Some(99)), ("c", Some(99)), ("d", Some(2))]);
-        let (_, b) = body(&out[0]);
+        net.install(3, &[("a", Some(2)), ("b", Some(99)), ("c", Some(99)), ("d", Some(2))]);
+        let b = net.queue[0].body();
         let mut r = Reader::new(&b);
         r.bytes(32, "share").unwrap();
         assert_eq!(r.count(10, 1, "n").unwrap(), 2);
-        net.run(out);
+        net.run();
         net.agreed();
     }
 }

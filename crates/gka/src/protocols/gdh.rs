@@ -664,159 +664,16 @@ mod tests {
 /// changing state, and the honest run still completes.
 #[cfg(test)]
 mod validation {
-    use std::collections::{BTreeMap, VecDeque};
-    use std::sync::Arc;
-
-    use conclave_gcs::{Cause, MemberId, View, ViewId, ViewMember};
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;
 
     use super::{ROUND_BCAST, ROUND_FACTOR, ROUND_LIST, ROUND_TOKEN};
     use crate::codec::Writer;
-    use crate::engine::{Engine, Error, Output, StaticDirectory};
-    use crate::message::Envelope;
+    use crate::engine::Error;
+    use crate::protocols::testnet::{id, Net};
     use crate::suite::ristretto::Ristretto255;
-    use crate::suite::{generate_signer, Group, GroupId, SignatureId, Signer};
-    use crate::{new_engine, Config, ProtocolId};
-
-    type Packet = (MemberId, Option<MemberId>, u8, Vec<u8>);
-
-    struct Net {
-        engines: BTreeMap<MemberId, Box<dyn Engine>>,
-        signers: BTreeMap<MemberId, Arc<dyn Signer>>,
-        rng: ChaCha20Rng,
-        queue: VecDeque<Packet>,
-        view: Option<View>,
-        seq: u32,
-    }
-
-    fn id(s: &str) -> MemberId {
-        MemberId::new(s).unwrap()
-    }
-
-    impl Net {
-        fn new(names: &[&str]) -> Self {
-            let mut rng = ChaCha20Rng::seed_from_u64(9);
-            let mut dir = StaticDirectory::new();
-            let mut signers = BTreeMap::new();
-            for n in names {
-                let s = generate_signer(SignatureId::Ed25519, &mut rng).unwrap();
-                dir.insert(id(n), s.verifier());
-                signers.insert(id(n), s);
-            }
-            let dir = Arc::new(dir);
-            let engines = signers
-                .iter()
-                .map(|(m, s)| {
-                    let cfg = Config {
-                        protocol: ProtocolId::Gdh,
-                        group_id: GroupId::Ristretto255,
-                        group: "g".into(),
-                        me: m.clone(),
-                        signer: s.clone(),
-                        directory: dir.clone(),
-                    };
-                    (m.clone(), new_engine(cfg))
-                })
-                .collect();
-            Self { engines, signers, rng, queue: VecDeque::new(), view: None, seq: 1000 }
-        }
-
-        fn absorb(&mut self, from: &MemberId, out: Vec<Output>) {
-            for o in out {
-                if let Output::Send { to, bytes } = o {
-                    let round = Envelope::decode(&bytes).unwrap().round;
-                    self.queue.push_back((from.clone(), to, round, bytes));
-                }
-            }
-        }
-
-        /// Installs a view of `members` (ids of the previous view keep it as
-        /// `prev`, the others are newcomers).
-        fn view(&mut self, vid: u64, members: &[&str], newcomers: &[&str]) {
-            self.queue.clear();
-            let prev = self.view.as_ref().map(|v| v.id);
-            let view = View {
-                id: ViewId(vid),
-                members: members
-                    .iter()
-                    .map(|m| ViewMember { id: id(m), prev: if newcomers.contains(m) { None } else { prev } })
-                    .collect(),
-                cause: Cause::Join,
-            };
-            for m in members {
-                let out = self.engines.get_mut(&id(m)).unwrap().on_view(&view, &mut self.rng).unwrap();
-                self.absorb(&id(m), out);
-            }
-            self.view = Some(view);
-        }
-
-        /// Delivers the next honest message; false when none is left.
-        fn step(&mut self) -> Option<Packet> {
-            let p = self.queue.pop_front()?;
-            let (from, to, _, bytes) = p.clone();
-            let to: Vec<MemberId> = match &to {
-                Some(t) => vec![t.clone()],
-                None => self.view.as_ref().unwrap().ids().cloned().collect(),
-            };
-            for r in to {
-                let out = self.engines.get_mut(&r).unwrap().on_message(&from, &bytes, &mut self.rng).unwrap();
-                self.absorb(&r, out);
-            }
-            Some(p)
-        }
-
-        fn run(&mut self) {
-            while self.step().is_some() {}
-        }
-
-        /// Runs until a message matching `f` was delivered.
-        fn run_until(&mut self, f: impl Fn(&Packet) -> bool) {
-            loop {
-                let p = self.step().expect("the awaited message");
-                if f(&p) {
-                    return;
-                }
-            }
-        }
-
-        fn forge(&mut self, from: &str, to: Option<&str>, round: u8, body: Vec<u8>) -> Vec<u8> {
-            self.seq += 1;
-            let mut env = Envelope {
-                protocol: ProtocolId::Gdh,
-                group_id: GroupId::Ristretto255,
-                group: "g".into(),
-                view: self.view.as_ref().unwrap().id,
-                sender: id(from),
-                recipient: to.map(id),
-                round,
-                seq: self.seq,
-                body,
-                signature: Vec::new(),
-            };
-            env.signature = self.signers[&id(from)].sign(&env.signed_bytes());
-            env.encode()
-        }
-
-        /// Delivers a forged message to `at`, which must reject it.
-        fn reject(&mut self, at: &str, from: &str, to: Option<&str>, round: u8, body: Vec<u8>) -> Error {
-            let bytes = self.forge(from, to, round, body);
-            let before = self.engines[&id(at)].costs();
-            let e = self.engines.get_mut(&id(at)).unwrap().on_message(&id(from), &bytes, &mut self.rng).unwrap_err();
-            // Rejected before any work: no exponentiation, nothing sent.
-            let after = self.engines[&id(at)].costs();
-            assert_eq!((after.exps, after.sigs), (before.exps, before.sigs), "{e}");
-            e
-        }
-
-        fn assert_agreed(&self, members: &[&str]) {
-            let keys: Vec<_> = members
-                .iter()
-                .map(|m| self.engines[&id(m)].secure_view().expect("installed").key.fingerprint())
-                .collect();
-            assert!(keys.windows(2).all(|w| w[0] == w[1]), "{keys:?}");
-        }
-    }
+    use crate::suite::Group;
+    use crate::ProtocolId;
 
     fn elem() -> Vec<u8> {
         let g = Ristretto255;
@@ -854,10 +711,10 @@ mod validation {
 
     #[test]
     fn merge_rejects_out_of_role_messages() {
-        let mut net = Net::new(&["a", "b", "c", "d"]);
+        let mut net = Net::new(ProtocolId::Gdh, &["a", "b", "c", "d"], 9);
         net.view(1, &["a", "b", "c"], &["a", "b", "c"]);
         net.run();
-        net.assert_agreed(&["a", "b", "c"]);
+        net.agreed();
         // d joins: a sends the token to d; d is the chain and the controller.
         net.view(2, &["a", "b", "c", "d"], &["d"]);
         unexpected(net.reject("d", "b", Some("d"), ROUND_TOKEN, token_body(&["d"])));
@@ -880,7 +737,7 @@ mod validation {
         unexpected(net.reject("b", "d", None, ROUND_LIST, list_body(&["a", "b", "c", "d"])));
         unexpected(net.reject("b", "d", None, 9, elem_body()));
         // The token reaches d, which broadcasts it; b factors out.
-        net.run_until(|p| p.0 == id("b") && p.2 == ROUND_FACTOR);
+        net.run_until(|p| p.from == id("b") && p.round == ROUND_FACTOR);
         unexpected(net.reject("b", "d", None, ROUND_BCAST, elem_body()));
         unexpected(net.reject("d", "b", Some("d"), ROUND_FACTOR, elem_body()));
         net.reject("d", "d", Some("d"), ROUND_FACTOR, elem_body()); // the runner refuses it
@@ -890,7 +747,7 @@ mod validation {
         unexpected(net.reject("b", "d", None, ROUND_LIST, list_body(&["a", "c", "b", "d"])));
         unexpected(net.reject("b", "d", None, ROUND_LIST, list_body(&["a", "b", "c", "d", "d"])));
         net.run();
-        net.assert_agreed(&["a", "b", "c", "d"]);
+        net.agreed();
         // After the install nothing more is accepted.
         unexpected(net.reject("b", "d", None, ROUND_LIST, list_body(&["a", "b", "c", "d"])));
         unexpected(net.reject("d", "b", Some("d"), ROUND_FACTOR, elem_body()));
@@ -898,10 +755,10 @@ mod validation {
 
     #[test]
     fn refresh_rejects_out_of_role_messages() {
-        let mut net = Net::new(&["a", "b", "c", "d"]);
+        let mut net = Net::new(ProtocolId::Gdh, &["a", "b", "c", "d"], 9);
         net.view(1, &["a", "b", "c", "d"], &["a", "b", "c", "d"]);
         net.run();
-        net.assert_agreed(&["a", "b", "c", "d"]);
+        net.agreed();
         // d leaves: c is the controller.
         net.view(2, &["a", "b", "c"], &[]);
         unexpected(net.reject("a", "b", None, ROUND_LIST, list_body(&["a", "b", "c"])));
@@ -911,6 +768,6 @@ mod validation {
         unexpected(net.reject("c", "a", Some("c"), ROUND_FACTOR, elem_body()));
         unexpected(net.reject("a", "b", Some("a"), ROUND_TOKEN, token_body(&["a"])));
         net.run();
-        net.assert_agreed(&["a", "b", "c"]);
+        net.agreed();
     }
 }

@@ -8,6 +8,8 @@ pub mod bd;
 pub mod ckd;
 pub mod gdh;
 pub mod str;
+#[cfg(test)]
+pub(crate) mod testnet;
 pub mod tgdh;
 
 use conclave_gcs::MemberId;

@@ -605,20 +605,14 @@ impl<G: Group> Protocol<G> for Str<G> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-    use std::sync::Arc;
-
     use conclave_gcs::sim::Flush;
-    use conclave_gcs::{Cause, MemberId, View, ViewId, ViewMember};
-    use rand_chacha::ChaCha20Rng;
-    use rand_core::SeedableRng;
 
     use super::{ROUND_CHAIN, ROUND_FINAL, ROUND_LEAVE};
-    use crate::engine::{Engine, Error, Output, StaticDirectory};
+    use crate::engine::Error;
     use crate::harness::{EventCost, Harness};
-    use crate::message::Envelope;
-    use crate::suite::{ed25519::Ed25519Signer, Group, GroupId, SignatureId, Signer};
-    use crate::{new_engine, Config, ProtocolId};
+    use crate::protocols::testnet::{id, Net};
+    use crate::suite::{Group, GroupId, SignatureId};
+    use crate::ProtocolId;
 
     /// The membership events of Tables I and II.
     #[derive(Clone, Copy, Debug)]
@@ -813,247 +807,126 @@ mod tests {
         // One level of exponentiation for every later key, two for the first
         // (deeper searches take too long for a unit test).
         for t in &targets {
-            assert_eq!(attacker.can_reach(&leak.scalars, &leak.elements, &publics, t, &[crate::domains::STR_NODE], 1, 100_000), Some(false));
+            assert_eq!(
+                attacker.can_reach(&leak.scalars, &leak.elements, &publics, t, &[crate::domains::STR_NODE], 1, 100_000),
+                Some(false)
+            );
         }
-        assert_eq!(attacker.can_reach(&leak.scalars, &leak.elements, &publics, &targets[0], &[crate::domains::STR_NODE], 2, 100_000), Some(false));
-    }
-
-    /// Engines driven by hand, to feed them forged messages.
-    struct Net {
-        engines: BTreeMap<MemberId, Box<dyn Engine>>,
-        signers: BTreeMap<MemberId, Arc<dyn Signer>>,
-        rng: ChaCha20Rng,
-    }
-
-    const GROUP: &str = "str-test";
-
-    fn id(s: &str) -> MemberId {
-        MemberId::new(s).unwrap()
-    }
-
-    impl Net {
-        fn new(names: &[&str]) -> Self {
-            let mut dir = StaticDirectory::new();
-            let mut signers = BTreeMap::new();
-            for (i, n) in names.iter().enumerate() {
-                let s: Arc<dyn Signer> = Arc::new(Ed25519Signer::from_seed(&[i as u8 + 1; 32]));
-                dir.insert(id(n), s.verifier());
-                signers.insert(id(n), s);
-            }
-            let dir = Arc::new(dir);
-            let engines = signers
-                .iter()
-                .map(|(m, s)| {
-                    let cfg = Config {
-                        protocol: ProtocolId::Str,
-                        group_id: GroupId::Ristretto255,
-                        group: GROUP.into(),
-                        me: m.clone(),
-                        signer: s.clone(),
-                        directory: dir.clone(),
-                    };
-                    (m.clone(), new_engine(cfg))
-                })
-                .collect();
-            Self { engines, signers, rng: ChaCha20Rng::seed_from_u64(1) }
-        }
-
-        fn sends(out: Vec<Output>, from: &MemberId, q: &mut Vec<(MemberId, Vec<u8>)>) {
-            for o in out {
-                if let Output::Send { to: None, bytes } = o {
-                    q.push((from.clone(), bytes));
-                }
-            }
-        }
-
-        /// Installs the view; returns the broadcasts it triggers.
-        fn view(&mut self, v: &View) -> Vec<(MemberId, Vec<u8>)> {
-            let mut q = Vec::new();
-            for m in v.ids() {
-                let out = self.engines.get_mut(m).unwrap().on_view(v, &mut self.rng).unwrap();
-                Self::sends(out, m, &mut q);
-            }
-            q
-        }
-
-        /// Delivers one broadcast to every member of the view.
-        fn deliver(&mut self, v: &View, from: &MemberId, bytes: &[u8]) -> Vec<(MemberId, Vec<u8>)> {
-            let mut q = Vec::new();
-            for m in v.ids() {
-                let out = self.engines.get_mut(m).unwrap().on_message(from, bytes, &mut self.rng).unwrap();
-                Self::sends(out, m, &mut q);
-            }
-            q
-        }
-
-        /// Delivers everything in order until quiet.
-        fn run(&mut self, v: &View, mut q: Vec<(MemberId, Vec<u8>)>) {
-            while !q.is_empty() {
-                let (from, bytes) = q.remove(0);
-                let more = self.deliver(v, &from, &bytes);
-                q.extend(more);
-            }
-        }
-
-        fn key(&self, m: &str) -> Option<[u8; 32]> {
-            self.engines[&id(m)].secure_view().map(|sv| *sv.key.expose_secret())
-        }
-
-        /// A message signed by `from`'s real identity key.
-        fn forge(&self, v: &View, from: &str, seq: u32, round: u8, body: Vec<u8>) -> Vec<u8> {
-            let mut env = Envelope {
-                protocol: ProtocolId::Str,
-                group_id: GroupId::Ristretto255,
-                group: GROUP.into(),
-                view: v.id,
-                sender: id(from),
-                recipient: None,
-                round,
-                seq,
-                body,
-                signature: Vec::new(),
-            };
-            env.signature = self.signers[&id(from)].sign(&env.signed_bytes());
-            env.encode()
-        }
-
-        /// `to` rejects the message and stays where it was.
-        fn rejects(&mut self, to: &str, from: &str, bytes: &[u8]) -> Error {
-            let e = self.engines.get_mut(&id(to)).unwrap();
-            let err = e.on_message(&id(from), bytes, &mut self.rng).expect_err("forged message accepted");
-            assert!(e.in_progress());
-            err
-        }
-    }
-
-    fn view(n: u64, members: &[(&str, Option<u64>)]) -> View {
-        View {
-            id: ViewId(n),
-            members: members.iter().map(|(m, p)| ViewMember { id: id(m), prev: p.map(ViewId) }).collect(),
-            cause: Cause::Join,
-        }
-    }
-
-    fn body(bytes: &[u8]) -> Vec<u8> {
-        Envelope::decode(bytes).unwrap().body
+        assert_eq!(
+            attacker.can_reach(
+                &leak.scalars,
+                &leak.elements,
+                &publics,
+                &targets[0],
+                &[crate::domains::STR_NODE],
+                2,
+                100_000
+            ),
+            Some(false)
+        );
     }
 
     /// Forged, misplaced and malformed messages are refused before any state
     /// changes; the genuine ones then still complete the run.
     #[test]
     fn rejects_bad_messages_without_changing_state() {
-        let mut net = Net::new(&["a", "b", "c", "d", "e"]);
-        let v1 = view(1, &[("a", None), ("b", None), ("c", None), ("d", None)]);
-        let q = net.view(&v1);
-        assert_eq!(q.len(), 4, "four fresh one-leaf chains");
+        let mut net = Net::new(ProtocolId::Str, &["a", "b", "c", "d", "e"], 1);
+        net.view(1, &["a", "b", "c", "d"], &["a", "b", "c", "d"]);
+        assert_eq!(net.queue.len(), 4, "four fresh one-leaf chains");
         // A final message before every chain is in.
-        let err = net.rejects("a", "b", &net.forge(&v1, "b", 7, ROUND_FINAL, vec![0, 0]));
+        let err = net.reject("a", "b", None, ROUND_FINAL, vec![0, 0]);
         assert!(matches!(err, Error::Unexpected(_)), "{err:?}");
         // A chain naming a member outside the view, one claiming another
         // member's leaf, and a chain not containing its sender.
-        let c_chain = body(&q[2].1);
+        let c_chain = net.queue[2].body();
         let mut outsider = c_chain.clone();
         assert_eq!(&outsider[..4], &[0, 1, 1, b'c'], "count, name length, name");
         outsider[3] = b'x';
-        net.rejects("a", "c", &net.forge(&v1, "c", 7, ROUND_CHAIN, outsider));
-        net.rejects("a", "d", &net.forge(&v1, "d", 7, ROUND_CHAIN, c_chain.clone()));
+        net.reject("a", "c", None, ROUND_CHAIN, outsider);
+        net.reject("a", "d", None, ROUND_CHAIN, c_chain.clone());
         // Truncations and trailing bytes.
         for cut in 0..c_chain.len() {
-            net.rejects("a", "c", &net.forge(&v1, "c", 8 + cut as u32, ROUND_CHAIN, c_chain[..cut].to_vec()));
+            net.reject("a", "c", None, ROUND_CHAIN, c_chain[..cut].to_vec());
         }
         let mut long = c_chain.clone();
         long.push(0);
-        net.rejects("a", "c", &net.forge(&v1, "c", 99, ROUND_CHAIN, long));
-        net.rejects("a", "c", &net.forge(&v1, "c", 100, 9, c_chain.clone()));
+        net.reject("a", "c", None, ROUND_CHAIN, long);
+        net.reject("a", "c", None, 9, c_chain.clone());
         // A second chain for c, after its genuine one.
-        let (c, bytes) = q[2].clone();
-        net.deliver(&v1, &c, &bytes);
-        net.rejects("a", "c", &net.forge(&v1, "c", 101, ROUND_CHAIN, c_chain));
-        let rest: Vec<_> = q.into_iter().filter(|(m, _)| m != &c).collect();
-        let mut finals = Vec::new();
-        for (m, bytes) in rest {
-            finals.extend(net.deliver(&v1, &m, &bytes));
+        let c = net.take(2);
+        assert!(net.deliver(&c).is_empty());
+        net.reject("a", "c", None, ROUND_CHAIN, c_chain);
+        for _ in 0..3 {
+            net.step();
         }
         // Four one-leaf chains stack in view order, a at the bottom: a, the
         // top of the bottom chain, is the round-2 sponsor.
-        assert_eq!(finals.len(), 1);
-        assert_eq!(finals[0].0, id("a"));
-        let fin = body(&finals[0].1);
-        net.rejects("c", "b", &net.forge(&v1, "b", 102, ROUND_FINAL, fin.clone()));
-        net.rejects("c", "a", &net.forge(&v1, "a", 7, ROUND_FINAL, vec![0, 1]));
-        net.rejects("c", "a", &net.forge(&v1, "a", 8, ROUND_LEAVE, fin.clone()));
-        net.rejects("c", "a", &net.forge(&v1, "a", 9, ROUND_CHAIN, fin.clone()));
-        net.run(&v1, finals);
-        let k1 = net.key("a").unwrap();
-        for m in ["b", "c", "d"] {
-            assert_eq!(net.key(m), Some(k1));
-        }
+        assert_eq!(net.queue.len(), 1);
+        assert_eq!(net.queue[0].from, id("a"));
+        let fin = net.queue[0].body();
+        net.reject("c", "b", None, ROUND_FINAL, fin.clone());
+        net.reject("c", "a", None, ROUND_FINAL, vec![0, 1]);
+        net.reject("c", "a", None, ROUND_LEAVE, fin.clone());
+        net.reject("c", "a", None, ROUND_CHAIN, fin.clone());
+        net.run();
+        let k1 = net.agreed();
         // Nothing is expected once the key is installed.
-        let again = net.forge(&v1, "a", 10, ROUND_FINAL, fin);
-        let e = net.engines.get_mut(&id("c")).unwrap();
-        assert!(e.on_message(&id("a"), &again, &mut net.rng).is_err());
-        assert_eq!(net.key("c"), Some(k1));
+        let again = net.forge("a", None, ROUND_FINAL, fin);
+        assert!(net.offer("c", &again).is_err());
+        assert_eq!(net.key("c"), Some(k1.clone()));
 
         // b leaves: the sponsor is a (the new bottom, as b was just above
         // it), which broadcasts its new leaf and the blinded key of node 1
         // (node 2 is the root).
-        let v2 = view(2, &[("a", Some(1)), ("c", Some(1)), ("d", Some(1))]);
-        let q = net.view(&v2);
-        assert_eq!(q.len(), 1);
-        assert_eq!(q[0].0, id("a"));
-        let leave = body(&q[0].1);
+        net.view(2, &["a", "c", "d"], &[]);
+        assert_eq!(net.queue.len(), 1);
+        assert_eq!(net.queue[0].from, id("a"));
+        let leave = net.queue[0].body();
         let g = crate::suite::ristretto::Ristretto255;
         assert_eq!(leave.len(), g.element_len() + 2 + g.element_len());
-        net.rejects("c", "d", &net.forge(&v2, "d", 0, ROUND_LEAVE, leave.clone()));
-        net.rejects("c", "a", &net.forge(&v2, "a", 5, ROUND_CHAIN, leave.clone()));
+        net.reject("c", "d", None, ROUND_LEAVE, leave.clone());
+        net.reject("c", "a", None, ROUND_CHAIN, leave.clone());
         for cut in 0..leave.len() {
-            net.rejects("c", "a", &net.forge(&v2, "a", 10 + cut as u32, ROUND_LEAVE, leave[..cut].to_vec()));
+            net.reject("c", "a", None, ROUND_LEAVE, leave[..cut].to_vec());
         }
         // One blinded key too many.
         let mut bad = leave[..g.element_len()].to_vec();
         bad.extend([0, 2]);
         bad.extend_from_slice(&leave[g.element_len() + 2..]);
         bad.extend_from_slice(&leave[g.element_len() + 2..]);
-        net.rejects("c", "a", &net.forge(&v2, "a", 200, ROUND_LEAVE, bad));
+        net.reject("c", "a", None, ROUND_LEAVE, bad);
         // Not a group element.
         let mut bad = leave.clone();
         bad[..g.element_len()].fill(0xff);
-        net.rejects("c", "a", &net.forge(&v2, "a", 201, ROUND_LEAVE, bad));
-        net.run(&v2, q);
-        let k2 = net.key("a").unwrap();
+        net.reject("c", "a", None, ROUND_LEAVE, bad);
+        net.run();
+        let k2 = net.agreed();
         assert_ne!(k1, k2);
-        for m in ["c", "d"] {
-            assert_eq!(net.key(m), Some(k2));
-        }
 
         // A merge of {a, c, d} with b (it missed v2, so starts afresh) and a
         // fresh e: three chains; d, the top of the old chain, announces it.
-        let v3 = view(3, &[("a", Some(2)), ("c", Some(2)), ("d", Some(2)), ("b", None), ("e", None)]);
-        let q = net.view(&v3);
-        let senders: Vec<_> = q.iter().map(|(m, _)| m.as_str().to_owned()).collect();
+        net.view(3, &["a", "c", "d", "b", "e"], &["b", "e"]);
+        let senders: Vec<_> = net.queue.iter().map(|p| p.from.as_str().to_owned()).collect();
         assert_eq!(senders, ["d", "b", "e"]);
-        let d_chain = body(&q[0].1);
-        let e_chain = body(&q[2].1);
+        let d_chain = net.queue[0].body();
+        let e_chain = net.queue[2].body();
         // Our subgroup's chain from a member that is not its sponsor.
-        net.rejects("a", "c", &net.forge(&v3, "c", 0, ROUND_CHAIN, d_chain.clone()));
+        net.reject("a", "c", None, ROUND_CHAIN, d_chain.clone());
         // Our subgroup's chain with a leaf blinded key that is not ours
         // (a's replaced by e's, a valid element).
         let el = g.element_len();
         let mut wrong = d_chain.clone();
         wrong[4..4 + el].copy_from_slice(&e_chain[4..4 + el]);
-        net.rejects("a", "d", &net.forge(&v3, "d", 5, ROUND_CHAIN, wrong));
+        net.reject("a", "d", None, ROUND_CHAIN, wrong);
         // A foreign chain claiming a member of our subgroup.
         let mut claim = vec![0, 2];
         claim.extend_from_slice(&e_chain[2..]);
         claim.extend([1, b'c']);
         claim.extend_from_slice(&e_chain[4..4 + el]);
         claim.extend_from_slice(&e_chain[4..4 + el]);
-        net.rejects("a", "e", &net.forge(&v3, "e", 5, ROUND_CHAIN, claim.clone()));
-        net.rejects("b", "e", &net.forge(&v3, "e", 6, ROUND_CHAIN, claim[..claim.len() - 1].to_vec()));
-        net.run(&v3, q);
-        let k3 = net.key("a").unwrap();
-        for m in ["b", "c", "d", "e"] {
-            assert_eq!(net.key(m), Some(k3), "{m}");
-        }
+        net.reject("a", "e", None, ROUND_CHAIN, claim.clone());
+        net.reject("b", "e", None, ROUND_CHAIN, claim[..claim.len() - 1].to_vec());
+        net.run();
+        net.agreed();
     }
 }

@@ -421,23 +421,20 @@ impl<G: Group> Protocol<G> for Tgdh<G> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, VecDeque};
-    use std::sync::Arc;
-
     use conclave_gcs::sim::Flush;
-    use conclave_gcs::{Cause, MemberId, View, ViewId, ViewMember};
+    use conclave_gcs::MemberId;
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;
 
     use super::tree::{Node, Tree};
     use super::{ROUND_KEYS, ROUND_TREE};
     use crate::codec::{Reader, Writer};
-    use crate::engine::{Engine, Error, Output, StaticDirectory};
+    use crate::engine::Error;
     use crate::harness::{EventCost, Harness};
-    use crate::message::Envelope;
+    use crate::protocols::testnet::Net;
     use crate::suite::ristretto::Ristretto255;
-    use crate::suite::{generate_signer, Group, Signer};
-    use crate::{new_engine, Config, GroupId, ProtocolId, SignatureId};
+    use crate::suite::Group;
+    use crate::{GroupId, ProtocolId, SignatureId};
 
     fn id(i: usize) -> MemberId {
         MemberId::new(format!("m{i:04}")).unwrap()
@@ -758,114 +755,9 @@ mod tests {
 
     // ---- Rejection of forged or malformed messages -------------------------
 
-    /// Members driven by hand, to inject signed but bogus messages.
-    struct Net {
-        engines: BTreeMap<MemberId, Box<dyn Engine>>,
-        signers: BTreeMap<MemberId, Arc<dyn Signer>>,
-        rng: ChaCha20Rng,
-        queue: VecDeque<(MemberId, Vec<u8>)>,
-        view: Option<View>,
-        seq: u32,
-    }
-
-    impl Net {
-        fn new(n: usize) -> Self {
-            let mut rng = ChaCha20Rng::seed_from_u64(99);
-            let mut dir = StaticDirectory::new();
-            let mut signers = BTreeMap::new();
-            for i in 0..n {
-                let s = generate_signer(SignatureId::Ed25519, &mut rng).unwrap();
-                dir.insert(id(i), s.verifier());
-                signers.insert(id(i), s);
-            }
-            let dir = Arc::new(dir);
-            let engines = signers
-                .iter()
-                .map(|(m, s)| {
-                    let cfg = Config {
-                        protocol: ProtocolId::Tgdh,
-                        group_id: GroupId::Ristretto255,
-                        group: "forgery".into(),
-                        me: m.clone(),
-                        signer: s.clone(),
-                        directory: dir.clone(),
-                    };
-                    (m.clone(), new_engine(cfg))
-                })
-                .collect();
-            Self { engines, signers, rng, queue: VecDeque::new(), view: None, seq: 1000 }
-        }
-
-        fn absorb(&mut self, from: &MemberId, out: Vec<Output>) {
-            for o in out {
-                if let Output::Send { to: None, bytes } = o {
-                    self.queue.push_back((from.clone(), bytes));
-                }
-            }
-        }
-
-        fn install_view(&mut self, v: u64, members: &[usize]) {
-            let prev = self.view.as_ref().map(|v| v.id);
-            let view = View {
-                id: ViewId(v),
-                members: members.iter().map(|&i| ViewMember { id: id(i), prev: prev.filter(|_| i != 5) }).collect(),
-                cause: Cause::Network,
-            };
-            self.queue.clear();
-            for m in view.ids() {
-                let out = self.engines.get_mut(m).unwrap().on_view(&view, &mut self.rng).unwrap();
-                self.absorb(m, out);
-            }
-            self.view = Some(view);
-        }
-
-        fn members(&self) -> Vec<MemberId> {
-            self.view.as_ref().unwrap().ids().cloned().collect()
-        }
-
-        /// Delivers the next honest broadcast to every member of the view.
-        fn step(&mut self) -> bool {
-            let Some((from, bytes)) = self.queue.pop_front() else { return false };
-            for m in self.members() {
-                let out = self.engines.get_mut(&m).unwrap().on_message(&from, &bytes, &mut self.rng).unwrap();
-                self.absorb(&m, out);
-            }
-            true
-        }
-
-        /// A validly signed message with a bogus body, delivered to everybody
-        /// but its sender: each must reject it.
-        fn forge(&mut self, from: usize, round: u8, body: Vec<u8>, what: &str) {
-            let from = id(from);
-            let view = self.view.as_ref().unwrap().id;
-            let mut env = Envelope {
-                protocol: ProtocolId::Tgdh,
-                group_id: GroupId::Ristretto255,
-                group: "forgery".into(),
-                view,
-                sender: from.clone(),
-                recipient: None,
-                round,
-                seq: self.seq,
-                body,
-                signature: Vec::new(),
-            };
-            self.seq += 1;
-            env.signature = self.signers[&from].sign(&env.signed_bytes());
-            let bytes = env.encode();
-            for m in self.members() {
-                if m != from {
-                    let res = self.engines.get_mut(&m).unwrap().on_message(&from, &bytes, &mut self.rng);
-                    assert!(res.is_err(), "{m} accepted {what}");
-                }
-            }
-        }
-
-        fn agreed(&self) {
-            let keys: Vec<_> =
-                self.members().iter().map(|m| self.engines[m].secure_view().expect("installed").key.clone()).collect();
-            assert!(keys.windows(2).all(|w| w[0] == w[1]));
-        }
+    /// Member `i`'s name.
+    fn name(i: usize) -> String {
+        id(i).as_str().to_owned()
     }
 
     fn leaf_tree(m: usize, bk: bool) -> Vec<u8> {
@@ -887,47 +779,49 @@ mod tests {
     fn forged_and_malformed_messages_are_rejected_without_effect() {
         let g = Ristretto255;
         let elem = g.encode(&g.exp_generator(&g.scalar_from_u64(3)));
-        let mut net = Net::new(6);
+        let names: Vec<String> = (0..6).map(name).collect();
+        let mut net = Net::new(ProtocolId::Tgdh, &names, 99);
         // View 1: five fresh members, a merge of five one-leaf trees.
-        net.install_view(1, &[0, 1, 2, 3, 4]);
-        net.forge(0, ROUND_TREE, leaf_tree(5, true), "a tree with a non-member");
-        net.forge(0, ROUND_TREE, leaf_tree(0, false), "a sponsor's leaf without blinded key");
-        net.forge(0, ROUND_TREE, leaf_tree(1, true), "a tree announced by someone else");
-        net.forge(0, ROUND_TREE, vec![0, 1, 3, 1], "a truncated tree");
-        net.forge(0, ROUND_TREE, [leaf_tree(0, true), vec![0]].concat(), "a tree with trailing bytes");
-        net.forge(0, ROUND_KEYS, keys_body(1, &elem), "blinded keys during a merge");
-        net.forge(0, 9, Vec::new(), "an unknown round");
+        let m: Vec<&str> = names.iter().map(String::as_str).collect();
+        net.view(1, &m[..5], &m[..5]);
+        net.reject_all(m[0], ROUND_TREE, leaf_tree(5, true), "a tree with a non-member");
+        net.reject_all(m[0], ROUND_TREE, leaf_tree(0, false), "a sponsor's leaf without blinded key");
+        net.reject_all(m[0], ROUND_TREE, leaf_tree(1, true), "a tree announced by someone else");
+        net.reject_all(m[0], ROUND_TREE, vec![0, 1, 3, 1], "a truncated tree");
+        net.reject_all(m[0], ROUND_TREE, [leaf_tree(0, true), vec![0]].concat(), "a tree with trailing bytes");
+        net.reject_all(m[0], ROUND_KEYS, keys_body(1, &elem), "blinded keys during a merge");
+        net.reject_all(m[0], 9, Vec::new(), "an unknown round");
         // Half of the announcements, then a second tree holding an announced member.
         for _ in 0..3 {
             net.step();
         }
-        net.forge(3, ROUND_TREE, encode(&full_bks(singletons(2))), "a tree not from its sponsor");
-        net.forge(1, ROUND_TREE, encode(&full_bks(singletons(2))), "a tree holding announced members");
-        while net.step() {}
+        net.reject_all(m[3], ROUND_TREE, encode(&full_bks(singletons(2))), "a tree not from its sponsor");
+        net.reject_all(m[1], ROUND_TREE, encode(&full_bks(singletons(2))), "a tree holding announced members");
+        net.run();
         net.agreed();
-        net.forge(0, ROUND_KEYS, keys_body(1, &elem), "blinded keys after the install");
+        net.reject_all(m[0], ROUND_KEYS, keys_body(1, &elem), "blinded keys after the install");
 
         // View 2: m4 leaves (everybody else shares the state): one sponsor.
-        net.install_view(2, &[0, 1, 2, 3]);
-        let (sponsor, honest) = net.queue.front().cloned().unwrap();
+        net.view(2, &m[..4], &[]);
         assert_eq!(net.queue.len(), 1);
-        let sponsor: usize = sponsor.as_str()[1..].parse().unwrap();
+        let honest = net.queue[0].clone();
+        let sponsor: usize = honest.from.as_str()[1..].parse().unwrap();
         for other in (0..4).filter(|&i| i != sponsor) {
-            net.forge(other, ROUND_KEYS, keys_body(1, &elem), "blinded keys from a non-sponsor");
+            net.reject_all(m[other], ROUND_KEYS, keys_body(1, &elem), "blinded keys from a non-sponsor");
         }
-        net.forge(sponsor, ROUND_KEYS, keys_body(0, &elem), "no blinded key");
-        net.forge(sponsor, ROUND_KEYS, keys_body(5, &elem), "more blinded keys than the path holds");
-        net.forge(sponsor, ROUND_KEYS, keys_body(1, &[0xff; 32]), "an invalid element");
-        net.forge(sponsor, ROUND_KEYS, keys_body(1, &elem)[..20].to_vec(), "truncated blinded keys");
-        net.forge(sponsor, ROUND_TREE, leaf_tree(sponsor, true), "a tree outside a merge");
-        assert!(!honest.is_empty());
-        while net.step() {}
+        net.reject_all(m[sponsor], ROUND_KEYS, keys_body(0, &elem), "no blinded key");
+        net.reject_all(m[sponsor], ROUND_KEYS, keys_body(5, &elem), "more blinded keys than the path holds");
+        net.reject_all(m[sponsor], ROUND_KEYS, keys_body(1, &[0xff; 32]), "an invalid element");
+        net.reject_all(m[sponsor], ROUND_KEYS, keys_body(1, &elem)[..20].to_vec(), "truncated blinded keys");
+        net.reject_all(m[sponsor], ROUND_TREE, leaf_tree(sponsor, true), "a tree outside a merge");
+        assert!(!honest.bytes.is_empty());
+        net.run();
         net.agreed();
 
         // View 3: m5 (fresh) joins; its leaf must not be announced by another.
-        net.install_view(3, &[0, 1, 2, 3, 5]);
-        net.forge(0, ROUND_TREE, leaf_tree(5, true), "the joiner's tree from an old member");
-        while net.step() {}
+        net.view(3, &[m[0], m[1], m[2], m[3], m[5]], &[m[5]]);
+        net.reject_all(m[0], ROUND_TREE, leaf_tree(5, true), "the joiner's tree from an old member");
+        net.run();
         net.agreed();
     }
 

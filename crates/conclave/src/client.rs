@@ -1,0 +1,319 @@
+//! `conclave client`: an interactive client in the manner of Spread's
+//! spuser. It reads one command per line from stdin and prints every event
+//! from the daemon as it arrives, so it works from a terminal and from a
+//! script alike.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::Bytes;
+use clap::Args;
+use conclave_gcs::view::Cause;
+use conclave_gcs_net::{Client, ClientError, ClientReceiver, ClientSender, Event, Service};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::Notify;
+
+/// Which daemon to connect to.
+#[derive(Args, Debug, Clone)]
+pub struct Endpoint {
+    /// Unix socket of the daemon [default: $XDG_RUNTIME_DIR/conclave.sock or /tmp/conclave-$UID.sock].
+    #[arg(long, value_name = "PATH", conflicts_with = "tcp")]
+    unix: Option<PathBuf>,
+    /// TCP address of the daemon, e.g. 127.0.0.1:4803.
+    #[arg(long, value_name = "ADDR")]
+    tcp: Option<SocketAddr>,
+}
+
+impl Endpoint {
+    /// Connects as `name`, with an error that says where to.
+    pub async fn connect(&self, name: &str) -> Result<Client> {
+        let (what, r) = match self.tcp {
+            Some(addr) => (format!("tcp {addr}"), Client::connect_tcp(addr, name).await),
+            None => {
+                let path = self.unix.clone().unwrap_or_else(crate::daemon::default_socket);
+                let r = Client::connect_unix(&path, name).await;
+                (format!("unix socket {}", path.display()), r)
+            }
+        };
+        r.map_err(|e| match e {
+            ClientError::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
+                anyhow!("cannot connect to the daemon at {what}: no such socket (is `conclave daemon` running?)")
+            }
+            ClientError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+                anyhow!("cannot connect to the daemon at {what}: connection refused (is `conclave daemon` running?)")
+            }
+            e => anyhow!("cannot connect to the daemon at {what} as {name:?}: {e}"),
+        })
+    }
+}
+
+/// Options of `conclave client`.
+#[derive(Args, Debug)]
+#[command(after_help = HELP)]
+pub struct ClientArgs {
+    /// Member name to connect as (unique on the daemon).
+    #[arg(long)]
+    name: String,
+    #[command(flatten)]
+    endpoint: Endpoint,
+}
+
+const HELP: &str = "\
+Commands (one per line on stdin):
+  join G                  join closed group G (created if needed)
+  join-open G             join G, creating it as an open group (non-members may send)
+  leave G                 leave G
+  send G TEXT...          multicast TEXT to G in agreed (total) order
+  fifo G TEXT...          multicast TEXT to G in per-sender FIFO order
+  unicast G MEMBER TEXT...  send TEXT to one member of G
+  wait G N                wait (up to 10 s) until the view of G has N members
+  wait-msgs G N           wait (up to 10 s) until N messages of G have arrived in all
+  sleep MS                pause for MS milliseconds
+  help                    this text
+  quit                    leave (as does end of input)
+Events print as they arrive:
+  view v12 of G (join): alice bob carol
+  [G v12] alice: text          (agreed; fifo messages show [G v12 fifo], unicasts [G v12 -> me])
+  left G
+  error (NotMember): text      (errors from the daemon or about a command line)
+At end of input the client says goodbye, prints what the daemon still delivers, and exits;
+the exit status is 1 if any command line was rejected.";
+
+/// How long `wait` and `wait-msgs` wait.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// What the event printer has seen, for `wait` and `wait-msgs`.
+#[derive(Default)]
+struct Seen {
+    members: HashMap<String, usize>,
+    messages: HashMap<String, usize>,
+}
+
+#[derive(Default)]
+struct State {
+    seen: Mutex<Seen>,
+    changed: Notify,
+}
+
+impl State {
+    async fn wait_for(&self, what: &str, ok: impl Fn(&Seen) -> bool) -> Result<()> {
+        let wait = async {
+            loop {
+                let notified = self.changed.notified();
+                if ok(&self.seen.lock().unwrap()) {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(WAIT, wait).await.map_err(|_| anyhow!("timed out after {WAIT:?} waiting for {what}"))
+    }
+}
+
+/// One line of `conclave client` output for an event.
+fn describe(ev: &Event, me: &str) -> String {
+    match ev {
+        Event::Welcome { member } => format!("welcome {member}"),
+        Event::View { group, view } => {
+            let cause = match view.cause {
+                Cause::Join => "join",
+                Cause::Leave => "leave",
+                Cause::Disconnect => "disconnect",
+                Cause::Network => "network",
+            };
+            let members: Vec<&str> = view.ids().map(|m| m.as_str()).collect();
+            format!("view {} of {group} ({cause}): {}", view.id, members.join(" "))
+        }
+        Event::ViewChangeBegins { group } => format!("view change begins in {group}"),
+        Event::Left { group } => format!("left {group}"),
+        Event::Message { group, sender, service, view, payload } => {
+            let tag = if *service == Service::Fifo { " fifo" } else { "" };
+            format!("[{group} {view}{tag}] {sender}: {}", text(payload))
+        }
+        Event::Unicast { group, sender, view, payload } => {
+            format!("[{group} {view} -> {me}] {sender}: {}", text(payload))
+        }
+        Event::Error { code, text } => format!("error ({code:?}): {text}"),
+    }
+}
+
+fn text(payload: &Bytes) -> String {
+    match std::str::from_utf8(payload) {
+        Ok(s) => s.to_string(),
+        Err(_) => format!("<{} bytes of binary>", payload.len()),
+    }
+}
+
+/// Prints events until the connection closes; returns why it closed.
+async fn print_events(mut rx: ClientReceiver, me: String, state: Arc<State>) -> Option<String> {
+    loop {
+        let ev = match rx.recv().await {
+            Ok(ev) => ev,
+            Err(ClientError::Closed) => return None,
+            Err(e) => return Some(e.to_string()),
+        };
+        println!("{}", describe(&ev, &me));
+        {
+            let mut seen = state.seen.lock().unwrap();
+            match &ev {
+                Event::View { group, view } => {
+                    seen.members.insert(group.to_string(), view.members.len());
+                }
+                Event::Left { group } => {
+                    seen.members.insert(group.to_string(), 0);
+                }
+                Event::Message { group, .. } => *seen.messages.entry(group.to_string()).or_default() += 1,
+                _ => {}
+            }
+        }
+        state.changed.notify_waiters();
+        if let Event::Error { code, .. } = &ev {
+            if code.is_fatal() {
+                return Some(format!("the daemon closed the connection ({code:?})"));
+            }
+        }
+    }
+}
+
+/// What to do after a command.
+enum Next {
+    Go,
+    Quit,
+}
+
+fn args<const N: usize>(rest: &str, usage: &str) -> Result<[String; N]> {
+    let mut it = rest.split_whitespace();
+    let mut out: [String; N] = std::array::from_fn(|_| String::new());
+    for slot in out.iter_mut() {
+        *slot = it.next().ok_or_else(|| anyhow!("usage: {usage}"))?.to_string();
+    }
+    if it.next().is_some() {
+        bail!("usage: {usage}");
+    }
+    Ok(out)
+}
+
+/// Splits off the first word: `(word, rest)`.
+fn word(s: &str) -> (&str, &str) {
+    let s = s.trim_start();
+    match s.find(char::is_whitespace) {
+        Some(i) => (&s[..i], s[i..].trim_start()),
+        None => (s, ""),
+    }
+}
+
+/// Splits a group and a non-empty text.
+fn group_text<'a>(rest: &'a str, usage: &str) -> Result<(&'a str, &'a str)> {
+    let (g, text) = word(rest);
+    if g.is_empty() || text.is_empty() {
+        bail!("usage: {usage}");
+    }
+    Ok((g, text))
+}
+
+fn count(s: &str) -> Result<usize> {
+    s.parse().with_context(|| format!("{s:?} is not a number"))
+}
+
+async fn command(line: &str, tx: &ClientSender, state: &State) -> Result<Next> {
+    let (cmd, rest) = word(line);
+    let payload = |t: &str| Bytes::copy_from_slice(t.as_bytes());
+    match cmd {
+        "" => {}
+        "help" | "?" => println!("{HELP}"),
+        "quit" | "exit" => return Ok(Next::Quit),
+        "join" => tx.join(&args::<1>(rest, "join GROUP")?[0]).await?,
+        "join-open" => tx.join_open(&args::<1>(rest, "join-open GROUP")?[0]).await?,
+        "leave" => tx.leave(&args::<1>(rest, "leave GROUP")?[0]).await?,
+        "send" => {
+            let (g, t) = group_text(rest, "send GROUP TEXT...")?;
+            tx.multicast(g, Service::Agreed, payload(t)).await?
+        }
+        "fifo" => {
+            let (g, t) = group_text(rest, "fifo GROUP TEXT...")?;
+            tx.multicast(g, Service::Fifo, payload(t)).await?
+        }
+        "unicast" => {
+            let usage = "unicast GROUP MEMBER TEXT...";
+            let (g, rest) = word(rest);
+            let (to, t) = group_text(rest, usage)?;
+            if g.is_empty() {
+                bail!("usage: {usage}");
+            }
+            tx.unicast(g, to, payload(t)).await?
+        }
+        "wait" => {
+            let [g, n] = args::<2>(rest, "wait GROUP MEMBERS")?;
+            let n = count(&n)?;
+            let what = format!("a view of {g} with {n} members");
+            state.wait_for(&what, |s| s.members.get(&g).copied().unwrap_or(0) == n).await?
+        }
+        "wait-msgs" => {
+            let [g, n] = args::<2>(rest, "wait-msgs GROUP COUNT")?;
+            let n = count(&n)?;
+            let what = format!("{n} messages in {g}");
+            state.wait_for(&what, |s| s.messages.get(&g).copied().unwrap_or(0) >= n).await?
+        }
+        "sleep" => {
+            let [ms] = args::<1>(rest, "sleep MILLISECONDS")?;
+            tokio::time::sleep(Duration::from_millis(count(&ms)? as u64)).await
+        }
+        other => bail!("unknown command {other:?} (type help for the list)"),
+    }
+    Ok(Next::Go)
+}
+
+/// Runs the interactive client.
+pub fn run(args: ClientArgs) -> Result<()> {
+    let rejected = crate::block_on(async move {
+        let client = args.endpoint.connect(&args.name).await?;
+        eprintln!("connected as {}; type help for commands", args.name);
+        let (tx, rx) = client.split();
+        let state = Arc::new(State::default());
+        let mut printer = tokio::spawn(print_events(rx, args.name.clone(), state.clone()));
+        let mut lines = BufReader::new(tokio::io::stdin()).lines();
+        let mut rejected = false;
+        loop {
+            let line = tokio::select! {
+                closed = &mut printer => {
+                    let why = closed.ok().flatten().unwrap_or_else(|| "the daemon closed the connection".into());
+                    bail!("{why}");
+                }
+                line = lines.next_line() => line.context("cannot read stdin")?,
+            };
+            let Some(line) = line else { break };
+            let run = command(&line, &tx, &state);
+            // Keep an eye on the connection while a command (a wait, say) runs.
+            let r = tokio::select! {
+                r = run => r,
+                closed = &mut printer => {
+                    let why = closed.ok().flatten().unwrap_or_else(|| "the daemon closed the connection".into());
+                    bail!("{why}");
+                }
+            };
+            match r {
+                Ok(Next::Go) => {}
+                Ok(Next::Quit) => break,
+                Err(e) => {
+                    rejected = true;
+                    println!("error: {e:#}");
+                }
+            }
+        }
+        // Say goodbye and print what the daemon still delivers.
+        if tx.bye().await.is_ok() {
+            if let Ok(Ok(Some(why))) = tokio::time::timeout(Duration::from_secs(5), printer).await {
+                eprintln!("{why}");
+            }
+        }
+        Ok(rejected)
+    })?;
+    if rejected {
+        std::process::exit(1);
+    }
+    Ok(())
+}

@@ -1,0 +1,202 @@
+//! `conclave daemon`: the standalone group communication daemon of
+//! `conclave-gcs-net`, configured from a TOML file and the command line, run
+//! until Ctrl-C or SIGTERM.
+//!
+//! A configuration file looks like this (every key is optional):
+//!
+//! ```toml
+//! [listen]
+//! unix = "/run/conclave.sock"   # or `false` for no Unix socket
+//! tcp = "127.0.0.1:4803"        # no TCP unless given
+//!
+//! [limits]
+//! max_message_size = 1048576    # bytes of payload
+//! groups_per_client = 1024
+//! queue_depth = 4096            # frames queued per client before it is cut off
+//! hello_timeout_secs = 10
+//! ```
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use conclave_gcs_net::{Daemon, DaemonConfig};
+use serde::Deserialize;
+
+/// Options of `conclave daemon`.
+#[derive(Args, Debug)]
+#[command(after_help = "The configuration file is TOML with the sections [listen] (unix = \"PATH\" or false, \
+tcp = \"ADDR\") and [limits] (max_message_size, groups_per_client, queue_depth, hello_timeout_secs); \
+command-line options override it. Without either, the daemon listens on $XDG_RUNTIME_DIR/conclave.sock \
+(or /tmp/conclave-$UID.sock) and not on TCP. Set RUST_LOG=debug|info|warn|error for more or less logging.")]
+pub struct DaemonArgs {
+    /// TOML configuration file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Unix socket to listen on [default: $XDG_RUNTIME_DIR/conclave.sock or /tmp/conclave-$UID.sock].
+    #[arg(long, value_name = "PATH", conflicts_with = "no_unix")]
+    unix: Option<PathBuf>,
+    /// Do not listen on a Unix socket (then --tcp is needed).
+    #[arg(long)]
+    no_unix: bool,
+    /// TCP address to listen on, e.g. 127.0.0.1:4803 (off unless given).
+    #[arg(long, value_name = "ADDR")]
+    tcp: Option<SocketAddr>,
+    /// Largest message payload accepted, in bytes.
+    #[arg(long, value_name = "BYTES")]
+    max_message_size: Option<usize>,
+    /// Groups one client may be a member of at once.
+    #[arg(long, value_name = "N")]
+    groups_per_client: Option<usize>,
+    /// Frames queued for one client before it is disconnected as too slow.
+    #[arg(long, value_name = "N")]
+    queue_depth: Option<usize>,
+}
+
+/// The configuration file.
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    listen: Listen,
+    #[serde(default)]
+    limits: FileLimits,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct Listen {
+    unix: Option<UnixSetting>,
+    tcp: Option<SocketAddr>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum UnixSetting {
+    Enabled(bool),
+    Path(PathBuf),
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileLimits {
+    max_message_size: Option<usize>,
+    groups_per_client: Option<usize>,
+    queue_depth: Option<usize>,
+    hello_timeout_secs: Option<u64>,
+}
+
+/// Where the daemon listens and clients connect by default:
+/// `$XDG_RUNTIME_DIR/conclave.sock`, else `/tmp/conclave-$UID.sock`.
+pub fn default_socket() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) if !dir.is_empty() => Path::new(&dir).join("conclave.sock"),
+        _ => {
+            let uid = std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(0);
+            PathBuf::from(format!("/tmp/conclave-{uid}.sock"))
+        }
+    }
+}
+
+/// The daemon configuration: defaults, then the file, then the flags.
+fn build_config(args: &DaemonArgs) -> Result<DaemonConfig> {
+    let file = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read configuration file {}", path.display()))?;
+            toml::from_str::<FileConfig>(&text).with_context(|| format!("bad configuration file {}", path.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let unix = match (&args.unix, args.no_unix, file.listen.unix) {
+        (Some(path), _, _) => Some(path.clone()),
+        (None, true, _) | (None, false, Some(UnixSetting::Enabled(false))) => None,
+        (None, false, Some(UnixSetting::Path(path))) => Some(path),
+        (None, false, Some(UnixSetting::Enabled(true)) | None) => Some(default_socket()),
+    };
+    let mut config = DaemonConfig { unix, tcp: args.tcp.or(file.listen.tcp), ..DaemonConfig::default() };
+    let limits = &file.limits;
+    if let Some(n) = args.max_message_size.or(limits.max_message_size) {
+        config.max_payload = n;
+    }
+    if let Some(n) = args.groups_per_client.or(limits.groups_per_client) {
+        config.max_groups_per_client = n;
+    }
+    if let Some(n) = args.queue_depth.or(limits.queue_depth) {
+        config.queue_depth = n;
+    }
+    if let Some(s) = limits.hello_timeout_secs {
+        config.hello_timeout = Duration::from_secs(s);
+    }
+    if config.unix.is_none() && config.tcp.is_none() {
+        bail!("no listener: the Unix socket is switched off and no TCP address is given (use --tcp ADDR)");
+    }
+    Ok(config)
+}
+
+/// Refuses to start over an existing file at the socket path, saying why.
+fn check_socket_path(path: &Path) -> Result<()> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(());
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        bail!("another daemon is already listening on {}", path.display());
+    }
+    bail!(
+        "{} already exists (left over from a daemon that did not stop cleanly?); remove it (rm {}) and try again",
+        path.display(),
+        path.display()
+    )
+}
+
+fn init_logging() {
+    let level = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|s| s.trim().parse::<tracing::Level>().ok())
+        .unwrap_or(tracing::Level::INFO);
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+/// Runs the daemon until Ctrl-C or SIGTERM.
+pub fn run(args: DaemonArgs) -> Result<()> {
+    let config = build_config(&args)?;
+    if let Some(path) = &config.unix {
+        check_socket_path(path)?;
+    }
+    init_logging();
+    crate::block_on(async move {
+        let daemon = Daemon::start(config.clone()).await.context("cannot start the daemon")?;
+        if let Some(path) = daemon.unix_path() {
+            tracing::info!("listening on unix socket {}", path.display());
+        }
+        if let Some(addr) = daemon.tcp_addr() {
+            tracing::info!("listening on tcp {addr}");
+        }
+        tracing::info!(
+            "limits: max message size {} bytes, {} groups per client, queue depth {}",
+            config.max_payload,
+            config.max_groups_per_client,
+            config.queue_depth
+        );
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("cannot install the SIGTERM handler")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("cannot wait for Ctrl-C")?,
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+        daemon.shutdown().await;
+        // Give the connections a moment to send their last words.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok(())
+    })
+}

@@ -1,0 +1,206 @@
+//! Secure group sessions for Conclave: the `secure` layer of DESIGN.md.
+//!
+//! An application opens a [`Session`] over its connection to a Conclave
+//! daemon (`conclave-gcs-net`), joins groups with a [`Policy`] (which key
+//! agreement protocol and which group to compute in), sends data and receives
+//! [`SecureEvent`]s: *secure views* — a membership view together with a fresh
+//! key that the members agreed by contributory group key agreement — and the
+//! decrypted messages sent in them. The session API follows SEAL's
+//! (join / send / recv / leave).
+//!
+//! This is the *layered* architecture (Secure Spread): the daemon knows
+//! nothing about keys. Each group's key agreement messages (from the sans-IO
+//! engines of `conclave-gka`) and its encrypted data messages share the
+//! daemon group; a one-byte tag in front of each payload tells them apart.
+//!
+//! * **Rekey on every view.** Every daemon view is fed to the group's engine;
+//!   the view is shown to the application only once its key is installed, so
+//!   the application never sees a view without its key. A view that arrives
+//!   during a rekey restarts it; the superseded view is never shown.
+//! * **No message lost to a rekey.** Sends made while a key is being agreed
+//!   wait and go out under the new key. A message sent just before a view
+//!   change and delivered in the next view is refused by everybody and sent
+//!   again by its sender under the next key.
+//! * **Data messages** ([`data`]): ChaCha20-Poly1305 under a key per epoch
+//!   and sender, derived with HKDF-SHA256 from the group key; the header
+//!   (group, epoch, sender, sequence number) is the associated data and the
+//!   sequence number the nonce. Receivers reject altered messages, unknown
+//!   epochs, replays and senders outside the secure view with
+//!   [`SecureEvent::Rejected`]; the session goes on. By virtual synchrony a
+//!   message is delivered in the view it was sent in, so only the current
+//!   epoch's keys are ever needed: a view change erases them.
+//! * **Policy.** The group's first member fixes the policy. Key agreement
+//!   messages carry their sender's policy; a joiner that hears an older member
+//!   speak another policy gets [`SecureEvent::PolicyMismatch`] and is taken
+//!   out of the group, so the others can rekey without it.
+//!
+//! # Limitations (for now)
+//!
+//! * Only the layered mode; interval rekeying (SEAL) and the integrated
+//!   architecture are later issues.
+//! * Identities and the trust [`Directory`](conclave_gka::Directory) are the
+//!   application's to provide (no key files, X.509 or TLS client auth yet).
+//! * Outgoing traffic is queued without bound (no backpressure to `send`).
+//! * Data goes by agreed multicast only; there are no encrypted unicasts.
+//! * A current member's message that names an earlier epoch is dropped
+//!   without an event: it cannot be told apart from one sent just before a
+//!   view change (which its sender sends again).
+//! * A policy mismatch is detected when an older member's key agreement
+//!   message (or the oldest member's notice) reaches the joiner; the policy
+//!   covers the protocol and the group, not the signature scheme.
+//!
+//! Above this crate: the `conclave` applications (chat, gauge, bench). Below
+//! it: `conclave-gka` (engines, keys) and `conclave-gcs-net` (daemon client).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod data;
+mod session;
+
+use std::time::Duration;
+
+pub use conclave_gcs::{GroupName, MemberId};
+pub use conclave_gcs_net::ErrorCode;
+pub use conclave_gka::{GroupId, ProtocolId};
+pub use data::{DataError, DataHeader, EpochKeys};
+pub use session::Session;
+
+/// How a group agrees on its keys; fixed by the group's first member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Policy {
+    /// The key agreement protocol.
+    pub protocol: ProtocolId,
+    /// The group the protocol computes in.
+    pub group_id: GroupId,
+}
+
+impl Default for Policy {
+    /// TGDH over ristretto255.
+    fn default() -> Self {
+        Self { protocol: ProtocolId::Tgdh, group_id: GroupId::Ristretto255 }
+    }
+}
+
+/// A membership view with its agreed key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecureViewInfo {
+    /// The group.
+    pub group: GroupName,
+    /// Members, oldest first.
+    pub members: Vec<MemberId>,
+    /// The key epoch (the id of the daemon view the key was agreed in).
+    pub epoch: u64,
+    /// The protocol that agreed the key.
+    pub protocol: ProtocolId,
+    /// A short public fingerprint of the key (equal at every member).
+    pub fingerprint: String,
+    /// From the first daemon view not yet secured to the key's installation.
+    pub rekey_time: Duration,
+}
+
+/// Why a message was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RejectReason {
+    /// Not a well-formed message of this layer.
+    #[error("malformed message")]
+    Malformed,
+    /// The sender is not in the secure view, or the header names someone
+    /// other than who the daemon says sent it, or another group.
+    #[error("unknown sender")]
+    UnknownSender,
+    /// The message names an epoch that is not the current one.
+    #[error("unknown epoch {0}")]
+    UnknownEpoch(u64),
+    /// Authentication failed: altered, or encrypted under another key.
+    #[error("authentication failed")]
+    AuthFailed,
+    /// This sequence number (or a later one) was already accepted.
+    #[error("replayed sequence number {0}")]
+    Replay(u64),
+    /// A key agreement message under another policy (from a newer member).
+    #[error("key agreement message under another policy")]
+    PolicyMismatch,
+    /// A key agreement message that the engine refused.
+    #[error("key agreement: {0}")]
+    KeyAgreement(String),
+}
+
+/// What a [`Session`] delivers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SecureEvent {
+    /// A new secure view: from now on, messages are of this epoch.
+    View(SecureViewInfo),
+    /// A decrypted data message (own messages come back too).
+    Message {
+        /// The group.
+        group: GroupName,
+        /// Who sent it.
+        sender: MemberId,
+        /// The epoch it was sent and delivered in.
+        epoch: u64,
+        /// The plaintext.
+        data: Vec<u8>,
+    },
+    /// A message was refused; the session goes on.
+    Rejected {
+        /// The group.
+        group: GroupName,
+        /// Who the daemon says sent it.
+        sender: MemberId,
+        /// Why.
+        reason: RejectReason,
+    },
+    /// The group runs another policy than the one this member joined with;
+    /// this member has been taken out of the group ([`SecureEvent::Left`] follows).
+    PolicyMismatch {
+        /// The group.
+        group: GroupName,
+        /// The policy this member asked for.
+        ours: Policy,
+        /// The group's policy, if this member knows it.
+        theirs: Option<Policy>,
+        /// The older member whose message showed the mismatch.
+        from: MemberId,
+    },
+    /// The member left the group: nothing more comes from it.
+    Left {
+        /// The group.
+        group: GroupName,
+    },
+    /// The daemon refused a request.
+    DaemonError {
+        /// What went wrong.
+        code: ErrorCode,
+        /// Details for people.
+        text: String,
+    },
+}
+
+/// Errors that end an operation (events that do not end the session are
+/// [`SecureEvent`]s).
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The daemon connection failed or closed.
+    #[error("daemon connection: {0}")]
+    Client(#[from] conclave_gcs_net::ClientError),
+    /// The session's writer stopped (the connection is gone).
+    #[error("the session is closed")]
+    Closed,
+    /// A name breaks the naming rules.
+    #[error("bad name: {0}")]
+    Name(#[from] conclave_gcs::view::NameError),
+    /// Not a member of the group (or leaving it).
+    #[error("not joined to group {0}")]
+    NotJoined(GroupName),
+    /// Already a member of the group.
+    #[error("already joined to group {0}")]
+    AlreadyJoined(GroupName),
+    /// The message is too large.
+    #[error("message of {len} bytes exceeds the limit of {max}")]
+    TooLarge {
+        /// The message's length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+}
