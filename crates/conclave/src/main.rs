@@ -4,12 +4,14 @@
 //! own: the key agreement benchmarks (`conclave bench`), the standalone
 //! daemon (`conclave daemon`), an interactive client in the manner of
 //! Spread's spuser (`conclave client`) and a load generator in the manner of
-//! spflooder (`conclave flood`). The chat, gauge and keys commands of
+//! spflooder (`conclave flood`), and `conclave demo`, which runs the whole
+//! stack (daemon, secure sessions, key agreement) in one process. The chat, gauge and keys commands of
 //! DESIGN.md join them as they land.
 
 mod bench;
 mod client;
 mod daemon;
+mod demo;
 mod flood;
 
 use anyhow::Result;
@@ -30,6 +32,10 @@ enum Command {
         #[command(subcommand)]
         which: bench::BenchCommand,
     },
+    /// The whole stack in one process: an embedded daemon and scripted members
+    /// that join, talk and leave under each protocol, with secure views,
+    /// rekey times and decrypted traffic printed.
+    Demo(demo::DemoArgs),
     /// Run the standalone group communication daemon until Ctrl-C or SIGTERM.
     Daemon(daemon::DaemonArgs),
     /// Connect to a daemon and type commands (join, send, leave, ...) on stdin.
@@ -42,6 +48,7 @@ fn main() {
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Bench { which } => bench::run(which),
+        Command::Demo(args) => demo::run(args),
         Command::Daemon(args) => daemon::run(args),
         Command::Client(args) => client::run(args),
         Command::Flood(args) => flood::run(args),
