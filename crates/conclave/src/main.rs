@@ -9,6 +9,7 @@
 //! DESIGN.md join them as they land.
 
 mod bench;
+mod chat;
 mod client;
 mod daemon;
 mod demo;
@@ -40,6 +41,8 @@ enum Command {
     Daemon(daemon::DaemonArgs),
     /// Connect to a daemon and type commands (join, send, leave, ...) on stdin.
     Client(client::ClientArgs),
+    /// A secure chat room in the terminal (end-to-end encrypted, rekeyed on every membership change).
+    Chat(chat::ChatArgs),
     /// Load test: several connections flood one group with agreed messages.
     Flood(flood::FloodArgs),
 }
@@ -51,6 +54,7 @@ fn main() {
         Command::Demo(args) => demo::run(args),
         Command::Daemon(args) => daemon::run(args),
         Command::Client(args) => client::run(args),
+        Command::Chat(args) => chat::run(args),
         Command::Flood(args) => flood::run(args),
     };
     if let Err(e) = r {

@@ -134,7 +134,7 @@ fn two_clients_talk() {
     let d = TestDaemon::start();
     let mut alice = d.client(
         "alice",
-        "join chat\nwait chat 2\nsend chat hello from alice\nwait-msgs chat 2\nunicast chat bob psst\nleave chat\n",
+        "join chat\nwait chat 2\nsend chat hello from alice\nwait-msgs chat 3\nunicast chat bob psst\nleave chat\n",
     );
     let mut bob = d.client(
         "bob",

@@ -1,0 +1,270 @@
+//! `conclave chat`: a secure chat room in the terminal.
+//!
+//! One [`Session`](conclave_secure::Session) to the daemon, one group: a
+//! message pane (`sender: text`, with `*` system lines for joins, leaves and
+//! rekeys and `!` lines for rejected messages and errors), a side panel with
+//! the secure view's members, epoch, protocol and key fingerprint, a status
+//! line that each rekey updates (`rekey to epoch E (protocol) in X ms, N
+//! members`) and an input line. Commands: `/who`, `/leave`, `/join`, `/quit`
+//! (Esc and Ctrl-C quit too).
+//!
+//! # Identities and trust: a stop-gap
+//!
+//! Until `conclave keys` certifies identities, trust is a directory of files
+//! (`--keys DIR`, by default `$XDG_RUNTIME_DIR/conclave-keys` or
+//! `/tmp/conclave-keys-$UID`): `DIR/<name>.pub` holds a member's hex Ed25519
+//! public key and `DIR/<name>.key` (mode 0600) its secret seed. On start, chat
+//! creates its own key pair if missing (the seed comes from the injected RNG,
+//! the OS's in production) and trusts, for each member, whatever key
+//! `DIR/<member>.pub` holds when the member's key agreement message arrives;
+//! a member without a file is unknown and its messages are rejected.
+//!
+//! **Trust = whoever can write DIR.** Anyone able to write the directory can
+//! impersonate any member, so it must be private to the users who chat (the
+//! default is per user, mode 0700). This is only meant for one machine and
+//! one user (demos, tests) until `conclave keys` replaces it.
+
+mod keys;
+mod ui;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context, Result};
+use clap::Args;
+use conclave_secure::{Policy, ProtocolId, SecureEvent, SecureViewInfo, Session};
+use crossterm::event::{Event, EventStream, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use futures_util::StreamExt;
+use ratatui::DefaultTerminal;
+
+use ui::{App, Entry};
+
+/// Options of `conclave chat`.
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    /// Member name to chat as (unique on the daemon).
+    #[arg(long)]
+    name: String,
+    /// The chat room (daemon group) to join.
+    #[arg(long)]
+    group: String,
+    /// Key agreement protocol, if this member creates the group: gdh, ckd, tgdh, str or bd.
+    #[arg(long, default_value = "tgdh", value_parser = parse_protocol)]
+    protocol: ProtocolId,
+    /// Unix socket of the daemon [default: $XDG_RUNTIME_DIR/conclave.sock or /tmp/conclave-$UID.sock].
+    #[arg(long, value_name = "PATH")]
+    unix: Option<PathBuf>,
+    /// Key directory: DIR/<name>.pub (trusted public keys) and DIR/<name>.key (own secret)
+    /// [default: $XDG_RUNTIME_DIR/conclave-keys or /tmp/conclave-keys-$UID].
+    #[arg(long, value_name = "DIR")]
+    keys: Option<PathBuf>,
+}
+
+fn parse_protocol(s: &str) -> Result<ProtocolId, String> {
+    ProtocolId::from_name(s).ok_or_else(|| format!("unknown protocol {s:?} (gdh, ckd, tgdh, str or bd)"))
+}
+
+/// Runs `conclave chat`.
+pub fn run(args: ChatArgs) -> Result<()> {
+    let dir = args.keys.clone().unwrap_or_else(keys::default_dir);
+    let signer = keys::load_or_create(&dir, &args.name, &mut rand_core::OsRng)?;
+    let directory = Arc::new(keys::KeyDir::new(dir));
+    let socket = args.unix.clone().unwrap_or_else(crate::daemon::default_socket);
+    crate::block_on(async move {
+        let session = Session::connect_unix(&socket, &args.name, signer, directory).await.with_context(|| {
+            format!("cannot connect to the daemon at {} (is `conclave daemon` running?)", socket.display())
+        })?;
+        let terminal = ratatui::try_init().context("cannot set up the terminal")?;
+        let _restore = Restore;
+        chat(terminal, session, &args).await
+    })
+}
+
+/// Gives the terminal back (raw mode off, main screen) however chat ends.
+struct Restore;
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        ratatui::restore();
+    }
+}
+
+async fn chat(mut terminal: DefaultTerminal, mut session: Session, args: &ChatArgs) -> Result<()> {
+    let policy = Policy { protocol: args.protocol, ..Policy::default() };
+    let mut app = App::new(&args.name, &args.group, args.protocol.name());
+    session.join(&args.group, policy)?;
+    app.joined = true;
+    app.system(format!("joining #{} as {} ({}); /who, /leave, /join, /quit", args.group, args.name, app.protocol));
+    let mut keys = EventStream::new();
+    let mut connected = true;
+    loop {
+        terminal.draw(|f| app.draw(f))?;
+        tokio::select! {
+            ev = session.recv(), if connected => match ev {
+                Ok(ev) => on_event(&mut app, ev),
+                Err(e) => {
+                    connected = false;
+                    app.joined = false;
+                    app.warning(format!("session ended: {e}"));
+                    app.status = "disconnected from the daemon; /quit to exit".into();
+                }
+            },
+            key = keys.next() => match key {
+                Some(Ok(Event::Key(k))) if k.kind != KeyEventKind::Release => {
+                    if on_key(&mut app, &mut session, policy, k) == Flow::Quit {
+                        return Ok(());
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(anyhow!("reading the terminal: {e}")),
+                None => return Ok(()),
+            },
+        }
+    }
+}
+
+#[derive(PartialEq, Eq)]
+enum Flow {
+    Go,
+    Quit,
+}
+
+fn on_key(app: &mut App, session: &mut Session, policy: Policy, k: KeyEvent) -> Flow {
+    match k.code {
+        KeyCode::Char('c' | 'd') if k.modifiers.contains(KeyModifiers::CONTROL) => return Flow::Quit,
+        KeyCode::Esc => return Flow::Quit,
+        KeyCode::Char(c) => app.input.push(c),
+        KeyCode::Backspace => {
+            app.input.pop();
+        }
+        KeyCode::Enter => {
+            let line = std::mem::take(&mut app.input);
+            return submit(app, session, policy, line.trim());
+        }
+        _ => {}
+    }
+    Flow::Go
+}
+
+fn submit(app: &mut App, session: &mut Session, policy: Policy, line: &str) -> Flow {
+    let group = app.group.clone();
+    match line {
+        "" => {}
+        "/quit" => {
+            if app.joined {
+                let _ = session.leave(&group);
+            }
+            return Flow::Quit;
+        }
+        "/who" => {
+            let epoch = app.epoch.map_or("none yet".to_owned(), |e| e.to_string());
+            let who = if app.members.is_empty() { "nobody".to_owned() } else { app.members.join(", ") };
+            app.system(format!("members of #{group} (epoch {epoch}, {}): {who}", app.protocol));
+        }
+        "/leave" => match session.leave(&group) {
+            Ok(()) => app.system(format!("leaving #{group} ...")),
+            Err(e) => app.warning(e.to_string()),
+        },
+        "/join" => match session.join(&group, policy) {
+            Ok(()) => {
+                app.joined = true;
+                app.system(format!("joining #{group} ..."));
+            }
+            Err(e) => app.warning(e.to_string()),
+        },
+        cmd if cmd.starts_with('/') => app.warning(format!("unknown command {cmd} (/who, /leave, /join, /quit)")),
+        text => {
+            if let Err(e) = session.send(&group, text.as_bytes()) {
+                app.warning(format!("not sent: {e}"));
+            }
+        }
+    }
+    Flow::Go
+}
+
+fn on_event(app: &mut App, ev: SecureEvent) {
+    match ev {
+        SecureEvent::View(v) => on_view(app, v),
+        SecureEvent::Message { sender, data, .. } => {
+            let mine = sender.as_str() == app.me;
+            let text = String::from_utf8_lossy(&data).replace(|c: char| c.is_control(), " ");
+            app.push(Entry::Message { sender: sender.as_str().to_owned(), text, mine });
+        }
+        SecureEvent::Rejected { sender, reason, .. } => {
+            app.warning(format!("rejected a message from {sender}: {reason}"))
+        }
+        SecureEvent::PolicyMismatch { theirs, from, .. } => {
+            let theirs =
+                theirs.map_or("another policy".to_owned(), |p| format!("{} over {:?}", p.protocol.name(), p.group_id));
+            app.warning(format!("#{} runs {theirs} (told by {from}), not {}; left it", app.group, app.protocol));
+        }
+        SecureEvent::Left { group } => {
+            app.joined = false;
+            app.members.clear();
+            app.epoch = None;
+            app.fingerprint.clear();
+            app.system(format!("you left #{group}; /join to come back, /quit to exit"));
+            app.status = format!("not in #{group}");
+        }
+        SecureEvent::DaemonError { code, text } => app.warning(format!("daemon: {code:?}: {text}")),
+    }
+}
+
+fn on_view(app: &mut App, v: SecureViewInfo) {
+    let members: Vec<String> = v.members.iter().map(|m| m.as_str().to_owned()).collect();
+    let joined: Vec<String> = members.iter().filter(|m| !app.members.contains(m)).cloned().collect();
+    let left: Vec<String> = app.members.iter().filter(|m| !members.contains(m)).cloned().collect();
+    joined.iter().for_each(|m| app.system(format!("{m} joined")));
+    left.iter().for_each(|m| app.system(format!("{m} left")));
+    let ms = v.rekey_time.as_secs_f64() * 1000.0;
+    app.status = format!("rekey to epoch {} ({}) in {ms:.1} ms, {} members", v.epoch, v.protocol.name(), members.len());
+    app.system(app.status.clone());
+    app.members = members;
+    app.epoch = Some(v.epoch);
+    app.protocol = v.protocol.name().to_owned();
+    app.fingerprint = v.fingerprint;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratatui::backend::TestBackend;
+    use ratatui::Terminal;
+
+    #[test]
+    fn draws_members_status_and_messages() {
+        let mut app = App::new("alice", "room", "tgdh");
+        app.members = vec!["alice".into(), "bob".into()];
+        app.epoch = Some(7);
+        app.status = "rekey to epoch 7 (tgdh) in 3.2 ms, 2 members".into();
+        app.push(Entry::Message { sender: "bob".into(), text: "hi".into(), mine: false });
+        app.input = "typing".into();
+        let mut t = Terminal::new(TestBackend::new(80, 12)).unwrap();
+        t.draw(|f| app.draw(f)).unwrap();
+        let screen: String = t.backend().buffer().content().iter().map(|c| c.symbol()).collect();
+        for want in ["bob: hi", " alice", " bob", "epoch    7", "2 members", "> typing", "#room"] {
+            assert!(screen.contains(want), "{want:?} missing from {screen}");
+        }
+    }
+
+    #[test]
+    fn key_files_round_trip_and_unknown_members_are_untrusted() {
+        use conclave_gka::{Directory, MemberId};
+        use rand_core::SeedableRng;
+        let dir = tempfile::tempdir().unwrap();
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(1);
+        let a = keys::load_or_create(dir.path(), "alice", &mut rng).unwrap();
+        let again = keys::load_or_create(dir.path(), "alice", &mut rng).unwrap();
+        assert_eq!(a.verifier().public_bytes(), again.verifier().public_bytes());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("alice.key")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let d = keys::KeyDir::new(dir.path().to_owned());
+        let v = d.verifier(&MemberId::new("alice").unwrap()).expect("alice is known");
+        assert_eq!(v.public_bytes(), a.verifier().public_bytes());
+        assert!(v.verify(b"m", &a.sign(b"m")).is_ok());
+        assert!(d.verifier(&MemberId::new("mallory").unwrap()).is_none());
+        assert!(d.verifier(&MemberId::new("../alice").unwrap()).is_none());
+        assert!(keys::load_or_create(dir.path(), "../x", &mut rng).is_err());
+    }
+}
