@@ -16,7 +16,7 @@ use clap::Args;
 use conclave_gcs_net::{Daemon, DaemonConfig};
 use conclave_gka::suite::{generate_signer, SignatureId};
 use conclave_gka::StaticDirectory;
-use conclave_secure::{GroupId, MemberId, Policy, ProtocolId, SecureEvent, Session};
+use conclave_secure::{MemberId, Policy, SecureEvent, Session};
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
 use tokio::sync::mpsc;
@@ -52,12 +52,8 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// Runs the demo.
 pub fn run(args: DemoArgs) -> Result<()> {
-    let protocols: Vec<ProtocolId> = args
-        .protocols
-        .iter()
-        .map(|s| ProtocolId::from_name(s).with_context(|| format!("unknown protocol {s:?} (gdh, ckd, tgdh, str, bd)")))
-        .collect::<Result<_>>()?;
-    let group_id = GroupId::from_name(&args.suite).with_context(|| format!("unknown suite {:?}", args.suite))?;
+    let protocols = crate::names::protocols(&args.protocols)?;
+    let group_id = crate::names::group(&args.suite)?;
     crate::block_on(async move {
         let dir = std::env::temp_dir().join(format!("conclave-demo-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;

@@ -14,6 +14,7 @@ mod client;
 mod daemon;
 mod demo;
 mod flood;
+mod names;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

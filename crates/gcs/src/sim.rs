@@ -308,7 +308,8 @@ impl<N: SimNode> Sim<N> {
                             let mut cut_off = Vec::new();
                             slot.node.on_message(&m.from, &m.msg, &mut cut_off);
                             self.delivered += 1;
-                            self.record_cut_off(c, r, cut_off);
+                            // Cut off by the view change: traced, never delivered.
+                            Self::sent(&mut self.trace, &self.components[c].view, r, cut_off);
                         }
                     }
                 }
@@ -340,7 +341,9 @@ impl<N: SimNode> Sim<N> {
             for m in view.ids() {
                 let mut out = Vec::new();
                 self.nodes.get_mut(m).expect("member exists").node.on_view(&view, &mut out);
-                self.enqueue(&view, m, out, &mut queue);
+                for o in Self::sent(&mut self.trace, &view, m, out) {
+                    queue.push_back(InFlight { from: m.clone(), to: o.to, msg: o.msg });
+                }
             }
             self.components.push(Component { view, queue });
         }
@@ -354,32 +357,21 @@ impl<N: SimNode> Sim<N> {
         }
     }
 
-    fn record_cut_off(&mut self, c: usize, from: &MemberId, msgs: Vec<Outgoing<N::Msg>>) {
-        if let Some(trace) = self.trace.as_mut() {
-            let view = self.components[c].view.id;
-            for o in msgs {
-                trace.push(Delivery { view, from: from.clone(), to: o.to, msg: o.msg });
-            }
-        }
-    }
-
-    fn enqueue(
-        &mut self,
+    /// What a member sent in `view`: records all of it in the trace (an
+    /// eavesdropper sees everything) and drops unicasts to non-members, as the
+    /// daemon would.
+    fn sent(
+        trace: &mut Option<Vec<Delivery<N::Msg>>>,
         view: &View,
         from: &MemberId,
         out: Vec<Outgoing<N::Msg>>,
-        queue: &mut VecDeque<InFlight<N::Msg>>,
-    ) {
-        for o in out {
-            if let Some(trace) = self.trace.as_mut() {
+    ) -> Vec<Outgoing<N::Msg>> {
+        if let Some(trace) = trace.as_mut() {
+            for o in &out {
                 trace.push(Delivery { view: view.id, from: from.clone(), to: o.to.clone(), msg: o.msg.clone() });
             }
-            // A unicast to a non-member is lost, as the daemon would drop it.
-            if o.to.as_ref().is_some_and(|t| !view.contains(t)) {
-                continue;
-            }
-            queue.push_back(InFlight { from: from.clone(), to: o.to, msg: o.msg });
         }
+        out.into_iter().filter(|o| o.to.as_ref().is_none_or(|t| view.contains(t))).collect()
     }
 
     /// Delivers one pending message (from a component chosen by the seeded
@@ -391,16 +383,19 @@ impl<N: SimNode> Sim<N> {
             return false;
         }
         let c = busy[(self.rng.next_u64() % busy.len() as u64) as usize];
-        let m = self.components[c].queue.pop_front().expect("non-empty");
-        let view = self.components[c].view.clone();
+        // Disjoint borrows: the component's view is read while its queue and
+        // the members change (no copy of the view per delivery).
+        let Sim { nodes, components, trace, delivered, .. } = self;
+        let Component { view, queue } = &mut components[c];
+        let m = queue.pop_front().expect("non-empty");
         for r in view.ids() {
             if Self::addressed_to(&m, r) {
                 let mut out = Vec::new();
-                self.nodes.get_mut(r).expect("member exists").node.on_message(&m.from, &m.msg, &mut out);
-                self.delivered += 1;
-                let mut queue = std::mem::take(&mut self.components[c].queue);
-                self.enqueue(&view, r, out, &mut queue);
-                self.components[c].queue = queue;
+                nodes.get_mut(r).expect("member exists").node.on_message(&m.from, &m.msg, &mut out);
+                *delivered += 1;
+                for o in Self::sent(trace, view, r, out) {
+                    queue.push_back(InFlight { from: r.clone(), to: o.to, msg: o.msg });
+                }
             }
         }
         true
@@ -431,20 +426,16 @@ impl<N: SimNode> Sim<N> {
     /// in reply, for a driver that schedules delivery itself. The member must
     /// be in the view the message was sent in.
     pub fn deliver_to(&mut self, to: &MemberId, d: &Delivery<N::Msg>) -> Result<Vec<Outgoing<N::Msg>>, SimError> {
-        let view = self.view_of(to).ok_or_else(|| SimError::NotInView(to.clone()))?.clone();
+        let c = self.component_index(to).ok_or_else(|| SimError::NotInView(to.clone()))?;
+        let Sim { nodes, components, trace, delivered, .. } = self;
+        let view = &components[c].view;
         if view.id != d.view {
             return Err(SimError::NotInView(to.clone()));
         }
         let mut out = Vec::new();
-        self.nodes.get_mut(to).ok_or_else(|| SimError::UnknownMember(to.clone()))?.node.on_message(&d.from, &d.msg, &mut out);
-        self.delivered += 1;
-        if let Some(trace) = self.trace.as_mut() {
-            for o in &out {
-                trace.push(Delivery { view: view.id, from: to.clone(), to: o.to.clone(), msg: o.msg.clone() });
-            }
-        }
-        out.retain(|o| o.to.as_ref().is_none_or(|t| view.contains(t)));
-        Ok(out)
+        nodes.get_mut(to).ok_or_else(|| SimError::UnknownMember(to.clone()))?.node.on_message(&d.from, &d.msg, &mut out);
+        *delivered += 1;
+        Ok(Self::sent(trace, view, to, out))
     }
 
     /// Delivers until nothing is pending, or fails after `limit` deliveries.

@@ -355,7 +355,9 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         rng: &mut dyn CryptoRngCore,
         f: impl FnOnce(&mut P, &mut Ctx<'_, G>) -> Result<(), Error>,
     ) -> Result<Vec<Output>, Error> {
-        let view = self.st.view.clone().ok_or(Error::BadView("no view yet"))?;
+        // The view is lent to the context for the call (not cloned: this runs
+        // for every message) and put back before anything else reads it.
+        let view = self.st.view.take().ok_or(Error::BadView("no view yet"))?;
         let mut install = None;
         let res = {
             let mut cx = Ctx {
@@ -369,6 +371,8 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             };
             f(&mut self.proto, &mut cx)
         };
+        let view_id = view.id;
+        self.st.view = Some(view);
         if let Err(e) = res {
             self.st.out.clear();
             return Err(e);
@@ -379,15 +383,10 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         }
         if let Some(secret) = install {
             let enc = self.g.encode(&secret);
-            let key = GroupKey::derive(&enc, P::ID, &self.st.group, view.id);
-            let sv = SecureView {
-                view_id: view.id,
-                epoch: view.id,
-                members: view.ids().cloned().collect(),
-                protocol: P::ID,
-                key,
-            };
-            self.st.known = view.ids().map(|m| (m.clone(), Tag::Installed(view.id))).collect();
+            let key = GroupKey::derive(&enc, P::ID, &self.st.group, view_id);
+            let members: Vec<MemberId> = self.st.view.as_ref().expect("restored above").ids().cloned().collect();
+            self.st.known = members.iter().map(|m| (m.clone(), Tag::Installed(view_id))).collect();
+            let sv = SecureView { view_id, epoch: view_id, members, protocol: P::ID, key };
             self.st.secure = Some(sv.clone());
             self.st.out.push(Output::Installed(sv));
             #[cfg(feature = "test-hooks")]

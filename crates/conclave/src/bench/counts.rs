@@ -170,14 +170,9 @@ fn cell(measured: u64, paper: Option<u64>, matches: &mut (u32, u32)) -> String {
 
 /// Runs the benchmark.
 pub fn run(args: CountsArgs) -> Result<()> {
-    let protocols: Vec<ProtocolId> = args
-        .protocol
-        .iter()
-        .map(|s| ProtocolId::from_name(s).with_context(|| format!("unknown protocol {s:?} (gdh, ckd, tgdh, str, bd)")))
-        .collect::<Result<_>>()?;
-    let group_id = GroupId::from_name(&args.suite)
-        .with_context(|| format!("unknown suite {:?} (ristretto255, modp512, modp1024, modp2048)", args.suite))?;
-    let scheme = SignatureId::from_name(&args.signature).with_context(|| format!("unknown signature {:?}", args.signature))?;
+    let protocols = crate::names::protocols(&args.protocol)?;
+    let group_id = crate::names::group(&args.suite)?;
+    let scheme = crate::names::signature(&args.signature)?;
     if args.sizes.iter().any(|&n| n == 0 || n > 2000) {
         bail!("group sizes must be between 1 and 2000");
     }

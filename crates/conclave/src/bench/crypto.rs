@@ -5,7 +5,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use conclave_gka::suite::modp::Modp;
 use conclave_gka::suite::ristretto::Ristretto255;
@@ -87,15 +87,14 @@ pub fn measure_suite(group: GroupId, scheme: SignatureId, iterations: usize) -> 
 pub fn measure(args: &CryptoArgs) -> Result<Vec<OpCost>> {
     let mut out = Vec::new();
     for name in &args.groups {
-        let id = GroupId::from_name(name).with_context(|| format!("unknown group {name:?}"))?;
-        match id {
+        match crate::names::group(name)? {
             GroupId::Ristretto255 => group_ops(Ristretto255, args.iterations, &mut out),
             other => group_ops(Modp::new(other), args.iterations, &mut out),
         }
     }
     let msg = [7u8; 200];
     for name in &args.signatures {
-        let scheme = SignatureId::from_name(name).with_context(|| format!("unknown signature scheme {name:?}"))?;
+        let scheme = crate::names::signature(name)?;
         let mut rng = ChaCha20Rng::seed_from_u64(2);
         let signer = generate_signer(scheme, &mut rng)?;
         let verifier = signer.verifier();

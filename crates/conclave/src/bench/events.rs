@@ -374,13 +374,9 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 
 /// Runs the benchmark.
 pub fn run(args: EventsArgs) -> Result<()> {
-    let protocols: Vec<ProtocolId> = args
-        .protocols
-        .iter()
-        .map(|s| ProtocolId::from_name(s).with_context(|| format!("unknown protocol {s:?}")))
-        .collect::<Result<_>>()?;
-    let group = GroupId::from_name(&args.suite).with_context(|| format!("unknown suite {:?}", args.suite))?;
-    let scheme = SignatureId::from_name(&args.signature).with_context(|| format!("unknown signature {:?}", args.signature))?;
+    let protocols = crate::names::protocols(&args.protocols)?;
+    let group = crate::names::group(&args.suite)?;
+    let scheme = crate::names::signature(&args.signature)?;
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
@@ -402,9 +398,6 @@ pub fn run(args: EventsArgs) -> Result<()> {
         for &protocol in &protocols {
             for &n in &args.sizes {
                 done += 1;
-                if matches!(event, TimedEvent::Partition | TimedEvent::Merge) && n < 2 {
-                    continue;
-                }
                 let mut times = Vec::new();
                 let mut bounds = Vec::new();
                 for r in 0..args.runs {
