@@ -1,0 +1,578 @@
+//! The `sim` backbone, second stage: real daemon [`Core`]s on a simulated
+//! network, in virtual time, from one seed.
+//!
+//! Where [`crate::sim`] plays the group communication layer as a whole, this
+//! module runs the daemons themselves: every simulated daemon holds a
+//! [`Core`], exactly the state machine the standalone and cluster daemons
+//! run, and the module plays the rest — clients on each daemon's machine, a
+//! Totem-like backbone that puts every daemon's submissions into one agreed
+//! order per connected component, and the network under it.
+//!
+//! # Model
+//!
+//! * **Time** is virtual, in microseconds; events run in time order (ties in
+//!   the order they were scheduled), so a seed reproduces a run exactly.
+//! * **Network**: one-way latency between daemons, plus a uniform jitter,
+//!   plus loss: a lost transmission is sent again after a retransmission
+//!   timeout, as Totem does, so loss shows up as delay. Clients reach their
+//!   daemon in a fixed client latency.
+//! * **Agreed order**: the lowest daemon of each component sequences (Totem's
+//!   token, collapsed into one place); every daemon delivers the sequenced
+//!   operations in order, holding any that arrive early.
+//! * **CPU**: each daemon's machine has one virtual CPU; processing an
+//!   operation costs [`NetConfig::cpu_per_op`], and a client's reaction to a
+//!   delivery costs what its handler says, on the same CPU.
+//! * **Partitions and merges** take effect after a detection delay. A
+//!   partition stops the daemons of the affected components at once (during
+//!   detection Totem delivers nothing); a merge lets both sides go on until
+//!   the new configuration forms. At the change, the daemons that move
+//!   together from one configuration into the same next one (a transitional
+//!   set) deliver the same remaining operations of the old one: everything
+//!   any of them received, and everything any of them sent (an originator
+//!   always holds its own messages), in sequence order — extended virtual
+//!   synchrony. Then each daemon is told [`Op::Daemons`]; the cores exchange
+//!   state through the new configuration. A submission that was not yet
+//!   ordered when its configuration stopped is sent again in the next one.
+//!
+//! The configuration number of [`Op::Daemons`] and [`Op::State`] is the
+//! simulator's count of configurations, which every daemon of a
+//! configuration shares; a state is stamped with the configuration it is
+//! delivered in, and states held across a change are dropped (the cores
+//! send fresh ones).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+use rand_chacha::ChaCha20Rng;
+use rand_core::{RngCore, SeedableRng};
+
+use crate::core::{ConnId, Core, DaemonId, Delivery, Limits, Op, Output};
+
+/// Virtual time in microseconds.
+pub type Micros = u64;
+
+/// The simulated network and machines.
+#[derive(Clone, Debug)]
+pub struct NetConfig {
+    /// One-way latency between two daemons.
+    pub latency: Micros,
+    /// Largest extra delay added to a transmission, drawn uniformly.
+    pub jitter: Micros,
+    /// Probability that one transmission between daemons is lost.
+    pub loss: f64,
+    /// Time after which a lost transmission is sent again.
+    pub retransmit: Micros,
+    /// One-way latency between a client and its daemon.
+    pub client_latency: Micros,
+    /// CPU time a daemon spends on one operation of the agreed stream.
+    pub cpu_per_op: Micros,
+    /// Time from a partition or merge until the new configuration forms.
+    pub detect: Micros,
+}
+
+impl Default for NetConfig {
+    /// A LAN like the one measured in the Corosync notes: about 80 µs one way,
+    /// no loss, 2 s to detect a change (token 1000 ms, consensus 1200 ms).
+    fn default() -> Self {
+        Self {
+            latency: 80,
+            jitter: 20,
+            loss: 0.0,
+            retransmit: 1_000,
+            client_latency: 10,
+            cpu_per_op: 5,
+            detect: 2_000_000,
+        }
+    }
+}
+
+/// Errors from driving the simulation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DaemonSimError {
+    /// The daemon does not exist.
+    #[error("unknown daemon {0}")]
+    UnknownDaemon(u16),
+    /// A partition must name every daemon exactly once.
+    #[error("a partition must name every daemon exactly once")]
+    BadPartition,
+    /// A loss probability outside [0, 1).
+    #[error("loss must be in [0, 1)")]
+    BadLoss,
+}
+
+/// One delivery to one client, with its virtual time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivered {
+    /// When the client got it.
+    pub at: Micros,
+    /// Which client.
+    pub to: ConnId,
+    /// What.
+    pub delivery: Delivery,
+}
+
+/// What a client does on a delivery: operations to submit, and the CPU time
+/// its reaction took on its machine.
+#[derive(Default)]
+pub struct Reaction {
+    /// Operations to send to the client's daemon, in order.
+    pub ops: Vec<Op>,
+    /// CPU time the reaction costs before the operations go out.
+    pub cpu: Micros,
+}
+
+enum Event {
+    /// A client's operation reaches its daemon.
+    FromClient { daemon: DaemonId, op: Op },
+    /// A daemon's submission reaches the sequencer of its configuration.
+    ToSequencer { config: u64, from: DaemonId, submission: u64, op: Op },
+    /// A sequenced operation reaches a daemon.
+    Arrive { config: u64, to: DaemonId, seq: usize },
+    /// A delivery reaches a client.
+    ToClient { to: ConnId, delivery: Delivery },
+    /// The configuration change planned at `plan` takes effect.
+    Reconfigure { plan: u64 },
+}
+
+struct Scheduled {
+    at: Micros,
+    order: u64,
+    event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.order) == (other.at, other.order)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.order).cmp(&(other.at, other.order))
+    }
+}
+
+/// One configuration of the backbone: a connected component of daemons.
+struct Config {
+    members: BTreeSet<DaemonId>,
+    /// Sequenced operations with their originators.
+    log: Vec<(DaemonId, Op)>,
+    /// Stopped by a partition being detected: nothing more is ordered or
+    /// delivered in it.
+    stopped: bool,
+}
+
+impl Config {
+    fn sequencer(&self) -> DaemonId {
+        *self.members.first().expect("a configuration has members")
+    }
+}
+
+struct SimDaemon {
+    core: Core,
+    config: u64,
+    /// Next sequence number to deliver in `config`.
+    next: usize,
+    /// Sequence numbers of `config` that arrived, delivered or not.
+    arrived: BTreeSet<usize>,
+    /// Submissions not yet ordered, by submission number, to send again in
+    /// the next configuration.
+    unordered: BTreeMap<u64, Op>,
+    /// Number of the next submission.
+    next_submission: u64,
+    /// When this daemon's latest submission reaches its sequencer: Totem
+    /// keeps each sender's messages in order, so a later one never overtakes.
+    last_at_sequencer: Micros,
+    cpu_free: Micros,
+    next_conn: u64,
+}
+
+/// Simulated daemons on a simulated network. See the module doc.
+pub struct DaemonSim {
+    net: NetConfig,
+    rng: ChaCha20Rng,
+    now: Micros,
+    order: u64,
+    queue: BinaryHeap<Reverse<Scheduled>>,
+    daemons: BTreeMap<DaemonId, SimDaemon>,
+    configs: Vec<Config>,
+    /// Planned configuration changes, by plan number.
+    plans: BTreeMap<u64, Vec<Vec<DaemonId>>>,
+    next_plan: u64,
+    log: Vec<Delivered>,
+}
+
+impl DaemonSim {
+    /// Daemons `0..daemons`, all in one configuration, at time 0.
+    pub fn new(daemons: u16, net: NetConfig, seed: u64) -> Result<Self, DaemonSimError> {
+        if !(0.0..1.0).contains(&net.loss) {
+            return Err(DaemonSimError::BadLoss);
+        }
+        let mut sim = Self {
+            net,
+            rng: ChaCha20Rng::seed_from_u64(seed),
+            now: 0,
+            order: 0,
+            queue: BinaryHeap::new(),
+            daemons: BTreeMap::new(),
+            configs: Vec::new(),
+            plans: BTreeMap::new(),
+            next_plan: 0,
+            log: Vec::new(),
+        };
+        for d in 0..daemons {
+            let id = DaemonId(d);
+            let daemon = SimDaemon {
+                core: Core::new(id, Limits::default()),
+                config: 0,
+                next: 0,
+                arrived: BTreeSet::new(),
+                unordered: BTreeMap::new(),
+                next_submission: 0,
+                last_at_sequencer: 0,
+                cpu_free: 0,
+                next_conn: 1,
+            };
+            sim.daemons.insert(id, daemon);
+        }
+        let all: Vec<DaemonId> = sim.daemons.keys().copied().collect();
+        sim.configs.push(Config { members: BTreeSet::new(), log: Vec::new(), stopped: true });
+        sim.install(vec![all]);
+        Ok(sim)
+    }
+
+    /// The current virtual time.
+    pub fn now(&self) -> Micros {
+        self.now
+    }
+
+    /// A daemon's core, to inspect.
+    pub fn core(&self, daemon: u16) -> Option<&Core> {
+        self.daemons.get(&DaemonId(daemon)).map(|d| &d.core)
+    }
+
+    /// A new connection on `daemon` (the client still has to say Hello with
+    /// an [`Op::Connect`]).
+    pub fn open(&mut self, daemon: u16) -> Result<ConnId, DaemonSimError> {
+        let d = self.daemons.get_mut(&DaemonId(daemon)).ok_or(DaemonSimError::UnknownDaemon(daemon))?;
+        let conn = ConnId { daemon: DaemonId(daemon), local: d.next_conn };
+        d.next_conn += 1;
+        Ok(conn)
+    }
+
+    /// A client sends `op` to its daemon now (the daemon is the one of the
+    /// operation's connection).
+    pub fn submit(&mut self, op: Op) {
+        self.submit_at(self.now, op);
+    }
+
+    fn submit_at(&mut self, at: Micros, op: Op) {
+        let Some(conn) = client_conn(&op) else { return };
+        let when = at + self.net.client_latency;
+        self.schedule(when, Event::FromClient { daemon: conn.daemon, op });
+    }
+
+    /// Splits the daemons into components, effective after the detection
+    /// delay. Every daemon must be named exactly once. Components that gain
+    /// members merge; components that lose members stop at once until the
+    /// change takes effect.
+    pub fn reconfigure(&mut self, parts: &[&[u16]]) -> Result<(), DaemonSimError> {
+        let mut seen = BTreeSet::new();
+        let mut plan = Vec::new();
+        for part in parts {
+            let mut ds = Vec::new();
+            for &d in *part {
+                if !self.daemons.contains_key(&DaemonId(d)) {
+                    return Err(DaemonSimError::UnknownDaemon(d));
+                }
+                if !seen.insert(d) {
+                    return Err(DaemonSimError::BadPartition);
+                }
+                ds.push(DaemonId(d));
+            }
+            if !ds.is_empty() {
+                plan.push(ds);
+            }
+        }
+        if seen.len() != self.daemons.len() {
+            return Err(DaemonSimError::BadPartition);
+        }
+        // A configuration that loses members has lost its token: it stops.
+        for part in &plan {
+            for d in part {
+                let config = self.daemons[d].config;
+                let members = &self.configs[config as usize].members;
+                if !members.iter().all(|m| part.contains(m)) {
+                    self.configs[config as usize].stopped = true;
+                }
+            }
+        }
+        let id = self.next_plan;
+        self.next_plan += 1;
+        self.plans.insert(id, plan);
+        self.schedule(self.now + self.net.detect, Event::Reconfigure { plan: id });
+        Ok(())
+    }
+
+    /// Runs until nothing is left to do or virtual time passes `until`;
+    /// every delivery to a client goes through `react`.
+    pub fn run_until(&mut self, until: Micros, react: &mut dyn FnMut(Micros, ConnId, &Delivery) -> Reaction) {
+        while let Some(Reverse(next)) = self.queue.peek() {
+            if next.at > until {
+                break;
+            }
+            let Reverse(s) = self.queue.pop().expect("peeked");
+            self.now = s.at;
+            self.handle(s.event, react);
+        }
+        if until != Micros::MAX {
+            self.now = self.now.max(until);
+        }
+    }
+
+    /// Runs until nothing is left to do, with clients that never react.
+    pub fn run_idle(&mut self) {
+        self.run_until(Micros::MAX, &mut |_, _, _| Reaction::default());
+    }
+
+    /// Takes the deliveries recorded so far.
+    pub fn take_log(&mut self) -> Vec<Delivered> {
+        std::mem::take(&mut self.log)
+    }
+
+    fn schedule(&mut self, at: Micros, event: Event) {
+        self.order += 1;
+        self.queue.push(Reverse(Scheduled { at, order: self.order, event }));
+    }
+
+    /// Time for one transmission between daemons, losses included.
+    fn hop(&mut self, from: DaemonId, to: DaemonId) -> Micros {
+        if from == to {
+            return 0;
+        }
+        let mut t = self.net.latency + self.jitter();
+        while self.net.loss > 0.0 && self.unit() < self.net.loss {
+            t += self.net.retransmit + self.jitter();
+        }
+        t
+    }
+
+    fn jitter(&mut self) -> Micros {
+        if self.net.jitter == 0 {
+            0
+        } else {
+            self.rng.next_u64() % (self.net.jitter + 1)
+        }
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn handle(&mut self, event: Event, react: &mut dyn FnMut(Micros, ConnId, &Delivery) -> Reaction) {
+        match event {
+            Event::FromClient { daemon, op } => self.send_to_sequencer(daemon, self.now, op),
+            Event::ToSequencer { config, from, submission, op } => {
+                let c = &mut self.configs[config as usize];
+                if c.stopped {
+                    self.unordered(from, config, submission, op);
+                    return;
+                }
+                c.log.push((from, op));
+                let seq = c.log.len() - 1;
+                let sequencer = c.sequencer();
+                let members: Vec<DaemonId> = c.members.iter().copied().collect();
+                for to in members {
+                    let at = self.now + self.hop(sequencer, to);
+                    self.schedule(at, Event::Arrive { config, to, seq });
+                }
+            }
+            Event::Arrive { config, to, seq } => {
+                let d = self.daemons.get_mut(&to).expect("daemon");
+                if d.config != config {
+                    return; // The change delivered what this daemon's set had.
+                }
+                d.arrived.insert(seq);
+                if !self.configs[config as usize].stopped {
+                    self.deliver_ready(to);
+                }
+            }
+            Event::ToClient { to, delivery } => {
+                let reaction = react(self.now, to, &delivery);
+                self.log.push(Delivered { at: self.now, to, delivery });
+                if reaction.ops.is_empty() && reaction.cpu == 0 {
+                    return;
+                }
+                let d = self.daemons.get_mut(&to.daemon).expect("daemon");
+                let done = d.cpu_free.max(self.now) + reaction.cpu;
+                d.cpu_free = done;
+                for op in reaction.ops {
+                    self.submit_at(done, op);
+                }
+            }
+            Event::Reconfigure { plan } => {
+                let plan = self.plans.remove(&plan).expect("planned");
+                self.install(plan);
+            }
+        }
+    }
+
+    /// Sends a daemon's submission to the sequencer of its configuration,
+    /// leaving at `at`; in a stopped configuration it waits for the next.
+    fn send_to_sequencer(&mut self, from: DaemonId, at: Micros, op: Op) {
+        let d = self.daemons.get_mut(&from).expect("daemon");
+        let submission = d.next_submission;
+        d.next_submission += 1;
+        let config = d.config;
+        let c = &self.configs[config as usize];
+        if c.stopped {
+            self.daemons.get_mut(&from).expect("daemon").unordered.insert(submission, op);
+            return;
+        }
+        let sequencer = c.sequencer();
+        let hop = self.hop(from, sequencer);
+        let d = self.daemons.get_mut(&from).expect("daemon");
+        let arrives = (at + hop).max(d.last_at_sequencer);
+        d.last_at_sequencer = arrives;
+        self.schedule(arrives, Event::ToSequencer { config, from, submission, op });
+    }
+
+    /// A submission that found its configuration stopped: its originator
+    /// sends it again in its next configuration (or now, if it has one).
+    fn unordered(&mut self, from: DaemonId, config: u64, submission: u64, op: Op) {
+        if self.daemons[&from].config == config {
+            self.daemons.get_mut(&from).expect("daemon").unordered.insert(submission, op);
+        } else if !matches!(op, Op::State { .. }) {
+            self.send_to_sequencer(from, self.now, op);
+        }
+    }
+
+    /// Delivers, in order, every operation of the daemon's configuration
+    /// that has arrived.
+    fn deliver_ready(&mut self, id: DaemonId) {
+        loop {
+            let d = &self.daemons[&id];
+            if !d.arrived.contains(&d.next) {
+                return;
+            }
+            let seq = d.next;
+            self.daemons.get_mut(&id).expect("daemon").next += 1;
+            self.process(id, seq);
+        }
+    }
+
+    /// Runs one sequenced operation of the daemon's configuration through its core.
+    fn process(&mut self, id: DaemonId, seq: usize) {
+        let config = self.daemons[&id].config;
+        let mut op = self.configs[config as usize].log[seq].1.clone();
+        if let Op::State { epoch, .. } = &mut op {
+            *epoch = config;
+        }
+        self.apply(id, op);
+    }
+
+    fn apply(&mut self, id: DaemonId, op: Op) {
+        let cpu = self.net.cpu_per_op;
+        let d = self.daemons.get_mut(&id).expect("daemon");
+        let done = d.cpu_free.max(self.now) + cpu;
+        d.cpu_free = done;
+        let mut out = Vec::new();
+        d.core.handle(op, &mut out);
+        for o in out {
+            match o {
+                Output::Deliver { to, delivery } => {
+                    for c in to {
+                        self.schedule(
+                            done + self.net.client_latency,
+                            Event::ToClient { to: c, delivery: delivery.clone() },
+                        );
+                    }
+                }
+                Output::Submit(op) => {
+                    let config = self.daemons[&id].config;
+                    // A state for a stopped configuration is never needed.
+                    if !self.configs[config as usize].stopped {
+                        self.send_to_sequencer(id, done, op);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Installs new configurations: the transitional sets finish their old
+    /// configurations together, then every daemon learns its new one.
+    fn install(&mut self, parts: Vec<Vec<DaemonId>>) {
+        // Stop every configuration that ends here, so nothing more is ordered in it.
+        for part in &parts {
+            for d in part {
+                let old = self.daemons[d].config;
+                self.configs[old as usize].stopped = true;
+            }
+        }
+        // Submissions still on their way to a stopped sequencer go back to
+        // their originators, to be sent again in submission order.
+        let events = std::mem::take(&mut self.queue).into_vec();
+        for Reverse(s) in events {
+            match s.event {
+                Event::ToSequencer { config, from, submission, op } if self.configs[config as usize].stopped => {
+                    self.unordered(from, config, submission, op);
+                }
+                event => self.queue.push(Reverse(Scheduled { event, ..s })),
+            }
+        }
+        for part in parts {
+            let mut transitional: BTreeMap<u64, Vec<DaemonId>> = BTreeMap::new();
+            for &d in &part {
+                transitional.entry(self.daemons[&d].config).or_default().push(d);
+            }
+            for (old, set) in &transitional {
+                let log = &self.configs[*old as usize].log;
+                let mut rest: BTreeSet<usize> =
+                    set.iter().flat_map(|d| self.daemons[d].arrived.iter().copied()).collect();
+                rest.extend(log.iter().enumerate().filter(|(_, (from, _))| set.contains(from)).map(|(i, _)| i));
+                for &d in set {
+                    let from = self.daemons[&d].next;
+                    for &seq in rest.range(from..) {
+                        self.process(d, seq);
+                    }
+                }
+            }
+            let config = self.configs.len() as u64;
+            self.configs.push(Config { members: part.iter().copied().collect(), log: Vec::new(), stopped: false });
+            let mut resend = Vec::new();
+            for &d in &part {
+                let daemon = self.daemons.get_mut(&d).expect("daemon");
+                daemon.config = config;
+                daemon.next = 0;
+                daemon.arrived.clear();
+                resend.push((d, std::mem::take(&mut daemon.unordered)));
+            }
+            for &d in &part {
+                self.apply(d, Op::Daemons { epoch: config, members: part.clone() });
+            }
+            for (d, ops) in resend {
+                for op in ops.into_values().filter(|op| !matches!(op, Op::State { .. })) {
+                    self.send_to_sequencer(d, self.now, op);
+                }
+            }
+        }
+    }
+}
+
+fn client_conn(op: &Op) -> Option<ConnId> {
+    match op {
+        Op::Connect { conn, .. }
+        | Op::Disconnect { conn }
+        | Op::Join { conn, .. }
+        | Op::Leave { conn, .. }
+        | Op::Multicast { conn, .. }
+        | Op::Unicast { conn, .. }
+        | Op::Reject { conn, .. } => Some(*conn),
+        Op::Daemons { .. } | Op::State { .. } => None,
+    }
+}
