@@ -1,0 +1,293 @@
+//! The `daemon` engine of `conclave bench events`: real time, real sockets.
+//!
+//! A standalone daemon runs in this process on a private Unix socket, and
+//! every member is a `conclave-secure` session on its own connection, in its
+//! own task: the whole stack an application uses, with nothing simulated.
+//! The time of an event is wall-clock time from the request (a join or a
+//! leave) until the last member that stays has shown the new secure view
+//! (which it does only once the key is installed).
+//!
+//! All members share this machine's CPUs, unlike the paper's 13 machines: a
+//! run's time is close to the *sum* of the members' cryptography divided by
+//! the number of cores, not its critical path. That is the point of the
+//! engine: what one machine really does, next to the sim's model of many.
+//!
+//! A standalone daemon cannot partition, so this engine times joins and
+//! leaves.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use conclave_gcs_net::{Daemon, DaemonConfig};
+use conclave_gka::suite::{generate_signer, SignatureId};
+use conclave_gka::{GroupId, ProtocolId, StaticDirectory};
+use conclave_secure::{MemberId, Policy, SecureEvent, Session};
+use rand_chacha::ChaCha20Rng;
+use rand_core::{RngCore, SeedableRng};
+use tokio::sync::mpsc;
+
+use super::events::TimedEvent;
+
+/// Longest wait for one event's secure views.
+const WAIT: Duration = Duration::from_secs(120);
+
+enum Cmd {
+    Join,
+    Leave,
+}
+
+/// A secure view as one member showed it.
+struct Shown {
+    member: usize,
+    size: usize,
+    fingerprint: String,
+    at: Instant,
+}
+
+/// Members of one group, each a session in its own task.
+struct Group {
+    cmds: Vec<mpsc::UnboundedSender<Cmd>>,
+    shown: mpsc::UnboundedReceiver<Shown>,
+    /// Last secure view size shown per member, and its key fingerprint.
+    latest: BTreeMap<usize, (usize, String)>,
+}
+
+impl Group {
+    async fn start(socket: &Path, policy: Policy, n: usize, seed: u64) -> Result<Self> {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        let tag = rng.next_u32();
+        let mut directory = StaticDirectory::new();
+        let mut signers = Vec::new();
+        for i in 0..n {
+            let name = format!("b{tag:08x}-{i}");
+            let s = generate_signer(SignatureId::Ed25519, &mut rng)?;
+            directory.insert(MemberId::new(name.clone())?, s.verifier());
+            signers.push((name, s));
+        }
+        let directory = Arc::new(directory);
+        let group = format!("bench-{tag:08x}");
+        let (shown_tx, shown) = mpsc::unbounded_channel();
+        let mut cmds = Vec::new();
+        for (member, (name, signer)) in signers.into_iter().enumerate() {
+            let mut session = Session::connect_unix(socket, &name, signer, directory.clone())
+                .await
+                .with_context(|| format!("connecting member {member}"))?;
+            let (tx, mut rx) = mpsc::unbounded_channel::<Cmd>();
+            let out = shown_tx.clone();
+            let group = group.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        cmd = rx.recv() => {
+                            let r = match cmd {
+                                None => return,
+                                Some(Cmd::Join) => session.join(&group, policy),
+                                Some(Cmd::Leave) => session.leave(&group),
+                            };
+                            if r.is_err() {
+                                return;
+                            }
+                        }
+                        ev = session.recv() => match ev {
+                            Ok(SecureEvent::View(v)) => {
+                                let s = Shown { member, size: v.members.len(), fingerprint: v.fingerprint, at: Instant::now() };
+                                if out.send(s).is_err() {
+                                    return;
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(_) => return,
+                        },
+                    }
+                }
+            });
+            cmds.push(tx);
+        }
+        Ok(Self { cmds, shown, latest: BTreeMap::new() })
+    }
+
+    /// Sends a member a command. Every command changes the view, so what
+    /// members showed before it no longer counts.
+    fn command(&mut self, member: usize, cmd: Cmd) -> Result<()> {
+        self.latest.clear();
+        self.cmds[member].send(cmd).map_err(|_| anyhow!("member {member} stopped"))
+    }
+
+    /// Waits until every member of `who` shows a secure view of `size`
+    /// members, all under one key; returns when the last one did.
+    async fn settled(&mut self, who: &[usize], size: usize) -> Result<Instant> {
+        let deadline = Instant::now() + WAIT;
+        let mut last = None;
+        loop {
+            let mut fingerprints = who.iter().map(|m| self.latest.get(m).filter(|(s, _)| *s == size).map(|(_, f)| f));
+            if let Some(Some(first)) = fingerprints.next() {
+                if fingerprints.clone().all(|f| f.is_some()) {
+                    if fingerprints.any(|f| f != Some(first)) {
+                        bail!("members show different keys for one view of {size}");
+                    }
+                    if let Some(at) = last {
+                        return Ok(at);
+                    }
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let s = match tokio::time::timeout(left, self.shown.recv()).await {
+                Ok(Some(s)) => s,
+                _ => bail!("timed out after {WAIT:?} waiting for secure views of {size} members"),
+            };
+            if who.contains(&s.member) && s.size == size {
+                last = Some(last.map_or(s.at, |l: Instant| l.max(s.at)));
+            }
+            self.latest.insert(s.member, (s.size, s.fingerprint));
+        }
+    }
+}
+
+/// Times `runs` events of one kind at group size `n` (the size after a join,
+/// before a leave), in milliseconds.
+async fn point(socket: &Path, policy: Policy, event: TimedEvent, n: usize, runs: usize, seed: u64) -> Result<Vec<f64>> {
+    let mut group = Group::start(socket, policy, n, seed).await?;
+    let mut rng = ChaCha20Rng::seed_from_u64(seed ^ 0x11fe);
+    // The group of n − 1 (join) or n (leave) forms first; members join at once.
+    let first = if event == TimedEvent::Join { n - 1 } else { n };
+    let mut inside: Vec<usize> = (0..first).collect();
+    let mut outside: Vec<usize> = (first..n).collect();
+    for &m in &inside {
+        group.command(m, Cmd::Join)?;
+    }
+    group.settled(&inside, inside.len()).await.context("forming the group")?;
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        match event {
+            TimedEvent::Join => {
+                let joiner = outside.pop().expect("one member waits outside");
+                let t0 = Instant::now();
+                group.command(joiner, Cmd::Join)?;
+                inside.push(joiner);
+                times.push(group.settled(&inside, n).await?.duration_since(t0).as_secs_f64() * 1e3);
+                // Back to n − 1, untimed: the oldest leaves (and waits outside).
+                let leaver = inside.remove(0);
+                group.command(leaver, Cmd::Leave)?;
+                outside.push(leaver);
+                group.settled(&inside, n - 1).await?;
+            }
+            TimedEvent::Leave => {
+                // The §6.1.2 choice: STR's middle member, anyone at random otherwise
+                // (so CKD's controller, the oldest, leaves with chance 1/n).
+                let at = match policy.protocol {
+                    ProtocolId::Str => n / 2,
+                    _ => (rng.next_u64() % n as u64) as usize,
+                };
+                let leaver = inside.remove(at);
+                let t0 = Instant::now();
+                group.command(leaver, Cmd::Leave)?;
+                times.push(group.settled(&inside, n - 1).await?.duration_since(t0).as_secs_f64() * 1e3);
+                // Back to n, untimed.
+                group.command(leaver, Cmd::Join)?;
+                inside.push(leaver);
+                group.settled(&inside, n).await?;
+            }
+            TimedEvent::Partition | TimedEvent::Merge => bail!("the daemon engine times joins and leaves only"),
+        }
+    }
+    Ok(times)
+}
+
+/// One timed point of the daemon engine.
+pub struct LivePoint {
+    /// The protocol.
+    pub protocol: ProtocolId,
+    /// The event.
+    pub event: TimedEvent,
+    /// The group size.
+    pub n: usize,
+    /// Wall-clock times, in milliseconds.
+    pub times: Vec<f64>,
+}
+
+/// Runs every (protocol, event, size) on one embedded standalone daemon;
+/// `progress` is told each point as it starts.
+pub fn run(
+    protocols: &[ProtocolId],
+    events: &[TimedEvent],
+    sizes: &[usize],
+    group_id: GroupId,
+    runs: usize,
+    seed: u64,
+    progress: &mut dyn FnMut(ProtocolId, TimedEvent, usize),
+) -> Result<Vec<LivePoint>> {
+    if let Some(e) = events.iter().find(|e| matches!(e, TimedEvent::Partition | TimedEvent::Merge)) {
+        bail!("--engine daemon times join and leave only (a standalone daemon cannot partition); drop {e:?} from --events");
+    }
+    if let Some(n) = sizes.iter().find(|&&n| n < 2) {
+        bail!("group size {n} is too small: a join or leave needs at least 2 members");
+    }
+    crate::block_on(async move {
+        let dir = tempfile_dir()?;
+        let socket = dir.join("daemon.sock");
+        let daemon = Daemon::start(DaemonConfig { unix: Some(socket.clone()), ..DaemonConfig::default() })
+            .await
+            .context("starting the embedded daemon")?;
+        let mut points = Vec::new();
+        let mut result = Ok(());
+        'all: for &protocol in protocols {
+            for &event in events {
+                for &n in sizes {
+                    progress(protocol, event, n);
+                    let seed = seed ^ (n as u64) << 8 ^ protocol.code() as u64;
+                    match point(&socket, Policy { protocol, group_id }, event, n, runs, seed).await {
+                        Ok(times) => points.push(LivePoint { protocol, event, n, times }),
+                        Err(e) => {
+                            result = Err(e.context(format!("{protocol} {event:?} at n = {n}")));
+                            break 'all;
+                        }
+                    }
+                }
+            }
+        }
+        daemon.shutdown().await;
+        let _ = std::fs::remove_dir_all(&dir);
+        result.map(|()| points)
+    })
+}
+
+fn tempfile_dir() -> Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("conclave-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn joins_and_leaves_over_a_real_daemon_agree_and_are_timed() {
+        let mut seen = Vec::new();
+        let points = run(
+            &[ProtocolId::Tgdh, ProtocolId::Gdh],
+            &[TimedEvent::Join, TimedEvent::Leave],
+            &[3],
+            GroupId::Ristretto255,
+            2,
+            9,
+            &mut |p, e, n| seen.push((p, e, n)),
+        )
+        .unwrap();
+        assert_eq!(points.len(), 4);
+        assert_eq!(seen.len(), 4);
+        for p in &points {
+            assert_eq!(p.times.len(), 2);
+            assert!(p.times.iter().all(|&t| t > 0.0 && t < WAIT.as_secs_f64() * 1e3), "{:?}", p.times);
+        }
+    }
+
+    #[test]
+    fn partitions_are_refused_with_a_reason() {
+        let e = run(&[ProtocolId::Tgdh], &[TimedEvent::Merge], &[4], GroupId::Ristretto255, 1, 1, &mut |_, _, _| {});
+        assert!(e.err().unwrap().to_string().contains("join and leave only"));
+    }
+}
