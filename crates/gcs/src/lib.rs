@@ -6,13 +6,15 @@
 //! ([`core`]), a deterministic state machine that turns one totally ordered
 //! stream of client and daemon-group operations into per-client deliveries
 //! with lightweight groups and virtual synchrony; the client–daemon wire
-//! format ([`wire`]); and the first stage of the deterministic `sim` backbone
+//! format ([`wire`]); the daemon–daemon encoding of the core's operations for
+//! cluster backbones ([`backbone`]); and the first stage of the deterministic `sim` backbone
 //! ([`sim`]), an in-memory group communication layer driven by one seed, which
 //! the key agreement tests and benchmarks run on. The async shells — the
 //! standalone daemon and the client library — live in `conclave-gcs-net`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod backbone;
 pub mod core;
 pub mod sim;
 pub mod view;
