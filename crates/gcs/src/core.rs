@@ -72,9 +72,22 @@
 //!    [`ErrorCode::NameTaken`]), every group gets a new view with cause
 //!    [`Cause::Network`], and the held operations are applied in order.
 //!
-//! A new [`Op::Daemons`] during an exchange restarts it. Operations from
+//! A new [`Op::Daemons`] during an exchange restarts it. The held operations
+//! are kept if every daemon of the new group was in the old one: those daemons
+//! moved together and so (virtual synchrony of the backbone) hold the same
+//! operations. If daemons arrived, they never saw the held operations, so every
+//! daemon drops them and submits its own clients' held operations again, to be
+//! ordered in the new daemon group where everyone sees them. Operations from
 //! connections of daemons outside the daemon group are dropped: a backbone
 //! that is correct never orders them.
+//!
+//! A core has at most one state of its own in flight: a change that comes
+//! while its last state has not come back through the stream sends none,
+//! since that state will be ordered after the change and answer it (the
+//! core's clients cannot change while it is exchanging, so the state is still
+//! true). This keeps a state sent for one change from being taken as the
+//! answer to a later one after the core's clients have changed. The backbone
+//! must therefore deliver a daemon's own submissions back to it, in order.
 //!
 //! # View ids
 //!
@@ -484,6 +497,8 @@ pub struct Core {
     names: BTreeMap<MemberId, ConnId>,
     groups: BTreeMap<GroupName, Group>,
     exchange: Option<Exchange>,
+    /// A state of ours was submitted and has not come back yet.
+    state_in_flight: bool,
 }
 
 const COUNTER_BITS: u32 = 48;
@@ -501,6 +516,7 @@ impl Core {
             names: BTreeMap::new(),
             groups: BTreeMap::new(),
             exchange: None,
+            state_in_flight: false,
         }
     }
 
@@ -729,8 +745,15 @@ impl Core {
     }
 
     fn daemons_changed(&mut self, epoch: u64, members: Vec<DaemonId>, out: &mut Vec<Output>) {
+        let members: BTreeSet<DaemonId> = members.into_iter().collect();
         let held = match self.exchange.take() {
-            Some(x) => x.held,
+            Some(x) if members.is_subset(&x.members) => x.held,
+            Some(x) => {
+                for op in x.held.into_iter().filter(|op| op.conn().is_some_and(|c| c.daemon == self.me)) {
+                    out.push(Output::Submit(op));
+                }
+                Vec::new()
+            }
             None => {
                 for (group, g) in &self.groups {
                     let delivery = Delivery::ViewChangeBegins { group: group.clone() };
@@ -739,14 +762,17 @@ impl Core {
                 Vec::new()
             }
         };
-        let members: BTreeSet<DaemonId> = members.into_iter().collect();
-        if members.contains(&self.me) {
+        if members.contains(&self.me) && !self.state_in_flight {
+            self.state_in_flight = true;
             out.push(Output::Submit(Op::State { epoch, state: self.snapshot() }));
         }
         self.exchange = Some(Exchange { epoch, members, states: BTreeMap::new(), held });
     }
 
     fn state_arrived(&mut self, epoch: u64, state: DaemonState, out: &mut Vec<Output>) {
+        if state.daemon == self.me {
+            self.state_in_flight = false;
+        }
         let Some(x) = &mut self.exchange else { return };
         if x.epoch != epoch || !x.members.contains(&state.daemon) {
             return;

@@ -6,15 +6,18 @@
 //! ([`core`]), a deterministic state machine that turns one totally ordered
 //! stream of client and daemon-group operations into per-client deliveries
 //! with lightweight groups and virtual synchrony; the client–daemon wire
-//! format ([`wire`]); and the deterministic `sim` backbone in two stages:
-//! [`sim`], an in-memory group communication layer driven by one seed, which
-//! the key agreement tests and benchmarks run on, and [`daemon_sim`], which
-//! runs real daemon cores on a simulated network (virtual time, a virtual CPU
-//! per machine, latency, jitter, loss, partitions and merges) from one seed. The async shells — the
+//! format ([`wire`]); the daemon–daemon encoding of the core's operations for
+//! cluster backbones ([`backbone`]); and the deterministic `sim` backbone in
+//! two stages: [`sim`], an in-memory group communication layer driven by one
+//! seed, which the key agreement tests and benchmarks run on, and
+//! [`daemon_sim`], which runs real daemon cores on a simulated network
+//! (virtual time, a virtual CPU per machine, latency, jitter, loss, partitions
+//! and merges) from one seed. The async shells — the
 //! standalone daemon and the client library — live in `conclave-gcs-net`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod backbone;
 pub mod core;
 pub mod daemon_sim;
 pub mod sim;

@@ -190,12 +190,17 @@ impl FrameReader {
 }
 
 /// Field-by-field reading of one frame.
-struct Fields {
+pub(crate) struct Fields {
     frame: Bytes,
     pos: usize,
 }
 
 impl Fields {
+    /// Reads `frame` from its first byte.
+    pub(crate) fn new(frame: Bytes) -> Self {
+        Self { frame, pos: 0 }
+    }
+
     fn take(&mut self, n: usize, what: &'static str) -> Result<&[u8], WireError> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.frame.len()).ok_or(WireError::Truncated(what))?;
         let s = &self.frame[self.pos..end];
@@ -203,23 +208,23 @@ impl Fields {
         Ok(s)
     }
 
-    fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
+    pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
         Ok(self.take(1, what)?[0])
     }
 
-    fn u16(&mut self, what: &'static str) -> Result<u16, WireError> {
+    pub(crate) fn u16(&mut self, what: &'static str) -> Result<u16, WireError> {
         Ok(u16::from_be_bytes(self.take(2, what)?.try_into().expect("two bytes")))
     }
 
-    fn u32(&mut self, what: &'static str) -> Result<u32, WireError> {
+    pub(crate) fn u32(&mut self, what: &'static str) -> Result<u32, WireError> {
         Ok(u32::from_be_bytes(self.take(4, what)?.try_into().expect("four bytes")))
     }
 
-    fn u64(&mut self, what: &'static str) -> Result<u64, WireError> {
+    pub(crate) fn u64(&mut self, what: &'static str) -> Result<u64, WireError> {
         Ok(u64::from_be_bytes(self.take(8, what)?.try_into().expect("eight bytes")))
     }
 
-    fn text(&mut self, len: usize, what: &'static str) -> Result<&str, WireError> {
+    pub(crate) fn text(&mut self, len: usize, what: &'static str) -> Result<&str, WireError> {
         std::str::from_utf8(self.take(len, what)?).map_err(|_| WireError::Utf8(what))
     }
 
@@ -228,15 +233,15 @@ impl Fields {
         self.text(len.into(), what)
     }
 
-    fn member(&mut self, what: &'static str) -> Result<MemberId, WireError> {
+    pub(crate) fn member(&mut self, what: &'static str) -> Result<MemberId, WireError> {
         MemberId::new(self.str8(what)?).map_err(|err| WireError::Name { what, err })
     }
 
-    fn group(&mut self) -> Result<GroupName, WireError> {
+    pub(crate) fn group(&mut self) -> Result<GroupName, WireError> {
         GroupName::new(self.str8("group name")?).map_err(|err| WireError::Name { what: "group name", err })
     }
 
-    fn flag(&mut self, what: &'static str) -> Result<bool, WireError> {
+    pub(crate) fn flag(&mut self, what: &'static str) -> Result<bool, WireError> {
         match self.u8(what)? {
             0 => Ok(false),
             1 => Ok(true),
@@ -251,7 +256,7 @@ impl Fields {
         }
     }
 
-    fn service(&mut self) -> Result<Service, WireError> {
+    pub(crate) fn service(&mut self) -> Result<Service, WireError> {
         match self.u8("service")? {
             1 => Ok(Service::Fifo),
             2 => Ok(Service::Agreed),
@@ -284,18 +289,18 @@ impl Fields {
         Ok(View { id, members, cause })
     }
 
-    fn rest_len(&self) -> usize {
+    pub(crate) fn rest_len(&self) -> usize {
         self.frame.len() - self.pos
     }
 
     /// The rest of the frame, without copying.
-    fn payload(&mut self) -> Bytes {
+    pub(crate) fn payload(&mut self) -> Bytes {
         let p = self.frame.slice(self.pos..);
         self.pos = self.frame.len();
         p
     }
 
-    fn finish<T>(self, value: T) -> Result<T, WireError> {
+    pub(crate) fn finish<T>(self, value: T) -> Result<T, WireError> {
         match self.rest_len() {
             0 => Ok(value),
             n => Err(WireError::Trailing(n)),

@@ -579,3 +579,109 @@ fn a_name_claimed_on_both_sides_of_a_merge_stays_with_the_lower_daemon() {
         assert_eq!(core.member(conn(2, 1)), None);
     }
 }
+
+/// The states a core submits for a change, taken out of its outputs.
+fn submitted_states(out: &[Output]) -> Vec<conclave_gcs::core::DaemonState> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Submit(Op::State { state, .. }) => Some(state.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Daemons 1 and 2 are exchanging (their states still in flight) and hold a
+/// multicast and a join when daemon 3 merges in. Daemon 3 never saw the held
+/// operations, so they are submitted again and applied everywhere after the
+/// merged exchange; the in-flight states answer the merge, and no core sends a
+/// second state while its first is in flight.
+#[test]
+fn a_merge_during_an_exchange_reorders_the_held_operations_for_everyone() {
+    let mut pair = Component::new(&[1, 2]);
+    pair.feed(daemons(1, &[1, 2]));
+    pair.connect(conn(1, 1), "a");
+    pair.join(conn(1, 1), "g");
+    pair.connect(conn(2, 1), "b");
+    pair.join(conn(2, 1), "g");
+    let mut solo = Component::new(&[3]);
+    solo.connect(conn(3, 1), "z");
+    solo.join(conn(3, 1), "g");
+    let mut cores: Vec<Core> = pair.cores.into_iter().chain(solo.cores).collect();
+
+    // A change of the pair (same daemons) whose states do not come back before the merge.
+    let mut in_flight = Vec::new();
+    for core in &mut cores[..2] {
+        let mut out = Vec::new();
+        core.handle(daemons(2, &[1, 2]), &mut out);
+        in_flight.extend(submitted_states(&out));
+    }
+    assert_eq!(in_flight.len(), 2);
+    let held = [
+        Op::Multicast { conn: conn(1, 1), group: g("g"), service: Service::Agreed, payload: Bytes::from("held") },
+        Op::Connect { conn: conn(2, 2), name: m("c") },
+        Op::Join { conn: conn(2, 2), group: g("g"), open: false },
+    ];
+    for core in &mut cores[..2] {
+        for op in &held {
+            let mut out = Vec::new();
+            core.handle(op.clone(), &mut out);
+            assert!(out.is_empty(), "held during the exchange");
+        }
+    }
+
+    // The merge. Stream order after it: what the cores submit, then the states in flight.
+    let mut merged = Component::with(cores);
+    merged.log.clear();
+    let mut submitted = Vec::new();
+    for core in &mut merged.cores {
+        let mut out = Vec::new();
+        core.handle(daemons(3, &[1, 2, 3]), &mut out);
+        for o in out {
+            if let Output::Submit(op) = o {
+                submitted.push(op);
+            }
+        }
+    }
+    let states = submitted.iter().filter(|op| matches!(op, Op::State { .. })).count();
+    assert_eq!(states, 1, "only daemon 3 sends a state: the others have theirs in flight");
+    assert_eq!(submitted.len(), 4, "the three held operations come again");
+    for op in submitted {
+        merged.feed(op);
+    }
+    for state in in_flight {
+        merged.feed(Op::State { epoch: 3, state });
+    }
+    assert!(merged.cores.iter().all(|c| !c.exchanging()));
+    let v = merged.cores[0].view(&g("g")).cloned().unwrap();
+    for core in &merged.cores {
+        assert_eq!(core.view(&g("g")), Some(&v), "every daemon computes the same view");
+    }
+    let mut members = names(&v);
+    assert_eq!(members.pop(), Some("c"), "the held join comes after the merge");
+    members.sort();
+    assert_eq!(members, ["a", "b", "z"]);
+    let held_msgs = |c| {
+        merged
+            .log
+            .iter()
+            .filter(|(to, d)| *to == c && matches!(d, Delivery::Message { payload, .. } if payload == "held"))
+            .count()
+    };
+    assert_eq!(held_msgs(conn(3, 1)), 1, "the merged-in member gets the held message once");
+    assert_eq!(held_msgs(conn(2, 1)), 1);
+}
+
+#[test]
+fn a_core_sends_its_state_again_once_the_last_one_came_back() {
+    let mut core = Core::new(DaemonId(1), Limits::default());
+    let mut out = Vec::new();
+    core.handle(daemons(1, &[1, 2]), &mut out);
+    let mine = submitted_states(&out).pop().expect("a state");
+    out.clear();
+    core.handle(daemons(2, &[1, 2]), &mut out);
+    assert!(submitted_states(&out).is_empty(), "the first state is still in flight");
+    core.handle(Op::State { epoch: 2, state: mine }, &mut out);
+    out.clear();
+    core.handle(daemons(3, &[1, 2, 3]), &mut out);
+    assert_eq!(submitted_states(&out).len(), 1);
+}

@@ -1,0 +1,335 @@
+//! The daemon–daemon encoding of the core's [`Op`]s, as a cluster backbone
+//! multicasts them to the daemon group.
+//!
+//! One message carries one operation: a version byte ([`OP_VERSION`]), a kind
+//! byte and the kind's fields, laid out as in the client wire format (big-endian
+//! integers, `str8` names). The backbone delivers whole messages, so there is no
+//! length prefix. The format is described byte by byte in `docs/wire.md`
+//! (section *Daemon → daemon*).
+//!
+//! [`decode_op`] rejects every malformed message with an [`OpError`] — it never
+//! panics, and never allocates more than the message can back — and the
+//! encoding is canonical: bytes that decode re-encode to themselves. A daemon
+//! must still check that an operation it decodes was sent by the daemon it
+//! names; that is the backbone's business, since only it knows the sender.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::core::{ClientState, ConnId, DaemonId, DaemonState, ErrorCode, Membership, Op, Service};
+use crate::view::ViewId;
+use crate::wire::{Fields, WireError, MAX_ERROR_TEXT};
+
+/// The version of the daemon–daemon encoding this module speaks.
+pub const OP_VERSION: u8 = 1;
+
+const CONNECT: u8 = 0x01;
+const DISCONNECT: u8 = 0x02;
+const JOIN: u8 = 0x03;
+const LEAVE: u8 = 0x04;
+const MULTICAST: u8 = 0x05;
+const UNICAST: u8 = 0x06;
+const REJECT: u8 = 0x07;
+const DAEMONS: u8 = 0x08;
+const STATE: u8 = 0x09;
+
+/// Why a daemon message could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpError {
+    /// The message is empty.
+    #[error("empty daemon message")]
+    Empty,
+    /// Another daemon speaks a version this one does not.
+    #[error("daemon message version {0} is not supported (this daemon speaks version {OP_VERSION})")]
+    UnsupportedVersion(u8),
+    /// The fields are malformed.
+    #[error("malformed daemon message: {0}")]
+    Malformed(#[from] WireError),
+}
+
+/// Appends `op` as one daemon message to `out`. An error text longer than
+/// [`MAX_ERROR_TEXT`] bytes is cut at a character boundary.
+///
+/// # Panics
+///
+/// If a list in the operation is longer than its count field can say (more
+/// than 65535 daemons, or 2^32 clients or memberships): no core builds such.
+pub fn encode_op(op: &Op, out: &mut BytesMut) {
+    out.put_u8(OP_VERSION);
+    match op {
+        Op::Connect { conn, name } => {
+            out.put_u8(CONNECT);
+            put_conn(out, *conn);
+            put_str8(out, name.as_str());
+        }
+        Op::Disconnect { conn } => {
+            out.put_u8(DISCONNECT);
+            put_conn(out, *conn);
+        }
+        Op::Join { conn, group, open } => {
+            out.put_u8(JOIN);
+            put_conn(out, *conn);
+            put_str8(out, group.as_str());
+            out.put_u8(u8::from(*open));
+        }
+        Op::Leave { conn, group } => {
+            out.put_u8(LEAVE);
+            put_conn(out, *conn);
+            put_str8(out, group.as_str());
+        }
+        Op::Multicast { conn, group, service, payload } => {
+            out.put_u8(MULTICAST);
+            put_conn(out, *conn);
+            put_str8(out, group.as_str());
+            out.put_u8(match service {
+                Service::Fifo => 1,
+                Service::Agreed => 2,
+            });
+            out.put_slice(payload);
+        }
+        Op::Unicast { conn, group, to, payload } => {
+            out.put_u8(UNICAST);
+            put_conn(out, *conn);
+            put_str8(out, group.as_str());
+            put_str8(out, to.as_str());
+            out.put_slice(payload);
+        }
+        Op::Reject { conn, code, text } => {
+            out.put_u8(REJECT);
+            put_conn(out, *conn);
+            out.put_u16(code.to_u16());
+            let mut end = text.len().min(MAX_ERROR_TEXT);
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            out.put_u16(u16::try_from(end).expect("cut to fit"));
+            out.put_slice(&text.as_bytes()[..end]);
+        }
+        Op::Daemons { epoch, members } => {
+            out.put_u8(DAEMONS);
+            out.put_u64(*epoch);
+            out.put_u16(u16::try_from(members.len()).expect("at most 65535 daemons"));
+            for d in members {
+                out.put_u16(d.0);
+            }
+        }
+        Op::State { epoch, state } => {
+            out.put_u8(STATE);
+            out.put_u64(*epoch);
+            out.put_u16(state.daemon.0);
+            out.put_u64(state.next_view);
+            out.put_u32(u32::try_from(state.clients.len()).expect("fewer than 2^32 clients"));
+            for c in &state.clients {
+                put_conn(out, c.conn);
+                put_str8(out, c.name.as_str());
+                out.put_u32(u32::try_from(c.groups.len()).expect("fewer than 2^32 memberships"));
+                for m in &c.groups {
+                    put_str8(out, m.group.as_str());
+                    out.put_u8(u8::from(m.open));
+                    out.put_u64(m.view.0);
+                    out.put_u64(m.since);
+                }
+            }
+        }
+    }
+}
+
+/// `op` as one daemon message.
+pub fn op_bytes(op: &Op) -> Bytes {
+    let mut out = BytesMut::new();
+    encode_op(op, &mut out);
+    out.freeze()
+}
+
+/// Decodes one daemon message. Payloads are slices of `msg`, not copies.
+pub fn decode_op(msg: Bytes) -> Result<Op, OpError> {
+    let mut f = Fields::new(msg);
+    let version = f.u8("version").map_err(|_| OpError::Empty)?;
+    if version != OP_VERSION {
+        return Err(OpError::UnsupportedVersion(version));
+    }
+    let op = match f.u8("kind")? {
+        CONNECT => Op::Connect { conn: conn(&mut f)?, name: f.member("member name")? },
+        DISCONNECT => Op::Disconnect { conn: conn(&mut f)? },
+        JOIN => Op::Join { conn: conn(&mut f)?, group: f.group()?, open: f.flag("open flag")? },
+        LEAVE => Op::Leave { conn: conn(&mut f)?, group: f.group()? },
+        MULTICAST => {
+            Op::Multicast { conn: conn(&mut f)?, group: f.group()?, service: f.service()?, payload: f.payload() }
+        }
+        UNICAST => {
+            Op::Unicast { conn: conn(&mut f)?, group: f.group()?, to: f.member("recipient")?, payload: f.payload() }
+        }
+        REJECT => {
+            let conn = conn(&mut f)?;
+            let code = ErrorCode::from_u16(f.u16("error code")?);
+            let len = f.u16("error text")?;
+            Op::Reject { conn, code, text: f.text(len.into(), "error text")?.to_owned() }
+        }
+        DAEMONS => {
+            let epoch = f.u64("epoch")?;
+            let count = usize::from(f.u16("daemon count")?);
+            let mut members = Vec::with_capacity(count.min(f.rest_len() / 2));
+            for _ in 0..count {
+                members.push(DaemonId(f.u16("daemon")?));
+            }
+            Op::Daemons { epoch, members }
+        }
+        STATE => {
+            let epoch = f.u64("epoch")?;
+            let daemon = DaemonId(f.u16("daemon")?);
+            let next_view = f.u64("next view")?;
+            let count = f.u32("client count")? as usize;
+            // A client takes at least 16 bytes, a membership at least 19: never
+            // trust a count further than the message can back it.
+            let mut clients = Vec::with_capacity(count.min(f.rest_len() / 16));
+            for _ in 0..count {
+                let conn = conn(&mut f)?;
+                let name = f.member("member name")?;
+                let n = f.u32("membership count")? as usize;
+                let mut groups = Vec::with_capacity(n.min(f.rest_len() / 19));
+                for _ in 0..n {
+                    groups.push(Membership {
+                        group: f.group()?,
+                        open: f.flag("open flag")?,
+                        view: ViewId(f.u64("view id")?),
+                        since: f.u64("since")?,
+                    });
+                }
+                clients.push(ClientState { conn, name, groups });
+            }
+            Op::State { epoch, state: DaemonState { daemon, next_view, clients } }
+        }
+        k => return Err(WireError::UnknownKind(k).into()),
+    };
+    Ok(f.finish(op)?)
+}
+
+fn put_conn(out: &mut BytesMut, c: ConnId) {
+    out.put_u16(c.daemon.0);
+    out.put_u64(c.local);
+}
+
+fn put_str8(out: &mut BytesMut, s: &str) {
+    // Member and group names are at most 255 bytes by construction.
+    out.put_u8(u8::try_from(s.len()).expect("names fit a one-byte length"));
+    out.put_slice(s.as_bytes());
+}
+
+fn conn(f: &mut Fields) -> Result<ConnId, WireError> {
+    Ok(ConnId { daemon: DaemonId(f.u16("daemon")?), local: f.u64("connection")? })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::view::{GroupName, MemberId};
+    use proptest::prelude::*;
+
+    fn name() -> impl Strategy<Value = String> {
+        "[a-z0-9._-]{1,20}"
+    }
+
+    fn conn_s() -> impl Strategy<Value = ConnId> {
+        (any::<u16>(), any::<u64>()).prop_map(|(d, l)| ConnId { daemon: DaemonId(d), local: l })
+    }
+
+    fn membership() -> impl Strategy<Value = Membership> {
+        (name(), any::<bool>(), any::<u64>(), any::<u64>()).prop_map(|(g, open, v, since)| Membership {
+            group: GroupName::new(g).unwrap(),
+            open,
+            view: ViewId(v),
+            since,
+        })
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let member = || name().prop_map(|s| MemberId::new(s).unwrap());
+        let group = || name().prop_map(|s| GroupName::new(s).unwrap());
+        let payload = || proptest::collection::vec(any::<u8>(), 0..64).prop_map(Bytes::from);
+        let client = (conn_s(), member(), proptest::collection::vec(membership(), 0..4))
+            .prop_map(|(conn, name, groups)| ClientState { conn, name, groups });
+        prop_oneof![
+            (conn_s(), member()).prop_map(|(conn, name)| Op::Connect { conn, name }),
+            conn_s().prop_map(|conn| Op::Disconnect { conn }),
+            (conn_s(), group(), any::<bool>()).prop_map(|(conn, group, open)| Op::Join { conn, group, open }),
+            (conn_s(), group()).prop_map(|(conn, group)| Op::Leave { conn, group }),
+            (conn_s(), group(), any::<bool>(), payload()).prop_map(|(conn, group, fifo, payload)| Op::Multicast {
+                conn,
+                group,
+                service: if fifo { Service::Fifo } else { Service::Agreed },
+                payload
+            }),
+            (conn_s(), group(), member(), payload()).prop_map(|(conn, group, to, payload)| Op::Unicast {
+                conn,
+                group,
+                to,
+                payload
+            }),
+            (conn_s(), any::<u16>(), ".{0,40}").prop_map(|(conn, code, text)| Op::Reject {
+                conn,
+                code: ErrorCode::from_u16(code),
+                text
+            }),
+            (any::<u64>(), proptest::collection::vec(any::<u16>(), 0..8))
+                .prop_map(|(epoch, ds)| Op::Daemons { epoch, members: ds.into_iter().map(DaemonId).collect() }),
+            (any::<u64>(), any::<u16>(), any::<u64>(), proptest::collection::vec(client, 0..4)).prop_map(
+                |(epoch, d, next_view, clients)| Op::State {
+                    epoch,
+                    state: DaemonState { daemon: DaemonId(d), next_view, clients }
+                }
+            ),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn every_op_round_trips_canonically(op in op()) {
+            let bytes = op_bytes(&op);
+            let back = decode_op(bytes.clone()).unwrap();
+            prop_assert_eq!(&back, &op);
+            prop_assert_eq!(op_bytes(&back), bytes);
+        }
+
+        #[test]
+        fn garbage_decodes_to_an_error_or_a_canonical_op(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            if let Ok(op) = decode_op(Bytes::from(bytes.clone())) {
+                prop_assert_eq!(op_bytes(&op), Bytes::from(bytes));
+            }
+        }
+
+        #[test]
+        fn mutated_messages_decode_to_an_op_or_an_error(op in op(), at in any::<usize>(), byte in any::<u8>()) {
+            let mut bytes = op_bytes(&op).to_vec();
+            let i = at % bytes.len();
+            bytes[i] = byte;
+            let _ = decode_op(Bytes::from(bytes));
+        }
+
+        #[test]
+        fn every_truncation_is_an_error(op in op(), cut in any::<usize>()) {
+            let bytes = op_bytes(&op);
+            let end = cut % bytes.len();
+            // Payloads run to the end of the message, so cutting one short still decodes.
+            if let Ok(back) = decode_op(bytes.slice(..end)) {
+                prop_assert!(matches!(back, Op::Multicast { .. } | Op::Unicast { .. }), "{back:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn versions_and_kinds_are_checked() {
+        assert_eq!(decode_op(Bytes::new()), Err(OpError::Empty));
+        assert_eq!(decode_op(Bytes::from_static(&[2, DISCONNECT])), Err(OpError::UnsupportedVersion(2)));
+        assert_eq!(decode_op(Bytes::from_static(&[1, 0x7f])), Err(OpError::Malformed(WireError::UnknownKind(0x7f))));
+        let mut msg = op_bytes(&Op::Disconnect { conn: ConnId { daemon: DaemonId(3), local: 9 } }).to_vec();
+        msg.push(0);
+        assert_eq!(decode_op(Bytes::from(msg)), Err(OpError::Malformed(WireError::Trailing(1))));
+    }
+
+    #[test]
+    fn a_huge_count_is_refused_without_allocating_for_it() {
+        let mut msg = vec![OP_VERSION, STATE];
+        msg.extend_from_slice(&[0; 8 + 2 + 8]);
+        msg.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(decode_op(Bytes::from(msg)), Err(OpError::Malformed(WireError::Truncated(_)))));
+    }
+}
