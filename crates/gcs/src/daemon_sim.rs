@@ -37,8 +37,8 @@
 //! The configuration number of [`Op::Daemons`] and [`Op::State`] is the
 //! simulator's count of configurations, which every daemon of a
 //! configuration shares; a state is stamped with the configuration it is
-//! delivered in, and states held across a change are dropped (the cores
-//! send fresh ones).
+//! delivered in. Like Totem, the simulator delivers every submission back to
+//! its daemon, states included: the core relies on it (see its module doc).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -447,7 +447,7 @@ impl DaemonSim {
     fn unordered(&mut self, from: DaemonId, config: u64, submission: u64, op: Op) {
         if self.daemons[&from].config == config {
             self.daemons.get_mut(&from).expect("daemon").unordered.insert(submission, op);
-        } else if !matches!(op, Op::State { .. }) {
+        } else {
             self.send_to_sequencer(from, self.now, op);
         }
     }
@@ -493,13 +493,7 @@ impl DaemonSim {
                         );
                     }
                 }
-                Output::Submit(op) => {
-                    let config = self.daemons[&id].config;
-                    // A state for a stopped configuration is never needed.
-                    if !self.configs[config as usize].stopped {
-                        self.send_to_sequencer(id, done, op);
-                    }
-                }
+                Output::Submit(op) => self.send_to_sequencer(id, done, op),
             }
         }
     }
@@ -556,7 +550,7 @@ impl DaemonSim {
                 self.apply(d, Op::Daemons { epoch: config, members: part.clone() });
             }
             for (d, ops) in resend {
-                for op in ops.into_values().filter(|op| !matches!(op, Op::State { .. })) {
+                for op in ops.into_values() {
                     self.send_to_sequencer(d, self.now, op);
                 }
             }
