@@ -452,7 +452,8 @@ impl Session {
             }
         }
         let gs = self.groups.get_mut(group).expect("checked above");
-        if !me_ok || foreign {
+        // Already told that it is refused in this view: it stays aside.
+        if !me_ok || foreign || gs.aside {
             gs.aside = true;
             gs.held_ka.clear();
             if foreign {
