@@ -231,7 +231,7 @@ impl KeyDir {
         }
         let key = read_secret(&self.ca_key())?;
         let cert = read(&self.ca_cert())?;
-        Ok(Issuer::load(&cert, &key).with_context(|| format!("bad authority in {}", self.dir.display()))?)
+        Issuer::load(&cert, &key).with_context(|| format!("bad authority in {}", self.dir.display()))
     }
 
     /// Issues `name`'s identity; refuses to overwrite one. Returns the serial.

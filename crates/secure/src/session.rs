@@ -35,15 +35,18 @@ pub(crate) mod tag {
     /// its own: `tag ‖ protocol code ‖ group code`.
     pub const POLICY: u8 = 3;
     /// A member presenting its certificate in a view (agreed multicast):
-    /// `tag ‖ u16 length ‖ certificate DER ‖ Ed25519 signature` over
-    /// [`super::proof_transcript`].
+    /// `tag ‖ u64 view ‖ u16 length ‖ certificate DER ‖ Ed25519 signature`
+    /// over [`super::proof_transcript`].
     pub const CERT: u8 = 4;
     /// An accepted member giving up on members that presented no
-    /// certificate (agreed multicast): `tag ‖ (u8 length ‖ name)*`.
+    /// certificate (agreed multicast): `tag ‖ u64 view ‖ (u8 length ‖ name)*`.
     pub const TIMEOUT: u8 = 5;
     /// The oldest accepted member telling a refused member why (unicast):
-    /// `tag ‖ refusal`.
+    /// `tag ‖ u64 view ‖ refusal`.
     pub const REFUSED: u8 = 6;
+    // The three carry the view they were made for: one sent just after a
+    // view change can be delivered in the next view, where it is stale and
+    // dropped (its sender sends a fresh one for the new view).
 }
 
 /// How long a view waits by default for certificates before the members
@@ -408,6 +411,7 @@ impl Session {
             let sig = self.signer.sign(&proof_transcript(&group, view.id.0, &self.me, cert_der));
             let mut p = Vec::with_capacity(3 + cert_der.len() + sig.len());
             p.push(tag::CERT);
+            p.extend_from_slice(&view.id.0.to_be_bytes());
             p.extend_from_slice(&(cert_der.len() as u16).to_be_bytes());
             p.extend_from_slice(cert_der);
             p.extend_from_slice(&sig);
@@ -468,6 +472,7 @@ impl Session {
         if oldest_accepted.as_ref() == Some(&self.me) {
             for (member, reason) in &refused {
                 let mut p = vec![tag::REFUSED];
+                p.extend_from_slice(&view.id.0.to_be_bytes());
                 reason.encode(&mut p);
                 self.push(Outgoing::Unicast(group.clone(), member.clone(), p.into()))?;
             }
@@ -515,7 +520,7 @@ impl Session {
                 m
             })
             .collect();
-        let engine_view = View { id: view.id, members, cause: view.cause.clone() };
+        let engine_view = View { id: view.id, members, cause: view.cause };
         gs.engine_view = Some(view.id);
         gs.together = engine_view.ids().cloned().collect();
         let res = gs.engine.on_view(&engine_view, &mut OsRng);
@@ -536,11 +541,12 @@ impl Session {
                 continue;
             }
             let mut p = vec![tag::TIMEOUT];
+            p.extend_from_slice(&view.id.0.to_be_bytes());
             for m in view.ids().filter(|m| !gs.verdicts.contains_key(*m)) {
                 p.push(m.as_str().len() as u8);
                 p.extend_from_slice(m.as_str().as_bytes());
             }
-            if p.len() > 1 {
+            if p.len() > 9 {
                 tracing::info!(%group, "certificates missing at the deadline");
                 self.push(Outgoing::Multicast(group.clone(), p.into()))?;
             }
@@ -730,9 +736,27 @@ impl Session {
             Some(tag::POLICY) if payload.len() == 3 && unicast => {
                 self.on_foreign_policy(group, sender, (payload[1], payload[2]))
             }
-            Some(tag::CERT) if !unicast => self.on_cert(&group, sender, view, &payload[1..]),
-            Some(tag::TIMEOUT) if !unicast => self.on_timeout(&group, &sender, view, &payload[1..]),
-            Some(tag::REFUSED) if unicast => self.on_refused(&group, sender, view, &payload[1..]),
+            Some(t @ (tag::CERT | tag::TIMEOUT | tag::REFUSED)) => {
+                let Some(made_for) = payload.get(1..9).map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
+                else {
+                    self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::Malformed });
+                    return Ok(());
+                };
+                if made_for != view {
+                    tracing::debug!(%group, %sender, made_for, view, "trust message of an earlier view dropped");
+                    return Ok(());
+                }
+                let body = &payload[9..];
+                match (t, unicast) {
+                    (tag::CERT, false) => self.on_cert(&group, sender, view, body),
+                    (tag::TIMEOUT, false) => self.on_timeout(&group, &sender, view, body),
+                    (tag::REFUSED, true) => self.on_refused(&group, sender, view, body),
+                    _ => {
+                        self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::Malformed });
+                        Ok(())
+                    }
+                }
+            }
             Some(tag::DATA) if !unicast => {
                 #[cfg(feature = "test-hooks")]
                 gs.captured.push((sender.clone(), payload.slice(1..)));

@@ -173,7 +173,7 @@ fn pem_block(pem: &str, label: &'static str) -> Result<Vec<u8>, TrustError> {
 
 fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>, String> {
     match X509Certificate::from_der(der) {
-        Ok((rest, c)) if rest.is_empty() => Ok(c),
+        Ok(([], c)) => Ok(c),
         Ok(_) => Err("trailing bytes after the certificate".into()),
         Err(e) => Err(e.to_string()),
     }
@@ -259,7 +259,7 @@ impl Authority {
             Some(pem) => {
                 let der = pem_block(pem, "X509 CRL")?;
                 let parsed = match CertificateRevocationList::from_der(&der) {
-                    Ok((rest, c)) if rest.is_empty() => c,
+                    Ok(([], c)) => c,
                     Ok(_) => {
                         return Err(TrustError::Malformed { what: "CRL", detail: "trailing bytes".into() });
                     }

@@ -198,7 +198,8 @@ async fn intruders_are_refused(protocol: ProtocolId) {
         certs.push(ca.issue(n));
     }
     let trudy = ca.issue("trudy");
-    let authority = Arc::new(Authority::from_pem(ca.issuer.ca_pem(), Some(&ca.crl(&[trudy.2.clone()]))).unwrap());
+    let authority =
+        Arc::new(Authority::from_pem(ca.issuer.ca_pem(), Some(&ca.crl(std::slice::from_ref(&trudy.2)))).unwrap());
     let policy = Policy { protocol, group_id: GroupId::Ristretto255 };
     let mut ms = Vec::new();
     for (n, (c, k, _)) in honest.iter().zip(&certs) {
@@ -337,7 +338,7 @@ fn verification_refuses_what_it_must() {
     // Revocation takes effect with the CRL that lists the serial.
     let (revoked, _, serial) = ca.issue("alice");
     assert!(authority.verify(&der(&revoked), &alice, now).is_ok());
-    let with_crl = Authority::from_pem(ca.issuer.ca_pem(), Some(&ca.crl(&[serial.clone()]))).unwrap();
+    let with_crl = Authority::from_pem(ca.issuer.ca_pem(), Some(&ca.crl(std::slice::from_ref(&serial)))).unwrap();
     let hex: String = serial.iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(
         with_crl.verify(&der(&revoked), &alice, now).unwrap_err(),
