@@ -5,17 +5,19 @@
 //! architecture): they join one by one, talk — also while a rekey is running —
 //! and one of them leaves. Every secure view (members, epoch, key fingerprint,
 //! how long the rekey took) and every decrypted message is printed as each
-//! member sees it.
+//! member sees it. Identities are certified by a group authority made for the
+//! run; at the end a revoked member, mallory, tries to join and the others
+//! print that they refused her and why.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use conclave_gcs_net::Client;
 use conclave_gcs_net::{Daemon, DaemonConfig};
-use conclave_gka::suite::{generate_signer, SignatureId};
-use conclave_gka::StaticDirectory;
+use conclave_secure::trust::{cert_info, Authority, Identity, Issuer, Revocation};
 use conclave_secure::{MemberId, Policy, SecureEvent, Session};
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
@@ -30,7 +32,7 @@ pub struct DemoArgs {
     /// Group for the key agreement: ristretto255, modp512, modp1024, modp2048.
     #[arg(long, default_value = "ristretto255")]
     suite: String,
-    /// Seed of the members' identity keys.
+    /// Seed of the authority's and the members' identity keys.
     #[arg(long, default_value_t = 1)]
     seed: u64,
 }
@@ -80,19 +82,28 @@ async fn script(socket: &std::path::Path, policy: Policy, seed: u64) -> Result<(
     let tag = policy.protocol.name();
     println!("\n=== {} over {} ===", policy.protocol, policy.group_id.name());
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
-    let mut directory = StaticDirectory::new();
-    let mut signers = Vec::new();
-    for n in NAMES {
+    // A group authority for the run: it certifies everyone, then revokes mallory.
+    let now = SystemTime::now();
+    let (from, until) = (now - Duration::from_secs(3600), now + Duration::from_secs(86_400));
+    let (issuer, _ca_key) = Issuer::create("Conclave demo authority", from, until, &mut rng)?;
+    let mut identities = Vec::new();
+    let mut revoked = Vec::new();
+    for n in NAMES.iter().chain(&["mallory"]) {
         let name = format!("{n}-{tag}");
-        let s = generate_signer(SignatureId::Ed25519, &mut rng)?;
-        directory.insert(MemberId::new(name.clone())?, s.verifier());
-        signers.push((name, s));
+        let issued = issuer.issue(&MemberId::new(name.clone())?, from, until, &mut rng)?;
+        if *n == "mallory" {
+            let reason = Some(rcgen::RevocationReason::KeyCompromise);
+            revoked.push(Revocation { serial: cert_info(&issued.cert_pem)?.serial_bytes, time: now, reason });
+        }
+        identities.push((name, Identity::from_pem(&issued.cert_pem, &issued.key_pem)?));
     }
-    let directory = Arc::new(directory);
+    let crl = issuer.crl(2, &revoked, now, until)?;
+    let authority = Arc::new(Authority::from_pem(issuer.ca_pem(), Some(&crl))?);
     let (report_tx, mut reports) = mpsc::unbounded_channel::<Report>();
     let mut members: BTreeMap<String, mpsc::UnboundedSender<Cmd>> = BTreeMap::new();
-    for (name, signer) in signers {
-        let mut session = Session::connect_unix(socket, &name, signer, directory.clone()).await?;
+    for (name, identity) in identities {
+        let client = Client::connect_unix(socket, &name).await?;
+        let mut session = Session::connect_certified(client, MemberId::new(name.clone())?, identity, authority.clone());
         let (tx, mut rx) = mpsc::unbounded_channel::<Cmd>();
         let out = report_tx.clone();
         let group = format!("demo-{tag}");
@@ -162,6 +173,25 @@ async fn script(socket: &std::path::Path, policy: Policy, seed: u64) -> Result<(
     cmd("carol", Cmd::Leave)?;
     await_views(&["alice", "bob", "dave"], 3, &mut reports).await?;
     cmd("bob", Cmd::Send("carol cannot read this".into()))?;
+    // Mallory's certificate is revoked: the others refuse her, and tell her why.
+    cmd("mallory", Cmd::Join(policy))?;
+    let mut refused_by = BTreeSet::new();
+    let mut told = false;
+    let deadline = Instant::now() + WAIT;
+    while refused_by.len() < 3 || !told {
+        let r = match tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), reports.recv()).await {
+            Ok(Some(r)) => r,
+            _ => bail!("{tag}: timed out waiting for mallory's refusal"),
+        };
+        show(&r);
+        match &r.event {
+            SecureEvent::Refused { member, .. } if member.as_str().starts_with("mallory") => {
+                refused_by.insert(r.who.clone());
+            }
+            SecureEvent::Excluded { .. } if r.who.starts_with("mallory") => told = true,
+            _ => {}
+        }
+    }
     // Let the last messages arrive, then print them.
     let settle = Instant::now() + Duration::from_millis(300);
     while let Ok(Some(r)) = tokio::time::timeout(settle.saturating_duration_since(Instant::now()), reports.recv()).await
@@ -189,6 +219,14 @@ fn show(r: &Report) {
             println!("{who:>6} | [epoch {epoch}] {from}: {}", String::from_utf8_lossy(data));
         }
         SecureEvent::Left { .. } => println!("{who:>6} | left the group"),
+        SecureEvent::Refused { member, reason, .. } => {
+            let member = member.as_str().split('-').next().unwrap_or("");
+            println!("{who:>6} | refused {member}: {reason}");
+        }
+        SecureEvent::Excluded { by, reason, .. } => {
+            let by = by.as_str().split('-').next().unwrap_or("");
+            println!("{who:>6} | refused by {by}: {reason}");
+        }
         other => println!("{who:>6} | {other:?}"),
     }
 }

@@ -5,8 +5,8 @@
 //! daemon (`conclave daemon`), an interactive client in the manner of
 //! Spread's spuser (`conclave client`) and a load generator in the manner of
 //! spflooder (`conclave flood`), and `conclave demo`, which runs the whole
-//! stack (daemon, secure sessions, key agreement) in one process. The chat, gauge and keys commands of
-//! DESIGN.md join them as they land.
+//! stack (daemon, secure sessions, key agreement) in one process, `conclave chat`, and `conclave keys`
+//! (certified identities). The gauge command of DESIGN.md joins them as it lands.
 
 mod bench;
 mod chat;
@@ -14,6 +14,7 @@ mod client;
 mod daemon;
 mod demo;
 mod flood;
+mod keys;
 mod names;
 
 use anyhow::Result;
@@ -46,6 +47,11 @@ enum Command {
     Chat(chat::ChatArgs),
     /// Load test: several connections flood one group with agreed messages.
     Flood(flood::FloodArgs),
+    /// Certified identities: the group authority, member certificates and revocation.
+    Keys {
+        #[command(subcommand)]
+        which: keys::KeysCommand,
+    },
 }
 
 fn main() {
@@ -57,6 +63,7 @@ fn main() {
         Command::Client(args) => client::run(args),
         Command::Chat(args) => chat::run(args),
         Command::Flood(args) => flood::run(args),
+        Command::Keys { which } => keys::run(which),
     };
     if let Err(e) = r {
         eprintln!("conclave: {e:#}");

@@ -127,7 +127,7 @@ fn three_members_chat_and_one_quits() {
     for name in names {
         tmux.until(name, &[" alice", " bob", " carol", "rekey to epoch", "(tgdh)", "3 members"], dir.path());
     }
-    assert!(std::fs::metadata(keys.join("alice.pub")).is_ok(), "alice's public key was written");
+    assert!(std::fs::metadata(keys.join("members/alice.crt")).is_ok(), "alice's certificate was issued");
 
     for name in names {
         tmux.type_line(name, &format!("hello from {name}"));

@@ -28,5 +28,18 @@ fn demo_runs_every_protocol_end_to_end() {
             .collect();
         assert_eq!(readers.len(), 3, "{proto}: {section}");
         assert!(!readers.contains(&"carol"), "{proto}: carol read a message sent after she left");
+        // Revoked mallory is refused by the three members, told why, and gets no key.
+        for who in ["alice", "bob", "dave"] {
+            let line = format!("{who:>6} | refused mallory: its certificate (serial ");
+            assert!(
+                section.lines().any(|l| l.starts_with(&line) && l.ends_with("was revoked (key compromise)")),
+                "{proto}: {who} did not refuse mallory\n{section}"
+            );
+        }
+        assert!(
+            section.lines().any(|l| l.starts_with("mallory | refused by alice: its certificate")),
+            "{proto}: mallory was not told\n{section}"
+        );
+        assert!(!section.lines().any(|l| l.starts_with("mallory | secure view")), "{proto}: mallory got a key");
     }
 }

@@ -34,12 +34,62 @@
 //!   speak another policy gets [`SecureEvent::PolicyMismatch`] and is taken
 //!   out of the group, so the others can rekey without it.
 //!
+//! # Certified identities
+//!
+//! A session opened with [`Session::connect_certified`] trusts a group
+//! authority ([`trust::Authority`]: an X.509 CA and its CRL, made by
+//! `conclave keys`) instead of a fixed [`Directory`](conclave_gka::Directory).
+//! Certificates travel in-band, and every decision depends only on the
+//! agreed message stream, so all members of a view decide alike:
+//!
+//! * **Presenting.** On every view that is not a pure shrink (a join or a
+//!   merge, and a member's first view), each member multicasts its
+//!   certificate with a signature binding it to the group and the view (so a
+//!   certificate, which is public, proves nothing without its key). A view
+//!   that every member entered from the same previous view, all of them
+//!   decided there, keeps the previous verdicts: leaves cost nothing extra.
+//! * **Holding.** The view is held (no key agreement starts) until every
+//!   member has a verdict: *accepted* (its certificate verifies: issued by the
+//!   authority, valid now, not revoked, common name = member name, Ed25519,
+//!   proof of possession) or *refused* with a [`trust::Refusal`]. Key
+//!   agreement messages that arrive meanwhile wait.
+//! * **No certificate.** A member that presents none would hold the view
+//!   forever, so each member has a deadline (10 s by default,
+//!   [`Session::set_certificate_timeout`]). When an accepted member's
+//!   deadline passes it multicasts a notice naming the members still
+//!   without a certificate; whichever comes first in the agreed order — the
+//!   certificate or the first notice from an accepted member — decides, at
+//!   every member. Only *when* the notice is sent is a local decision.
+//! * **Running without the refused.** The engine runs on the view without
+//!   the refused members (same view id and order), and verifies key agreement
+//!   messages against the accepted certificates only; the refused members'
+//!   key agreement and data messages are ignored. The application gets
+//!   [`SecureEvent::Refused`] once per refused member per view, and secure
+//!   views list accepted members only. The oldest accepted member unicasts
+//!   each refused member the reason; a refused session reports it as
+//!   [`SecureEvent::Excluded`] and stands aside until the next view.
+//! * **One authority per group.** The oldest member fixes the authority, as
+//!   it fixes the policy: a member whose authority did not issue the oldest
+//!   member's certificate stands aside ([`SecureEvent::Excluded`] with
+//!   [`trust::Refusal::UnknownIssuer`]) instead of agreeing a key with the
+//!   members it does accept.
+//!
+//! What remains local: each member's authority, CRL and clock. Members with
+//! different CRLs (or a certificate that expires during a view change) can
+//! disagree on a verdict; they then run key agreement on different member
+//! lists, the run fails its signature checks or stalls, and the next view
+//! (with the same configuration everywhere) heals it. A session that holds
+//! an out-of-date CRL and accepts itself may also start key agreement before
+//! the refusal notice reaches it; it cannot compute the group's key, since
+//! the others' run does not include it.
+//!
 //! # Limitations (for now)
 //!
 //! * Only the layered mode; interval rekeying (SEAL) and the integrated
 //!   architecture are later issues.
-//! * Identities and the trust [`Directory`](conclave_gka::Directory) are the
-//!   application's to provide (no key files, X.509 or TLS client auth yet).
+//! * The authority and CRL are read when the session is made; a new CRL
+//!   takes effect for sessions made after it (and only at views that
+//!   re-decide: joins and merges).
 //! * Outgoing traffic is queued without bound (no backpressure to `send`).
 //! * Data goes by agreed multicast only; there are no encrypted unicasts.
 //! * A current member's message that names an earlier epoch is dropped
@@ -56,6 +106,7 @@
 
 pub mod data;
 mod session;
+pub mod trust;
 
 use std::time::Duration;
 
@@ -63,7 +114,8 @@ pub use conclave_gcs::{GroupName, MemberId};
 pub use conclave_gcs_net::ErrorCode;
 pub use conclave_gka::{GroupId, ProtocolId};
 pub use data::{DataError, DataHeader, EpochKeys};
-pub use session::Session;
+pub use session::{Session, DEFAULT_CERT_TIMEOUT};
+pub use trust::Refusal;
 
 /// How a group agrees on its keys; fixed by the group's first member.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -161,6 +213,28 @@ pub enum SecureEvent {
         theirs: Option<Policy>,
         /// The older member whose message showed the mismatch.
         from: MemberId,
+    },
+    /// Certified mode: a member of the view was refused a place in the
+    /// group (it takes no part in key agreement and gets no key).
+    Refused {
+        /// The group.
+        group: GroupName,
+        /// Who was refused.
+        member: MemberId,
+        /// Why.
+        reason: trust::Refusal,
+    },
+    /// This member was refused in the current view (told by `by`, the
+    /// oldest member that accepts it; or it found that the group's oldest
+    /// member is certified by another authority). It gets no key and stands
+    /// aside until the next view.
+    Excluded {
+        /// The group.
+        group: GroupName,
+        /// The member that refused it.
+        by: MemberId,
+        /// Why.
+        reason: trust::Refusal,
     },
     /// The member left the group: nothing more comes from it.
     Left {

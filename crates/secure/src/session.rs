@@ -8,19 +8,21 @@
 //! `tokio::select!`). Outgoing traffic goes through an internal writer task,
 //! so [`Session::join`], [`Session::send`] and [`Session::leave`] never block.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use conclave_gcs::{GroupName, MemberId, View};
 use conclave_gcs_net::{Client, ClientSender, ErrorCode, Event, Service};
-use conclave_gka::suite::Signer;
+use conclave_gka::suite::{Signer, Verifier};
 use conclave_gka::{Config, Directory, Engine, GroupId, Output, ProtocolId, SecureView};
 use rand_core::OsRng;
+use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use crate::data::{DataError, DataHeader, EpochKeys, TAG_LEN};
+use crate::trust::{Authority, Identity, Refusal};
 use crate::{Policy, RejectReason, SecureEvent, SecureViewInfo, SessionError};
 
 /// Payload tags: the first byte of every payload this layer puts on the daemon group.
@@ -32,6 +34,48 @@ pub(crate) mod tag {
     /// The oldest member telling a newcomer the group's policy differs from
     /// its own: `tag ‖ protocol code ‖ group code`.
     pub const POLICY: u8 = 3;
+    /// A member presenting its certificate in a view (agreed multicast):
+    /// `tag ‖ u64 view ‖ u16 length ‖ certificate DER ‖ Ed25519 signature`
+    /// over [`super::proof_transcript`].
+    pub const CERT: u8 = 4;
+    /// An accepted member giving up on members that presented no
+    /// certificate (agreed multicast): `tag ‖ u64 view ‖ (u8 length ‖ name)*`.
+    pub const TIMEOUT: u8 = 5;
+    /// The oldest accepted member telling a refused member why (unicast):
+    /// `tag ‖ u64 view ‖ refusal`.
+    pub const REFUSED: u8 = 6;
+    // The three carry the view they were made for: one sent just after a
+    // view change can be delivered in the next view, where it is stale and
+    // dropped (its sender sends a fresh one for the new view).
+}
+
+/// How long a view waits by default for certificates before the members
+/// that presented none are refused.
+pub const DEFAULT_CERT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Certified mode: who this member is and whom it trusts.
+struct Certified {
+    identity: Identity,
+    authority: Arc<Authority>,
+    timeout: Duration,
+}
+
+/// A member's standing in the current view (certified mode).
+#[derive(Clone)]
+enum Verdict {
+    Accepted(Arc<dyn Verifier>),
+    Refused(Refusal),
+}
+
+/// The engine's directory in certified mode: the identity keys of the
+/// members accepted in the current view, and nobody else.
+#[derive(Default)]
+struct Accepted(Mutex<BTreeMap<MemberId, Arc<dyn Verifier>>>);
+
+impl Directory for Accepted {
+    fn verifier(&self, member: &MemberId) -> Option<Arc<dyn Verifier>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).get(member).cloned()
+    }
 }
 
 /// Largest number of data messages held for a view whose key is not agreed yet.
@@ -73,6 +117,23 @@ struct GroupState {
     leaving: bool,
     /// Taken out for a policy mismatch: every input is ignored.
     ousted: bool,
+    /// Certified mode: the directory the engine reads.
+    accepted: Option<Arc<Accepted>>,
+    /// Certified mode: each member's standing in the current view.
+    verdicts: BTreeMap<MemberId, Verdict>,
+    /// The current view waits for verdicts before its key agreement starts.
+    held: bool,
+    /// When to give up on members that presented no certificate.
+    deadline: Option<Instant>,
+    /// Key agreement messages that came while the view was held.
+    held_ka: Vec<(MemberId, Bytes)>,
+    /// This member takes no part in key agreement in the current view
+    /// (refused, or told that it was).
+    aside: bool,
+    /// The last view fed to the engine (views held and superseded are not).
+    engine_view: Option<conclave_gcs::ViewId>,
+    /// Members continuously in this member's views since `engine_view`.
+    together: BTreeSet<MemberId>,
     #[cfg(feature = "test-hooks")]
     captured: Vec<(MemberId, Bytes)>,
 }
@@ -82,6 +143,7 @@ pub struct Session {
     me: MemberId,
     signer: Arc<dyn Signer>,
     directory: Arc<dyn Directory>,
+    certified: Option<Certified>,
     out: mpsc::UnboundedSender<Outgoing>,
     rx: conclave_gcs_net::ClientReceiver,
     groups: BTreeMap<GroupName, GroupState>,
@@ -123,11 +185,32 @@ impl Session {
             me,
             signer: identity,
             directory,
+            certified: None,
             out,
             rx,
             groups: BTreeMap::new(),
             events: VecDeque::new(),
             max_payload: conclave_gcs::wire::DEFAULT_MAX_PAYLOAD,
+        }
+    }
+
+    /// Wraps a connected client in *certified mode*: this member presents
+    /// `identity`'s certificate in every view that needs it, and takes part in
+    /// key agreement only with members whose certificates `authority`
+    /// accepts (see the crate doc, "Certified identities"). `me` must be the
+    /// name the client connected with.
+    pub fn connect_certified(client: Client, me: MemberId, identity: Identity, authority: Arc<Authority>) -> Session {
+        let signer = identity.signer();
+        let mut s = Self::connect(client, me, signer, Arc::new(conclave_gka::StaticDirectory::new()));
+        s.certified = Some(Certified { identity, authority, timeout: DEFAULT_CERT_TIMEOUT });
+        s
+    }
+
+    /// Certified mode: how long a view waits for a member's certificate
+    /// before it is refused for presenting none (default 10 s).
+    pub fn set_certificate_timeout(&mut self, timeout: Duration) {
+        if let Some(c) = self.certified.as_mut() {
+            c.timeout = timeout;
         }
     }
 
@@ -156,13 +239,18 @@ impl Session {
         if self.groups.contains_key(&name) {
             return Err(SessionError::AlreadyJoined(name));
         }
+        let accepted = self.certified.as_ref().map(|_| Arc::new(Accepted::default()));
+        let directory = match &accepted {
+            Some(a) => a.clone() as Arc<dyn Directory>,
+            None => self.directory.clone(),
+        };
         let engine = conclave_gka::new_engine(Config {
             protocol: policy.protocol,
             group_id: policy.group_id,
             group: name.as_str().to_owned(),
             me: self.me.clone(),
             signer: self.signer.clone(),
-            directory: self.directory.clone(),
+            directory,
         });
         self.groups.insert(
             name.clone(),
@@ -182,6 +270,14 @@ impl Session {
                 established: false,
                 leaving: false,
                 ousted: false,
+                accepted,
+                verdicts: BTreeMap::new(),
+                held: false,
+                deadline: None,
+                held_ka: Vec::new(),
+                aside: false,
+                engine_view: None,
+                together: BTreeSet::new(),
                 #[cfg(feature = "test-hooks")]
                 captured: Vec::new(),
             },
@@ -227,8 +323,16 @@ impl Session {
             if let Some(ev) = self.events.pop_front() {
                 return Ok(ev);
             }
-            let d = self.rx.recv().await?;
-            self.handle(d)?;
+            let deadline = self.groups.values().filter_map(|g| g.deadline).min();
+            tokio::select! {
+                d = self.rx.recv() => {
+                    let d = d?;
+                    self.handle(d)?;
+                }
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()), if deadline.is_some() => {
+                    self.on_deadline(Instant::now())?;
+                }
+            }
         }
     }
 
@@ -280,10 +384,244 @@ impl Session {
         gs.early.clear();
         gs.next_from.clear();
         gs.rekey_since.get_or_insert_with(Instant::now);
-        gs.view = Some(view.clone());
+        let previous = gs.view.replace(view.clone());
         tracing::debug!(%group, view = %view.id, n = view.members.len(), "view; rekeying");
-        let res = gs.engine.on_view(&view, &mut OsRng);
-        self.engine_result(&group, None, res)
+        let my_prev = view.member(&self.me).and_then(|m| m.prev);
+        gs.together.retain(|m| my_prev.is_some() && view.member(m).is_some_and(|x| x.prev == my_prev));
+        gs.held_ka.clear();
+        gs.aside = false;
+        gs.deadline = None;
+        let Some(cert) = self.certified.as_ref() else {
+            let members = view.members.clone();
+            return self.start_engine(&group, members);
+        };
+        // Verdicts carry over only into a view that every member entered
+        // from this member's previous view, all of them decided there: all
+        // members then hold the same verdicts. Any other view (a join or a
+        // merge) is decided afresh from the certificates presented in it.
+        let shrink = previous.is_some_and(|p| view.members.iter().all(|m| m.prev == Some(p.id)))
+            && view.ids().all(|m| gs.verdicts.contains_key(m));
+        gs.held = true;
+        if shrink {
+            gs.verdicts.retain(|m, _| view.contains(m));
+        } else {
+            gs.verdicts.clear();
+            gs.deadline = Some(Instant::now() + cert.timeout);
+            let cert_der = cert.identity.cert_der();
+            let sig = self.signer.sign(&proof_transcript(&group, view.id.0, &self.me, cert_der));
+            let mut p = Vec::with_capacity(3 + cert_der.len() + sig.len());
+            p.push(tag::CERT);
+            p.extend_from_slice(&view.id.0.to_be_bytes());
+            p.extend_from_slice(&(cert_der.len() as u16).to_be_bytes());
+            p.extend_from_slice(cert_der);
+            p.extend_from_slice(&sig);
+            self.push(Outgoing::Multicast(group.clone(), p.into()))?;
+        }
+        self.try_start(&group)
+    }
+
+    /// Starts key agreement on the current view once every member has a
+    /// verdict: refused members are reported, told (by the oldest accepted
+    /// member) and left out of the engine's view.
+    fn try_start(&mut self, group: &GroupName) -> Result<(), SessionError> {
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+        let Some(view) = gs.view.clone() else { return Ok(()) };
+        if !gs.held || !view.ids().all(|m| gs.verdicts.contains_key(m)) {
+            return Ok(());
+        }
+        gs.held = false;
+        gs.deadline = None;
+        let refused: Vec<(MemberId, Refusal)> = view
+            .ids()
+            .filter_map(|m| match &gs.verdicts[m] {
+                Verdict::Refused(r) => Some((m.clone(), r.clone())),
+                Verdict::Accepted(_) => None,
+            })
+            .collect();
+        let oldest = &view.members[0].id;
+        // The oldest member fixes the group's authority (as it fixes the
+        // policy): a member whose authority does not know the oldest
+        // member's issuer is the odd one out, and stands aside.
+        let foreign = oldest != &self.me && matches!(gs.verdicts[oldest], Verdict::Refused(Refusal::UnknownIssuer));
+        let me_ok = matches!(gs.verdicts.get(&self.me), Some(Verdict::Accepted(_)));
+        let oldest_accepted = view.ids().find(|m| matches!(gs.verdicts[*m], Verdict::Accepted(_))).cloned();
+        for (member, reason) in &refused {
+            if member != &self.me {
+                tracing::info!(%group, %member, %reason, "member refused");
+                self.events.push_back(SecureEvent::Refused {
+                    group: group.clone(),
+                    member: member.clone(),
+                    reason: reason.clone(),
+                });
+            }
+        }
+        let gs = self.groups.get_mut(group).expect("checked above");
+        // Already told that it is refused in this view: it stays aside.
+        if !me_ok || foreign || gs.aside {
+            gs.aside = true;
+            gs.held_ka.clear();
+            if foreign {
+                self.events.push_back(SecureEvent::Excluded {
+                    group: group.clone(),
+                    by: oldest.clone(),
+                    reason: Refusal::UnknownIssuer,
+                });
+            }
+            return Ok(());
+        }
+        if oldest_accepted.as_ref() == Some(&self.me) {
+            for (member, reason) in &refused {
+                let mut p = vec![tag::REFUSED];
+                p.extend_from_slice(&view.id.0.to_be_bytes());
+                reason.encode(&mut p);
+                self.push(Outgoing::Unicast(group.clone(), member.clone(), p.into()))?;
+            }
+        }
+        let gs = self.groups.get_mut(group).expect("checked above");
+        let mut keys = BTreeMap::new();
+        for (m, v) in &gs.verdicts {
+            if let Verdict::Accepted(k) = v {
+                keys.insert(m.clone(), k.clone());
+            }
+        }
+        if let Some(a) = &gs.accepted {
+            *a.0.lock().unwrap_or_else(|e| e.into_inner()) = keys;
+        }
+        let members = view.members.iter().filter(|m| matches!(gs.verdicts[&m.id], Verdict::Accepted(_))).cloned();
+        let members: Vec<_> = members.collect();
+        let held = std::mem::take(&mut gs.held_ka);
+        self.start_engine(group, members)?;
+        for (sender, bytes) in held {
+            let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+            if gs.aside || !matches!(gs.verdicts.get(&sender), Some(Verdict::Accepted(_))) {
+                continue;
+            }
+            let res = gs.engine.on_message(&sender, &bytes, &mut OsRng);
+            self.engine_result(group, Some(&sender), res)?;
+        }
+        Ok(())
+    }
+
+    /// Feeds the engine the current view, restricted to `members`. The
+    /// engine tells who shares its state by `prev`; since views held and
+    /// superseded never reach it, `prev` is rewritten to say "continuously
+    /// with me since the engine's last view".
+    fn start_engine(
+        &mut self,
+        group: &GroupName,
+        members: Vec<conclave_gcs::view::ViewMember>,
+    ) -> Result<(), SessionError> {
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+        let Some(view) = gs.view.as_ref() else { return Ok(()) };
+        let members: Vec<_> = members
+            .into_iter()
+            .map(|mut m| {
+                m.prev = if m.id == self.me || gs.together.contains(&m.id) { gs.engine_view } else { None };
+                m
+            })
+            .collect();
+        let engine_view = View { id: view.id, members, cause: view.cause };
+        gs.engine_view = Some(view.id);
+        gs.together = engine_view.ids().cloned().collect();
+        let res = gs.engine.on_view(&engine_view, &mut OsRng);
+        self.engine_result(group, None, res)
+    }
+
+    /// A certificate deadline passed: an accepted member names the members
+    /// still without a verdict; the first such notice in the agreed order
+    /// refuses them at every member.
+    fn on_deadline(&mut self, now: Instant) -> Result<(), SessionError> {
+        let due: Vec<GroupName> =
+            self.groups.iter().filter(|(_, g)| g.deadline.is_some_and(|d| d <= now)).map(|(n, _)| n.clone()).collect();
+        for group in due {
+            let gs = self.groups.get_mut(&group).expect("listed above");
+            gs.deadline = None;
+            let Some(view) = gs.view.as_ref().filter(|_| gs.held) else { continue };
+            if !matches!(gs.verdicts.get(&self.me), Some(Verdict::Accepted(_))) {
+                continue;
+            }
+            let mut p = vec![tag::TIMEOUT];
+            p.extend_from_slice(&view.id.0.to_be_bytes());
+            for m in view.ids().filter(|m| !gs.verdicts.contains_key(*m)) {
+                p.push(m.as_str().len() as u8);
+                p.extend_from_slice(m.as_str().as_bytes());
+            }
+            if p.len() > 9 {
+                tracing::info!(%group, "certificates missing at the deadline");
+                self.push(Outgoing::Multicast(group.clone(), p.into()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A member's certificate, presented in the current view.
+    fn on_cert(&mut self, group: &GroupName, sender: MemberId, view: u64, payload: &[u8]) -> Result<(), SessionError> {
+        let Some(cert) = self.certified.as_ref() else { return Ok(()) };
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+        if !gs.held || gs.view.as_ref().map(|v| v.id.0) != Some(view) || gs.verdicts.contains_key(&sender) {
+            return Ok(());
+        }
+        let verdict = match split_cert(payload) {
+            None => Verdict::Refused(Refusal::Malformed("not a certificate message".into())),
+            Some((der, sig)) => match cert.authority.verify(der, &sender, SystemTime::now()) {
+                Err(r) => Verdict::Refused(r),
+                Ok(c) => match c.verifier.verify(&proof_transcript(group, view, &sender, der), sig) {
+                    Ok(()) => Verdict::Accepted(c.verifier),
+                    Err(_) => Verdict::Refused(Refusal::BadProof),
+                },
+            },
+        };
+        gs.verdicts.insert(sender, verdict);
+        self.try_start(group)
+    }
+
+    /// An accepted member's notice that some members presented no certificate.
+    fn on_timeout(
+        &mut self,
+        group: &GroupName,
+        sender: &MemberId,
+        view: u64,
+        names: &[u8],
+    ) -> Result<(), SessionError> {
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+        if self.certified.is_none() || !gs.held || gs.view.as_ref().map(|v| v.id.0) != Some(view) {
+            return Ok(());
+        }
+        if !matches!(gs.verdicts.get(sender), Some(Verdict::Accepted(_))) {
+            return Ok(());
+        }
+        let Some(view) = gs.view.as_ref() else { return Ok(()) };
+        let mut rest = names;
+        while let Some((&n, r)) = rest.split_first() {
+            let Some(name) = r.get(..n as usize) else { break };
+            rest = &r[n as usize..];
+            if let Some(m) = view.ids().find(|m| m.as_str().as_bytes() == name) {
+                gs.verdicts.entry(m.clone()).or_insert(Verdict::Refused(Refusal::NoCertificate));
+            }
+        }
+        self.try_start(group)
+    }
+
+    /// A notice that this member was refused in the current view. Believed
+    /// only from a member this member accepts (certified mode) or from a
+    /// member of the view (otherwise).
+    fn on_refused(&mut self, group: &GroupName, sender: MemberId, view: u64, body: &[u8]) -> Result<(), SessionError> {
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+        let Some(v) = gs.view.as_ref().filter(|v| v.id.0 == view) else { return Ok(()) };
+        let believed = match &self.certified {
+            Some(_) => matches!(gs.verdicts.get(&sender), Some(Verdict::Accepted(_))),
+            None => v.contains(&sender),
+        };
+        let Some(reason) = Refusal::decode(body).filter(|_| believed && sender != self.me) else {
+            tracing::debug!(%group, %sender, "refusal notice ignored");
+            return Ok(());
+        };
+        tracing::warn!(%group, by = %sender, %reason, "refused by the group");
+        gs.aside = true;
+        gs.keys = None;
+        gs.held_ka.clear();
+        self.events.push_back(SecureEvent::Excluded { group: group.clone(), by: sender, reason });
+        Ok(())
     }
 
     fn engine_result(
@@ -383,11 +721,41 @@ impl Session {
                 if theirs != (gs.policy.protocol.code(), gs.policy.group_id.code()) {
                     return self.on_foreign_policy(group, sender, theirs);
                 }
+                if gs.aside || matches!(gs.verdicts.get(&sender), Some(Verdict::Refused(_))) {
+                    return Ok(()); // from a refused member, or while standing aside
+                }
+                if gs.held {
+                    if gs.held_ka.len() < MAX_EARLY {
+                        gs.held_ka.push((sender, payload.slice(3..)));
+                    }
+                    return Ok(());
+                }
                 let res = gs.engine.on_message(&sender, &payload[3..], &mut OsRng);
                 self.engine_result(&group, Some(&sender), res)
             }
             Some(tag::POLICY) if payload.len() == 3 && unicast => {
                 self.on_foreign_policy(group, sender, (payload[1], payload[2]))
+            }
+            Some(t @ (tag::CERT | tag::TIMEOUT | tag::REFUSED)) => {
+                let Some(made_for) = payload.get(1..9).map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
+                else {
+                    self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::Malformed });
+                    return Ok(());
+                };
+                if made_for != view {
+                    tracing::debug!(%group, %sender, made_for, view, "trust message of an earlier view dropped");
+                    return Ok(());
+                }
+                let body = &payload[9..];
+                match (t, unicast) {
+                    (tag::CERT, false) => self.on_cert(&group, sender, view, body),
+                    (tag::TIMEOUT, false) => self.on_timeout(&group, &sender, view, body),
+                    (tag::REFUSED, true) => self.on_refused(&group, sender, view, body),
+                    _ => {
+                        self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::Malformed });
+                        Ok(())
+                    }
+                }
             }
             Some(tag::DATA) if !unicast => {
                 #[cfg(feature = "test-hooks")]
@@ -465,6 +833,9 @@ impl Session {
                 }
             }
         }
+        if matches!(gs.verdicts.get(sender), Some(Verdict::Refused(_))) {
+            return Ok(None); // a refused member's data is ignored
+        }
         if header.group != *group || header.sender != *sender {
             return Err(RejectReason::UnknownSender);
         }
@@ -527,6 +898,27 @@ fn leave_group(gs: &mut GroupState) {
     gs.in_flight.clear();
     gs.resend.clear();
     gs.early.clear();
+}
+
+/// What a member signs to bind its certificate to a group and view, so a
+/// certificate (public) cannot be presented by anyone but its holder.
+pub(crate) fn proof_transcript(group: &GroupName, view: u64, member: &MemberId, cert_der: &[u8]) -> Vec<u8> {
+    let mut t = b"conclave/secure/v1/cert\0".to_vec();
+    for part in [group.as_str().as_bytes(), member.as_str().as_bytes()] {
+        t.extend_from_slice(&(part.len() as u16).to_be_bytes());
+        t.extend_from_slice(part);
+    }
+    t.extend_from_slice(&view.to_be_bytes());
+    t.extend_from_slice(&Sha256::digest(cert_der));
+    t
+}
+
+/// Splits a CERT body into the certificate and the signature.
+fn split_cert(body: &[u8]) -> Option<(&[u8], &[u8])> {
+    let len = u16::from_be_bytes(body.get(..2)?.try_into().ok()?) as usize;
+    let der = body.get(2..2 + len)?;
+    let sig = &body[2 + len..];
+    (!sig.is_empty()).then_some((der, sig))
 }
 
 fn decode_policy((p, g): (u8, u8)) -> Option<Policy> {

@@ -8,23 +8,16 @@
 //! members`) and an input line. Commands: `/who`, `/leave`, `/join`, `/quit`
 //! (Esc and Ctrl-C quit too).
 //!
-//! # Identities and trust: a stop-gap
+//! # Identities and trust
 //!
-//! Until `conclave keys` certifies identities, trust is a directory of files
-//! (`--keys DIR`, by default `$XDG_RUNTIME_DIR/conclave-keys` or
-//! `/tmp/conclave-keys-$UID`): `DIR/<name>.pub` holds a member's hex Ed25519
-//! public key and `DIR/<name>.key` (mode 0600) its secret seed. On start, chat
-//! creates its own key pair if missing (the seed comes from the injected RNG,
-//! the OS's in production) and trusts, for each member, whatever key
-//! `DIR/<member>.pub` holds when the member's key agreement message arrives;
-//! a member without a file is unknown and its messages are rejected.
-//!
-//! **Trust = whoever can write DIR.** Anyone able to write the directory can
-//! impersonate any member, so it must be private to the users who chat (the
-//! default is per user, mode 0700). This is only meant for one machine and
-//! one user (demos, tests) until `conclave keys` replaces it.
+//! Chat uses the certified identities of `conclave keys` (`--keys DIR`, the
+//! authority's key directory): it presents `DIR/members/<name>.crt` and
+//! trusts `DIR/authority.crt` and its CRL, so members not certified by that
+//! authority, or revoked, are refused (shown as `!` lines) and never get the
+//! room's key. For zero-config use, a directory without an authority gets
+//! one on first run, and a member without a certificate gets one when the
+//! directory holds the authority's key; chat says so on stderr.
 
-mod keys;
 mod ui;
 
 use std::path::PathBuf;
@@ -32,7 +25,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
-use conclave_secure::{Policy, ProtocolId, SecureEvent, SecureViewInfo, Session};
+use conclave_secure::{MemberId, Policy, ProtocolId, SecureEvent, SecureViewInfo, Session};
 use crossterm::event::{Event, EventStream, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use futures_util::StreamExt;
 use ratatui::DefaultTerminal;
@@ -54,8 +47,8 @@ pub struct ChatArgs {
     /// Unix socket of the daemon [default: $XDG_RUNTIME_DIR/conclave.sock or /tmp/conclave-$UID.sock].
     #[arg(long, value_name = "PATH")]
     unix: Option<PathBuf>,
-    /// Key directory: DIR/<name>.pub (trusted public keys) and DIR/<name>.key (own secret)
-    /// [default: $XDG_RUNTIME_DIR/conclave-keys or /tmp/conclave-keys-$UID].
+    /// Key directory of `conclave keys` (authority + members/<name>.crt/.key); created with a new
+    /// authority if empty [default: $XDG_RUNTIME_DIR/conclave-keys or /tmp/conclave-keys-$UID].
     #[arg(long, value_name = "DIR")]
     keys: Option<PathBuf>,
 }
@@ -66,14 +59,15 @@ fn parse_protocol(s: &str) -> Result<ProtocolId, String> {
 
 /// Runs `conclave chat`.
 pub fn run(args: ChatArgs) -> Result<()> {
-    let dir = args.keys.clone().unwrap_or_else(keys::default_dir);
-    let signer = keys::load_or_create(&dir, &args.name, &mut rand_core::OsRng)?;
-    let directory = Arc::new(keys::KeyDir::new(dir));
+    let dir = args.keys.clone().unwrap_or_else(crate::keys::default_dir);
+    let me = MemberId::new(args.name.clone()).with_context(|| format!("bad member name {:?}", args.name))?;
+    let (identity, authority) = crate::keys::chat_identity(&dir, &args.name, &mut rand_core::OsRng)?;
     let socket = args.unix.clone().unwrap_or_else(crate::daemon::default_socket);
     crate::block_on(async move {
-        let session = Session::connect_unix(&socket, &args.name, signer, directory).await.with_context(|| {
+        let client = conclave_gcs_net::Client::connect_unix(&socket, &args.name).await.with_context(|| {
             format!("cannot connect to the daemon at {} (is `conclave daemon` running?)", socket.display())
         })?;
+        let session = Session::connect_certified(client, me, identity, Arc::new(authority));
         let terminal = ratatui::try_init().context("cannot set up the terminal")?;
         let _restore = Restore;
         chat(terminal, session, &args).await
@@ -198,6 +192,10 @@ fn on_event(app: &mut App, ev: SecureEvent) {
                 theirs.map_or("another policy".to_owned(), |p| format!("{} over {:?}", p.protocol.name(), p.group_id));
             app.warning(format!("#{} runs {theirs} (told by {from}), not {}; left it", app.group, app.protocol));
         }
+        SecureEvent::Refused { member, reason, .. } => app.warning(format!("refused {member}: {reason}")),
+        SecureEvent::Excluded { by, reason, .. } => {
+            app.warning(format!("{by} refused you: you {reason}; you get no key in this view"))
+        }
         SecureEvent::Left { group } => {
             app.joined = false;
             app.members.clear();
@@ -245,26 +243,5 @@ mod tests {
         for want in ["bob: hi", " alice", " bob", "epoch    7", "2 members", "> typing", "#room"] {
             assert!(screen.contains(want), "{want:?} missing from {screen}");
         }
-    }
-
-    #[test]
-    fn key_files_round_trip_and_unknown_members_are_untrusted() {
-        use conclave_gka::{Directory, MemberId};
-        use rand_core::SeedableRng;
-        let dir = tempfile::tempdir().unwrap();
-        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(1);
-        let a = keys::load_or_create(dir.path(), "alice", &mut rng).unwrap();
-        let again = keys::load_or_create(dir.path(), "alice", &mut rng).unwrap();
-        assert_eq!(a.verifier().public_bytes(), again.verifier().public_bytes());
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(dir.path().join("alice.key")).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
-        let d = keys::KeyDir::new(dir.path().to_owned());
-        let v = d.verifier(&MemberId::new("alice").unwrap()).expect("alice is known");
-        assert_eq!(v.public_bytes(), a.verifier().public_bytes());
-        assert!(v.verify(b"m", &a.sign(b"m")).is_ok());
-        assert!(d.verifier(&MemberId::new("mallory").unwrap()).is_none());
-        assert!(d.verifier(&MemberId::new("../alice").unwrap()).is_none());
-        assert!(keys::load_or_create(dir.path(), "../x", &mut rng).is_err());
     }
 }
