@@ -56,19 +56,20 @@ struct Group {
 }
 
 impl Group {
-    async fn start(socket: &Path, policy: Policy, n: usize, seed: u64) -> Result<Self> {
+    /// `tag` names the point: members and group of earlier points may still
+    /// be disconnecting, so names are never reused.
+    async fn start(socket: &Path, policy: Policy, n: usize, tag: usize, seed: u64) -> Result<Self> {
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
-        let tag = rng.next_u32();
         let mut directory = StaticDirectory::new();
         let mut signers = Vec::new();
         for i in 0..n {
-            let name = format!("b{tag:08x}-{i}");
+            let name = format!("b{tag}-{i}");
             let s = generate_signer(SignatureId::Ed25519, &mut rng)?;
             directory.insert(MemberId::new(name.clone())?, s.verifier());
             signers.push((name, s));
         }
         let directory = Arc::new(directory);
-        let group = format!("bench-{tag:08x}");
+        let group = format!("bench-{tag}");
         let (shown_tx, shown) = mpsc::unbounded_channel();
         let mut cmds = Vec::new();
         for (member, (name, signer)) in signers.into_iter().enumerate() {
@@ -148,8 +149,16 @@ impl Group {
 
 /// Times `runs` events of one kind at group size `n` (the size after a join,
 /// before a leave), in milliseconds.
-async fn point(socket: &Path, policy: Policy, event: TimedEvent, n: usize, runs: usize, seed: u64) -> Result<Vec<f64>> {
-    let mut group = Group::start(socket, policy, n, seed).await?;
+async fn point(
+    socket: &Path,
+    policy: Policy,
+    event: TimedEvent,
+    n: usize,
+    runs: usize,
+    tag: usize,
+    seed: u64,
+) -> Result<Vec<f64>> {
+    let mut group = Group::start(socket, policy, n, tag, seed).await?;
     let mut rng = ChaCha20Rng::seed_from_u64(seed ^ 0x11fe);
     // The group of n − 1 (join) or n (leave) forms first; members join at once.
     let first = if event == TimedEvent::Join { n - 1 } else { n };
@@ -237,8 +246,9 @@ pub fn run(
             for &event in events {
                 for &n in sizes {
                     progress(protocol, event, n);
-                    let seed = seed ^ (n as u64) << 8 ^ protocol.code() as u64;
-                    match point(&socket, Policy { protocol, group_id }, event, n, runs, seed).await {
+                    let tag = points.len();
+                    let seed = seed ^ (tag as u64) << 8;
+                    match point(&socket, Policy { protocol, group_id }, event, n, runs, tag, seed).await {
                         Ok(times) => points.push(LivePoint { protocol, event, n, times }),
                         Err(e) => {
                             result = Err(e.context(format!("{protocol} {event:?} at n = {n}")));
