@@ -192,7 +192,7 @@ impl NetnsCluster {
         let node = &self.nodes[i];
         loop {
             let log = fs::read_to_string(&node.daemon_log).unwrap_or_default();
-            let last = log.lines().filter(|l| l.contains("daemon group:")).next_back().unwrap_or("");
+            let last = log.lines().rfind(|l| l.contains("daemon group:")).unwrap_or("");
             if last.contains(text) {
                 return Ok(());
             }

@@ -130,14 +130,17 @@ async fn received(members: &[&Member], total: usize, what: &str) {
     wait_for(what, || members.iter().all(|m| m.log.lock().unwrap().got.len() >= total)).await;
 }
 
+/// Messages by sender and sequence number, in delivery order.
+type Order = Vec<(String, u64)>;
+
 /// The whole run's checks over every receiver's log.
 fn check_logs(members: &[Member]) {
-    let mut per_view: BTreeMap<ViewId, Vec<(&str, Vec<(String, u64)>)>> = BTreeMap::new();
+    let mut per_view: BTreeMap<ViewId, Vec<(&str, Order)>> = BTreeMap::new();
     for m in members {
         let log = m.log.lock().unwrap();
         assert!(log.errors.is_empty(), "{} got errors: {:?}", m.name, log.errors);
         let mut seen = BTreeSet::new();
-        let mut mine: BTreeMap<ViewId, Vec<(String, u64)>> = BTreeMap::new();
+        let mut mine: BTreeMap<ViewId, Order> = BTreeMap::new();
         for g in &log.got {
             assert!(seen.insert((g.sender.clone(), g.seq)), "{} got {}#{} twice", m.name, g.sender, g.seq);
             assert_eq!(
