@@ -371,3 +371,74 @@ fn run_send(handle: Handle, mut submit: mpsc::Receiver<Op>, report: FailureRepor
         }
     }
 }
+
+/// What the probe's callbacks record (see [`raw_cpg_round_trips`]).
+#[derive(Default)]
+struct Probe {
+    node: u32,
+    pid: u32,
+    joined: bool,
+    /// Sequence number of the last of its own messages delivered back.
+    echoed: Option<u64>,
+}
+
+thread_local! {
+    static PROBE: RefCell<Probe> = RefCell::new(Probe::default());
+}
+
+fn on_probe_deliver(_: &Handle, _group: String, node: NodeId, pid: u32, msg: &[u8], _len: usize) {
+    PROBE.with_borrow_mut(|p| {
+        if (u32::from(node), pid) == (p.node, p.pid) {
+            if let Some(seq) = msg.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes) {
+                p.echoed = Some(seq);
+            }
+        }
+    });
+}
+
+fn on_probe_confchg(_: &Handle, _group: &str, members: Vec<Address>, _left: Vec<Address>, _joined: Vec<Address>) {
+    PROBE.with_borrow_mut(|p| {
+        p.joined = members.iter().any(|a| (u32::from(a.nodeid), a.pid) == (p.node, p.pid));
+    });
+}
+
+/// The floor under the cluster backbone: joins CPG group `group` on the local
+/// corosync and multicasts `count` messages of `size` bytes (at least 8) with
+/// agreed ordering, one at a time, each timed from the multicast call until
+/// CPG delivers it back to this process. Other members of the group may
+/// multicast meanwhile (their messages are ordered in between, as in a
+/// loaded cluster). Blocking; leaves the group and disconnects at the end.
+pub fn raw_cpg_round_trips(group: &str, count: usize, size: usize) -> Result<Vec<Duration>, ClusterError> {
+    if group.is_empty() || group.len() > 127 {
+        return Err(ClusterError::GroupName(group.to_owned()));
+    }
+    let cpg_err = |what| move |err| ClusterError::Cpg { what, err };
+    let model = ModelData::ModelV1(Model1Data {
+        flags: Model1Flags::None,
+        deliver_fn: Some(on_probe_deliver),
+        confchg_fn: Some(on_probe_confchg),
+        totem_confchg_fn: None,
+    });
+    let handle = cpg::initialize(&model, 0).map_err(ClusterError::Connect)?;
+    let node = retry(|| cpg::local_get(&handle)).map_err(cpg_err("local_get"))?;
+    PROBE.set(Probe { node: node.into(), pid: std::process::id(), ..Probe::default() });
+    retry(|| cpg::join(&handle, group)).map_err(cpg_err("join"))?;
+    while !PROBE.with_borrow(|p| p.joined) {
+        retry(|| cpg::dispatch(&handle, DispatchFlags::One)).map_err(cpg_err("dispatch"))?;
+    }
+    let mut msg = vec![0u8; size.max(8)];
+    let mut times = Vec::with_capacity(count);
+    for seq in 0..count as u64 {
+        msg[..8].copy_from_slice(&seq.to_be_bytes());
+        let sent = Instant::now();
+        retry(|| cpg::mcast_joined(&handle, Guarantee::TypeAgreed, &msg)).map_err(cpg_err("mcast_joined"))?;
+        while PROBE.with_borrow(|p| p.echoed) != Some(seq) {
+            retry(|| cpg::dispatch(&handle, DispatchFlags::One)).map_err(cpg_err("dispatch"))?;
+        }
+        times.push(sent.elapsed());
+    }
+    let _ = retry(|| cpg::leave(&handle, group));
+    // Dropping the handle (outside any callback) disconnects.
+    drop(handle);
+    Ok(times)
+}
