@@ -1,10 +1,14 @@
-//! `conclave daemon`: the standalone group communication daemon of
-//! `conclave-gcs-net`, configured from a TOML file and the command line, run
-//! until Ctrl-C or SIGTERM.
+//! `conclave daemon`: the group communication daemon of `conclave-gcs-net`,
+//! configured from a TOML file and the command line, run until Ctrl-C or
+//! SIGTERM. It runs standalone, or as one daemon of a cluster over Corosync
+//! CPG (`--backbone cluster`, in builds with the `cluster` feature).
 //!
 //! A configuration file looks like this (every key is optional):
 //!
 //! ```toml
+//! backbone = "standalone"       # or "cluster": one daemon per corosync node
+//! cpg_group = "conclave"        # the CPG group the daemons of a cluster share
+//!
 //! [listen]
 //! unix = "/run/conclave.sock"   # or `false` for no Unix socket
 //! tcp = "127.0.0.1:4803"        # no TCP unless given
@@ -24,13 +28,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use conclave_gcs_net::{Daemon, DaemonConfig};
+use conclave_gcs_net::{Backbone, Daemon, DaemonConfig};
 use serde::Deserialize;
 
 /// Options of `conclave daemon`.
 #[derive(Args, Debug)]
-#[command(after_help = "The configuration file is TOML with the sections [listen] (unix = \"PATH\" or false, \
-tcp = \"ADDR\") and [limits] (max_message_size, groups_per_client, queue_depth, hello_timeout_secs); \
+#[command(after_help = "The configuration file is TOML with the keys backbone (\"standalone\" or \"cluster\") and \
+cpg_group, and the sections [listen] (unix = \"PATH\" or false, tcp = \"ADDR\") and [limits] (max_message_size, groups_per_client, queue_depth, hello_timeout_secs); \
 command-line options override it. Without either, the daemon listens on $XDG_RUNTIME_DIR/conclave.sock \
 (or /tmp/conclave-$UID.sock) and not on TCP. Set RUST_LOG=debug|info|warn|error for more or less logging.")]
 pub struct DaemonArgs {
@@ -55,12 +59,39 @@ pub struct DaemonArgs {
     /// Frames queued for one client before it is disconnected as too slow.
     #[arg(long, value_name = "N")]
     queue_depth: Option<usize>,
+    /// What orders the daemon's traffic: standalone (this daemon alone) or cluster (one Corosync CPG group with
+    /// the daemons of the other nodes; needs a build with `--features cluster` and corosync running on this node)
+    /// [default: standalone].
+    #[arg(long, value_enum, value_name = "KIND")]
+    backbone: Option<BackboneKind>,
+    /// The CPG group of the cluster's daemons [default: conclave].
+    #[arg(long, value_name = "NAME")]
+    cpg_group: Option<String>,
+}
+
+/// The backbones `conclave daemon` can run on.
+#[derive(clap::ValueEnum, Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "lowercase")]
+enum BackboneKind {
+    /// This daemon alone orders its clients' traffic.
+    Standalone,
+    /// The daemons of a Corosync cluster order their clients' traffic together.
+    Cluster,
+}
+
+/// Which backbone, and for a cluster which CPG group.
+#[derive(Debug)]
+struct BackboneChoice {
+    kind: BackboneKind,
+    cpg_group: String,
 }
 
 /// The configuration file.
 #[derive(Deserialize, Default, Debug)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
+    backbone: Option<BackboneKind>,
+    cpg_group: Option<String>,
     #[serde(default)]
     listen: Listen,
     #[serde(default)]
@@ -103,7 +134,7 @@ pub fn default_socket() -> PathBuf {
 }
 
 /// The daemon configuration: defaults, then the file, then the flags.
-fn build_config(args: &DaemonArgs) -> Result<DaemonConfig> {
+fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice)> {
     let file = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -117,6 +148,10 @@ fn build_config(args: &DaemonArgs) -> Result<DaemonConfig> {
         (None, true, _) | (None, false, Some(UnixSetting::Enabled(false))) => None,
         (None, false, Some(UnixSetting::Path(path))) => Some(path),
         (None, false, Some(UnixSetting::Enabled(true)) | None) => Some(default_socket()),
+    };
+    let backbone = BackboneChoice {
+        kind: args.backbone.or(file.backbone).unwrap_or(BackboneKind::Standalone),
+        cpg_group: args.cpg_group.clone().or(file.cpg_group).unwrap_or_else(|| "conclave".to_owned()),
     };
     let mut config = DaemonConfig { unix, tcp: args.tcp.or(file.listen.tcp), ..DaemonConfig::default() };
     let limits = &file.limits;
@@ -135,7 +170,30 @@ fn build_config(args: &DaemonArgs) -> Result<DaemonConfig> {
     if config.unix.is_none() && config.tcp.is_none() {
         bail!("no listener: the Unix socket is switched off and no TCP address is given (use --tcp ADDR)");
     }
-    Ok(config)
+    Ok((config, backbone))
+}
+
+/// Joins the backbone. Blocking: runs before the runtime starts.
+#[cfg(feature = "cluster")]
+fn join_backbone(choice: &BackboneChoice) -> Result<Backbone> {
+    match choice.kind {
+        BackboneKind::Standalone => Ok(Backbone::standalone()),
+        BackboneKind::Cluster => conclave_gcs_net::cluster::join(&choice.cpg_group)
+            .with_context(|| format!("cannot join the cluster (CPG group {:?})", choice.cpg_group)),
+    }
+}
+
+/// Joins the backbone: only the standalone one in this build.
+#[cfg(not(feature = "cluster"))]
+fn join_backbone(choice: &BackboneChoice) -> Result<Backbone> {
+    match choice.kind {
+        BackboneKind::Standalone => Ok(Backbone::standalone()),
+        BackboneKind::Cluster => bail!(
+            "this conclave was built without the cluster backbone: install corosync's development libraries \
+             (Debian: libcpg-dev libcfg-dev libcmap-dev libquorum-dev libvotequorum-dev libcorosync-common-dev) \
+             and build with `cargo build --release -p conclave --features cluster`"
+        ),
+    }
 }
 
 /// Refuses to start over an existing file at the socket path, saying why.
@@ -168,13 +226,17 @@ fn init_logging() {
 
 /// Runs the daemon until Ctrl-C or SIGTERM.
 pub fn run(args: DaemonArgs) -> Result<()> {
-    let config = build_config(&args)?;
+    let (config, choice) = build_config(&args)?;
     if let Some(path) = &config.unix {
         check_socket_path(path)?;
     }
     init_logging();
+    let backbone = join_backbone(&choice)?;
+    if choice.kind == BackboneKind::Cluster {
+        tracing::info!("cluster backbone: daemon {} of CPG group {:?}", backbone.daemon_id().0, choice.cpg_group);
+    }
     crate::block_on(async move {
-        let daemon = Daemon::start(config.clone()).await.context("cannot start the daemon")?;
+        let mut daemon = Daemon::start_with(config.clone(), backbone).await.context("cannot start the daemon")?;
         if let Some(path) = daemon.unix_path() {
             tracing::info!("listening on unix socket {}", path.display());
         }
@@ -192,6 +254,11 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         tokio::select! {
             r = tokio::signal::ctrl_c() => r.context("cannot wait for Ctrl-C")?,
             _ = term.recv() => {}
+            reason = daemon.failed() => {
+                // The clients were told; let their connections take the news.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                bail!("the daemon stopped: {reason}");
+            }
         }
         tracing::info!("shutting down");
         daemon.shutdown().await;

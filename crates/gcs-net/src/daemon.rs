@@ -9,10 +9,12 @@
 //! * one sequencer that takes the ordered stream, runs the core, and hands
 //!   each delivery to its recipients' queues without ever waiting on them.
 //!
-//! The standalone backbone is a channel: the order in which the sequencer
-//! receives operations is the total order. A cluster backbone replaces it by
-//! routing submissions through the daemon group and feeding the sequencer
-//! what the group delivers; nothing else changes.
+//! The [`Backbone`] orders the stream. The standalone backbone is a channel:
+//! the order in which the sequencer receives operations is the total order. A
+//! cluster backbone (`crate::cluster`, feature `cluster`) routes submissions
+//! through the daemon group and feeds the sequencer what the group delivers;
+//! nothing else changes. If a backbone fails, the daemon tells its clients why,
+//! closes their connections and reports the failure ([`Daemon::failed`]).
 //!
 //! A client whose queue is full is cut off ([`ErrorCode::QueueOverflow`]) so
 //! it cannot stall anyone else; a client that sends a malformed frame gets an
@@ -73,8 +75,49 @@ const LAST_WORDS: Duration = Duration::from_secs(2);
 /// Operations applied per lock of the connection table.
 const BATCH: usize = 256;
 
-/// This daemon's number: the standalone daemon is alone in its daemon group.
+/// The standalone daemon's number: it is alone in its daemon group.
 const STANDALONE: DaemonId = DaemonId(0);
+
+/// What orders the daemon's stream of operations: where connections submit
+/// them, and where the sequencer takes them from in their total order.
+pub struct Backbone {
+    me: DaemonId,
+    submit: mpsc::Sender<Op>,
+    ordered: mpsc::Receiver<Op>,
+    failure: oneshot::Receiver<String>,
+    resources: Option<Box<dyn Send + Sync>>,
+}
+
+impl Backbone {
+    /// The standalone backbone: one channel whose order is the total order,
+    /// daemon number 0.
+    pub fn standalone() -> Self {
+        let (submit, ordered) = mpsc::channel(1024);
+        // Never fails: the sender is dropped, so the receiver reports no failure.
+        let (_, failure) = oneshot::channel();
+        Self { me: STANDALONE, submit, ordered, failure, resources: None }
+    }
+
+    /// A backbone that orders operations elsewhere: the daemon sends every
+    /// operation to `submit` and runs its core over what arrives on `ordered`.
+    /// When the backbone fails it sends the reason on `failure`, then closes
+    /// `ordered`. `resources` live as long as the daemon.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn new(
+        me: DaemonId,
+        submit: mpsc::Sender<Op>,
+        ordered: mpsc::Receiver<Op>,
+        failure: oneshot::Receiver<String>,
+        resources: Box<dyn Send + Sync>,
+    ) -> Self {
+        Self { me, submit, ordered, failure, resources: Some(resources) }
+    }
+
+    /// This daemon's number in the daemon group.
+    pub fn daemon_id(&self) -> DaemonId {
+        self.me
+    }
+}
 
 /// What the sequencer holds for one connection.
 struct ConnHandle {
@@ -95,6 +138,7 @@ struct Shared {
     config: DaemonConfig,
     conns: Conns,
     submit: mpsc::Sender<Op>,
+    me: DaemonId,
     next_conn: AtomicU64,
 }
 
@@ -107,6 +151,9 @@ pub struct Daemon {
     tasks: Vec<JoinHandle<()>>,
     stop: Option<oneshot::Sender<()>>,
     sequencer: Option<JoinHandle<()>>,
+    failed: oneshot::Receiver<String>,
+    // Dropped after the tasks are stopped (field order).
+    _backbone: Option<Box<dyn Send + Sync>>,
 }
 
 /// Errors starting a daemon.
@@ -135,8 +182,14 @@ fn frame(d: &Delivery) -> Bytes {
 }
 
 impl Daemon {
-    /// Binds the configured listeners and starts serving.
+    /// Binds the configured listeners and starts serving, alone (the
+    /// standalone backbone).
     pub async fn start(config: DaemonConfig) -> Result<Self, DaemonError> {
+        Self::start_with(config, Backbone::standalone()).await
+    }
+
+    /// Binds the configured listeners and starts serving over `backbone`.
+    pub async fn start_with(config: DaemonConfig, backbone: Backbone) -> Result<Self, DaemonError> {
         if config.unix.is_none() && config.tcp.is_none() {
             return Err(DaemonError::NoListener);
         }
@@ -166,14 +219,15 @@ impl Daemon {
             .transpose()
             .map_err(|source| DaemonError::Bind { what: "tcp".into(), source })?;
 
-        // The standalone backbone: one channel whose order is the total order.
-        let (submit, ordered) = mpsc::channel(1024);
+        let Backbone { me, submit, ordered, failure, resources } = backbone;
         let conns: Conns = Arc::default();
-        let core = Core::new(STANDALONE, Limits { max_groups_per_client: config.max_groups_per_client });
+        let core = Core::new(me, Limits { max_groups_per_client: config.max_groups_per_client });
         let (stop, stopped) = oneshot::channel();
-        let sequencer = tokio::spawn(sequence(core, ordered, submit.clone(), conns.clone(), stopped));
+        let (report, failed) = oneshot::channel();
+        let backbone = BackboneEnds { ordered, failure, report };
+        let sequencer = tokio::spawn(sequence(core, backbone, submit.clone(), conns.clone(), stopped));
         let shared =
-            Arc::new(Shared { config: config.clone(), conns: conns.clone(), submit, next_conn: AtomicU64::new(1) });
+            Arc::new(Shared { config: config.clone(), conns: conns.clone(), submit, me, next_conn: AtomicU64::new(1) });
 
         let mut tasks = Vec::new();
         if let Some(l) = unix {
@@ -182,7 +236,26 @@ impl Daemon {
         if let Some(l) = tcp {
             tasks.push(tokio::spawn(accept_loop(l, shared)));
         }
-        Ok(Self { conns, unix: config.unix, tcp: tcp_addr, tasks, stop: Some(stop), sequencer: Some(sequencer) })
+        Ok(Self {
+            conns,
+            unix: config.unix,
+            tcp: tcp_addr,
+            tasks,
+            stop: Some(stop),
+            sequencer: Some(sequencer),
+            failed,
+            _backbone: resources,
+        })
+    }
+
+    /// Waits until the backbone fails (a cluster daemon lost its group
+    /// communication service) and says why; never returns for a backbone that
+    /// does not fail. By then every client has been told and disconnected.
+    pub async fn failed(&mut self) -> String {
+        match (&mut self.failed).await {
+            Ok(reason) => reason,
+            Err(_) => std::future::pending().await,
+        }
     }
 
     /// The Unix socket the daemon listens on.
@@ -266,14 +339,27 @@ async fn accept_loop(listener: impl Listener, shared: Arc<Shared>) {
     }
 }
 
-/// Runs the core over the ordered stream until the daemon stops.
+/// The sequencer's side of a backbone.
+struct BackboneEnds {
+    ordered: mpsc::Receiver<Op>,
+    failure: oneshot::Receiver<String>,
+    /// Tells the [`Daemon`] why the backbone failed.
+    report: oneshot::Sender<String>,
+}
+
+/// Runs the core over the ordered stream until the daemon stops or the
+/// backbone fails.
 async fn sequence(
     mut core: Core,
-    mut ordered: mpsc::Receiver<Op>,
+    backbone: BackboneEnds,
     submit: mpsc::Sender<Op>,
     conns: Conns,
     mut stopped: oneshot::Receiver<()>,
 ) {
+    let BackboneEnds { mut ordered, mut failure, report } = backbone;
+    let mut failed = None;
+    // A backbone that cannot fail drops its failure sender at once.
+    let mut may_fail = true;
     let mut out = Vec::new();
     let mut gone = Vec::new();
     let mut batch = Vec::with_capacity(BATCH);
@@ -282,6 +368,13 @@ async fn sequence(
             biased;
             _ = &mut stopped => break,
             n = ordered.recv_many(&mut batch, BATCH) => if n == 0 { break },
+            r = &mut failure, if may_fail => match r {
+                Ok(reason) => {
+                    failed = Some(reason);
+                    break;
+                }
+                Err(_) => may_fail = false,
+            },
         }
         for op in batch.drain(..) {
             if let Op::Disconnect { conn } = op {
@@ -310,8 +403,19 @@ async fn sequence(
             table.remove(&c);
         }
     }
+    // A backbone sends its failure before it closes the stream.
+    if failed.is_none() && may_fail {
+        failed = failure.try_recv().ok();
+    }
+    let text = match &failed {
+        Some(reason) => format!("the daemon lost its daemon group: {reason}"),
+        None => "the daemon is shutting down".to_owned(),
+    };
     for (_, c) in conns.lock().expect("connection table").drain() {
-        kill(&c.kill, ErrorCode::ShuttingDown, "the daemon is shutting down");
+        kill(&c.kill, ErrorCode::ShuttingDown, text.clone());
+    }
+    if let Some(reason) = failed {
+        let _ = report.send(reason);
     }
 }
 
@@ -350,7 +454,7 @@ fn spawn_conn<S>(stream: S, shared: Arc<Shared>)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let conn = ConnId { daemon: STANDALONE, local: shared.next_conn.fetch_add(1, Ordering::Relaxed) };
+    let conn = ConnId { daemon: shared.me, local: shared.next_conn.fetch_add(1, Ordering::Relaxed) };
     let (rd, wr) = tokio::io::split(stream);
     let (queue, queue_rx) = mpsc::channel(shared.config.queue_depth);
     let (kill, kill_rx) = mpsc::channel(1);

@@ -10,14 +10,16 @@
 //! * [`client`] — the client library applications use: connect, join, leave,
 //!   multicast, unicast and receive views and messages.
 //!
-//! The cluster backbone (daemons on many machines) and TLS for remote
-//! clients are to come; they plug into the same pieces.
+//! * `cluster` (feature `cluster`) — the Corosync CPG backbone: daemons on
+//!   many machines order their clients' operations through one CPG group.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod client;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod daemon;
 
 pub use client::{Client, ClientError, ClientReceiver, ClientSender, Event};
 pub use conclave_gcs::core::{ErrorCode, Service};
-pub use daemon::{Daemon, DaemonConfig, DaemonError};
+pub use daemon::{Backbone, Daemon, DaemonConfig, DaemonError};

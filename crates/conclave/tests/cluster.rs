@@ -1,0 +1,251 @@
+//! Three Conclave daemons over Corosync CPG, one per network namespace, with
+//! clients on every node: one group, agreed order across nodes, a partition
+//! (both sides keep serving with network views) and a merge (everyone gets the
+//! merged view), and throughout: no message twice, every message in the view
+//! it was sent in, one order per view at every receiver.
+//!
+//! Needs root, `ip` and corosync; run by `.ci/run`'s cluster step:
+//! `cargo nextest run -p conclave --features cluster --run-ignored ignored-only -E 'binary(cluster)'`.
+#![cfg(feature = "cluster")]
+
+#[allow(dead_code)]
+#[path = "../src/netns.rs"]
+mod netns;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use conclave_gcs::{Cause, View, ViewId};
+use conclave_gcs_net::{Client, ClientSender, Event, Service};
+use netns::NetnsCluster;
+
+const GROUP: &str = "g";
+const CLIENTS_PER_NODE: usize = 2;
+const PER_ROUND: usize = 20;
+/// Every wait of the test is bounded by this.
+const WAIT: Duration = Duration::from_secs(20);
+
+/// One message as a receiver saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Got {
+    sender: String,
+    seq: u64,
+    /// The sender's view when it sent the message.
+    sent_in: ViewId,
+    /// The view the daemon delivered it in.
+    tagged: ViewId,
+    /// The receiver's current view when it arrived.
+    current: Option<ViewId>,
+}
+
+#[derive(Default)]
+struct Log {
+    views: Vec<View>,
+    got: Vec<Got>,
+    errors: Vec<String>,
+}
+
+struct Member {
+    name: String,
+    node: usize,
+    tx: ClientSender,
+    log: Arc<Mutex<Log>>,
+    seq: u64,
+}
+
+impl Member {
+    async fn connect(socket: &Path, name: String, node: usize) -> Self {
+        let client = Client::connect_unix(socket, &name).await.unwrap_or_else(|e| panic!("connect {name}: {e}"));
+        let (tx, mut rx) = client.split();
+        let log = Arc::new(Mutex::new(Log::default()));
+        let sink = log.clone();
+        tokio::spawn(async move {
+            loop {
+                let ev = match rx.recv().await {
+                    Ok(ev) => ev,
+                    Err(e) => {
+                        sink.lock().unwrap().errors.push(format!("receive: {e}"));
+                        return;
+                    }
+                };
+                let mut log = sink.lock().unwrap();
+                match ev {
+                    Event::View { view, .. } => log.views.push(view),
+                    Event::Message { sender, view, payload, .. } => {
+                        let text = String::from_utf8_lossy(&payload).into_owned();
+                        let mut parts = text.split(':');
+                        let seq = parts.next().and_then(|s| s.parse().ok()).expect("seq in payload");
+                        let sent_in = ViewId(parts.next().and_then(|s| s.parse().ok()).expect("view in payload"));
+                        let current = log.views.last().map(|v| v.id);
+                        log.got.push(Got { sender: sender.as_str().to_owned(), seq, sent_in, tagged: view, current });
+                    }
+                    Event::Error { code, text } => log.errors.push(format!("{code:?}: {text}")),
+                    _ => {}
+                }
+            }
+        });
+        Member { name, node, tx, log, seq: 0 }
+    }
+
+    fn view(&self) -> Option<View> {
+        self.log.lock().unwrap().views.last().cloned()
+    }
+
+    /// Multicasts `n` messages, each carrying its sequence number and the view the sender is in.
+    async fn send(&mut self, n: usize) {
+        for _ in 0..n {
+            self.seq += 1;
+            let view = self.view().expect("a member has a view").id;
+            let payload = Bytes::from(format!("{}:{}", self.seq, view.0));
+            self.tx.multicast(GROUP, Service::Agreed, payload).await.expect("multicast");
+        }
+    }
+}
+
+/// Polls `ready` until it holds, failing with `what` after [`WAIT`].
+async fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out after {WAIT:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until every one of `members` has a view of `n` members with `cause`
+/// (and nothing newer); returns it, checking that all have the same one.
+async fn same_view(members: &[&Member], n: usize, cause: Cause, what: &str) -> View {
+    wait_for(what, || members.iter().all(|m| m.view().is_some_and(|v| v.members.len() == n && v.cause == cause))).await;
+    let v = members[0].view().unwrap();
+    for m in members {
+        assert_eq!(m.view().unwrap(), v, "{} has another view than {} ({what})", m.name, members[0].name);
+    }
+    v
+}
+
+/// Waits until each of `members` received `total` messages.
+async fn received(members: &[&Member], total: usize, what: &str) {
+    wait_for(what, || members.iter().all(|m| m.log.lock().unwrap().got.len() >= total)).await;
+}
+
+/// Messages by sender and sequence number, in delivery order.
+type Order = Vec<(String, u64)>;
+
+/// The whole run's checks over every receiver's log.
+fn check_logs(members: &[Member]) {
+    let mut per_view: BTreeMap<ViewId, Vec<(&str, Order)>> = BTreeMap::new();
+    for m in members {
+        let log = m.log.lock().unwrap();
+        assert!(log.errors.is_empty(), "{} got errors: {:?}", m.name, log.errors);
+        let mut seen = BTreeSet::new();
+        let mut mine: BTreeMap<ViewId, Order> = BTreeMap::new();
+        for g in &log.got {
+            assert!(seen.insert((g.sender.clone(), g.seq)), "{} got {}#{} twice", m.name, g.sender, g.seq);
+            assert_eq!(
+                g.current,
+                Some(g.tagged),
+                "{} got {}#{} tagged with another view than its own",
+                m.name,
+                g.sender,
+                g.seq
+            );
+            assert_eq!(
+                g.sent_in, g.tagged,
+                "{}#{} was delivered to {} in another view than it was sent in",
+                g.sender, g.seq, m.name
+            );
+            mine.entry(g.tagged).or_default().push((g.sender.clone(), g.seq));
+        }
+        for (view, msgs) in mine {
+            per_view.entry(view).or_default().push((&m.name, msgs));
+        }
+    }
+    for (view, receivers) in per_view {
+        let (first, order) = &receivers[0];
+        for (name, other) in &receivers[1..] {
+            assert_eq!(other, order, "{name} and {first} delivered view {view:?}'s messages in different orders");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, network namespaces and corosync: run by .ci/run's cluster step"]
+async fn three_nodes_partition_and_merge() {
+    let start = Instant::now();
+    let bin = Path::new(env!("CARGO_BIN_EXE_conclave")).to_owned();
+    let cluster = tokio::task::spawn_blocking(move || {
+        NetnsCluster::start(3, &bin, "conclave-test", Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("cannot start the cluster: {e:#}"))
+    })
+    .await
+    .unwrap();
+    eprintln!("cluster formed after {:?}", start.elapsed());
+
+    let mut members = Vec::new();
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        for c in 0..CLIENTS_PER_NODE {
+            members.push(Member::connect(&node.socket, format!("n{}c{c}", i + 1), i).await);
+        }
+    }
+    for m in &members {
+        m.tx.join(GROUP).await.expect("join");
+    }
+    let all: Vec<&Member> = members.iter().collect();
+    let everyone = all.len();
+    same_view(&all, everyone, Cause::Join, "every client to see the view with all six").await;
+
+    // Concurrent multicasts from every node: one order everywhere.
+    for m in &mut members {
+        m.send(PER_ROUND).await;
+    }
+    let round = PER_ROUND * everyone;
+    let all: Vec<&Member> = members.iter().collect();
+    received(&all, round, "the first round of multicasts at every client").await;
+
+    // Cut node 3 off: both sides go on with network views.
+    cluster.cut(2).unwrap();
+    let (big, small): (Vec<&Member>, Vec<&Member>) = members.iter().partition(|m| m.node < 2);
+    let v_big = same_view(&big, big.len(), Cause::Network, "the nodes 1-2 side's network view").await;
+    let v_small = same_view(&small, small.len(), Cause::Network, "node 3's network view").await;
+    assert_ne!(v_big.id, v_small.id, "the two sides' views are distinct");
+    eprintln!("partitioned after {:?}", start.elapsed());
+    for m in &mut members {
+        m.send(PER_ROUND).await;
+    }
+    let (big, small): (Vec<&Member>, Vec<&Member>) = members.iter().partition(|m| m.node < 2);
+    received(&big, round + PER_ROUND * big.len(), "the nodes 1-2 side to deliver its own multicasts").await;
+    received(&small, round + PER_ROUND * small.len(), "node 3 to deliver its own multicasts").await;
+    let big_total = round + PER_ROUND * big.len();
+    let small_total = round + PER_ROUND * small.len();
+
+    // Heal: everyone gets the merged view.
+    cluster.heal(2).unwrap();
+    let all: Vec<&Member> = members.iter().collect();
+    let merged = same_view(&all, everyone, Cause::Network, "the merged view at every client").await;
+    let prevs: BTreeSet<Option<ViewId>> = merged.members.iter().map(|m| m.prev).collect();
+    assert_eq!(prevs, BTreeSet::from([Some(v_big.id), Some(v_small.id)]), "members come from both sides' views");
+    eprintln!("merged after {:?}", start.elapsed());
+    for m in &mut members {
+        m.send(PER_ROUND).await;
+    }
+    let (big, small): (Vec<&Member>, Vec<&Member>) = members.iter().partition(|m| m.node < 2);
+    received(&big, big_total + round, "every client to deliver the merged round (nodes 1-2)").await;
+    received(&small, small_total + round, "every client to deliver the merged round (node 3)").await;
+    // Nothing more arrives late (a duplicate, say).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for m in &big {
+        assert_eq!(m.log.lock().unwrap().got.len(), big_total + round, "{} got extra messages", m.name);
+    }
+    for m in &small {
+        assert_eq!(m.log.lock().unwrap().got.len(), small_total + round, "{} got extra messages", m.name);
+    }
+    check_logs(&members);
+    eprintln!("done after {:?}", start.elapsed());
+    assert!(start.elapsed() < Duration::from_secs(120), "the test must stay well under two minutes");
+    for m in &members {
+        let _ = m.tx.bye().await;
+    }
+    drop(cluster);
+}
