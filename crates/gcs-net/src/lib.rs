@@ -9,15 +9,19 @@
 //!   or misbehaving client never holds up the others.
 //! * [`client`] — the client library applications use: connect, join, leave,
 //!   multicast, unicast and receive views and messages.
+//! * [`tls`] — TLS for remote clients, with optional client certificates
+//!   issued by a group authority that bind a connection to a member name.
 //!
-//! The cluster backbone (daemons on many machines) and TLS for remote
-//! clients are to come; they plug into the same pieces.
+//! The cluster backbone (daemons on many machines) is to come; it plugs into
+//! the same pieces.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod client;
 pub mod daemon;
+pub mod tls;
 
 pub use client::{Client, ClientError, ClientReceiver, ClientSender, Event};
 pub use conclave_gcs::core::{ErrorCode, Service};
 pub use daemon::{Daemon, DaemonConfig, DaemonError};
+pub use tls::{ClientAuth, Identity, TlsClientOptions, TlsError, TlsListen};
