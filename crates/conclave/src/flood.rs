@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 use crate::client::Endpoint;
 
 /// Bytes at the start of every payload: send time, sender, sequence number.
-const HEADER: usize = 16;
+pub(crate) const HEADER: usize = 16;
 
 /// Longest a round may take before the flood is declared stalled.
 const ROUND_LIMIT: Duration = Duration::from_secs(300);
