@@ -345,17 +345,20 @@ fn tls_daemon_with_client_certificates() {
     pki.issue("alice", &[]);
     let log_path = pki.path("daemon.log");
     let log = File::create(&log_path).unwrap();
-    let _daemon = Proc::spawn(
-        conclave()
-            .args(["daemon", "--no-unix", "--tls-listen", "127.0.0.1:0", "--tls-cert"])
-            .arg(pki.path("daemon.crt"))
-            .arg("--tls-key")
-            .arg(pki.path("daemon.key"))
-            .arg("--client-ca")
-            .arg(pki.path("ca.pem"))
-            .stderr(log)
-            .stdout(Stdio::null()),
-    );
+    // TLS from the configuration file; the flags are the same settings.
+    let config = pki.path("conclave.toml");
+    let file = |name: &str| format!("{:?}", pki.path(name).display().to_string());
+    std::fs::write(
+        &config,
+        format!(
+            "[listen]\nunix = false\n\n[tls]\nlisten = \"127.0.0.1:0\"\ncert = {}\nkey = {}\nclient_ca = {}\n",
+            file("daemon.crt"),
+            file("daemon.key"),
+            file("ca.pem")
+        ),
+    )
+    .unwrap();
+    let _daemon = Proc::spawn(conclave().arg("daemon").arg("--config").arg(&config).stderr(log).stdout(Stdio::null()));
     // The daemon logs the port it got.
     let deadline = Instant::now() + LIMIT;
     let addr = loop {

@@ -523,8 +523,12 @@ async fn write_loop<W: AsyncWrite>(wr: W, mut queue: mpsc::Receiver<Bytes>, mut 
         }
         // A TLS stream may hold written bytes back until flushed; for a
         // plain socket this costs nothing.
-        if pending.is_empty() && wr.flush().await.is_err() {
-            return;
+        if pending.is_empty() {
+            tokio::select! {
+                biased;
+                Some(last) = kill.recv() => break Some(last),
+                r = wr.flush() => if r.is_err() { return },
+            }
         }
     };
     if let Some(last) = last {
