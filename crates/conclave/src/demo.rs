@@ -129,23 +129,22 @@ async fn script(socket: &std::path::Path, policy: Policy, seed: u64) -> Result<(
     };
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     // Waits until each named member has installed a secure view of `size`.
-    let mut await_views =
-        async |who: &[&str], size: usize, reports: &mut mpsc::UnboundedReceiver<Report>| -> Result<()> {
-            let deadline = Instant::now() + WAIT;
-            let want: Vec<String> = who.iter().map(|w| format!("{w}-{tag}")).collect();
-            while !want.iter().all(|w| seen.get(w) == Some(&size)) {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let r = match tokio::time::timeout(left, reports.recv()).await {
-                    Ok(Some(r)) => r,
-                    _ => bail!("{tag}: timed out waiting for secure views of {size} members"),
-                };
-                show(&r);
-                if let SecureEvent::View(v) = &r.event {
-                    seen.insert(r.who.clone(), v.members.len());
-                }
+    let mut await_views = async |who: &[&str], size: usize, reports: &mut mpsc::UnboundedReceiver<Report>| -> Result<()> {
+        let deadline = Instant::now() + WAIT;
+        let want: Vec<String> = who.iter().map(|w| format!("{w}-{tag}")).collect();
+        while !want.iter().all(|w| seen.get(w) == Some(&size)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let r = match tokio::time::timeout(left, reports.recv()).await {
+                Ok(Some(r)) => r,
+                _ => bail!("{tag}: timed out waiting for secure views of {size} members"),
+            };
+            show(&r);
+            if let SecureEvent::View(v) = &r.event {
+                seen.insert(r.who.clone(), v.members.len());
             }
-            Ok(())
-        };
+        }
+        Ok(())
+    };
     cmd("alice", Cmd::Join(policy))?;
     await_views(&["alice"], 1, &mut reports).await?;
     cmd("bob", Cmd::Join(policy))?;
@@ -164,8 +163,7 @@ async fn script(socket: &std::path::Path, policy: Policy, seed: u64) -> Result<(
     cmd("bob", Cmd::Send("carol cannot read this".into()))?;
     // Let the last messages arrive, then print them.
     let settle = Instant::now() + Duration::from_millis(300);
-    while let Ok(Some(r)) = tokio::time::timeout(settle.saturating_duration_since(Instant::now()), reports.recv()).await
-    {
+    while let Ok(Some(r)) = tokio::time::timeout(settle.saturating_duration_since(Instant::now()), reports.recv()).await {
         show(&r);
     }
     Ok(())

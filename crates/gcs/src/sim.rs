@@ -225,7 +225,8 @@ impl<N: SimNode> Sim<N> {
         let mut groups = Vec::new();
         for l in leavers {
             let c = self.component_index(l).ok_or_else(|| SimError::NotInView(l.clone()))?;
-            let rest: Vec<MemberId> = self.components[c].view.ids().filter(|m| !gone.contains(m)).cloned().collect();
+            let rest: Vec<MemberId> =
+                self.components[c].view.ids().filter(|m| !gone.contains(m)).cloned().collect();
             if !groups.contains(&rest) {
                 groups.push(rest);
             }
@@ -289,7 +290,8 @@ impl<N: SimNode> Sim<N> {
         // component's pending messages.
         for &c in &touched {
             for g in &groups {
-                let set: Vec<MemberId> = g.iter().filter(|m| self.components[c].view.contains(m)).cloned().collect();
+                let set: Vec<MemberId> =
+                    g.iter().filter(|m| self.components[c].view.contains(m)).cloned().collect();
                 if set.is_empty() {
                     continue;
                 }
@@ -375,7 +377,8 @@ impl<N: SimNode> Sim<N> {
     /// Delivers one pending message (from a component chosen by the seeded
     /// RNG). Returns false when nothing is pending.
     pub fn step(&mut self) -> bool {
-        let busy: Vec<usize> = (0..self.components.len()).filter(|&i| !self.components[i].queue.is_empty()).collect();
+        let busy: Vec<usize> =
+            (0..self.components.len()).filter(|&i| !self.components[i].queue.is_empty()).collect();
         if busy.is_empty() {
             return false;
         }
@@ -430,11 +433,7 @@ impl<N: SimNode> Sim<N> {
             return Err(SimError::NotInView(to.clone()));
         }
         let mut out = Vec::new();
-        nodes
-            .get_mut(to)
-            .ok_or_else(|| SimError::UnknownMember(to.clone()))?
-            .node
-            .on_message(&d.from, &d.msg, &mut out);
+        nodes.get_mut(to).ok_or_else(|| SimError::UnknownMember(to.clone()))?.node.on_message(&d.from, &d.msg, &mut out);
         *delivered += 1;
         Ok(Self::sent(trace, view, to, out))
     }

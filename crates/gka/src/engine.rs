@@ -140,7 +140,8 @@ pub trait Engine: Send {
     /// progress and starts the run for this view.
     fn on_view(&mut self, view: &View, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
     /// A message delivered in the current view by `from`.
-    fn on_message(&mut self, from: &MemberId, bytes: &[u8], rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
+    fn on_message(&mut self, from: &MemberId, bytes: &[u8], rng: &mut dyn CryptoRngCore)
+        -> Result<Vec<Output>, Error>;
     /// The secure view of the current view, once its key is agreed.
     fn secure_view(&self) -> Option<&SecureView>;
     /// Whether a run is in progress (a view without its key yet).
@@ -467,7 +468,12 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
         self.with_ctx(rng, |p, cx| p.on_view(cx, &change))
     }
 
-    fn on_message(&mut self, from: &MemberId, bytes: &[u8], rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+    fn on_message(
+        &mut self,
+        from: &MemberId,
+        bytes: &[u8],
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<Vec<Output>, Error> {
         let env = self.open(from, bytes)?;
         let out = self.with_ctx(rng, |p, cx| p.on_message(cx, &env.sender, env.round, &env.body))?;
         self.st.seen.insert((env.sender, env.seq));

@@ -87,8 +87,7 @@ impl Envelope {
         let protocol = ProtocolId::from_code(r.u8("protocol")?).ok_or(DecodeError::Bad("protocol"))?;
         let gcode = r.u8("group id")?;
         let group_id = GroupId::ALL.into_iter().find(|g| g.code() == gcode).ok_or(DecodeError::Bad("group id"))?;
-        let group =
-            std::str::from_utf8(r.short_bytes(255, "group name")?).map_err(|_| DecodeError::Bad("group name"))?;
+        let group = std::str::from_utf8(r.short_bytes(255, "group name")?).map_err(|_| DecodeError::Bad("group name"))?;
         let view = ViewId(r.u64("view id")?);
         let sender = member(r.short_bytes(255, "sender")?)?.ok_or(DecodeError::Bad("sender"))?;
         let recipient = member(r.short_bytes(255, "recipient")?)?;

@@ -35,7 +35,15 @@ impl Costs {
 
     /// The inverse of [`Costs::to_array`].
     pub fn from_array(a: [u64; 7]) -> Self {
-        Self { exps: a[0], small_exps: a[1], sigs: a[2], verifs: a[3], unicasts: a[4], broadcasts: a[5], bytes: a[6] }
+        Self {
+            exps: a[0],
+            small_exps: a[1],
+            sigs: a[2],
+            verifs: a[3],
+            unicasts: a[4],
+            broadcasts: a[5],
+            bytes: a[6],
+        }
     }
 
     /// Element-wise maximum.

@@ -45,8 +45,7 @@ fn run(protocol: ProtocolId, seed: u64, event: usize, attack: bool) -> (Vec<Stri
     assert!(h.errors().is_empty(), "{protocol} seed {seed}: {:?}", h.errors());
     if attack {
         // After the run every message of the run is a replay.
-        let current: Vec<_> =
-            h.sim().trace().iter().map(|d| (d.from.clone(), d.to.clone(), d.msg.bytes.to_vec())).collect();
+        let current: Vec<_> = h.sim().trace().iter().map(|d| (d.from.clone(), d.to.clone(), d.msg.bytes.to_vec())).collect();
         let views: Vec<Vec<MemberId>> = h.sim().views().iter().map(|v| v.ids().cloned().collect()).collect();
         for (from, to, bytes) in current {
             for v in &views {
@@ -74,14 +73,15 @@ fn run(protocol: ProtocolId, seed: u64, event: usize, attack: bool) -> (Vec<Stri
 }
 
 /// Hits every member of every view with bad messages; each must be rejected.
-fn bombard(
-    h: &mut Harness,
-    old: &[Vec<u8>],
-    outsider: &dyn conclave_gka::suite::Signer,
-    rng: &mut ChaCha20Rng,
-) -> usize {
-    let live: Vec<(MemberId, Option<MemberId>, Vec<u8>)> =
-        h.sim().trace().iter().rev().take(4).map(|d| (d.from.clone(), d.to.clone(), d.msg.bytes.to_vec())).collect();
+fn bombard(h: &mut Harness, old: &[Vec<u8>], outsider: &dyn conclave_gka::suite::Signer, rng: &mut ChaCha20Rng) -> usize {
+    let live: Vec<(MemberId, Option<MemberId>, Vec<u8>)> = h
+        .sim()
+        .trace()
+        .iter()
+        .rev()
+        .take(4)
+        .map(|d| (d.from.clone(), d.to.clone(), d.msg.bytes.to_vec()))
+        .collect();
     let members: Vec<MemberId> = h.sim().views().iter().flat_map(|v| v.ids().cloned().collect::<Vec<_>>()).collect();
     let mut rejected = 0;
     for m in &members {

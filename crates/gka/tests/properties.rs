@@ -79,7 +79,8 @@ fn scenario(protocol: ProtocolId, seed: u64) -> Result<(), String> {
     let mut log = Vec::new();
     for step in 0..steps {
         let views: Vec<Vec<MemberId>> = h.sim().views().iter().map(|v| v.ids().cloned().collect()).collect();
-        let idle: Vec<MemberId> = pool.iter().filter(|m| !views.iter().any(|v| v.contains(m))).cloned().collect();
+        let idle: Vec<MemberId> =
+            pool.iter().filter(|m| !views.iter().any(|v| v.contains(m))).cloned().collect();
         let total: usize = views.iter().map(|v| v.len()).sum();
         let op = below(&mut rng, 6);
         let sim = h.sim();
@@ -115,11 +116,7 @@ fn scenario(protocol: ProtocolId, seed: u64) -> Result<(), String> {
                 let v = pick(&mut rng, &big);
                 let (mut a, mut b) = (Vec::new(), Vec::new());
                 for m in &v {
-                    if rng.next_u64() % 2 == 0 {
-                        a.push(m.clone())
-                    } else {
-                        b.push(m.clone())
-                    }
+                    if rng.next_u64() % 2 == 0 { a.push(m.clone()) } else { b.push(m.clone()) }
                 }
                 if a.is_empty() {
                     a.push(b.pop().expect("two members"));

@@ -42,7 +42,9 @@ pub fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series
             .map_err(|e| anyhow!("{e}"))?
             .label(s.name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-        chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| anyhow!("{e}"))?;
+        chart
+            .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .map_err(|e| anyhow!("{e}"))?;
     }
     chart
         .configure_series_labels()

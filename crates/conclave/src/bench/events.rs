@@ -126,9 +126,7 @@ pub struct CostModel {
 
 impl CostModel {
     fn cpu(&self, c: Costs) -> f64 {
-        c.exps as f64 * self.exp
-            + c.small_exps as f64 * self.small_exp
-            + c.sigs as f64 * self.sign
+        c.exps as f64 * self.exp + c.small_exps as f64 * self.small_exp + c.sigs as f64 * self.sign
             + c.verifs as f64 * self.verify
     }
 
@@ -272,8 +270,7 @@ fn run_once(
     // Per member: when it would be done with what it has seen, given unlimited CPUs.
     let mut ideal: BTreeMap<MemberId, f64> = BTreeMap::new();
     let mut ideal_install: f64 = 0.0;
-    let members: Vec<MemberId> =
-        h.sim_ref().views().iter().flat_map(|v| v.ids().cloned().collect::<Vec<_>>()).collect();
+    let members: Vec<MemberId> = h.sim_ref().views().iter().flat_map(|v| v.ids().cloned().collect::<Vec<_>>()).collect();
     for m in &members {
         let node = h.sim_ref().node(m).expect("member");
         let spent = node.engine.costs() - before[m].0;
@@ -393,11 +390,7 @@ pub fn run(args: EventsArgs) -> Result<()> {
         "Time until every member has the new key, virtual ms ({:?} costs: exp {:.3}, sign {:.3}, verify {:.3}, message {:.2}; {:?} network; {} runs per point).",
         args.costs, model.exp, model.sign, model.verify, model.multicast, args.wan, args.runs
     )?;
-    writeln!(
-        out,
-        "{:<5} {:<10} {:>4} | {:>9} {:>9} {:>9} | {:>9} {:>7}",
-        "proto", "event", "n", "mean", "p50", "p95", "bound", "÷bound"
-    )?;
+    writeln!(out, "{:<5} {:<10} {:>4} | {:>9} {:>9} {:>9} | {:>9} {:>7}", "proto", "event", "n", "mean", "p50", "p95", "bound", "÷bound")?;
     let mut points = Vec::new();
     let total = args.events.len() * protocols.len() * args.sizes.len();
     let mut done = 0;

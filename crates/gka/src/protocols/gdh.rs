@@ -654,10 +654,7 @@ mod tests {
             }
             // Sanity: the leaver does reach the secret it held.
             let own = leak.group_secret.expect("leaver had a key");
-            assert_eq!(
-                attacker.can_reach(&leak.scalars, &leak.elements, &publics, &own, &[], 1, 2_000_000),
-                Some(true)
-            );
+            assert_eq!(attacker.can_reach(&leak.scalars, &leak.elements, &publics, &own, &[], 1, 2_000_000), Some(true));
         }
     }
 }

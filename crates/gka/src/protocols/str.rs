@@ -803,10 +803,7 @@ mod tests {
         let attacker = probe.attacker();
         // The model works: what it held reaches the key it had.
         let own = leak.group_secret.clone().unwrap();
-        assert_eq!(
-            attacker.can_reach(&leak.scalars, &leak.elements, &publics, &own, &[crate::domains::STR_NODE], 1, 100_000),
-            Some(true)
-        );
+        assert_eq!(attacker.can_reach(&leak.scalars, &leak.elements, &publics, &own, &[crate::domains::STR_NODE], 1, 100_000), Some(true));
         // One level of exponentiation for every later key, two for the first
         // (deeper searches take too long for a unit test).
         for t in &targets {

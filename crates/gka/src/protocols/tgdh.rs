@@ -854,10 +854,7 @@ mod tests {
         let target = m.engine.leak().group_secret.unwrap();
         let mut elements = leak.elements.clone();
         elements.extend(leak.group_secret.clone());
-        m.engine
-            .attacker()
-            .can_reach(&leak.scalars, &elements, &publics, &target, &[crate::domains::TGDH_NODE], 2, 200_000)
-            .expect("within budget")
+        m.engine.attacker().can_reach(&leak.scalars, &elements, &publics, &target, &[crate::domains::TGDH_NODE], 2, 200_000).expect("within budget")
     }
 
     #[cfg(feature = "test-hooks")]
@@ -889,15 +886,7 @@ mod tests {
             let leak = j.leak();
             let mut elements = leak.elements.clone();
             elements.extend(leak.group_secret.clone());
-            let reach = j.attacker().can_reach(
-                &leak.scalars,
-                &elements,
-                &publics,
-                &old,
-                &[crate::domains::TGDH_NODE],
-                2,
-                200_000,
-            );
+            let reach = j.attacker().can_reach(&leak.scalars, &elements, &publics, &old, &[crate::domains::TGDH_NODE], 2, 200_000);
             assert_eq!(reach, Some(false), "n = {n}");
         }
     }

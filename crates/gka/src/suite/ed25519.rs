@@ -50,8 +50,7 @@ pub struct Ed25519Verifier {
 impl Ed25519Verifier {
     /// Parses a 32-byte public key.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, CryptoError> {
-        let arr: [u8; 32] =
-            bytes.try_into().map_err(|_| CryptoError::InvalidKey("ed25519 key must be 32 bytes".into()))?;
+        let arr: [u8; 32] = bytes.try_into().map_err(|_| CryptoError::InvalidKey("ed25519 key must be 32 bytes".into()))?;
         let key = VerifyingKey::from_bytes(&arr).map_err(|e| CryptoError::InvalidKey(e.to_string()))?;
         Ok(Self { key })
     }
