@@ -13,7 +13,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
 use clap::Args;
 use conclave_gcs::view::Cause;
-use conclave_gcs_net::{Client, ClientError, ClientReceiver, ClientSender, Event, Service};
+use conclave_gcs_net::{Client, ClientError, ClientReceiver, ClientSender, Event, Service, TlsClientOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::Notify;
 
@@ -21,19 +21,47 @@ use tokio::sync::Notify;
 #[derive(Args, Debug, Clone)]
 pub struct Endpoint {
     /// Unix socket of the daemon [default: $XDG_RUNTIME_DIR/conclave.sock or /tmp/conclave-$UID.sock].
-    #[arg(long, value_name = "PATH", conflicts_with = "tcp")]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["tcp", "tls"])]
     unix: Option<PathBuf>,
-    /// TCP address of the daemon, e.g. 127.0.0.1:4803.
-    #[arg(long, value_name = "ADDR")]
+    /// TCP address of the daemon, e.g. 127.0.0.1:4803 (plain, for loopback).
+    #[arg(long, value_name = "ADDR", conflicts_with = "tls")]
     tcp: Option<SocketAddr>,
+    /// TLS address of the daemon, HOST:PORT (e.g. daemon.example:4804); needs --ca.
+    #[arg(long, value_name = "HOST:PORT", requires = "ca")]
+    tls: Option<String>,
+    /// CA certificate (PEM) that issued the daemon's TLS certificate.
+    #[arg(long, value_name = "PEM", requires = "tls")]
+    ca: Option<PathBuf>,
+    /// Client certificate (PEM) to show a daemon that demands one; its CommonName must be --name.
+    #[arg(long, value_name = "PEM", requires_all = ["tls", "key"])]
+    cert: Option<PathBuf>,
+    /// Private key (PEM, PKCS#8) of --cert.
+    #[arg(long, value_name = "PEM", requires = "cert")]
+    key: Option<PathBuf>,
+    /// Name the daemon's certificate must carry [default: the HOST of --tls].
+    #[arg(long, value_name = "NAME", requires = "tls")]
+    server_name: Option<String>,
+}
+
+/// The host part of HOST:PORT, without the brackets of an IPv6 address.
+fn host_of(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host)
 }
 
 impl Endpoint {
     /// Connects as `name`, with an error that says where to.
     pub async fn connect(&self, name: &str) -> Result<Client> {
-        let (what, r) = match self.tcp {
-            Some(addr) => (format!("tcp {addr}"), Client::connect_tcp(addr, name).await),
-            None => {
+        let (what, r) = match (&self.tls, self.tcp) {
+            (Some(addr), _) => {
+                let ca = self.ca.as_deref().context("--tls needs --ca PEM")?;
+                let identity = self.cert.as_deref().zip(self.key.as_deref());
+                let options = TlsClientOptions::from_pem_files(ca, identity).context("cannot set up TLS")?;
+                let server_name = self.server_name.as_deref().unwrap_or_else(|| host_of(addr));
+                (format!("tls {addr}"), Client::connect_tls(addr.as_str(), server_name, &options, name).await)
+            }
+            (None, Some(addr)) => (format!("tcp {addr}"), Client::connect_tcp(addr, name).await),
+            (None, None) => {
                 let path = self.unix.clone().unwrap_or_else(crate::daemon::default_socket);
                 let r = Client::connect_unix(&path, name).await;
                 (format!("unix socket {}", path.display()), r)

@@ -18,6 +18,13 @@
 //! groups_per_client = 1024
 //! queue_depth = 4096            # frames queued per client before it is cut off
 //! hello_timeout_secs = 10
+//!
+//! [tls]                         # no TLS unless `listen` is given
+//! listen = "0.0.0.0:4804"
+//! cert = "daemon.crt"           # PEM certificate chain, own certificate first
+//! key = "daemon.key"            # PEM private key (PKCS#8)
+//! client_ca = "authority.crt"   # demand client certificates issued by this CA
+//! client_crl = ["revoked.crl"]  # and not revoked by these CRLs
 //! ```
 
 use std::io::IsTerminal;
@@ -28,15 +35,23 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use conclave_gcs_net::{Backbone, Daemon, DaemonConfig};
+use conclave_gcs_net::{tls, Backbone, ClientAuth, Daemon, DaemonConfig, Identity, TlsListen};
 use serde::Deserialize;
 
 /// Options of `conclave daemon`.
 #[derive(Args, Debug)]
 #[command(after_help = "The configuration file is TOML with the keys backbone (\"standalone\" or \"cluster\") and \
-cpg_group, and the sections [listen] (unix = \"PATH\" or false, tcp = \"ADDR\") and [limits] (max_message_size, groups_per_client, queue_depth, hello_timeout_secs); \
-command-line options override it. Without either, the daemon listens on $XDG_RUNTIME_DIR/conclave.sock \
-(or /tmp/conclave-$UID.sock) and not on TCP. Set RUST_LOG=debug|info|warn|error for more or less logging.")]
+cpg_group, and the sections [listen] (unix = \"PATH\" or false, tcp = \"ADDR\"), [limits] (max_message_size, \
+groups_per_client, queue_depth, hello_timeout_secs) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
+client_crl = [...]); command-line options override it. Without either, the daemon listens on \
+$XDG_RUNTIME_DIR/conclave.sock (or /tmp/conclave-$UID.sock) and not on TCP.
+
+TLS: --tls-listen with --tls-cert and --tls-key serves clients over TLS (plain --tcp is meant for loopback). \
+With --client-ca, every TLS client must show a certificate issued by that authority (and not revoked by a \
+--client-crl), and may only connect under the member name its certificate certifies (the subject CommonName). \
+Files are PEM, as `conclave keys` writes them.
+
+Set RUST_LOG=debug|info|warn|error for more or less logging.")]
 pub struct DaemonArgs {
     /// TOML configuration file.
     #[arg(long, value_name = "FILE")]
@@ -59,6 +74,21 @@ pub struct DaemonArgs {
     /// Frames queued for one client before it is disconnected as too slow.
     #[arg(long, value_name = "N")]
     queue_depth: Option<usize>,
+    /// TCP address to listen on for TLS clients, e.g. 0.0.0.0:4804 (off unless given).
+    #[arg(long, value_name = "ADDR")]
+    tls_listen: Option<SocketAddr>,
+    /// The daemon's certificate chain for TLS (PEM, own certificate first).
+    #[arg(long, value_name = "PEM")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM, PKCS#8).
+    #[arg(long, value_name = "PEM")]
+    tls_key: Option<PathBuf>,
+    /// Demand TLS client certificates issued by this authority (PEM CA certificate).
+    #[arg(long, value_name = "PEM")]
+    client_ca: Option<PathBuf>,
+    /// Refuse client certificates revoked by this CRL (PEM, signed by --client-ca; repeatable).
+    #[arg(long, value_name = "PEM")]
+    client_crl: Vec<PathBuf>,
     /// What orders the daemon's traffic: standalone (this daemon alone) or cluster (one Corosync CPG group with
     /// the daemons of the other nodes; needs a build with `--features cluster` and corosync running on this node)
     /// [default: standalone].
@@ -96,6 +126,19 @@ struct FileConfig {
     listen: Listen,
     #[serde(default)]
     limits: FileLimits,
+    #[serde(default)]
+    tls: FileTls,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileTls {
+    listen: Option<SocketAddr>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+    #[serde(default)]
+    client_crl: Vec<PathBuf>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -133,8 +176,9 @@ pub fn default_socket() -> PathBuf {
     }
 }
 
-/// The daemon configuration: defaults, then the file, then the flags.
-fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice)> {
+/// The daemon configuration: defaults, then the file, then the flags; the
+/// backbone; and whether TLS clients must show certificates.
+fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, bool)> {
     let file = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -167,10 +211,43 @@ fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice)> {
     if let Some(s) = limits.hello_timeout_secs {
         config.hello_timeout = Duration::from_secs(s);
     }
-    if config.unix.is_none() && config.tcp.is_none() {
-        bail!("no listener: the Unix socket is switched off and no TCP address is given (use --tcp ADDR)");
+    let client_certs = file.tls.client_ca.is_some() || args.client_ca.is_some();
+    config.tls = tls_config(args, file.tls)?;
+    if config.unix.is_none() && config.tcp.is_none() && config.tls.is_none() {
+        bail!(
+            "no listener: the Unix socket is switched off and no TCP address is given (use --tcp ADDR or --tls-listen ADDR)"
+        );
     }
-    Ok((config, backbone))
+    Ok((config, backbone, client_certs))
+}
+
+/// The TLS listener from the flags and the `[tls]` section, with the
+/// certificates loaded, or `None` when TLS is not asked for.
+fn tls_config(args: &DaemonArgs, file: FileTls) -> Result<Option<TlsListen>> {
+    let listen = args.tls_listen.or(file.listen);
+    let cert = args.tls_cert.clone().or(file.cert);
+    let key = args.tls_key.clone().or(file.key);
+    let client_ca = args.client_ca.clone().or(file.client_ca);
+    let crls = if args.client_crl.is_empty() { file.client_crl } else { args.client_crl.clone() };
+    let Some(addr) = listen else {
+        if cert.is_some() || key.is_some() || client_ca.is_some() || !crls.is_empty() {
+            bail!("TLS certificates are given but no TLS address to listen on (use --tls-listen ADDR)");
+        }
+        return Ok(None);
+    };
+    let (Some(cert), Some(key)) = (cert, key) else {
+        bail!("TLS on {addr} needs the daemon's certificate and key (--tls-cert PEM --tls-key PEM)");
+    };
+    if client_ca.is_none() && !crls.is_empty() {
+        bail!("a client CRL is given but no client CA (--client-ca PEM) whose revocations it lists");
+    }
+    let identity = Identity::from_pem_files(&cert, &key).context("cannot load the daemon's TLS identity")?;
+    let client_auth = client_ca
+        .map(|ca| ClientAuth::from_pem_files(&ca, &crls))
+        .transpose()
+        .context("cannot load the client certificate authority")?;
+    let config = tls::server_config(identity, client_auth).context("cannot set up TLS")?;
+    Ok(Some(TlsListen { addr, config }))
 }
 
 /// Joins the backbone. Blocking: runs before the runtime starts.
@@ -226,7 +303,7 @@ fn init_logging() {
 
 /// Runs the daemon until Ctrl-C or SIGTERM.
 pub fn run(args: DaemonArgs) -> Result<()> {
-    let (config, choice) = build_config(&args)?;
+    let (config, choice, client_certs) = build_config(&args)?;
     if let Some(path) = &config.unix {
         check_socket_path(path)?;
     }
@@ -242,6 +319,10 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         }
         if let Some(addr) = daemon.tcp_addr() {
             tracing::info!("listening on tcp {addr}");
+        }
+        if let Some(addr) = daemon.tls_addr() {
+            let who = if client_certs { "client certificates required" } else { "no client certificates" };
+            tracing::info!("listening on tls {addr} ({who})");
         }
         tracing::info!(
             "limits: max message size {} bytes, {} groups per client, queue depth {}",

@@ -2,6 +2,8 @@
 //! K connections join one group; each sends N agreed messages while all of
 //! them receive everything. Every payload carries its send time, so each
 //! receiving sender measures the delivery latency of every message.
+//!
+//! The measuring round ([`round`]) is shared with `conclave bench gcs`.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -17,7 +19,7 @@ use tokio::task::JoinSet;
 use crate::client::Endpoint;
 
 /// Bytes at the start of every payload: send time, sender, sequence number.
-const HEADER: usize = 16;
+pub(crate) const HEADER: usize = 16;
 
 /// Longest a round may take before the flood is declared stalled.
 const ROUND_LIMIT: Duration = Duration::from_secs(300);
@@ -53,17 +55,21 @@ pub struct FloodArgs {
     endpoint: Endpoint,
 }
 
-/// One row of the table.
-struct Row {
-    size: usize,
-    sent: usize,
-    elapsed: Duration,
-    /// Latencies in nanoseconds, sorted.
-    latencies: Vec<u64>,
+/// What one round measured.
+pub(crate) struct Row {
+    /// Payload size in bytes.
+    pub size: usize,
+    /// Messages sent by all senders together.
+    pub sent: usize,
+    /// From the first send until the last receiver had every message.
+    pub elapsed: Duration,
+    /// Send-to-delivery latencies at every receiver, in nanoseconds, sorted.
+    pub latencies: Vec<u64>,
 }
 
 impl Row {
-    fn percentile(&self, p: f64) -> f64 {
+    /// The latency at quantile `p` (0 to 1), in milliseconds.
+    pub fn percentile(&self, p: f64) -> f64 {
         if self.latencies.is_empty() {
             return 0.0;
         }
@@ -95,10 +101,13 @@ fn header() {
     );
 }
 
-/// A connection of the flood.
-struct Conn {
-    tx: ClientSender,
-    rx: Option<ClientReceiver>,
+/// A connection of a flood: its receiver is lent to a round's task while
+/// the round runs.
+pub(crate) struct Conn {
+    /// The sending half.
+    pub tx: ClientSender,
+    /// The receiving half, `None` only during a round.
+    pub rx: Option<ClientReceiver>,
 }
 
 /// Runs the flood.
@@ -134,7 +143,8 @@ async fn flood(args: FloodArgs, sizes: Vec<usize>, window: usize) -> Result<()> 
     header();
     let epoch = Instant::now();
     for &size in &sizes {
-        let row = tokio::time::timeout(ROUND_LIMIT, round(&args, &mut conns, &ours, size, window, epoch))
+        let flood = Flood { group: &args.group, senders: args.senders, count: args.count, size, window };
+        let row = tokio::time::timeout(ROUND_LIMIT, round(&mut conns, &ours, &flood, epoch))
             .await
             .map_err(|_| anyhow!("the flood stalled: a round took longer than {ROUND_LIMIT:?}"))??;
         row.print(args.senders);
@@ -146,7 +156,7 @@ async fn flood(args: FloodArgs, sizes: Vec<usize>, window: usize) -> Result<()> 
 }
 
 /// Receives until a view of `group` holds every flood connection.
-async fn wait_for_all(rx: &mut ClientReceiver, group: &str, ours: &HashSet<String>) -> Result<()> {
+pub(crate) async fn wait_for_all(rx: &mut ClientReceiver, group: &str, ours: &HashSet<String>) -> Result<()> {
     let wait = async {
         loop {
             match rx.recv().await? {
@@ -167,38 +177,54 @@ async fn wait_for_all(rx: &mut ClientReceiver, group: &str, ours: &HashSet<Strin
 
 type Received = (usize, ClientReceiver, Vec<u64>, Instant);
 
-async fn round(
-    args: &FloodArgs,
+/// One round of a flood.
+pub(crate) struct Flood<'a> {
+    /// The group every connection is a member of.
+    pub group: &'a str,
+    /// The first `senders` connections send; all of them receive.
+    pub senders: usize,
+    /// Messages each sender sends.
+    pub count: usize,
+    /// Payload size in bytes (at least [`HEADER`]).
+    pub size: usize,
+    /// Messages a sender may have in flight (sent, not yet delivered back to it).
+    pub window: usize,
+}
+
+/// Runs one round: the senders send `count` agreed messages each, every
+/// connection receives all of them, and every receiver measures each
+/// message's latency from its send time (relative to `epoch`).
+pub(crate) async fn round(
     conns: &mut [Conn],
     ours: &Arc<HashSet<String>>,
-    size: usize,
-    window: usize,
+    flood: &Flood<'_>,
     epoch: Instant,
 ) -> Result<Row> {
-    let k = conns.len();
-    let n = args.count;
-    let expected = k * n;
+    let (n, size, window) = (flood.count, flood.size, flood.window);
+    let expected = flood.senders * n;
     let start = Instant::now();
     let mut tasks: JoinSet<Result<Option<Received>>> = JoinSet::new();
     for (i, c) in conns.iter_mut().enumerate() {
         let credit = Arc::new(Semaphore::new(window));
-        let tx = c.tx.clone();
-        let group = args.group.clone();
-        let sender_credit = credit.clone();
-        tasks.spawn(async move {
-            for seq in 0..n {
-                sender_credit.acquire().await.context("credit")?.forget();
-                let mut p = BytesMut::with_capacity(size);
-                p.put_u64(epoch.elapsed().as_nanos() as u64);
-                p.put_u32(i as u32);
-                p.put_u32(seq as u32);
-                p.resize(size, 0);
-                tx.multicast(&group, Service::Agreed, p.freeze()).await.context("sending")?;
-            }
-            Ok(None)
-        });
+        if i < flood.senders {
+            let tx = c.tx.clone();
+            let group = flood.group.to_string();
+            let sender_credit = credit.clone();
+            tasks.spawn(async move {
+                for seq in 0..n {
+                    sender_credit.acquire().await.context("credit")?.forget();
+                    let mut p = BytesMut::with_capacity(size);
+                    p.put_u64(epoch.elapsed().as_nanos() as u64);
+                    p.put_u32(i as u32);
+                    p.put_u32(seq as u32);
+                    p.resize(size, 0);
+                    tx.multicast(&group, Service::Agreed, p.freeze()).await.context("sending")?;
+                }
+                Ok(None)
+            });
+        }
         let mut rx = c.rx.take().expect("receiver");
-        let group = args.group.clone();
+        let group = flood.group.to_string();
         let ours = ours.clone();
         tasks.spawn(async move {
             let mut latencies = Vec::with_capacity(expected);
@@ -223,7 +249,7 @@ async fn round(
             Ok(Some((i, rx, latencies, Instant::now())))
         });
     }
-    let mut latencies = Vec::with_capacity(expected * k);
+    let mut latencies = Vec::with_capacity(expected * conns.len());
     let mut end = start;
     while let Some(r) = tasks.join_next().await {
         match r.context("flood task")? {

@@ -121,8 +121,15 @@ fn help_texts() {
     for cmd in ["daemon", "client", "flood", "bench"] {
         assert!(out.contains(cmd), "conclave --help lacks {cmd}:\n{out}");
     }
-    for (cmd, needle) in [("daemon", "--config"), ("client", "join-open"), ("client", "unicast"), ("flood", "--sizes")]
-    {
+    for (cmd, needle) in [
+        ("daemon", "--config"),
+        ("client", "join-open"),
+        ("client", "unicast"),
+        ("flood", "--sizes"),
+        ("client", "--tls"),
+        ("daemon", "--client-ca"),
+        ("bench", "gcs"),
+    ] {
         let (status, out, _) = run(conclave().args([cmd, "--help"]));
         assert!(status.success());
         assert!(out.contains(needle), "conclave {cmd} --help lacks {needle}:\n{out}");
@@ -294,4 +301,136 @@ fn flood_prints_a_table() {
     let (status, _, err) = run(conclave().args(["flood", "--size", "8", "--unix"]).arg(&d.socket));
     assert!(!status.success());
     assert!(err.contains("too small"), "{err}");
+}
+
+/// Certificates as `conclave keys` writes them (PEM, Ed25519 in PKCS#8, a
+/// self-signed authority, member CommonName = member name), made by rcgen.
+struct Pki {
+    dir: tempfile::TempDir,
+    ca: rcgen::Certificate,
+    ca_key: rcgen::KeyPair,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, "test authority");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&ca_key).unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+        Pki { dir, ca, ca_key }
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    /// Writes `<cn>.crt` and `<cn>.key`.
+    fn issue(&self, cn: &str, sans: &[&str]) {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let mut params = rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        std::fs::write(self.path(&format!("{cn}.crt")), cert.pem()).unwrap();
+        std::fs::write(self.path(&format!("{cn}.key")), key.serialize_pem()).unwrap();
+    }
+}
+
+#[test]
+fn tls_daemon_with_client_certificates() {
+    let pki = Pki::new();
+    pki.issue("daemon", &["localhost"]);
+    pki.issue("alice", &[]);
+    let log_path = pki.path("daemon.log");
+    let log = File::create(&log_path).unwrap();
+    // TLS from the configuration file; the flags are the same settings.
+    let config = pki.path("conclave.toml");
+    let file = |name: &str| format!("{:?}", pki.path(name).display().to_string());
+    std::fs::write(
+        &config,
+        format!(
+            "[listen]\nunix = false\n\n[tls]\nlisten = \"127.0.0.1:0\"\ncert = {}\nkey = {}\nclient_ca = {}\n",
+            file("daemon.crt"),
+            file("daemon.key"),
+            file("ca.pem")
+        ),
+    )
+    .unwrap();
+    let _daemon = Proc::spawn(conclave().arg("daemon").arg("--config").arg(&config).stderr(log).stdout(Stdio::null()));
+    // The daemon logs the port it got.
+    let deadline = Instant::now() + LIMIT;
+    let addr = loop {
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        if let Some(rest) = log.split("listening on tls ").nth(1) {
+            assert!(rest.contains("client certificates required"), "{log}");
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+        assert!(Instant::now() < deadline, "the daemon did not log its TLS address:\n{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let client = |name: &str, with_cert: bool, script: &str| {
+        let mut cmd = conclave();
+        cmd.args(["client", "--name", name, "--tls", &addr, "--server-name", "localhost", "--ca"])
+            .arg(pki.path("ca.pem"));
+        if with_cert {
+            cmd.arg("--cert").arg(pki.path("alice.crt")).arg("--key").arg(pki.path("alice.key"));
+        }
+        let mut p = Proc::spawn(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()));
+        p.child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        p.finish()
+    };
+    let (status, out, err) = client("alice", true, "join g\nwait g 1\nsend g over tls\nwait-msgs g 1\n");
+    assert!(status.success(), "{out}\n{err}");
+    assert!(has_line(&out, |l| l.starts_with("[g v") && l.ends_with("] alice: over tls")), "{out}");
+    let (status, _, err) = client("bob", true, "");
+    assert!(!status.success());
+    assert!(err.contains("certificate is for alice, Hello says bob"), "{err}");
+    let (status, _, err) = client("alice", false, "");
+    assert!(!status.success());
+    assert!(err.contains("cannot connect") && err.contains("tls"), "{err}");
+    // TLS options that do not fit together are refused up front.
+    let (status, _, err) = run(conclave().args(["daemon", "--no-unix", "--tls-listen", "127.0.0.1:0"]));
+    assert!(!status.success());
+    assert!(err.contains("--tls-cert"), "{err}");
+    let (status, _, err) = run(conclave().args(["client", "--name", "x", "--tls", &addr]));
+    assert!(!status.success());
+    assert!(err.contains("--ca"), "{err}");
+}
+
+#[test]
+fn bench_gcs_prints_tables_and_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("gcs.json");
+    let (status, out, err) = run(conclave()
+        .args(["bench", "gcs", "--quick", "--tls", "--sizes", "64,1024", "--senders", "1,2", "--receivers", "3"])
+        .arg("--json")
+        .arg(&json));
+    assert!(status.success(), "{out}\n{err}");
+    assert!(out.contains("p50 µs") && out.contains("msg/s / unix") && out.contains("join p50 µs"), "{out}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let multicast = report["multicast"].as_array().unwrap();
+    // Two targets (unix, tls) × two sender counts × two sizes.
+    assert_eq!(multicast.len(), 8, "{out}");
+    for row in multicast {
+        let f = |k: &str| row[k].as_f64().unwrap_or_else(|| panic!("{k} in {row}"));
+        assert!(0.0 < f("latency_p50_us") && f("latency_p50_us") <= f("latency_p99_us"), "{row}");
+        assert!(f("messages_per_s") > 0.0 && f("mb_per_s") > 0.0, "{row}");
+        // Every receiver measured every latency message: 20 per sender.
+        assert_eq!(f("latency_samples"), 20.0 * f("senders") * 3.0, "{row}");
+    }
+    let membership = report["membership"].as_array().unwrap();
+    assert_eq!(membership.len(), 4, "{out}");
+    for row in membership {
+        assert!(row["join_p50_us"].as_f64().unwrap() > 0.0 && row["leave_p50_us"].as_f64().unwrap() > 0.0);
+    }
+    // Against a daemon given by its socket, with no TLS.
+    let d = TestDaemon::start();
+    let (status, out, err) = run(conclave()
+        .args(["bench", "gcs", "--quick", "--sizes", "64", "--senders", "1", "--receivers", "2", "--unix"])
+        .arg(&d.socket));
+    assert!(status.success(), "{out}\n{err}");
+    assert!(out.lines().any(|l| l.starts_with("unix ") && l.split_whitespace().nth(2) == Some("64")), "{out}");
+    assert!(!out.contains("tls"), "{out}");
 }

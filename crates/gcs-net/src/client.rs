@@ -28,6 +28,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs, UnixStream};
 use tokio::sync::Mutex;
 
+use crate::tls::{TlsClientOptions, TlsError};
+
 /// What a client receives: views, messages, notices and errors from its
 /// daemon (a [`Event::Welcome`] only ever comes first, inside `connect`).
 pub use conclave_gcs::core::Delivery as Event;
@@ -70,6 +72,9 @@ pub enum ClientError {
     /// The daemon closed the connection.
     #[error("the daemon closed the connection")]
     Closed,
+    /// TLS could not be set up.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 type Writer = Box<dyn AsyncWrite + Send + Unpin>;
@@ -108,6 +113,22 @@ impl Client {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
         let (rd, wr) = stream.into_split();
+        Self::handshake(Box::new(rd), Box::new(wr), name).await
+    }
+
+    /// Connects over TCP with TLS, checks the daemon's certificate against
+    /// `server_name` (a DNS name or IP address it certifies), and introduces
+    /// itself as `name`. A daemon that demands client certificates accepts
+    /// `name` only if the certificate in `options` certifies it.
+    pub async fn connect_tls(
+        addr: impl ToSocketAddrs,
+        server_name: &str,
+        options: &TlsClientOptions,
+        name: &str,
+    ) -> Result<Self, ClientError> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (rd, wr) = tokio::io::split(options.connect(stream, server_name).await?);
         Self::handshake(Box::new(rd), Box::new(wr), name).await
     }
 
@@ -177,7 +198,10 @@ impl ClientSender {
     async fn send(&self, req: &Request) -> Result<(), ClientError> {
         let mut buf = BytesMut::new();
         wire::encode_request(req, &mut buf);
-        self.writer.lock().await.write_all(&buf).await?;
+        let mut writer = self.writer.lock().await;
+        writer.write_all(&buf).await?;
+        // TLS holds written bytes back until flushed; plain sockets don't.
+        writer.flush().await?;
         Ok(())
     }
 

@@ -1,5 +1,5 @@
-//! The standalone daemon: client connections on a Unix socket and on TCP,
-//! one ordered stream into a [`Core`], deliveries out through bounded
+//! The standalone daemon: client connections on a Unix socket, on TCP and
+//! on TCP with TLS, one ordered stream into a [`Core`], deliveries out through bounded
 //! per-client queues.
 //!
 //! Tasks:
@@ -20,6 +20,10 @@
 //! it cannot stall anyone else; a client that sends a malformed frame gets an
 //! error frame and is disconnected; a frame over the size limit is answered
 //! with [`ErrorCode::TooLarge`] and skipped, and the connection goes on.
+//!
+//! A TLS client that showed a certificate is bound to the member name the
+//! certificate certifies: a Hello with another name ends the connection with
+//! [`ErrorCode::IdentityMismatch`].
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -33,10 +37,13 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, ErrorCode, Limits, Op, Output};
 use conclave_gcs::wire::{self, FrameReader, Request, WireError};
+use conclave_gcs::MemberId;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+
+use crate::tls::{TlsListen, TlsListener};
 
 /// How a daemon is set up.
 #[derive(Clone, Debug)]
@@ -46,6 +53,8 @@ pub struct DaemonConfig {
     pub unix: Option<PathBuf>,
     /// TCP address to listen on, if any (port 0 picks a free port).
     pub tcp: Option<SocketAddr>,
+    /// TLS listener, if any.
+    pub tls: Option<TlsListen>,
     /// Largest message payload accepted, in bytes.
     pub max_payload: usize,
     /// Groups one client may be a member of at once.
@@ -61,6 +70,7 @@ impl Default for DaemonConfig {
         Self {
             unix: None,
             tcp: None,
+            tls: None,
             max_payload: wire::DEFAULT_MAX_PAYLOAD,
             max_groups_per_client: Limits::default().max_groups_per_client,
             queue_depth: 4096,
@@ -148,6 +158,7 @@ pub struct Daemon {
     conns: Conns,
     unix: Option<PathBuf>,
     tcp: Option<SocketAddr>,
+    tls: Option<SocketAddr>,
     tasks: Vec<JoinHandle<()>>,
     stop: Option<oneshot::Sender<()>>,
     sequencer: Option<JoinHandle<()>>,
@@ -159,8 +170,8 @@ pub struct Daemon {
 /// Errors starting a daemon.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    /// Neither a Unix socket nor a TCP address was configured.
-    #[error("no listener configured: give a Unix socket path or a TCP address")]
+    /// No Unix socket, TCP or TLS address was configured.
+    #[error("no listener configured: give a Unix socket path, a TCP address or a TLS address")]
     NoListener,
     /// A configured limit is out of range.
     #[error("bad configuration: {0}")]
@@ -190,7 +201,7 @@ impl Daemon {
 
     /// Binds the configured listeners and starts serving over `backbone`.
     pub async fn start_with(config: DaemonConfig, backbone: Backbone) -> Result<Self, DaemonError> {
-        if config.unix.is_none() && config.tcp.is_none() {
+        if config.unix.is_none() && config.tcp.is_none() && config.tls.is_none() {
             return Err(DaemonError::NoListener);
         }
         if config.queue_depth == 0 {
@@ -218,6 +229,19 @@ impl Daemon {
             .map(|l| l.local_addr())
             .transpose()
             .map_err(|source| DaemonError::Bind { what: "tcp".into(), source })?;
+        let tls = match &config.tls {
+            Some(listen) => Some(
+                TlsListener::bind(listen, config.hello_timeout)
+                    .await
+                    .map_err(|source| DaemonError::Bind { what: format!("tls {}", listen.addr), source })?,
+            ),
+            None => None,
+        };
+        let tls_addr = tls
+            .as_ref()
+            .map(|l| l.local_addr())
+            .transpose()
+            .map_err(|source| DaemonError::Bind { what: "tls".into(), source })?;
 
         let Backbone { me, submit, ordered, failure, resources } = backbone;
         let conns: Conns = Arc::default();
@@ -234,12 +258,16 @@ impl Daemon {
             tasks.push(tokio::spawn(accept_loop(l, shared.clone())));
         }
         if let Some(l) = tcp {
+            tasks.push(tokio::spawn(accept_loop(l, shared.clone())));
+        }
+        if let Some(l) = tls {
             tasks.push(tokio::spawn(accept_loop(l, shared)));
         }
         Ok(Self {
             conns,
             unix: config.unix,
             tcp: tcp_addr,
+            tls: tls_addr,
             tasks,
             stop: Some(stop),
             sequencer: Some(sequencer),
@@ -266,6 +294,11 @@ impl Daemon {
     /// The TCP address the daemon listens on.
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
         self.tcp
+    }
+
+    /// The TCP address the daemon listens on for TLS clients.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls
     }
 
     /// Stops accepting, tells every client the daemon is shutting down, and
@@ -301,36 +334,44 @@ impl Drop for Daemon {
     }
 }
 
-/// A listening socket clients connect to (a TLS listener is another).
+/// A listening socket clients connect to.
 trait Listener: Send + 'static {
     /// One accepted connection.
     type Stream: AsyncRead + AsyncWrite + Send + 'static;
-    /// Waits for the next connection.
-    fn next(&self) -> impl Future<Output = io::Result<Self::Stream>> + Send;
+    /// Waits for the next connection; with it, the member name the client's
+    /// certificate certifies, if it showed one.
+    fn next(&mut self) -> impl Future<Output = io::Result<(Self::Stream, Option<MemberId>)>> + Send;
 }
 
 impl Listener for UnixListener {
     type Stream = UnixStream;
-    async fn next(&self) -> io::Result<UnixStream> {
-        Ok(self.accept().await?.0)
+    async fn next(&mut self) -> io::Result<(UnixStream, Option<MemberId>)> {
+        Ok((self.accept().await?.0, None))
     }
 }
 
 impl Listener for TcpListener {
     type Stream = TcpStream;
-    async fn next(&self) -> io::Result<TcpStream> {
+    async fn next(&mut self) -> io::Result<(TcpStream, Option<MemberId>)> {
         let (stream, _) = self.accept().await?;
         stream.set_nodelay(true)?;
-        Ok(stream)
+        Ok((stream, None))
+    }
+}
+
+impl Listener for TlsListener {
+    type Stream = tokio_rustls::server::TlsStream<TcpStream>;
+    async fn next(&mut self) -> io::Result<(Self::Stream, Option<MemberId>)> {
+        TlsListener::next(self).await
     }
 }
 
 /// Accepts connections until aborted. After a failure (out of file
 /// descriptors, say) it pauses rather than spin.
-async fn accept_loop(listener: impl Listener, shared: Arc<Shared>) {
+async fn accept_loop(mut listener: impl Listener, shared: Arc<Shared>) {
     loop {
         match listener.next().await {
-            Ok(stream) => spawn_conn(stream, shared.clone()),
+            Ok((stream, certified)) => spawn_conn(stream, certified, shared.clone()),
             Err(e) => {
                 tracing::warn!("accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -450,7 +491,7 @@ fn deliver(table: &mut HashMap<ConnId, ConnHandle>, c: ConnId, bytes: Bytes, fat
     }
 }
 
-fn spawn_conn<S>(stream: S, shared: Arc<Shared>)
+fn spawn_conn<S>(stream: S, certified: Option<MemberId>, shared: Arc<Shared>)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -461,17 +502,18 @@ where
     shared.conns.lock().expect("connection table").insert(conn, ConnHandle { queue, kill: kill.clone() });
     let writer = tokio::spawn(write_loop(wr, queue_rx, kill_rx));
     tokio::spawn(async move {
-        read_loop(rd, conn, &shared, &kill, writer).await;
+        read_loop(rd, conn, certified.as_ref(), &shared, &kill, writer).await;
         tracing::info!(conn = %conn, "client disconnected");
         let _ = shared.submit.send(Op::Disconnect { conn }).await;
     });
 }
 
 /// Reads requests and submits them until the client leaves, misbehaves, or
-/// its writer ends.
+/// its writer ends. A client with a `certified` name must say Hello with it.
 async fn read_loop<R: AsyncRead>(
     rd: R,
     conn: ConnId,
+    certified: Option<&MemberId>,
     shared: &Shared,
     killer: &mpsc::Sender<Bytes>,
     mut writer: JoinHandle<()>,
@@ -500,6 +542,12 @@ async fn read_loop<R: AsyncRead>(
                 }
             };
             if let Op::Connect { name, .. } = &op {
+                if let Some(certified) = certified.filter(|&c| c != name) {
+                    let text = format!("certificate is for {certified}, Hello says {name}");
+                    tracing::info!(conn = %conn, "{text}");
+                    kill(killer, ErrorCode::IdentityMismatch, text);
+                    return;
+                }
                 tracing::info!(conn = %conn, name = %name, "client connected");
                 said_hello = true;
             }
@@ -569,6 +617,15 @@ async fn write_loop<W: AsyncWrite>(wr: W, mut queue: mpsc::Receiver<Bytes>, mut 
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             },
+        }
+        // A TLS stream may hold written bytes back until flushed; for a
+        // plain socket this costs nothing.
+        if pending.is_empty() {
+            tokio::select! {
+                biased;
+                Some(last) = kill.recv() => break Some(last),
+                r = wr.flush() => if r.is_err() { return },
+            }
         }
     };
     if let Some(last) = last {

@@ -9,6 +9,8 @@
 //!   or misbehaving client never holds up the others.
 //! * [`client`] — the client library applications use: connect, join, leave,
 //!   multicast, unicast and receive views and messages.
+//! * [`tls`] — TLS for remote clients, with optional client certificates
+//!   issued by a group authority that bind a connection to a member name.
 //!
 //! * `cluster` (feature `cluster`) — the Corosync CPG backbone: daemons on
 //!   many machines order their clients' operations through one CPG group.
@@ -19,7 +21,9 @@ pub mod client;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod daemon;
+pub mod tls;
 
 pub use client::{Client, ClientError, ClientReceiver, ClientSender, Event};
 pub use conclave_gcs::core::{ErrorCode, Service};
 pub use daemon::{Backbone, Daemon, DaemonConfig, DaemonError};
+pub use tls::{ClientAuth, Identity, TlsClientOptions, TlsError, TlsListen};

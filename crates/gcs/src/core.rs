@@ -298,6 +298,8 @@ pub enum ErrorCode {
     Timeout,
     /// The daemon is shutting down.
     ShuttingDown,
+    /// The name in Hello is not the name the client's certificate certifies.
+    IdentityMismatch,
     /// A code this version does not know.
     Other(u16),
 }
@@ -320,6 +322,7 @@ impl ErrorCode {
             ErrorCode::QueueOverflow => 12,
             ErrorCode::Timeout => 13,
             ErrorCode::ShuttingDown => 14,
+            ErrorCode::IdentityMismatch => 15,
             ErrorCode::Other(n) => n,
         }
     }
@@ -341,6 +344,7 @@ impl ErrorCode {
             12 => ErrorCode::QueueOverflow,
             13 => ErrorCode::Timeout,
             14 => ErrorCode::ShuttingDown,
+            15 => ErrorCode::IdentityMismatch,
             n => ErrorCode::Other(n),
         }
     }
@@ -355,6 +359,7 @@ impl ErrorCode {
                 | ErrorCode::QueueOverflow
                 | ErrorCode::Timeout
                 | ErrorCode::ShuttingDown
+                | ErrorCode::IdentityMismatch
         )
     }
 }

@@ -4,6 +4,7 @@ mod chart;
 mod counts;
 mod crypto;
 mod events;
+mod gcs;
 mod live;
 mod paper;
 
@@ -22,6 +23,9 @@ pub enum BenchCommand {
     /// Time from a membership event until every member has the new key, on
     /// the simulator with virtual time (TISSEC §6 scenarios).
     Events(events::EventsArgs),
+    /// Group communication on real sockets: agreed-multicast latency and throughput, join and leave
+    /// latency, against an embedded daemon or the daemons given (and over TLS with --tls).
+    Gcs(gcs::GcsArgs),
 }
 
 /// Runs a benchmark.
@@ -30,5 +34,6 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Counts(args) => counts::run(args),
         BenchCommand::Crypto(args) => crypto::run(args),
         BenchCommand::Events(args) => events::run(args),
+        BenchCommand::Gcs(args) => gcs::run(args),
     }
 }

@@ -1,0 +1,300 @@
+//! TLS between clients and the daemon, with certificates made by rcgen in
+//! the format `conclave keys` writes (PEM X.509, Ed25519 keys in PKCS#8 PEM,
+//! a self-signed authority, member certificates whose subject CommonName is
+//! the member name, CRLs in PEM signed by the authority): a round trip with
+//! join and multicast, and the client authentication the daemon demands when
+//! given an authority — no certificate, a certificate of another authority,
+//! a revoked certificate and a Hello under another name are all refused.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use conclave_gcs_net::{
+    tls, Client, ClientAuth, ClientError, Daemon, DaemonConfig, ErrorCode, Event, Identity, Service, TlsClientOptions,
+    TlsError, TlsListen,
+};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType, IsCa, KeyIdMethod, KeyPair,
+    KeyUsagePurpose, RevocationReason, RevokedCertParams, SerialNumber,
+};
+
+/// Fails the test instead of hanging it.
+async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), f).await.unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// A certificate authority and the files it writes into a directory.
+struct Authority {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+    dir: PathBuf,
+    name: String,
+}
+
+impl Authority {
+    fn new(dir: &Path, name: &str) -> Self {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, format!("{name} authority"));
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let cert = params.self_signed(&key).unwrap();
+        let a = Authority { cert, key, dir: dir.to_owned(), name: name.to_owned() };
+        std::fs::write(a.ca_path(), a.cert.pem()).unwrap();
+        a
+    }
+
+    fn ca_path(&self) -> PathBuf {
+        self.dir.join(format!("{}-ca.pem", self.name))
+    }
+
+    /// Issues a certificate for `cn` (with `sans` as subject alternative
+    /// names), writes `<file>.crt` and `<file>.key`, and returns their paths.
+    fn issue(&self, file: &str, cn: &str, sans: &[&str], serial: u64) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.serial_number = Some(SerialNumber::from(serial));
+        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
+        let (crt, pem_key) = (self.dir.join(format!("{file}.crt")), self.dir.join(format!("{file}.key")));
+        std::fs::write(&crt, cert.pem()).unwrap();
+        std::fs::write(&pem_key, key.serialize_pem()).unwrap();
+        (crt, pem_key)
+    }
+
+    /// Writes a CRL revoking `serials` and returns its path.
+    fn revoke(&self, serials: &[u64]) -> PathBuf {
+        let crl = CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2024, 1, 1),
+            next_update: rcgen::date_time_ymd(2100, 1, 1),
+            crl_number: SerialNumber::from(1),
+            issuing_distribution_point: None,
+            revoked_certs: serials
+                .iter()
+                .map(|&s| RevokedCertParams {
+                    serial_number: SerialNumber::from(s),
+                    revocation_time: rcgen::date_time_ymd(2024, 1, 1),
+                    reason_code: Some(RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: KeyIdMethod::Sha256,
+        }
+        .signed_by(&self.cert, &self.key)
+        .unwrap();
+        let path = self.dir.join(format!("{}-crl.pem", self.name));
+        std::fs::write(&path, crl.pem().unwrap()).unwrap();
+        path
+    }
+}
+
+struct Setup {
+    daemon: Daemon,
+    dir: tempfile::TempDir,
+    authority: Authority,
+}
+
+/// A daemon with a Unix socket and a TLS listener whose certificate the
+/// authority issued for localhost and 127.0.0.1; with `client_auth`, it
+/// demands client certificates of the same authority, revoking `revoked`.
+async fn start(client_auth: bool, revoked: &[u64]) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let authority = Authority::new(dir.path(), "group");
+    let (crt, key) = authority.issue("daemon", "conclave daemon", &["localhost", "127.0.0.1"], 1);
+    let auth = client_auth.then(|| {
+        let crls = if revoked.is_empty() { vec![] } else { vec![authority.revoke(revoked)] };
+        ClientAuth::from_pem_files(&authority.ca_path(), &crls).unwrap()
+    });
+    let config = tls::server_config(Identity::from_pem_files(&crt, &key).unwrap(), auth).unwrap();
+    let daemon = Daemon::start(DaemonConfig {
+        unix: Some(dir.path().join("conclave.sock")),
+        tls: Some(TlsListen { addr: "127.0.0.1:0".parse().unwrap(), config }),
+        ..DaemonConfig::default()
+    })
+    .await
+    .unwrap();
+    Setup { daemon, dir, authority }
+}
+
+impl Setup {
+    /// Client options trusting the group authority, showing the member
+    /// certificate issued for `cn` if given.
+    fn options(&self, member: Option<(&str, u64)>) -> TlsClientOptions {
+        let files = member.map(|(cn, serial)| self.authority.issue(cn, cn, &[], serial));
+        TlsClientOptions::from_pem_files(
+            &self.authority.ca_path(),
+            files.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
+        )
+        .unwrap()
+    }
+
+    async fn connect(&self, options: &TlsClientOptions, name: &str) -> Result<Client, ClientError> {
+        within("TLS connect", Client::connect_tls(self.daemon.tls_addr().unwrap(), "localhost", options, name)).await
+    }
+}
+
+/// Receives until a view of `group` with `n` members arrives.
+async fn until_view(c: &mut Client, group: &str, n: usize) {
+    within("view", async {
+        loop {
+            if let Event::View { group: g, view } = c.recv().await.unwrap() {
+                if g.as_str() == group && view.members.len() == n {
+                    return;
+                }
+            }
+        }
+    })
+    .await
+}
+
+async fn until_message(c: &mut Client) -> (String, Vec<u8>) {
+    within("message", async {
+        loop {
+            if let Event::Message { sender, payload, .. } = c.recv().await.unwrap() {
+                return (sender.to_string(), payload.to_vec());
+            }
+        }
+    })
+    .await
+}
+
+/// Checks that a connection failed in the TLS handshake, for the reason
+/// rustls names `why`.
+fn refused(r: Result<Client, ClientError>, why: &str) {
+    match r {
+        Err(ClientError::Io(e)) => assert!(format!("{e:?}").contains(why), "expected {why}, got {e:?}"),
+        other => panic!("expected a TLS failure ({why}), got {:?}", other.map(|_| ())),
+    }
+}
+
+/// A TLS client and a Unix-socket client share a group: views and agreed
+/// messages (up to 64 KiB, across TLS record boundaries) flow both ways.
+async fn round_trip(s: &Setup, tls_client: Client) {
+    let mut a = tls_client;
+    let mut b = Client::connect_unix(s.daemon.unix_path().unwrap(), "bob").await.unwrap();
+    a.join("g").await.unwrap();
+    until_view(&mut a, "g", 1).await;
+    b.join("g").await.unwrap();
+    until_view(&mut a, "g", 2).await;
+    until_view(&mut b, "g", 2).await;
+    let big: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+    a.multicast("g", Service::Agreed, big.clone()).await.unwrap();
+    for c in [&mut a, &mut b] {
+        let (sender, payload) = until_message(c).await;
+        assert_eq!(sender, "alice");
+        assert!(payload == big, "the 64 KiB message arrives intact ({} bytes)", payload.len());
+    }
+    b.multicast("g", Service::Agreed, &b"hi over unix"[..]).await.unwrap();
+    for c in [&mut a, &mut b] {
+        assert_eq!(until_message(c).await, ("bob".to_string(), b"hi over unix".to_vec()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_round_trip_without_client_certificates() {
+    let s = start(false, &[]).await;
+    let a = s.connect(&s.options(None), "alice").await.unwrap();
+    round_trip(&s, a).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_good_member_certificate_is_accepted_under_its_own_name() {
+    let s = start(true, &[7]).await;
+    let a = s.connect(&s.options(Some(("alice", 2))), "alice").await.unwrap();
+    round_trip(&s, a).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_a_certificate_is_refused_when_the_daemon_demands_one() {
+    let s = start(true, &[]).await;
+    let r = s.connect(&s.options(None), "alice").await;
+    refused(r, "CertificateRequired");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_of_another_authority_is_refused() {
+    let s = start(true, &[]).await;
+    let other = Authority::new(s.dir.path(), "other");
+    let (crt, key) = other.issue("mallory", "alice", &[], 2);
+    // Mallory trusts the right daemon but her certificate is from elsewhere.
+    let options = TlsClientOptions::new(
+        &tls::load_certs(&s.authority.ca_path()).unwrap(),
+        Some(Identity::from_pem_files(&crt, &key).unwrap()),
+    )
+    .unwrap();
+    let r = s.connect(&options, "alice").await;
+    refused(r, "UnknownCA");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_certificate_is_refused_and_others_of_the_authority_are_not() {
+    let s = start(true, &[5]).await;
+    let r = s.connect(&s.options(Some(("carol", 5))), "carol").await;
+    refused(r, "CertificateRevoked");
+    s.connect(&s.options(Some(("dave", 6))), "dave").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hello_under_another_name_than_the_certified_one_is_a_fatal_error() {
+    let s = start(true, &[]).await;
+    let options = s.options(Some(("alice", 2)));
+    match s.connect(&options, "bob").await {
+        Err(ClientError::Refused { code, text }) => {
+            assert_eq!(code, ErrorCode::IdentityMismatch);
+            assert_eq!(text, "certificate is for alice, Hello says bob");
+        }
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+    }
+    // The certificate still works under its own name.
+    s.connect(&options, "alice").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_certificate_of_an_unknown_authority_or_for_another_name_is_refused() {
+    let s = start(false, &[]).await;
+    let other = Authority::new(s.dir.path(), "other");
+    let stranger = TlsClientOptions::from_pem_files(&other.ca_path(), None).unwrap();
+    let r = s.connect(&stranger, "alice").await;
+    refused(r, "UnknownIssuer");
+    let r = within(
+        "connect",
+        Client::connect_tls(s.daemon.tls_addr().unwrap(), "conclave.example", &s.options(None), "alice"),
+    )
+    .await;
+    refused(r, "NotValidForName");
+    // By IP address, which the certificate also names, it works.
+    let options = s.options(None);
+    within("connect", Client::connect_tls(s.daemon.tls_addr().unwrap(), "127.0.0.1", &options, "alice")).await.unwrap();
+}
+
+#[tokio::test]
+async fn unreadable_or_wrong_pem_files_and_bad_server_names_are_reported_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.pem");
+    let e = tls::load_certs(&missing).unwrap_err();
+    assert!(matches!(e, TlsError::Pem { .. }) && e.to_string().contains("missing.pem"), "{e}");
+    let a = Authority::new(dir.path(), "group");
+    // A certificate file where a key is wanted, and where CRLs are.
+    let e = tls::load_key(&a.ca_path()).unwrap_err();
+    assert!(e.to_string().contains("private key") && e.to_string().contains("group-ca.pem"), "{e}");
+    let e = ClientAuth::from_pem_files(&a.ca_path(), &[a.ca_path()]).unwrap_err();
+    assert!(e.to_string().contains("revocation"), "{e}");
+    // A listener that accepts the TCP connection, so the server name is what fails.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let options = TlsClientOptions::from_pem_files(&a.ca_path(), None).unwrap();
+    let r = Client::connect_tls(listener.local_addr().unwrap(), "not a name!", &options, "alice").await;
+    assert!(matches!(r, Err(ClientError::Tls(TlsError::ServerName(_)))), "{:?}", r.map(|_| ()));
+}
+
+#[test]
+fn the_certified_name_is_the_subject_common_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Authority::new(dir.path(), "group");
+    let (crt, _) = a.issue("alice", "alice", &[], 2);
+    let cert = tls::load_certs(&crt).unwrap().remove(0);
+    assert_eq!(tls::certified_name(&cert).unwrap().as_str(), "alice");
+    let (crt, _) = a.issue("bad", "not a member name", &[], 3);
+    let cert = tls::load_certs(&crt).unwrap().remove(0);
+    assert!(tls::certified_name(&cert).is_err());
+}
