@@ -10,6 +10,9 @@
 //! * `members/NAME.crt` and `members/NAME.key` (0600) — a member's
 //!   certificate (subject CN = NAME, clientAuth usage, issued by the
 //!   authority) and secret key.
+//! * `daemon.crt` and `daemon.key` (0600) — a daemon's TLS server
+//!   certificate (serverAuth usage, its host names as subject alternative
+//!   names) and secret key, for `conclave daemon --tls-cert/--tls-key`.
 //!
 //! Secret keys readable by group or others are refused. Keys are drawn from
 //! the OS's RNG. The crypto is `conclave_secure::trust`'s; this module only
@@ -62,6 +65,18 @@ pub enum KeysCommand {
         /// Why (recorded in the CRL and shown to the group).
         #[arg(long, value_enum, default_value = "unspecified")]
         reason: Reason,
+    },
+    /// Issue the daemon's TLS server certificate: DIR/daemon.crt and daemon.key
+    /// (refuses to overwrite). Clients that trust the authority trust the daemon.
+    Daemon {
+        /// Host names or IP addresses clients reach the daemon by (repeatable).
+        #[arg(long = "host", value_name = "NAME", required = true)]
+        hosts: Vec<String>,
+        #[command(flatten)]
+        dir: DirArg,
+        /// Validity of the certificate, in days.
+        #[arg(long, default_value_t = 365)]
+        days: u64,
     },
     /// List the issued members: serial, validity, revoked or not.
     List {
@@ -146,6 +161,16 @@ pub fn run(cmd: KeysCommand) -> Result<()> {
             let (serial, number) = kd.revoke(&name, reason)?;
             println!("revoked {name} (serial {serial}); CRL number {number}: {}", kd.crl().display());
         }
+        KeysCommand::Daemon { hosts, dir, days } => {
+            let kd = KeyDir::new(dir.path());
+            let serial = kd.issue_daemon(&hosts, days, rng)?;
+            println!(
+                "issued the daemon certificate for {} (serial {serial}): {} and {}",
+                hosts.join(", "),
+                kd.daemon_cert().display(),
+                kd.daemon_key().display()
+            );
+        }
         KeysCommand::List { dir } => KeyDir::new(dir.path()).list()?,
     }
     Ok(())
@@ -170,6 +195,12 @@ impl KeyDir {
     }
     fn crl(&self) -> PathBuf {
         self.dir.join("authority.crl")
+    }
+    fn daemon_cert(&self) -> PathBuf {
+        self.dir.join("daemon.crt")
+    }
+    fn daemon_key(&self) -> PathBuf {
+        self.dir.join("daemon.key")
     }
     fn members(&self) -> PathBuf {
         self.dir.join("members")
@@ -254,6 +285,27 @@ impl KeyDir {
         )?;
         write_secret(&self.member_key(name), &issued.key_pem)?;
         write_public(&self.member_cert(name), &issued.cert_pem)?;
+        Ok(issued.serial)
+    }
+
+    /// Issues the daemon's TLS server certificate for `hosts`; refuses to
+    /// overwrite one. Returns the serial.
+    pub fn issue_daemon(&self, hosts: &[String], days: u64, rng: &mut dyn CryptoRngCore) -> Result<String> {
+        if self.daemon_cert().exists() || self.daemon_key().exists() {
+            bail!("{} already holds a daemon certificate; remove daemon.crt and daemon.key first", self.dir.display());
+        }
+        let issuer = self.issuer()?;
+        let now = SystemTime::now();
+        let issued = issuer
+            .issue_daemon(
+                hosts,
+                now - Duration::from_secs(3600),
+                now + Duration::from_secs(days.saturating_mul(86_400)),
+                rng,
+            )
+            .context("cannot issue the daemon certificate (host names must be DNS names or IP addresses)")?;
+        write_secret(&self.daemon_key(), &issued.key_pem)?;
+        write_public(&self.daemon_cert(), &issued.cert_pem)?;
         Ok(issued.serial)
     }
 

@@ -434,3 +434,71 @@ fn bench_gcs_prints_tables_and_json() {
     assert!(out.lines().any(|l| l.starts_with("unix ") && l.split_whitespace().nth(2) == Some("64")), "{out}");
     assert!(!out.contains("tls"), "{out}");
 }
+
+/// `conclave keys` alone sets up a daemon that demands certified members:
+/// its server certificate, members' client certificates and the CRL.
+#[test]
+fn keys_make_everything_a_certifying_tls_daemon_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    let keys_cmd = |args: &[&str]| {
+        let (status, out, err) = run(conclave().arg("keys").args(args).arg("--dir").arg(&keys));
+        assert!(status.success(), "keys {args:?}: {out}\n{err}");
+    };
+    keys_cmd(&["authority"]);
+    keys_cmd(&["issue", "alice"]);
+    keys_cmd(&["issue", "mallory"]);
+    keys_cmd(&["revoke", "mallory", "--reason", "key-compromise"]);
+    keys_cmd(&["daemon", "--host", "localhost", "--host", "127.0.0.1"]);
+    // A second daemon certificate would overwrite the first: refused.
+    let (status, _, err) = run(conclave().args(["keys", "daemon", "--host", "x", "--dir"]).arg(&keys));
+    assert!(!status.success() && err.contains("already holds a daemon certificate"), "{err}");
+
+    let log_path = dir.path().join("daemon.log");
+    let log = File::create(&log_path).unwrap();
+    let _daemon = Proc::spawn(
+        conclave()
+            .args(["daemon", "--no-unix", "--tls-listen", "127.0.0.1:0", "--tls-cert"])
+            .arg(keys.join("daemon.crt"))
+            .arg("--tls-key")
+            .arg(keys.join("daemon.key"))
+            .arg("--client-ca")
+            .arg(keys.join("authority.crt"))
+            .arg("--client-crl")
+            .arg(keys.join("authority.crl"))
+            .stderr(log)
+            .stdout(Stdio::null()),
+    );
+    let deadline = Instant::now() + LIMIT;
+    let addr = loop {
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        if let Some(rest) = log.split("listening on tls ").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+        assert!(Instant::now() < deadline, "the daemon did not log its TLS address:\n{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let client = |name: &str, server_name: &str, script: &str| {
+        let member = keys.join("members");
+        let mut cmd = conclave();
+        cmd.args(["client", "--name", name, "--tls", &addr, "--server-name", server_name, "--ca"])
+            .arg(keys.join("authority.crt"))
+            .arg("--cert")
+            .arg(member.join(format!("{name}.crt")))
+            .arg("--key")
+            .arg(member.join(format!("{name}.key")));
+        let mut p = Proc::spawn(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()));
+        p.child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        p.finish()
+    };
+    // The daemon's certificate is good for both of its names.
+    for server_name in ["localhost", "127.0.0.1"] {
+        let (status, out, err) = client("alice", server_name, "join g\nwait g 1\nsend g certified\nwait-msgs g 1\n");
+        assert!(status.success(), "{server_name}: {out}\n{err}");
+        assert!(has_line(&out, |l| l.ends_with("] alice: certified")), "{out}");
+    }
+    // The revoked member is turned away at connect.
+    let (status, _, err) = client("mallory", "localhost", "join g\n");
+    assert!(!status.success(), "a revoked member got in: {err}");
+    assert!(err.contains("cannot connect") && err.contains("CertificateRevoked"), "{err}");
+}

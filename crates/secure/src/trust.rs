@@ -498,6 +498,36 @@ impl Issuer {
         Ok(Issued { cert_pem: cert.pem(), key_pem, serial: serial_hex })
     }
 
+    /// Issues a daemon's TLS server certificate for `hosts` (DNS names or IP
+    /// addresses, put in the subject alternative names; the first is also the
+    /// common name), valid from `not_before` to `not_after`, with a fresh key
+    /// from `rng`. Clients that trust the authority then trust the daemon.
+    pub fn issue_daemon(
+        &self,
+        hosts: &[String],
+        not_before: SystemTime,
+        not_after: SystemTime,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<Issued, TrustError> {
+        let Some(first) = hosts.first() else {
+            return Err(TrustError::Malformed { what: "daemon certificate", detail: "no host name given".into() });
+        };
+        let (key, key_pem) = new_key(rng)?;
+        let mut params = rcgen::CertificateParams::new(hosts.to_vec())?;
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params.distinguished_name.push(rcgen::DnType::CommonName, first.as_str());
+        params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        params.not_before = not_before.into();
+        params.not_after = not_after.into();
+        params.use_authority_key_identifier_extension = true;
+        let serial = new_serial(rng);
+        let serial_hex = hex(serial.as_ref());
+        params.serial_number = Some(serial);
+        let cert = params.signed_by(&key, &self.ca, &self.key)?;
+        Ok(Issued { cert_pem: cert.pem(), key_pem, serial: serial_hex })
+    }
+
     /// Signs a CRL numbered `number` listing `revoked`, issued at `now` and
     /// due for renewal at `next_update`.
     pub fn crl(
