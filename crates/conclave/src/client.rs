@@ -50,6 +50,23 @@ fn host_of(addr: &str) -> &str {
 }
 
 impl Endpoint {
+    /// The daemon's Unix socket at `path` (the default socket if `None`).
+    pub fn unix(path: Option<PathBuf>) -> Endpoint {
+        Endpoint { unix: path, tcp: None, tls: None, ca: None, cert: None, key: None, server_name: None }
+    }
+
+    /// The daemon at TLS address `addr`, certified by the authority `ca`,
+    /// shown the client certificate and key `cert_key` if any.
+    pub fn tls(
+        addr: String,
+        ca: PathBuf,
+        cert_key: Option<(PathBuf, PathBuf)>,
+        server_name: Option<String>,
+    ) -> Endpoint {
+        let (cert, key) = cert_key.unzip();
+        Endpoint { unix: None, tcp: None, tls: Some(addr), ca: Some(ca), cert, key, server_name }
+    }
+
     /// Connects as `name`, with an error that says where to.
     pub async fn connect(&self, name: &str) -> Result<Client> {
         let (what, r) = match (&self.tls, self.tcp) {

@@ -187,13 +187,15 @@ impl KeyDir {
         KeyDir { dir }
     }
 
-    fn ca_cert(&self) -> PathBuf {
+    /// Path of the file (see the module doc).
+    pub fn ca_cert(&self) -> PathBuf {
         self.dir.join("authority.crt")
     }
     fn ca_key(&self) -> PathBuf {
         self.dir.join("authority.key")
     }
-    fn crl(&self) -> PathBuf {
+    /// Path of the file (see the module doc).
+    pub fn crl(&self) -> PathBuf {
         self.dir.join("authority.crl")
     }
     fn daemon_cert(&self) -> PathBuf {
@@ -205,10 +207,12 @@ impl KeyDir {
     fn members(&self) -> PathBuf {
         self.dir.join("members")
     }
-    fn member_cert(&self, name: &str) -> PathBuf {
+    /// Path of the file (see the module doc).
+    pub fn member_cert(&self, name: &str) -> PathBuf {
         self.members().join(format!("{name}.crt"))
     }
-    fn member_key(&self, name: &str) -> PathBuf {
+    /// Path of the file (see the module doc).
+    pub fn member_key(&self, name: &str) -> PathBuf {
         self.members().join(format!("{name}.key"))
     }
 

@@ -30,6 +30,7 @@ use crossterm::event::{Event, EventStream, KeyCode, KeyEvent, KeyEventKind, KeyM
 use futures_util::StreamExt;
 use ratatui::DefaultTerminal;
 
+use crate::client::Endpoint;
 use ui::{App, Entry};
 
 /// Options of `conclave chat`.
@@ -45,8 +46,15 @@ pub struct ChatArgs {
     #[arg(long, default_value = "tgdh", value_parser = parse_protocol)]
     protocol: ProtocolId,
     /// Unix socket of the daemon [default: $XDG_RUNTIME_DIR/conclave.sock or /tmp/conclave-$UID.sock].
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "tls")]
     unix: Option<PathBuf>,
+    /// TLS address of a remote daemon, HOST:PORT. The key directory's authority must have certified the daemon
+    /// (`conclave keys daemon`), and this member's certificate is shown to it.
+    #[arg(long, value_name = "HOST:PORT")]
+    tls: Option<String>,
+    /// Name the daemon's certificate must carry [default: the HOST of --tls].
+    #[arg(long, value_name = "NAME", requires = "tls")]
+    server_name: Option<String>,
     /// Key directory of `conclave keys` (authority + members/<name>.crt/.key); created with a new
     /// authority if empty [default: $XDG_RUNTIME_DIR/conclave-keys or /tmp/conclave-keys-$UID].
     #[arg(long, value_name = "DIR")]
@@ -62,11 +70,16 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let dir = args.keys.clone().unwrap_or_else(crate::keys::default_dir);
     let me = MemberId::new(args.name.clone()).with_context(|| format!("bad member name {:?}", args.name))?;
     let (identity, authority) = crate::keys::chat_identity(&dir, &args.name, &mut rand_core::OsRng)?;
-    let socket = args.unix.clone().unwrap_or_else(crate::daemon::default_socket);
+    let endpoint = match &args.tls {
+        Some(addr) => {
+            let kd = crate::keys::KeyDir::new(dir.clone());
+            let cert_key = (kd.member_cert(&args.name), kd.member_key(&args.name));
+            Endpoint::tls(addr.clone(), kd.ca_cert(), Some(cert_key), args.server_name.clone())
+        }
+        None => Endpoint::unix(args.unix.clone()),
+    };
     crate::block_on(async move {
-        let client = conclave_gcs_net::Client::connect_unix(&socket, &args.name).await.with_context(|| {
-            format!("cannot connect to the daemon at {} (is `conclave daemon` running?)", socket.display())
-        })?;
+        let client = endpoint.connect(&args.name).await?;
         let session = Session::connect_certified(client, me, identity, Arc::new(authority));
         let terminal = ratatui::try_init().context("cannot set up the terminal")?;
         let _restore = Restore;
