@@ -4,6 +4,7 @@ mod chart;
 mod counts;
 mod crypto;
 mod events;
+mod mls;
 mod paper;
 
 use anyhow::Result;
