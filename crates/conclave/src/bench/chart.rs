@@ -81,6 +81,8 @@ pub fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series
         .x_desc(x_label)
         .y_desc(y_label)
         .x_label_formatter(&|x| format!("{x:.0}"))
+        // No minor grid: it would double the SVG's size for little reading help.
+        .max_light_lines(0)
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 16))
         .draw()

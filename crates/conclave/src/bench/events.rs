@@ -616,7 +616,7 @@ fn progress_bar(len: u64) -> indicatif::ProgressBar {
     }
     let bar = indicatif::ProgressBar::new(len);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} runs, {elapsed} elapsed, ETA {eta}  {msg}")
+        indicatif::ProgressStyle::with_template("{msg:28} {wide_bar} {pos}/{len} runs, ETA {eta}")
             .expect("static template"),
     );
     bar
