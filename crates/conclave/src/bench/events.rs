@@ -558,7 +558,7 @@ fn print_peer(
 ) -> Result<()> {
     writeln!(
         out,
-        "\nMLS peer: mls-rs, MLS_128_DHKEMX25519_AES128GCM_SHA256_Ed25519, RustCrypto; wall-clock ms on this machine, median of --runs runs per size (one above n = {}); \
+        "\nMLS peer: mls-rs, MLS_128_DHKEMX25519_AES128GCM_SHA256_Ed25519, RustCrypto; thread CPU ms on this machine, median of --runs runs per size (one above n = {}); \
          members on their own CPUs: membership + one message ({:?} network, as above) + commit + slowest timed receiver.",
         super::mls::MAX_REPEATED,
         args.wan
