@@ -275,9 +275,9 @@ impl Harness {
         op(&mut self.sim)?;
         self.sim.run(50_000_000)?;
         let scope: Option<Vec<MemberId>> = match focus {
-            Some(f) => {
-                Some(self.sim.view_of(f).ok_or_else(|| SimError::NotInView(f.clone()))?.ids().cloned().collect())
-            }
+            Some(f) => Some(
+                self.sim.view_of(f).ok_or_else(|| SimError::NotInView(f.clone()))?.ids().cloned().collect(),
+            ),
             None => None,
         };
         let mut cost = EventCost::default();
@@ -299,9 +299,10 @@ impl Harness {
             let mut key = None;
             for id in view.ids() {
                 let m = self.sim.node(id).expect("member exists");
-                let sv = m.engine.secure_view().ok_or_else(|| {
-                    format!("{id} has no key for {} (members {:?})", view.id, view.ids().collect::<Vec<_>>())
-                })?;
+                let sv = m
+                    .engine
+                    .secure_view()
+                    .ok_or_else(|| format!("{id} has no key for {} (members {:?})", view.id, view.ids().collect::<Vec<_>>()))?;
                 if sv.view_id != view.id || sv.members != view.ids().cloned().collect::<Vec<_>>() {
                     return Err(format!("{id} holds a secure view that is not its view {}", view.id));
                 }

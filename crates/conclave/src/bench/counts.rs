@@ -183,22 +183,15 @@ pub fn run(args: CountsArgs) -> Result<()> {
                 match event {
                     Event::ControllerLeave if protocol != ProtocolId::Ckd => {}
                     Event::Leave | Event::ControllerLeave if n < 2 => {}
-                    Event::Merge => jobs.extend(args.merge_sizes.iter().filter(|&&m| m >= 1).map(|&m| Job {
-                        protocol,
-                        event,
-                        n,
-                        m,
-                        p: 0,
-                    })),
-                    Event::Partition => {
-                        jobs.extend(args.partition_sizes.iter().filter(|&&p| p >= 1 && p < n).map(|&p| Job {
-                            protocol,
-                            event,
-                            n,
-                            m: 0,
-                            p,
-                        }))
-                    }
+                    Event::Merge => jobs.extend(
+                        args.merge_sizes.iter().filter(|&&m| m >= 1).map(|&m| Job { protocol, event, n, m, p: 0 }),
+                    ),
+                    Event::Partition => jobs.extend(
+                        args.partition_sizes
+                            .iter()
+                            .filter(|&&p| p >= 1 && p < n)
+                            .map(|&p| Job { protocol, event, n, m: 0, p }),
+                    ),
                     _ => jobs.push(Job { protocol, event, n, m: 0, p: 0 }),
                 }
             }
@@ -218,21 +211,7 @@ pub fn run(args: CountsArgs) -> Result<()> {
         writeln!(
             out,
             "{:<5} {:<16} {:>4} {:>3} {:>3} | {:>7} {:>9} {:>9} | {:>11} {:>8} {:>11} | {:>7} {:>6} {:>7} {:>9}",
-            "proto",
-            "event",
-            "n",
-            "m",
-            "p",
-            "rounds",
-            "unicasts",
-            "bcasts",
-            "exps/ser",
-            "sigs/ser",
-            "verifs/ser",
-            "exps/Σ",
-            "sigs/Σ",
-            "verifs/Σ",
-            "bytes"
+            "proto", "event", "n", "m", "p", "rounds", "unicasts", "bcasts", "exps/ser", "sigs/ser", "verifs/ser", "exps/Σ", "sigs/Σ", "verifs/Σ", "bytes"
         )?;
     }
     let mut matches = (0u32, 0u32);

@@ -74,8 +74,12 @@ fn group_ops<G: Group>(g: G, iterations: usize, out: &mut Vec<OpCost>) {
 
 /// Measures one group and one signature scheme (the `measured` cost model).
 pub fn measure_suite(group: GroupId, scheme: SignatureId, iterations: usize) -> Result<Vec<OpCost>> {
-    let args =
-        CryptoArgs { groups: vec![group.name().into()], signatures: vec![scheme.name()], iterations, json: false };
+    let args = CryptoArgs {
+        groups: vec![group.name().into()],
+        signatures: vec![scheme.name()],
+        iterations,
+        json: false,
+    };
     measure(&args)
 }
 
