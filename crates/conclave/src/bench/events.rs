@@ -35,6 +35,7 @@ use conclave_gcs::sim::{Delivery, Flush};
 use conclave_gcs::MemberId;
 use conclave_gka::harness::{Harness, Msg};
 use conclave_gka::{Costs, GroupId, ProtocolId, SignatureId};
+use conclave_secure::Policy;
 use serde::Serialize;
 
 use super::crypto;
@@ -80,9 +81,10 @@ pub struct EventsArgs {
     /// Events (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "join,leave,partition,merge")]
     events: Vec<TimedEvent>,
-    /// Group sizes n after a join / before a leave, partition or merge (comma-separated).
+    /// Group sizes n after a join / before a leave, partition or merge
+    /// (comma-separated; `A-B/S` is A, A+S, … up to B, e.g. `100-1000/100`).
     #[arg(long, value_delimiter = ',', default_value = "2,5,10,20,30,40,50")]
-    sizes: Vec<usize>,
+    sizes: Vec<Sizes>,
     /// Group: ristretto255, modp512, modp1024, modp2048. With --costs tissec2002
     /// only the exponentiation cost of modp512 or modp1024 differs.
     #[arg(long, default_value = "modp512")]
@@ -102,9 +104,58 @@ pub struct EventsArgs {
     /// First seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Write events.csv, events.json and one SVG chart per event into this directory.
+    /// Write events.csv, events.json and one chart per event (SVG and PNG) into
+    /// this directory; with the MLS peer also mls.csv and mls.json.
     #[arg(long)]
     out: Option<std::path::PathBuf>,
+    /// Engine: `sim` (virtual time, cost model, 13 simulated machines) or
+    /// `daemon` (wall-clock time over an embedded daemon, every member a real
+    /// secure session on this machine; join and leave only; measured costs).
+    #[arg(long, value_enum, default_value = "sim")]
+    engine: EngineKind,
+    /// Peer to compare join and leave with, in the same run: `mls` times mls-rs
+    /// add and remove commits on this machine. Default: `mls` with measured
+    /// costs, `none` with tissec2002 costs (2002 CPU costs against a 2020s MLS
+    /// library on today's CPU would compare machines, not protocols).
+    #[arg(long, value_enum)]
+    peer: Option<Peer>,
+}
+
+/// What runs the members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EngineKind {
+    /// The simulator: virtual time from the cost model.
+    Sim,
+    /// Real sessions over an embedded daemon, wall-clock time.
+    Daemon,
+}
+
+/// One item of `--sizes`: a size or a range with a step.
+#[derive(Clone, Debug)]
+pub struct Sizes(Vec<usize>);
+
+impl std::str::FromStr for Sizes {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let num = |t: &str| t.trim().parse::<usize>().map_err(|_| format!("{t:?} is not a group size"));
+        let Some((from, rest)) = s.split_once('-') else { return Ok(Sizes(vec![num(s)?])) };
+        let (to, step) = rest.split_once('/').ok_or_else(|| format!("range {s:?} needs a step, e.g. 100-1000/100"))?;
+        let (from, to, step) = (num(from)?, num(to)?, num(step)?);
+        if step == 0 || from > to {
+            return Err(format!("range {s:?} is empty (want A-B/S with A ≤ B and S ≥ 1)"));
+        }
+        Ok(Sizes((from..=to).step_by(step).collect()))
+    }
+}
+
+/// A peer system timed beside our protocols.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Peer {
+    /// MLS (RFC 9420) via mls-rs.
+    Mls,
+    /// No peer.
+    None,
 }
 
 /// Per-operation and per-message costs, in milliseconds.
@@ -171,6 +222,16 @@ impl CostModel {
     }
 }
 
+/// The network and membership time of a one-round rekey started by member 0,
+/// charged as the simulator charges it: the membership service's view, one
+/// agreed multicast from member 0's machine to the farthest member, and
+/// receiving it. Used for the MLS peer, whose commit is one such round.
+pub(super) fn one_round_network_ms(model: &CostModel, wan: Wan, n: usize) -> f64 {
+    let from = site(0, wan);
+    let far = (0..n).map(|i| one_way(from, site(i % MACHINES, wan))).fold(0.0, f64::max);
+    model.membership(n) + model.multicast + far + model.receive
+}
+
 const MACHINES: usize = 13;
 const CPUS: usize = 2;
 
@@ -187,6 +248,7 @@ fn one_way(a: usize, b: usize) -> f64 {
 }
 
 /// One run's result.
+#[derive(Debug)]
 struct RunResult {
     total_ms: f64,
     bound_ms: f64,
@@ -383,11 +445,28 @@ pub fn run(args: EventsArgs) -> Result<()> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
-    if let Some(&bad) = args.sizes.iter().find(|&&n| !(2..=1000).contains(&n)) {
+    let sizes: Vec<usize> = args.sizes.iter().flat_map(|s| s.0.iter().copied()).collect();
+    if let Some(&bad) = sizes.iter().find(|&&n| !(2..=1000).contains(&n)) {
         bail!("group size {bad} out of range (2..=1000)");
+    }
+    let peer_sizes = peer_sizes(&args, &sizes)?;
+    if args.engine == EngineKind::Daemon {
+        if args.costs != CostsFrom::Measured {
+            bail!("--engine daemon runs on this machine: give --costs measured (its bound uses this machine's costs)");
+        }
+        if args.events.iter().any(|e| matches!(e, TimedEvent::Partition | TimedEvent::Merge)) {
+            bail!("--engine daemon times join and leave only (a standalone daemon cannot partition): use --events join,leave");
+        }
     }
     let model = CostModel::build(args.costs, group, scheme)?;
     let mut out = std::io::stdout().lock();
+    if args.engine == EngineKind::Daemon {
+        // The daemon engine's network is this machine's loopback, timed for
+        // real: the bound and the MLS peer get no modelled network time.
+        let model = CostModel { multicast: 0.0, receive: 0.0, membership_2: 0.0, ..model };
+        let points = daemon_points(&args, &protocols, &sizes, group, scheme, &model, &mut out)?;
+        return finish(&args, &protocols, &peer_sizes, points, &model, &mut out);
+    }
     writeln!(
         out,
         "Time until every member has the new key, virtual ms ({:?} costs: exp {:.3}, sign {:.3}, verify {:.3}, message {:.2}; {:?} network; {} runs per point).",
@@ -399,16 +478,25 @@ pub fn run(args: EventsArgs) -> Result<()> {
         "proto", "event", "n", "mean", "p50", "p95", "bound", "÷bound"
     )?;
     let mut points = Vec::new();
-    let total = args.events.len() * protocols.len() * args.sizes.len();
+    let total = args.events.len() * protocols.len() * sizes.len();
+    let progress = progress_bar((total * args.runs) as u64);
     let mut done = 0;
     for &event in &args.events {
         for &protocol in &protocols {
-            for &n in &args.sizes {
+            for &n in &sizes {
                 done += 1;
                 let mut times = Vec::new();
                 let mut bounds = Vec::new();
                 for r in 0..args.runs {
+                    progress.set_message(format!(
+                        "{} {} n={n} run {}/{}",
+                        protocol.name(),
+                        event_name(event),
+                        r + 1,
+                        args.runs
+                    ));
                     let res = run_once(protocol, event, n, group, scheme, &model, args.wan, args.seed + r as u64)?;
+                    progress.inc(1);
                     times.push(res.total_ms);
                     bounds.push(res.bound_ms);
                 }
@@ -425,35 +513,273 @@ pub fn run(args: EventsArgs) -> Result<()> {
                     bound_ms: bound,
                     ratio_to_bound: mean / bound,
                 };
-                writeln!(
-                    out,
-                    "{:<5} {:<10} {:>4} | {:>9.2} {:>9.2} {:>9.2} | {:>9.2} {:>7.2}   [{done}/{total}]",
-                    p.protocol,
-                    format!("{event:?}").to_lowercase(),
-                    n,
-                    p.mean_ms,
-                    p.p50_ms,
-                    p.p95_ms,
-                    p.bound_ms,
-                    p.ratio_to_bound
-                )?;
+                // Printed under the bar so the two do not tear each other.
+                progress.suspend(|| {
+                    writeln!(
+                        out,
+                        "{:<5} {:<10} {:>4} | {:>9.2} {:>9.2} {:>9.2} | {:>9.2} {:>7.2}   [{done}/{total}]",
+                        p.protocol,
+                        event_name(event),
+                        n,
+                        p.mean_ms,
+                        p.p50_ms,
+                        p.p95_ms,
+                        p.bound_ms,
+                        p.ratio_to_bound
+                    )
+                })?;
                 points.push(p);
             }
         }
     }
+    progress.finish_and_clear();
+    finish(&args, &protocols, &peer_sizes, points, &model, &mut out)
+}
+
+/// The daemon engine ([`super::live`]): every point timed over an embedded
+/// daemon with real sessions. The bound beside it is the simulator's
+/// contention-free critical path of the same event charged at this
+/// machine's crypto costs with no network, membership or receive time: what
+/// the cryptography alone needs when every member has a CPU of its own
+/// (`model` has no network terms).
+#[allow(clippy::too_many_arguments)]
+fn daemon_points(
+    args: &EventsArgs,
+    protocols: &[ProtocolId],
+    sizes: &[usize],
+    group: GroupId,
+    scheme: SignatureId,
+    model: &CostModel,
+    out: &mut impl Write,
+) -> Result<Vec<Point>> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    writeln!(
+        out,
+        "Time until every member shows the new secure view, wall-clock ms: an embedded daemon, every member a secure \
+         session on this machine ({cpus} CPUs shared by all members); bound = crypto critical path at this machine's \
+         costs (exp {:.3}, sign {:.3}, verify {:.3} ms); {} runs per point.",
+        model.exp, model.sign, model.verify, args.runs
+    )?;
+    writeln!(
+        out,
+        "{:<5} {:<10} {:>4} | {:>9} {:>9} {:>9} | {:>9} {:>7}",
+        "proto", "event", "n", "mean", "p50", "p95", "bound", "÷bound"
+    )?;
+    let total = args.events.len() * protocols.len() * sizes.len();
+    let progress = progress_bar(total as u64);
+    let mut points = Vec::new();
+    for &event in &args.events {
+        for &protocol in protocols {
+            for &n in sizes {
+                progress.set_message(format!("{} {} n={n} (daemon)", protocol.name(), event_name(event)));
+                let policy = Policy { protocol, group_id: group };
+                let mut times = super::live::time(policy, scheme, event, n, args.runs, args.seed)?;
+                times.sort_by(f64::total_cmp);
+                let bound = run_once(protocol, event, n, group, scheme, model, Wan::Lan, args.seed)?.bound_ms;
+                let mean = times.iter().sum::<f64>() / times.len() as f64;
+                let p = Point {
+                    protocol: protocol.name().into(),
+                    event,
+                    n,
+                    mean_ms: mean,
+                    p50_ms: percentile(&times, 0.5),
+                    p95_ms: percentile(&times, 0.95),
+                    bound_ms: bound,
+                    ratio_to_bound: mean / bound,
+                };
+                progress.inc(1);
+                progress.suspend(|| {
+                    writeln!(
+                        out,
+                        "{:<5} {:<10} {:>4} | {:>9.2} {:>9.2} {:>9.2} | {:>9.2} {:>7.2}   [{}/{total}]",
+                        p.protocol,
+                        event_name(event),
+                        n,
+                        p.mean_ms,
+                        p.p50_ms,
+                        p.p95_ms,
+                        p.bound_ms,
+                        p.ratio_to_bound,
+                        points.len() + 1
+                    )
+                })?;
+                points.push(p);
+            }
+        }
+    }
+    progress.finish_and_clear();
+    Ok(points)
+}
+
+/// The sizes at which to time the peer: none without one or without joins
+/// and leaves; an error for a peer that cannot be compared.
+fn peer_sizes(args: &EventsArgs, sizes: &[usize]) -> Result<Vec<usize>> {
+    let peer = match (args.peer, args.costs) {
+        (Some(Peer::Mls), CostsFrom::Tissec2002) => bail!(
+            "--peer mls needs --costs measured: MLS is timed on this machine, the tissec2002 costs are a 2002 testbed's"
+        ),
+        (Some(p), _) => p,
+        (None, CostsFrom::Measured) => Peer::Mls,
+        (None, CostsFrom::Tissec2002) => Peer::None,
+    };
+    Ok(match peer {
+        Peer::Mls if args.events.iter().any(|e| matches!(e, TimedEvent::Join | TimedEvent::Leave)) => {
+            sizes.iter().copied().filter(|&n| n >= 3).collect()
+        }
+        _ => Vec::new(),
+    })
+}
+
+/// The MLS peer at `peer_sizes`, then the files of `--out`.
+fn finish(
+    args: &EventsArgs,
+    protocols: &[ProtocolId],
+    peer_sizes: &[usize],
+    points: Vec<Point>,
+    model: &CostModel,
+    out: &mut impl Write,
+) -> Result<()> {
+    let progress = progress_bar(peer_sizes.len() as u64);
+    let mut peer_rows = Vec::new();
+    if !peer_sizes.is_empty() {
+        // Warm-up, discarded: the first commits of a process pay for lazy
+        // initialisation (allocator, tables) that later ones do not.
+        super::mls::measure(3, args.seed)?;
+    }
+    for &n in peer_sizes {
+        progress.set_message(format!("mls n={n}"));
+        peer_rows.push(super::mls::measure_median(n, args.seed, args.runs)?);
+        progress.inc(1);
+    }
+    progress.finish_and_clear();
+    if !peer_rows.is_empty() {
+        print_peer(out, &peer_rows, &points, protocols, args, model)?;
+    }
     if let Some(dir) = &args.out {
-        write_outputs(dir, &points, &args)?;
-        writeln!(out, "wrote events.csv, events.json and charts to {}", dir.display())?;
+        write_outputs(dir, &points, &peer_rows, model, args)?;
+        writeln!(out, "wrote events.csv, events.json and charts (SVG, PNG) to {}", dir.display())?;
     }
     Ok(())
 }
 
-fn write_outputs(dir: &std::path::Path, points: &[Point], args: &EventsArgs) -> Result<()> {
+/// The MLS time for `event` at one size, in ms: members on their own CPUs, so
+/// the network term, the commit and the slowest receiver add up.
+fn mls_total(row: &super::mls::MlsSize, event: TimedEvent, model: &CostModel, wan: Wan) -> Option<f64> {
+    let t = match event {
+        TimedEvent::Join => row.join,
+        TimedEvent::Leave => row.leave,
+        _ => return None,
+    };
+    Some(one_round_network_ms(model, wan, row.n) + t.commit_ms + t.max_receive_ms)
+}
+
+fn print_peer(
+    out: &mut impl Write,
+    rows: &[super::mls::MlsSize],
+    points: &[Point],
+    protocols: &[ProtocolId],
+    args: &EventsArgs,
+    model: &CostModel,
+) -> Result<()> {
+    writeln!(
+        out,
+        "\nMLS peer: mls-rs, MLS_128_DHKEMX25519_AES128GCM_SHA256_Ed25519, RustCrypto; thread CPU ms on this machine, median of --runs runs per size (one above n = {}); \
+         members on their own CPUs: membership + one message ({:?} network, as above) + commit + slowest timed receiver.",
+        super::mls::MAX_REPEATED,
+        args.wan
+    )?;
+    write!(
+        out,
+        "{:<6} {:>4} | {:>8} {:>8} {:>8} {:>9} {:>8} |",
+        "event", "n", "commit", "receive", "mls", "timed", "net"
+    )?;
+    for p in protocols {
+        write!(out, " {:>9} {:>6}", p.name(), "÷mls")?;
+    }
+    writeln!(out)?;
+    for row in rows {
+        for event in [TimedEvent::Join, TimedEvent::Leave] {
+            if !args.events.contains(&event) {
+                continue;
+            }
+            let t = if event == TimedEvent::Join { row.join } else { row.leave };
+            let mls = mls_total(row, event, model, args.wan).expect("join or leave");
+            write!(
+                out,
+                "{:<6} {:>4} | {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8.2} |",
+                event_name(event),
+                row.n,
+                t.commit_ms,
+                t.max_receive_ms,
+                mls,
+                format!("{}/{}", t.timed, t.receivers),
+                one_round_network_ms(model, args.wan, row.n)
+            )?;
+            for proto in protocols {
+                match points.iter().find(|p| p.event == event && p.n == row.n && p.protocol == proto.name()) {
+                    Some(p) => write!(out, " {:>9.2} {:>6.2}", p.mean_ms, p.mean_ms / mls)?,
+                    None => write!(out, " {:>9} {:>6}", "-", "-")?,
+                }
+            }
+            writeln!(out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Lower-case event name, as on the command line.
+fn event_name(event: TimedEvent) -> String {
+    format!("{event:?}").to_lowercase()
+}
+
+/// One bar over all runs of all points, on stderr, and only when stderr is a
+/// terminal: piped or redirected output stays exactly the table.
+fn progress_bar(len: u64) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg:28} {wide_bar} {pos}/{len} runs, ETA {eta}")
+            .expect("static template"),
+    );
+    bar
+}
+
+fn write_outputs(
+    dir: &std::path::Path,
+    points: &[Point],
+    peer_rows: &[super::mls::MlsSize],
+    model: &CostModel,
+    args: &EventsArgs,
+) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    if !peer_rows.is_empty() {
+        std::fs::write(dir.join("mls.json"), serde_json::to_string_pretty(peer_rows)?)?;
+        let mut csv = String::from("event,n,commit_ms,max_receive_ms,timed,receivers,network_ms,total_ms\n");
+        for row in peer_rows {
+            for (event, t) in [(TimedEvent::Join, row.join), (TimedEvent::Leave, row.leave)] {
+                let total = mls_total(row, event, model, args.wan).expect("join or leave");
+                csv += &format!(
+                    "{},{},{:.3},{:.3},{},{},{:.3},{:.3}\n",
+                    event_name(event),
+                    row.n,
+                    t.commit_ms,
+                    t.max_receive_ms,
+                    t.timed,
+                    t.receivers,
+                    one_round_network_ms(model, args.wan, row.n),
+                    total
+                );
+            }
+        }
+        std::fs::write(dir.join("mls.csv"), csv)?;
+    }
     std::fs::write(dir.join("events.json"), serde_json::to_string_pretty(points)?)?;
     let mut csv = String::from("protocol,event,n,mean_ms,p50_ms,p95_ms,bound_ms,ratio_to_bound\n");
     for p in points {
-        let event = format!("{:?}", p.event).to_lowercase();
+        let event = event_name(p.event);
         csv += &format!(
             "{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3}\n",
             p.protocol, event, p.n, p.mean_ms, p.p50_ms, p.p95_ms, p.bound_ms, p.ratio_to_bound
@@ -461,7 +787,7 @@ fn write_outputs(dir: &std::path::Path, points: &[Point], args: &EventsArgs) -> 
     }
     std::fs::write(dir.join("events.csv"), csv)?;
     for &event in &args.events {
-        let name = format!("{event:?}").to_lowercase();
+        let name = event_name(event);
         let mut series = Vec::new();
         for proto in &args.protocols {
             let pts: Vec<(f64, f64)> = points
@@ -473,8 +799,56 @@ fn write_outputs(dir: &std::path::Path, points: &[Point], args: &EventsArgs) -> 
                 series.push(super::chart::Series { name: proto.to_uppercase(), points: pts });
             }
         }
+        let mls: Vec<(f64, f64)> =
+            peer_rows.iter().filter_map(|r| Some((r.n as f64, mls_total(r, event, model, args.wan)?))).collect();
+        if !mls.is_empty() {
+            series.push(super::chart::Series { name: "MLS (mls-rs)".into(), points: mls });
+        }
         let title = format!("{name}: {} / {:?} costs / {:?} network", args.suite, args.costs, args.wan);
         super::chart::line_chart(&dir.join(format!("{name}.svg")), &title, "group size", "time (ms)", &series)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_single_values_and_ranges() {
+        let parse = |s: &str| s.parse::<Sizes>().map(|s| s.0);
+        assert_eq!(parse("7").unwrap(), vec![7]);
+        assert_eq!(parse("100-400/100").unwrap(), vec![100, 200, 300, 400]);
+        assert_eq!(parse("2-9/3").unwrap(), vec![2, 5, 8]);
+        for bad in ["", "x", "5-2/1", "1-5/0", "1-5", "1-5/x"] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn bound_never_exceeds_the_time() {
+        let model = CostModel::build(CostsFrom::Tissec2002, GroupId::Modp512, SignatureId::Ed25519).unwrap();
+        for protocol in [ProtocolId::Gdh, ProtocolId::Ckd, ProtocolId::Tgdh, ProtocolId::Str, ProtocolId::Bd] {
+            for event in [TimedEvent::Join, TimedEvent::Leave, TimedEvent::Partition, TimedEvent::Merge] {
+                for wan in [Wan::Lan, Wan::Tissec2002] {
+                    let r =
+                        run_once(protocol, event, 30, GroupId::Modp512, SignatureId::Ed25519, &model, wan, 3).unwrap();
+                    assert!(r.bound_ms > 0.0 && r.total_ms.is_finite(), "{protocol} {event:?}: {r:?}");
+                    // The event queue keeps times in whole ns; the bound is exact.
+                    assert!(r.bound_ms <= r.total_ms + 1e-3, "{protocol} {event:?} {wan:?}: {r:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn charts_come_as_svg_and_png() {
+        let dir = tempfile::tempdir().unwrap();
+        let svg = dir.path().join("join.svg");
+        let series = [super::super::chart::Series { name: "TGDH".into(), points: vec![(2.0, 1.0), (10.0, 3.0)] }];
+        super::super::chart::line_chart(&svg, "join", "group size", "time (ms)", &series).unwrap();
+        let png = std::fs::read(dir.path().join("join.png")).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        assert!(png.len() > 5_000, "a chart with text and lines, not an empty image");
+    }
 }

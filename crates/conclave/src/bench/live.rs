@@ -22,8 +22,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use conclave_gcs_net::{Daemon, DaemonConfig};
-use conclave_gka::suite::{generate_signer, SignatureId};
-use conclave_gka::{GroupId, ProtocolId, StaticDirectory};
+use conclave_gka::suite::generate_signer;
+#[cfg(test)]
+use conclave_gka::GroupId;
+use conclave_gka::{ProtocolId, SignatureId, StaticDirectory};
 use conclave_secure::{MemberId, Policy, SecureEvent, Session};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -58,13 +60,20 @@ struct Group {
 impl Group {
     /// `tag` names the point: members and group of earlier points may still
     /// be disconnecting, so names are never reused.
-    async fn start(socket: &Path, policy: Policy, n: usize, tag: usize, seed: u64) -> Result<Self> {
+    async fn start(
+        socket: &Path,
+        policy: Policy,
+        scheme: SignatureId,
+        n: usize,
+        tag: usize,
+        seed: u64,
+    ) -> Result<Self> {
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
         let mut directory = StaticDirectory::new();
         let mut signers = Vec::new();
         for i in 0..n {
             let name = format!("b{tag}-{i}");
-            let s = generate_signer(SignatureId::Ed25519, &mut rng)?;
+            let s = generate_signer(scheme, &mut rng)?;
             directory.insert(MemberId::new(name.clone())?, s.verifier());
             signers.push((name, s));
         }
@@ -149,16 +158,18 @@ impl Group {
 
 /// Times `runs` events of one kind at group size `n` (the size after a join,
 /// before a leave), in milliseconds.
+#[allow(clippy::too_many_arguments)]
 async fn point(
     socket: &Path,
     policy: Policy,
+    scheme: SignatureId,
     event: TimedEvent,
     n: usize,
     runs: usize,
     tag: usize,
     seed: u64,
 ) -> Result<Vec<f64>> {
-    let mut group = Group::start(socket, policy, n, tag, seed).await?;
+    let mut group = Group::start(socket, policy, scheme, n, tag, seed).await?;
     let mut rng = ChaCha20Rng::seed_from_u64(seed ^ 0x11fe);
     // The group of n − 1 (join) or n (leave) forms first; members join at once.
     let first = if event == TimedEvent::Join { n - 1 } else { n };
@@ -205,33 +216,20 @@ async fn point(
     Ok(times)
 }
 
-/// One timed point of the daemon engine.
-pub struct LivePoint {
-    /// The protocol.
-    pub protocol: ProtocolId,
-    /// The event.
-    pub event: TimedEvent,
-    /// The group size.
-    pub n: usize,
-    /// Wall-clock times, in milliseconds.
-    pub times: Vec<f64>,
-}
-
-/// Runs every (protocol, event, size) on one embedded standalone daemon;
-/// `progress` is told each point as it starts.
-pub fn run(
-    protocols: &[ProtocolId],
-    events: &[TimedEvent],
-    sizes: &[usize],
-    group_id: GroupId,
+/// Times `runs` events of one kind at group size `n` over a fresh embedded
+/// standalone daemon; wall-clock milliseconds.
+pub fn time(
+    policy: Policy,
+    scheme: SignatureId,
+    event: TimedEvent,
+    n: usize,
     runs: usize,
     seed: u64,
-    progress: &mut dyn FnMut(ProtocolId, TimedEvent, usize),
-) -> Result<Vec<LivePoint>> {
-    if let Some(e) = events.iter().find(|e| matches!(e, TimedEvent::Partition | TimedEvent::Merge)) {
-        bail!("--engine daemon times join and leave only (a standalone daemon cannot partition); drop {e:?} from --events");
+) -> Result<Vec<f64>> {
+    if matches!(event, TimedEvent::Partition | TimedEvent::Merge) {
+        bail!("--engine daemon times join and leave only (a standalone daemon cannot partition); drop {event:?} from --events");
     }
-    if let Some(n) = sizes.iter().find(|&&n| n < 2) {
+    if n < 2 {
         bail!("group size {n} is too small: a join or leave needs at least 2 members");
     }
     crate::block_on(async move {
@@ -240,27 +238,10 @@ pub fn run(
         let daemon = Daemon::start(DaemonConfig { unix: Some(socket.clone()), ..DaemonConfig::default() })
             .await
             .context("starting the embedded daemon")?;
-        let mut points = Vec::new();
-        let mut result = Ok(());
-        'all: for &protocol in protocols {
-            for &event in events {
-                for &n in sizes {
-                    progress(protocol, event, n);
-                    let tag = points.len();
-                    let seed = seed ^ (tag as u64) << 8;
-                    match point(&socket, Policy { protocol, group_id }, event, n, runs, tag, seed).await {
-                        Ok(times) => points.push(LivePoint { protocol, event, n, times }),
-                        Err(e) => {
-                            result = Err(e.context(format!("{protocol} {event:?} at n = {n}")));
-                            break 'all;
-                        }
-                    }
-                }
-            }
-        }
+        let result = point(&socket, policy, scheme, event, n, runs, 0, seed).await;
         daemon.shutdown().await;
         let _ = std::fs::remove_dir_all(&dir);
-        result.map(|()| points)
+        result.with_context(|| format!("{} {event:?} at n = {n}", policy.protocol))
     })
 }
 
@@ -276,28 +257,20 @@ mod tests {
 
     #[test]
     fn joins_and_leaves_over_a_real_daemon_agree_and_are_timed() {
-        let mut seen = Vec::new();
-        let points = run(
-            &[ProtocolId::Tgdh, ProtocolId::Gdh],
-            &[TimedEvent::Join, TimedEvent::Leave],
-            &[3],
-            GroupId::Ristretto255,
-            2,
-            9,
-            &mut |p, e, n| seen.push((p, e, n)),
-        )
-        .unwrap();
-        assert_eq!(points.len(), 4);
-        assert_eq!(seen.len(), 4);
-        for p in &points {
-            assert_eq!(p.times.len(), 2);
-            assert!(p.times.iter().all(|&t| t > 0.0 && t < WAIT.as_secs_f64() * 1e3), "{:?}", p.times);
+        for protocol in [ProtocolId::Tgdh, ProtocolId::Gdh] {
+            for event in [TimedEvent::Join, TimedEvent::Leave] {
+                let policy = Policy { protocol, group_id: GroupId::Ristretto255 };
+                let times = time(policy, SignatureId::Ed25519, event, 3, 2, 9).unwrap();
+                assert_eq!(times.len(), 2);
+                assert!(times.iter().all(|&t| t > 0.0 && t < WAIT.as_secs_f64() * 1e3), "{times:?}");
+            }
         }
     }
 
     #[test]
     fn partitions_are_refused_with_a_reason() {
-        let e = run(&[ProtocolId::Tgdh], &[TimedEvent::Merge], &[4], GroupId::Ristretto255, 1, 1, &mut |_, _, _| {});
-        assert!(e.err().unwrap().to_string().contains("join and leave only"));
+        let policy = Policy::default();
+        let e = time(policy, SignatureId::Ed25519, TimedEvent::Merge, 4, 1, 1).unwrap_err();
+        assert!(e.to_string().contains("join and leave only"), "{e}");
     }
 }

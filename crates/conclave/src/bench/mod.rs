@@ -6,6 +6,7 @@ mod crypto;
 mod events;
 mod gcs;
 mod live;
+mod mls;
 mod paper;
 
 use anyhow::Result;
