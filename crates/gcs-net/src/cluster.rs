@@ -87,6 +87,14 @@ pub enum ClusterError {
     /// The CPG group name is not acceptable to CPG.
     #[error("bad CPG group name {0:?}: 1 to 127 bytes")]
     GroupName(String),
+    /// A floor probe was given a sender number out of range.
+    #[error("floor sender {sender} is not below the round's {senders} senders")]
+    FloorSender {
+        /// The sender number given.
+        sender: u32,
+        /// The round's senders.
+        senders: usize,
+    },
     /// Another daemon of the group runs on this node.
     #[error("another Conclave daemon (pid {pid}) already serves CPG group {group:?} on node {node}")]
     Duplicate {
@@ -450,15 +458,15 @@ pub struct FloorProbe<'a> {
     pub group: &'a str,
     /// Processes taking part: nobody sends before the group has them all.
     pub members: usize,
-    /// Processes that send; every process receives every message.
+    /// Senders of the round, over all processes; every process receives every message.
     pub senders: usize,
-    /// This process's number among the senders, or `None` if it only receives.
-    pub sender: Option<u32>,
+    /// The senders this process runs (numbers below `senders`; none if it only receives).
+    pub mine: &'a [u32],
     /// Messages each sender multicasts.
     pub count: usize,
     /// Payload size in bytes, at least [`FLOOR_HEADER`].
     pub size: usize,
-    /// A sender's own messages in flight at most (multicast, not yet delivered back to it).
+    /// A sender's own messages in flight at most (multicast, not yet delivered back to this process).
     pub window: usize,
 }
 
@@ -472,7 +480,7 @@ pub const FLOOR_HEADER: usize = 16;
 pub struct FloorResult {
     /// Send-to-delivery latency of every message this process received, in nanoseconds.
     pub latencies_ns: Vec<u64>,
-    /// When this process started: its first multicast (a sender) or when the group was complete (a receiver).
+    /// When this process started: its first multicast (with senders) or when the group was complete.
     pub started_ns: u64,
     /// When it had received every message of the round.
     pub done_ns: u64,
@@ -484,8 +492,8 @@ struct FloorState {
     node: u32,
     pid: u32,
     members: usize,
-    /// This process's own messages delivered back to it.
-    own: usize,
+    /// Per sender number: messages of this process's senders delivered back to it.
+    own: Vec<usize>,
     latencies_ns: Vec<u64>,
 }
 
@@ -506,7 +514,10 @@ fn on_floor_deliver(_: &Handle, _group: String, node: NodeId, pid: u32, msg: &[u
     FLOOR.with_borrow_mut(|f| {
         f.latencies_ns.push(now.saturating_sub(sent));
         if (u32::from(node), pid) == (f.node, f.pid) {
-            f.own += 1;
+            let sender = msg.get(8..12).and_then(|b| b.try_into().ok()).map(u32::from_be_bytes);
+            if let Some(own) = sender.and_then(|s| f.own.get_mut(s as usize)) {
+                *own += 1;
+            }
         }
     });
 }
@@ -518,9 +529,9 @@ fn on_floor_confchg(_: &Handle, _group: &str, members: Vec<Address>, _left: Vec<
 /// The floor under the cluster backbone, measured the way `conclave bench
 /// gcs` measures daemons: this process joins the round's CPG group on the
 /// local corosync, waits until all `members` processes of the round are in
-/// it, and then (if it is a sender) multicasts `count` agreed messages of
-/// `size` bytes, keeping at most `window` of its own in flight, while
-/// receiving every sender's messages. Each message carries its send time;
+/// it, and then, for each of its senders (`mine`), multicasts `count` agreed
+/// messages of `size` bytes, keeping at most `window` of that sender's in
+/// flight, while receiving every sender's messages. Each message carries its send time;
 /// every receiver takes its latency from that. Blocking (run it on a thread
 /// of its own, or a process); leaves the group and disconnects at the end.
 /// The caller bounds the time: a round whose other processes never come
@@ -528,6 +539,9 @@ fn on_floor_confchg(_: &Handle, _group: &str, members: Vec<Address>, _left: Vec<
 pub fn cpg_floor_probe(probe: &FloorProbe<'_>) -> Result<FloorResult, ClusterError> {
     if probe.group.is_empty() || probe.group.len() > 127 {
         return Err(ClusterError::GroupName(probe.group.to_owned()));
+    }
+    if let Some(&s) = probe.mine.iter().find(|&&s| s as usize >= probe.senders) {
+        return Err(ClusterError::FloorSender { sender: s, senders: probe.senders });
     }
     let cpg_err = |what| move |err| ClusterError::Cpg { what, err };
     let model = ModelData::ModelV1(Model1Data {
@@ -542,6 +556,7 @@ pub fn cpg_floor_probe(probe: &FloorProbe<'_>) -> Result<FloorResult, ClusterErr
     FLOOR.set(FloorState {
         node: node.into(),
         pid: std::process::id(),
+        own: vec![0; probe.senders],
         latencies_ns: Vec::with_capacity(expected),
         ..FloorState::default()
     });
@@ -549,36 +564,40 @@ pub fn cpg_floor_probe(probe: &FloorProbe<'_>) -> Result<FloorResult, ClusterErr
     while FLOOR.with_borrow(|f| f.members) < probe.members {
         retry(|| cpg::dispatch(&handle, DispatchFlags::One)).map_err(cpg_err("dispatch"))?;
     }
-    let mut started_ns = probe.sender.is_none().then(monotonic_ns);
+    let mut started_ns = probe.mine.is_empty().then(monotonic_ns);
     let mut msg = vec![0u8; probe.size.max(FLOOR_HEADER)];
-    let mut sent = 0;
-    loop {
-        let (received, own) = FLOOR.with_borrow(|f| (f.latencies_ns.len(), f.own));
-        if received >= expected {
+    let mut sent = vec![0usize; probe.senders];
+    'round: loop {
+        if FLOOR.with_borrow(|f| f.latencies_ns.len()) >= expected {
             break;
         }
-        if let Some(me) = probe.sender {
-            if sent < probe.count && sent - own < probe.window.max(1) {
-                let now = monotonic_ns();
-                msg[..8].copy_from_slice(&now.to_be_bytes());
-                msg[8..12].copy_from_slice(&me.to_be_bytes());
-                msg[12..16].copy_from_slice(&(sent as u32).to_be_bytes());
-                match cpg::mcast_joined(&handle, Guarantee::TypeAgreed, &msg) {
-                    Ok(()) => {
-                        started_ns.get_or_insert(now);
-                        sent += 1;
-                        continue;
-                    }
-                    // Corosync's queue is full: take what it delivered, then try again.
-                    Err(CsError::CsErrTryAgain) => {
-                        cpg::dispatch(&handle, DispatchFlags::All).map_err(cpg_err("dispatch"))?;
-                        std::thread::sleep(Duration::from_micros(50));
-                        continue;
-                    }
-                    Err(err) => return Err(ClusterError::Cpg { what: "mcast_joined", err }),
+        // Each of this process's senders whose window has room sends one message.
+        for &me in probe.mine {
+            let k = me as usize;
+            let own = FLOOR.with_borrow(|f| f.own[k]);
+            if sent[k] >= probe.count || sent[k] - own >= probe.window.max(1) {
+                continue;
+            }
+            let now = monotonic_ns();
+            msg[..8].copy_from_slice(&now.to_be_bytes());
+            msg[8..12].copy_from_slice(&me.to_be_bytes());
+            msg[12..16].copy_from_slice(&(sent[k] as u32).to_be_bytes());
+            match cpg::mcast_joined(&handle, Guarantee::TypeAgreed, &msg) {
+                Ok(()) => {
+                    started_ns.get_or_insert(now);
+                    sent[k] += 1;
+                    continue 'round;
                 }
+                // Corosync's queue is full: take what it delivered, then try again.
+                Err(CsError::CsErrTryAgain) => {
+                    cpg::dispatch(&handle, DispatchFlags::All).map_err(cpg_err("dispatch"))?;
+                    std::thread::sleep(Duration::from_micros(50));
+                    continue 'round;
+                }
+                Err(err) => return Err(ClusterError::Cpg { what: "mcast_joined", err }),
             }
         }
+        // Every sender here is done or waits for its window: wait for a delivery.
         retry(|| cpg::dispatch(&handle, DispatchFlags::One)).map_err(cpg_err("dispatch"))?;
     }
     let done_ns = monotonic_ns();

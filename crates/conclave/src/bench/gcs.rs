@@ -23,8 +23,8 @@
 //! the standalone daemon's Unix socket).
 //!
 //! With `--cluster`, the same run also measures the floor under the cluster:
-//! Corosync CPG's own agreed delivery between bare CPG processes placed on
-//! the nodes as the clients are, in the same latency and throughput rounds
+//! Corosync CPG's own agreed delivery between bare CPG processes, one per
+//! node as the daemons are, in the same latency and throughput rounds
 //! (see [`cluster`]); the cluster's rows are then divided by it.
 
 use std::collections::HashSet;
@@ -350,7 +350,7 @@ async fn bench(args: GcsArgs, cluster: Option<&Cluster>) -> Result<()> {
     if let Some(c) = cluster {
         floor = measure_floor(&args, c, &multicast).await?;
         println!();
-        print_floor(&args, &floor);
+        print_floor(&floor);
     }
     let mut membership = Vec::new();
     for t in &targets {
@@ -629,13 +629,12 @@ fn print_multicast(args: &GcsArgs, targets: &[Target], rows: &[MulticastRow]) {
     }
 }
 
-fn print_floor(args: &GcsArgs, rows: &[FloorRow]) {
+fn print_floor(rows: &[FloorRow]) {
     println!(
-        "floor under the cluster: Corosync CPG's own agreed delivery, {} bare CPG processes placed on the nodes as \
-         the clients are, the first S multicasting; the same rounds as above (latency from the multicast call to \
-         delivery at every process, one message in flight per sender; throughput of the same flood). \
-         ×: cluster value / floor value",
-        args.receivers
+        "floor under the cluster: Corosync CPG's own agreed delivery between bare CPG processes, one per node as \
+         the daemons are, each running the senders of its node's clients; the same rounds as above (latency from \
+         the multicast call to delivery, one message in flight per sender, measured on the nodes with clients; \
+         throughput of the same flood until every node has it). ×: cluster value / floor value"
     );
     println!(
         "{:<8} {:>7} {:>7} {:>10} {:>10} {:>10} {:>9} {:>11} {:>11} {:>11}",

@@ -4,9 +4,11 @@
 //!
 //! The floor processes are this executable again (`conclave bench cpg-floor`,
 //! hidden), started inside a node's namespace with its corosync's `/dev/shm`
-//! (corosync's IPC needs both), one per receiver, placed on the nodes as the
-//! benchmark's clients are (the i-th on node i mod 3) and the first S of them
-//! sending. Each prints what it measured as JSON on stdout.
+//! (corosync's IPC needs both). There is one per node, as there is one daemon
+//! per node in the cluster, so CPG has the same three members in both; each
+//! runs the senders whose clients the benchmark puts on its node (the i-th
+//! client on node i mod 3, the first S clients sending) and measures every
+//! message it receives. Each prints what it measured as JSON on stdout.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -52,11 +54,12 @@ impl Cluster {
         self.nodes.nodes.iter().map(|n| n.socket.clone()).collect()
     }
 
-    /// One round of the floor: `receivers` bare CPG processes in a fresh CPG
-    /// group, the first `senders` multicasting `count` messages of `size`
-    /// bytes each with at most `window` of their own in flight. Returns every
-    /// process's latencies together, and the time from the first multicast
-    /// until the last process had every message.
+    /// One round of the floor: a bare CPG process per node in a fresh CPG
+    /// group, running `senders` senders between them (placed as the clients
+    /// are), each multicasting `count` messages of `size` bytes with at most
+    /// `window` of its own in flight. Returns the latencies measured on the
+    /// nodes that host some of the `receivers` clients, together, and the
+    /// time from the first multicast until the last process had every message.
     pub async fn floor_round(
         &self,
         receivers: usize,
@@ -70,10 +73,10 @@ impl Cluster {
         let group = format!("conclave-floor-{}-{round}", std::process::id());
         // Dropping the set (on an error or the time limit) kills every process still running.
         let mut probes = JoinSet::new();
-        for i in 0..receivers {
+        for i in 0..NODES {
             let mut args: Vec<String> = ["bench", "cpg-floor", "--group", &group].map(String::from).into();
             for (flag, value) in [
-                ("--members", receivers),
+                ("--members", NODES),
                 ("--senders", senders),
                 ("--count", count),
                 ("--size", size),
@@ -81,29 +84,29 @@ impl Cluster {
             ] {
                 args.extend([flag.to_string(), value.to_string()]);
             }
-            if i < senders {
-                args.extend(["--sender".to_string(), i.to_string()]);
+            for sender in (i..senders).step_by(NODES) {
+                args.extend(["--sender".to_string(), sender.to_string()]);
             }
-            let mut command = tokio::process::Command::from(self.nodes.command_in(i % NODES, &self.exe, &args));
+            let mut command = tokio::process::Command::from(self.nodes.command_in(i, &self.exe, &args));
             command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
             let child = command.spawn().context("cannot start a CPG floor process")?;
             probes.spawn(async move { (i, child.wait_with_output().await) });
         }
         let outputs = async {
-            let mut outputs = Vec::with_capacity(receivers);
+            let mut outputs = Vec::with_capacity(NODES);
             while let Some(joined) = probes.join_next().await {
                 let (i, out) = joined.context("CPG floor task")?;
                 let out = out.context("waiting for a CPG floor process")?;
                 if !out.status.success() {
                     bail!(
-                        "CPG floor process {i} (node {}) failed ({}): {}",
-                        i % NODES + 1,
+                        "CPG floor process of node {} failed ({}): {}",
+                        i + 1,
                         out.status,
                         String::from_utf8_lossy(&out.stderr).trim()
                     );
                 }
                 let parsed: ProbeOutput = serde_json::from_slice(&out.stdout)
-                    .with_context(|| format!("CPG floor process {i} printed no result"))?;
+                    .with_context(|| format!("the CPG floor process of node {} printed no result", i + 1))?;
                 outputs.push((i, parsed));
             }
             Ok(outputs)
@@ -114,12 +117,19 @@ impl Cluster {
         let expected = senders * count;
         let mut latencies = Vec::with_capacity(expected * receivers);
         let first_send = outputs.iter().filter(|(i, _)| *i < senders).map(|(_, o)| o.started_ns).min();
+        // Only nodes with clients measure, as only clients measure in the cluster.
         let last_done = outputs.iter().map(|(_, o)| o.done_ns).max();
         for (i, o) in outputs {
             if o.latencies_ns.len() != expected {
-                bail!("CPG floor process {i} received {} messages, not {expected}", o.latencies_ns.len());
+                bail!(
+                    "the CPG floor process of node {} received {} messages, not {expected}",
+                    i + 1,
+                    o.latencies_ns.len()
+                );
             }
-            latencies.extend(o.latencies_ns);
+            if i < receivers {
+                latencies.extend(o.latencies_ns);
+            }
         }
         latencies.sort_unstable();
         let elapsed = match (first_send, last_done) {
@@ -149,12 +159,12 @@ pub struct CpgFloorArgs {
     /// Processes of the round: nobody sends before all are in the group.
     #[arg(long)]
     members: usize,
-    /// Processes that send.
+    /// Senders of the round, over all processes.
     #[arg(long)]
     senders: usize,
-    /// This process's number among the senders (omit to only receive).
+    /// A sender this process runs, by number below --senders (repeatable; none: only receive).
     #[arg(long)]
-    sender: Option<u32>,
+    sender: Vec<u32>,
     /// Messages per sender.
     #[arg(long)]
     count: usize,
@@ -175,7 +185,7 @@ pub fn run_probe(args: CpgFloorArgs) -> Result<()> {
         group: &args.group,
         members: args.members,
         senders: args.senders,
-        sender: args.sender,
+        mine: &args.sender,
         count: args.count,
         size: args.size,
         window: args.window,
