@@ -246,7 +246,7 @@ pub fn run(mut args: GcsArgs) -> Result<()> {
         bail!("--latency-count, --count and --reps must be at least 1");
     }
     if !args.cluster {
-        return crate::block_on(interruptible(bench(args, None)));
+        return crate::block_on(bench(args, None));
     }
     #[cfg(not(feature = "cluster"))]
     bail!(
@@ -255,21 +255,26 @@ pub fn run(mut args: GcsArgs) -> Result<()> {
          libcorosync-common-dev libcpg-dev libquorum-dev libcfg-dev libcmap-dev libvotequorum-dev), run as root"
     );
     #[cfg(feature = "cluster")]
-    {
-        eprintln!("starting a three-node cluster (network namespaces, corosync, conclave daemon --backbone cluster)");
-        // Dropped on every way out of here (an error, Ctrl-C, a panic): its Drop stops the processes and deletes
-        // the namespaces.
-        let cluster = Cluster::start()?;
-        crate::block_on(interruptible(bench(args, Some(&cluster))))
-    }
+    crate::block_on(cluster_bench(args))
 }
 
-/// Ends `f` with an error on Ctrl-C, so that whatever the caller holds
-/// (a cluster's namespaces and processes) is cleaned up on the way out.
-async fn interruptible(f: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+/// The benchmark with a cluster, which is stopped and removed on every way
+/// out: an error, a panic that unwinds, Ctrl-C or SIGTERM (caught from before
+/// the cluster starts, so that they end the run through the cluster's Drop
+/// instead of killing the process).
+#[cfg(feature = "cluster")]
+async fn cluster_bench(args: GcsArgs) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot catch SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("cannot catch SIGTERM")?;
+    eprintln!("starting a three-node cluster (network namespaces, corosync, conclave daemon --backbone cluster)");
+    let cluster = tokio::task::spawn_blocking(Cluster::start).await.context("starting the cluster")??;
+    // A signal that came during the start is still pending here: biased, it wins before the bench begins.
     tokio::select! {
-        r = f => r,
-        _ = tokio::signal::ctrl_c() => bail!("interrupted"),
+        biased;
+        _ = interrupt.recv() => bail!("interrupted"),
+        _ = terminate.recv() => bail!("terminated"),
+        r = bench(args, Some(&cluster)) => r,
     }
 }
 
