@@ -347,13 +347,16 @@ async fn bench(args: GcsArgs, cluster: Option<&Cluster>) -> Result<()> {
     let epoch = Instant::now();
 
     let mut multicast = Vec::new();
+    let mut floor = Vec::new();
     for t in &targets {
-        multicast.extend(measure_multicast(&args, t, &prefix, epoch).await?);
+        // The floor runs right after the cluster's own rounds of each point, so that both see the same machine.
+        let floor_of = cluster.filter(|_| t.name == "cluster");
+        let (rows, floor_rows) = measure_multicast(&args, t, &prefix, epoch, floor_of).await?;
+        multicast.extend(rows);
+        floor.extend(floor_rows);
     }
     print_multicast(&args, &targets, &multicast);
-    let mut floor = Vec::new();
-    if let Some(c) = cluster {
-        floor = measure_floor(&args, c, &multicast).await?;
+    if !floor.is_empty() {
         println!();
         print_floor(&floor);
     }
@@ -388,8 +391,15 @@ async fn connect_all(t: &Target, base: &str, count: usize) -> Result<(Vec<Client
     Ok((clients, names))
 }
 
-/// Latency and throughput per sender count and size on one target.
-async fn measure_multicast(args: &GcsArgs, t: &Target, prefix: &str, epoch: Instant) -> Result<Vec<MulticastRow>> {
+/// Latency and throughput per sender count and size on one target, and
+/// with `floor`, the floor under it measured right after each point.
+async fn measure_multicast(
+    args: &GcsArgs,
+    t: &Target,
+    prefix: &str,
+    epoch: Instant,
+    floor: Option<&Cluster>,
+) -> Result<(Vec<MulticastRow>, Vec<FloorRow>)> {
     let group = format!("{prefix}-{}-mc", t.name);
     let (clients, names) = connect_all(t, &format!("{prefix}-{}-m", t.name), args.receivers).await?;
     let mut conns = Vec::with_capacity(clients.len());
@@ -402,7 +412,7 @@ async fn measure_multicast(args: &GcsArgs, t: &Target, prefix: &str, epoch: Inst
     for c in &mut conns {
         flood::wait_for_all(c.rx.as_mut().expect("receiver"), &group, &ours).await?;
     }
-    let mut rows = Vec::new();
+    let (mut rows, mut floor_rows) = (Vec::new(), Vec::new());
     for &senders in &args.senders {
         for &size in &args.sizes {
             let what = |kind| format!("{kind} round ({}, {senders} senders, {size} bytes)", t.name);
@@ -412,7 +422,7 @@ async fn measure_multicast(args: &GcsArgs, t: &Target, prefix: &str, epoch: Inst
             let bounded = Flood { group: &group, senders, count: per_sender, size, window };
             let flood = timed_round(&mut conns, &ours, &bounded, epoch, what("throughput")).await?;
             let secs = flood.elapsed.as_secs_f64().max(1e-9);
-            rows.push(MulticastRow {
+            let row = MulticastRow {
                 target: t.name,
                 senders,
                 receivers: args.receivers,
@@ -423,13 +433,17 @@ async fn measure_multicast(args: &GcsArgs, t: &Target, prefix: &str, epoch: Inst
                 flood_messages: flood.sent,
                 messages_per_s: flood.sent as f64 / secs,
                 mb_per_s: (flood.sent * size) as f64 / secs / 1e6,
-            });
+            };
+            if let Some(c) = floor {
+                floor_rows.push(measure_floor(args, c, &row).await?);
+            }
+            rows.push(row);
         }
     }
     for c in &conns {
         let _ = c.tx.bye().await;
     }
-    Ok(rows)
+    Ok((rows, floor_rows))
 }
 
 /// Messages per sender and window of a throughput round: `--count` in all,
@@ -440,41 +454,31 @@ fn flood_shape(args: &GcsArgs, senders: usize, size: usize) -> (usize, usize) {
     (total / senders, window)
 }
 
-/// The floor under the cluster: for every sender count and size, the same
-/// latency and throughput rounds as the daemons', run by bare CPG processes,
-/// divided into the cluster's rows of `multicast`.
-async fn measure_floor(args: &GcsArgs, c: &Cluster, multicast: &[MulticastRow]) -> Result<Vec<FloorRow>> {
-    let mut rows = Vec::new();
-    for &senders in &args.senders {
-        for &size in &args.sizes {
-            let latency = c.floor_round(args.receivers, senders, args.latency_count, size, 1, STEP_LIMIT).await?;
-            let (per_sender, window) = flood_shape(args, senders, size);
-            let flood = c.floor_round(args.receivers, senders, per_sender, size, window, STEP_LIMIT).await?;
-            let secs = flood.elapsed.as_secs_f64().max(1e-9);
-            let cluster = multicast
-                .iter()
-                .find(|r| r.target == "cluster" && r.senders == senders && r.size == size)
-                .ok_or_else(|| anyhow!("no cluster row for {senders} senders, {size} bytes"))?;
-            let (p50, p99, msgs) =
-                (latency.percentile(0.5) * 1e3, latency.percentile(0.99) * 1e3, flood.sent as f64 / secs);
-            let div = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
-            rows.push(FloorRow {
-                senders,
-                receivers: args.receivers,
-                size,
-                latency_p50_us: p50,
-                latency_p99_us: p99,
-                latency_samples: latency.latencies.len(),
-                flood_messages: flood.sent,
-                messages_per_s: msgs,
-                mb_per_s: (flood.sent * size) as f64 / secs / 1e6,
-                cluster_p50_ratio: div(cluster.latency_p50_us, p50),
-                cluster_p99_ratio: div(cluster.latency_p99_us, p99),
-                cluster_msgs_ratio: div(cluster.messages_per_s, msgs),
-            });
-        }
-    }
-    Ok(rows)
+/// The floor under the cluster at the point of `cluster` (its row): the same
+/// latency and throughput rounds run by bare CPG processes, with the
+/// cluster's values divided by the floor's.
+async fn measure_floor(args: &GcsArgs, c: &Cluster, cluster: &MulticastRow) -> Result<FloorRow> {
+    let (senders, size) = (cluster.senders, cluster.size);
+    let latency = c.floor_round(args.receivers, senders, args.latency_count, size, 1, STEP_LIMIT).await?;
+    let (per_sender, window) = flood_shape(args, senders, size);
+    let flood = c.floor_round(args.receivers, senders, per_sender, size, window, STEP_LIMIT).await?;
+    let secs = flood.elapsed.as_secs_f64().max(1e-9);
+    let (p50, p99, msgs) = (latency.percentile(0.5) * 1e3, latency.percentile(0.99) * 1e3, flood.sent as f64 / secs);
+    let div = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+    Ok(FloorRow {
+        senders,
+        receivers: args.receivers,
+        size,
+        latency_p50_us: p50,
+        latency_p99_us: p99,
+        latency_samples: latency.latencies.len(),
+        flood_messages: flood.sent,
+        messages_per_s: msgs,
+        mb_per_s: (flood.sent * size) as f64 / secs / 1e6,
+        cluster_p50_ratio: div(cluster.latency_p50_us, p50),
+        cluster_p99_ratio: div(cluster.latency_p99_us, p99),
+        cluster_msgs_ratio: div(cluster.messages_per_s, msgs),
+    })
 }
 
 /// A flood round that fails after [`STEP_LIMIT`] instead of hanging.
