@@ -16,6 +16,10 @@ mod demo;
 mod flood;
 mod keys;
 mod names;
+// Also the cluster test's (by #[path]); cut, heal and the log readers serve only it.
+#[cfg(feature = "cluster")]
+#[allow(dead_code)]
+mod netns;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

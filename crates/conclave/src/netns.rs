@@ -203,6 +203,19 @@ impl NetnsCluster {
         }
     }
 
+    /// A command that runs `program` with `args` in node `i`'s network
+    /// namespace with its corosync's `/dev/shm`, as a client of that corosync
+    /// (corosync's IPC needs both).
+    pub fn command_in(&self, i: usize, program: &Path, args: &[String]) -> Command {
+        let mut c = Command::new("ip");
+        // The paths go to sh as arguments, never into the script: no quoting to get wrong.
+        c.args(["netns", "exec", &self.nodes[i].netns, "sh", "-c", "mount --bind \"$0\" /dev/shm && exec \"$@\""])
+            .arg(&self.nodes[i].shm)
+            .arg(program)
+            .args(args);
+        c
+    }
+
     /// Cuts node `i` off the network (its bridge port down).
     pub fn cut(&self, i: usize) -> Result<()> {
         ip(&["-n", &self.bridge, "link", "set", &self.nodes[i].port, "down"])

@@ -249,3 +249,66 @@ async fn three_nodes_partition_and_merge() {
     }
     drop(cluster);
 }
+
+/// A number of a JSON row, which must be there and finite.
+fn num(row: &serde_json::Value, key: &str) -> f64 {
+    let v = row[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {row}"));
+    assert!(v.is_finite(), "{key} is not finite in {row}");
+    v
+}
+
+#[test]
+#[ignore = "needs root, network namespaces and corosync: run by .ci/run's cluster step"]
+fn bench_gcs_cluster_quick() {
+    let start = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("gcs.json");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_conclave"))
+        .args(["bench", "gcs", "--cluster", "--quick", "--sizes", "64,16384", "--senders", "1,2", "--json"])
+        .arg(&json)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // NetnsCluster names its namespaces after the benchmark's process id.
+    let tag = format!("ccl{}", child.id());
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench gcs --cluster failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("floor under the cluster"), "no floor table:\n{stdout}");
+
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rows = |key: &str, target: Option<&str>| -> Vec<serde_json::Value> {
+        let all = report[key].as_array().unwrap_or_else(|| panic!("no {key} in the report")).clone();
+        all.into_iter().filter(|r| target.is_none_or(|t| r["target"] == t)).collect()
+    };
+    let points = 4; // two sizes, two sender counts
+    for target in ["unix", "cluster"] {
+        let mc = rows("multicast", Some(target));
+        assert_eq!(mc.len(), points, "multicast rows of {target}");
+        for r in &mc {
+            assert!(0.0 < num(r, "latency_p50_us") && num(r, "latency_p50_us") <= num(r, "latency_p99_us"), "{r}");
+            assert!(num(r, "messages_per_s") > 0.0 && num(r, "mb_per_s") > 0.0, "{r}");
+        }
+        assert_eq!(rows("membership", Some(target)).len(), 2, "membership rows of {target} (group sizes 2, 4)");
+        for r in rows("membership", Some(target)) {
+            assert!(num(&r, "join_p50_us") > 0.0 && num(&r, "join_p50_us") <= num(&r, "join_max_us"), "{r}");
+            assert!(num(&r, "leave_p50_us") > 0.0 && num(&r, "leave_p50_us") <= num(&r, "leave_max_us"), "{r}");
+        }
+    }
+    let floor = rows("floor", None);
+    assert_eq!(floor.len(), points, "floor rows");
+    for r in &floor {
+        assert!(0.0 < num(r, "latency_p50_us") && num(r, "latency_p50_us") <= num(r, "latency_p99_us"), "{r}");
+        assert!(num(r, "messages_per_s") > 0.0, "{r}");
+        for ratio in ["cluster_p50_ratio", "cluster_p99_ratio", "cluster_msgs_ratio"] {
+            assert!(num(r, ratio) > 0.0, "{ratio} in {r}");
+        }
+    }
+    // The benchmark's cluster is gone: no namespace of its (ccl<pid>...) is left.
+    let netns = std::process::Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&netns.stdout).contains(&tag), "namespaces {tag}* were left behind");
+    eprintln!("bench gcs --cluster --quick took {:?}", start.elapsed());
+    assert!(start.elapsed() < Duration::from_secs(120), "the quick cluster bench must stay well under two minutes");
+}

@@ -87,6 +87,14 @@ pub enum ClusterError {
     /// The CPG group name is not acceptable to CPG.
     #[error("bad CPG group name {0:?}: 1 to 127 bytes")]
     GroupName(String),
+    /// A floor probe was given a sender number out of range.
+    #[error("floor sender {sender} is not below the round's {senders} senders")]
+    FloorSender {
+        /// The sender number given.
+        sender: u32,
+        /// The round's senders.
+        senders: usize,
+    },
     /// Another daemon of the group runs on this node.
     #[error("another Conclave daemon (pid {pid}) already serves CPG group {group:?} on node {node}")]
     Duplicate {
@@ -441,4 +449,161 @@ pub fn raw_cpg_round_trips(group: &str, count: usize, size: usize) -> Result<Vec
     // Dropping the handle (outside any callback) disconnects.
     drop(handle);
     Ok(times)
+}
+
+/// One process's part in a round of the CPG floor ([`cpg_floor_probe`]).
+#[derive(Clone, Debug)]
+pub struct FloorProbe<'a> {
+    /// The round's CPG group (a fresh one per round: every message in it belongs to the round).
+    pub group: &'a str,
+    /// Processes taking part: nobody sends before the group has them all.
+    pub members: usize,
+    /// Senders of the round, over all processes; every process receives every message.
+    pub senders: usize,
+    /// The senders this process runs (numbers below `senders`; none if it only receives).
+    pub mine: &'a [u32],
+    /// Messages each sender multicasts.
+    pub count: usize,
+    /// Payload size in bytes, at least [`FLOOR_HEADER`].
+    pub size: usize,
+    /// A sender's own messages in flight at most (multicast, not yet delivered back to this process).
+    pub window: usize,
+}
+
+/// Bytes at the start of every floor message: send time, sender, sequence number.
+pub const FLOOR_HEADER: usize = 16;
+
+/// What one floor process measured. Times are `CLOCK_MONOTONIC` nanoseconds,
+/// one clock for every process of the host (network namespaces do not
+/// change it), so a message's latency is comparable across processes.
+#[derive(Clone, Debug)]
+pub struct FloorResult {
+    /// Send-to-delivery latency of every message this process received, in nanoseconds.
+    pub latencies_ns: Vec<u64>,
+    /// When this process started: its first multicast (with senders) or when the group was complete.
+    pub started_ns: u64,
+    /// When it had received every message of the round.
+    pub done_ns: u64,
+}
+
+/// What the floor's callbacks record.
+#[derive(Default)]
+struct FloorState {
+    node: u32,
+    pid: u32,
+    members: usize,
+    /// Per sender number: messages of this process's senders delivered back to it.
+    own: Vec<usize>,
+    latencies_ns: Vec<u64>,
+}
+
+thread_local! {
+    static FLOOR: RefCell<FloorState> = RefCell::new(FloorState::default());
+}
+
+fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64) * 1_000_000_000 + t.tv_nsec as u64
+}
+
+fn on_floor_deliver(_: &Handle, _group: String, node: NodeId, pid: u32, msg: &[u8], _len: usize) {
+    let now = monotonic_ns();
+    let Some(sent) = msg.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes) else {
+        return;
+    };
+    FLOOR.with_borrow_mut(|f| {
+        f.latencies_ns.push(now.saturating_sub(sent));
+        if (u32::from(node), pid) == (f.node, f.pid) {
+            let sender = msg.get(8..12).and_then(|b| b.try_into().ok()).map(u32::from_be_bytes);
+            if let Some(own) = sender.and_then(|s| f.own.get_mut(s as usize)) {
+                *own += 1;
+            }
+        }
+    });
+}
+
+fn on_floor_confchg(_: &Handle, _group: &str, members: Vec<Address>, _left: Vec<Address>, _joined: Vec<Address>) {
+    FLOOR.with_borrow_mut(|f| f.members = members.len());
+}
+
+/// The floor under the cluster backbone, measured the way `conclave bench
+/// gcs` measures daemons: this process joins the round's CPG group on the
+/// local corosync, waits until all `members` processes of the round are in
+/// it, and then, for each of its senders (`mine`), multicasts `count` agreed
+/// messages of `size` bytes, keeping at most `window` of that sender's in
+/// flight, while receiving every sender's messages. Each message carries its send time;
+/// every receiver takes its latency from that. Blocking (run it on a thread
+/// of its own, or a process); leaves the group and disconnects at the end.
+/// The caller bounds the time: a round whose other processes never come
+/// waits for them.
+pub fn cpg_floor_probe(probe: &FloorProbe<'_>) -> Result<FloorResult, ClusterError> {
+    if probe.group.is_empty() || probe.group.len() > 127 {
+        return Err(ClusterError::GroupName(probe.group.to_owned()));
+    }
+    if let Some(&s) = probe.mine.iter().find(|&&s| s as usize >= probe.senders) {
+        return Err(ClusterError::FloorSender { sender: s, senders: probe.senders });
+    }
+    let cpg_err = |what| move |err| ClusterError::Cpg { what, err };
+    let model = ModelData::ModelV1(Model1Data {
+        flags: Model1Flags::None,
+        deliver_fn: Some(on_floor_deliver),
+        confchg_fn: Some(on_floor_confchg),
+        totem_confchg_fn: None,
+    });
+    let handle = cpg::initialize(&model, 0).map_err(ClusterError::Connect)?;
+    let node = retry(|| cpg::local_get(&handle)).map_err(cpg_err("local_get"))?;
+    let expected = probe.senders * probe.count;
+    FLOOR.set(FloorState {
+        node: node.into(),
+        pid: std::process::id(),
+        own: vec![0; probe.senders],
+        latencies_ns: Vec::with_capacity(expected),
+        ..FloorState::default()
+    });
+    retry(|| cpg::join(&handle, probe.group)).map_err(cpg_err("join"))?;
+    while FLOOR.with_borrow(|f| f.members) < probe.members {
+        retry(|| cpg::dispatch(&handle, DispatchFlags::One)).map_err(cpg_err("dispatch"))?;
+    }
+    let mut started_ns = probe.mine.is_empty().then(monotonic_ns);
+    let mut msg = vec![0u8; probe.size.max(FLOOR_HEADER)];
+    let mut sent = vec![0usize; probe.senders];
+    'round: loop {
+        if FLOOR.with_borrow(|f| f.latencies_ns.len()) >= expected {
+            break;
+        }
+        // Each of this process's senders whose window has room sends one message.
+        for &me in probe.mine {
+            let k = me as usize;
+            let own = FLOOR.with_borrow(|f| f.own[k]);
+            if sent[k] >= probe.count || sent[k] - own >= probe.window.max(1) {
+                continue;
+            }
+            let now = monotonic_ns();
+            msg[..8].copy_from_slice(&now.to_be_bytes());
+            msg[8..12].copy_from_slice(&me.to_be_bytes());
+            msg[12..16].copy_from_slice(&(sent[k] as u32).to_be_bytes());
+            match cpg::mcast_joined(&handle, Guarantee::TypeAgreed, &msg) {
+                Ok(()) => {
+                    started_ns.get_or_insert(now);
+                    sent[k] += 1;
+                    continue 'round;
+                }
+                // Corosync's queue is full: take what it delivered, then try again.
+                Err(CsError::CsErrTryAgain) => {
+                    cpg::dispatch(&handle, DispatchFlags::All).map_err(cpg_err("dispatch"))?;
+                    std::thread::sleep(Duration::from_micros(50));
+                    continue 'round;
+                }
+                Err(err) => return Err(ClusterError::Cpg { what: "mcast_joined", err }),
+            }
+        }
+        // Every sender here is done or waits for its window: wait for a delivery.
+        retry(|| cpg::dispatch(&handle, DispatchFlags::One)).map_err(cpg_err("dispatch"))?;
+    }
+    let done_ns = monotonic_ns();
+    let _ = retry(|| cpg::leave(&handle, probe.group));
+    // Dropping the handle (outside any callback) disconnects.
+    drop(handle);
+    let latencies_ns = FLOOR.with_borrow_mut(|f| std::mem::take(&mut f.latencies_ns));
+    Ok(FloorResult { latencies_ns, started_ns: started_ns.unwrap_or(done_ns), done_ns })
 }

@@ -16,10 +16,16 @@
 //!
 //! Each measurement runs against every *target*: the daemons given with
 //! `--unix` (clients spread round-robin over them), else an embedded
-//! standalone daemon in this process, and with `--tls` the same embedded
-//! daemon over TLS. A target may name another to compare with: its rows then
-//! carry the ratio (TLS against the Unix socket; a cluster against Corosync's
-//! own delivery, its floor, is meant to plug in the same way).
+//! standalone daemon in this process, with `--tls` the same embedded daemon
+//! over TLS, and with `--cluster` three daemons over Corosync in network
+//! namespaces (clients spread over the nodes). A target may name another to
+//! compare with: its rows then carry the ratio (TLS and the cluster against
+//! the standalone daemon's Unix socket).
+//!
+//! With `--cluster`, the same run also measures the floor under the cluster:
+//! Corosync CPG's own agreed delivery between bare CPG processes, one per
+//! node as the daemons are, in the same latency and throughput rounds
+//! (see [`cluster`]); the cluster's rows are then divided by it.
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -39,6 +45,28 @@ use tokio::task::JoinSet;
 
 use crate::flood::{self, Conn, Flood, HEADER};
 
+#[cfg(feature = "cluster")]
+mod cluster;
+#[cfg(feature = "cluster")]
+use cluster::Cluster;
+#[cfg(feature = "cluster")]
+pub use cluster::{run_probe as run_cpg_floor, CpgFloorArgs};
+
+/// Without the `cluster` feature there is never a cluster.
+#[cfg(not(feature = "cluster"))]
+enum Cluster {}
+
+#[cfg(not(feature = "cluster"))]
+impl Cluster {
+    fn sockets(&self) -> Vec<PathBuf> {
+        match *self {}
+    }
+
+    async fn floor_round(&self, _: usize, _: usize, _: usize, _: usize, _: usize, _: Duration) -> Result<flood::Row> {
+        match *self {}
+    }
+}
+
 /// Payload a throughput run sends at most, all senders together.
 const FLOOD_BYTES: usize = 64 << 20;
 
@@ -56,7 +84,11 @@ const STEP_LIMIT: Duration = Duration::from_secs(60);
 flight per sender. Throughput counts the messages (and payload bytes) of a bounded flood per second, until \
 every receiver has all of them. Join and leave latency run until every member has the new view. \
 With --tls, the same embedded daemon is measured over TLS too, and the TLS rows carry their ratio to the \
-Unix socket (×: TLS value / Unix value). The embedded daemon shares this process's CPUs with the clients.")]
+Unix socket (×: TLS value / Unix value). The embedded daemon shares this process's CPUs with the clients. \
+With --cluster (root; conclave built with --features cluster), three daemons over Corosync run in network \
+namespaces, the clients spread over them, and their rows carry the ratio to the standalone daemon; Corosync CPG's \
+own agreed delivery between bare CPG processes on the same nodes is measured in the same rounds, as the floor, \
+and printed with the ratio cluster / floor.")]
 pub struct GcsArgs {
     /// Daemon to measure, by Unix socket (repeatable: clients are spread round-robin over the daemons)
     /// [default: an embedded standalone daemon in this process].
@@ -65,6 +97,10 @@ pub struct GcsArgs {
     /// Also measure the embedded daemon over TLS (certificate generated at start) and print the ratio to its Unix socket.
     #[arg(long, conflicts_with = "unix")]
     tls: bool,
+    /// Also measure a three-node cluster (Corosync in network namespaces, clients spread over the nodes) and
+    /// Corosync CPG's raw delivery as its floor (needs root and a build with --features cluster).
+    #[arg(long, conflicts_with = "unix")]
+    cluster: bool,
     /// Payload sizes in bytes (comma-separated, at least 16).
     #[arg(long, value_delimiter = ',', default_value = "64,1024,16384,65536", value_name = "BYTES,...")]
     sizes: Vec<usize>,
@@ -160,10 +196,33 @@ struct MembershipRow {
     leave_max_us: f64,
 }
 
+/// One row of the floor table: Corosync CPG's own delivery, and the
+/// cluster's values divided by it.
+#[derive(Serialize)]
+struct FloorRow {
+    senders: usize,
+    receivers: usize,
+    size: usize,
+    latency_p50_us: f64,
+    latency_p99_us: f64,
+    latency_samples: usize,
+    flood_messages: usize,
+    messages_per_s: f64,
+    mb_per_s: f64,
+    /// Cluster latency p50 / floor latency p50.
+    cluster_p50_ratio: f64,
+    /// Cluster latency p99 / floor latency p99.
+    cluster_p99_ratio: f64,
+    /// Cluster messages/s / floor messages/s.
+    cluster_msgs_ratio: f64,
+}
+
 #[derive(Serialize)]
 struct Report {
     multicast: Vec<MulticastRow>,
     membership: Vec<MembershipRow>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    floor: Vec<FloorRow>,
 }
 
 /// Runs the benchmark.
@@ -186,7 +245,37 @@ pub fn run(mut args: GcsArgs) -> Result<()> {
     if args.latency_count == 0 || args.count == 0 || args.reps == 0 {
         bail!("--latency-count, --count and --reps must be at least 1");
     }
-    crate::block_on(bench(args))
+    if !args.cluster {
+        return crate::block_on(bench(args, None));
+    }
+    #[cfg(not(feature = "cluster"))]
+    bail!(
+        "--cluster needs conclave built with the cluster feature: \
+         cargo build --release -p conclave --features cluster (needs corosync's libraries: apt-get install corosync \
+         libcorosync-common-dev libcpg-dev libquorum-dev libcfg-dev libcmap-dev libvotequorum-dev), run as root"
+    );
+    #[cfg(feature = "cluster")]
+    crate::block_on(cluster_bench(args))
+}
+
+/// The benchmark with a cluster, which is stopped and removed on every way
+/// out: an error, a panic that unwinds, Ctrl-C or SIGTERM (caught from before
+/// the cluster starts, so that they end the run through the cluster's Drop
+/// instead of killing the process).
+#[cfg(feature = "cluster")]
+async fn cluster_bench(args: GcsArgs) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot catch SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("cannot catch SIGTERM")?;
+    eprintln!("starting a three-node cluster (network namespaces, corosync, conclave daemon --backbone cluster)");
+    let cluster = tokio::task::spawn_blocking(Cluster::start).await.context("starting the cluster")??;
+    // A signal that came during the start is still pending here: biased, it wins before the bench begins.
+    tokio::select! {
+        biased;
+        _ = interrupt.recv() => bail!("interrupted"),
+        _ = terminate.recv() => bail!("terminated"),
+        r = bench(args, Some(&cluster)) => r,
+    }
 }
 
 /// An embedded standalone daemon on a Unix socket in a temporary directory,
@@ -232,7 +321,7 @@ fn generated_tls() -> Result<(TlsListen, TlsClientOptions)> {
     Ok((server, client))
 }
 
-async fn bench(args: GcsArgs) -> Result<()> {
+async fn bench(args: GcsArgs, cluster: Option<&Cluster>) -> Result<()> {
     let mut embedded_daemon = None;
     let mut targets = Vec::new();
     if args.unix.is_empty() {
@@ -249,15 +338,28 @@ async fn bench(args: GcsArgs) -> Result<()> {
         eprintln!("{n} daemon(s) given; clients spread over them round-robin");
         targets.push(Target { name: "unix", compare_to: None, reach: Reach::Unix(args.unix.clone()) });
     }
+    if let Some(c) = cluster {
+        targets.push(Target { name: "cluster", compare_to: Some("unix"), reach: Reach::Unix(c.sockets()) });
+        eprintln!("three-node cluster formed; its clients are spread over the nodes round-robin");
+    }
     // Names unique to this run, so that it can share daemons with others.
     let prefix = format!("bench-{}", std::process::id());
     let epoch = Instant::now();
 
     let mut multicast = Vec::new();
+    let mut floor = Vec::new();
     for t in &targets {
-        multicast.extend(measure_multicast(&args, t, &prefix, epoch).await?);
+        // The floor runs right after the cluster's own rounds of each point, so that both see the same machine.
+        let floor_of = cluster.filter(|_| t.name == "cluster");
+        let (rows, floor_rows) = measure_multicast(&args, t, &prefix, epoch, floor_of).await?;
+        multicast.extend(rows);
+        floor.extend(floor_rows);
     }
     print_multicast(&args, &targets, &multicast);
+    if !floor.is_empty() {
+        println!();
+        print_floor(&floor);
+    }
     let mut membership = Vec::new();
     for t in &targets {
         for &n in &args.group_sizes {
@@ -268,7 +370,7 @@ async fn bench(args: GcsArgs) -> Result<()> {
     print_membership(&targets, &membership);
 
     if let Some(path) = &args.json {
-        let report = Report { multicast, membership };
+        let report = Report { multicast, membership, floor };
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("wrote {}", path.display());
@@ -289,8 +391,15 @@ async fn connect_all(t: &Target, base: &str, count: usize) -> Result<(Vec<Client
     Ok((clients, names))
 }
 
-/// Latency and throughput per sender count and size on one target.
-async fn measure_multicast(args: &GcsArgs, t: &Target, prefix: &str, epoch: Instant) -> Result<Vec<MulticastRow>> {
+/// Latency and throughput per sender count and size on one target, and
+/// with `floor`, the floor under it measured right after each point.
+async fn measure_multicast(
+    args: &GcsArgs,
+    t: &Target,
+    prefix: &str,
+    epoch: Instant,
+    floor: Option<&Cluster>,
+) -> Result<(Vec<MulticastRow>, Vec<FloorRow>)> {
     let group = format!("{prefix}-{}-mc", t.name);
     let (clients, names) = connect_all(t, &format!("{prefix}-{}-m", t.name), args.receivers).await?;
     let mut conns = Vec::with_capacity(clients.len());
@@ -303,18 +412,17 @@ async fn measure_multicast(args: &GcsArgs, t: &Target, prefix: &str, epoch: Inst
     for c in &mut conns {
         flood::wait_for_all(c.rx.as_mut().expect("receiver"), &group, &ours).await?;
     }
-    let mut rows = Vec::new();
+    let (mut rows, mut floor_rows) = (Vec::new(), Vec::new());
     for &senders in &args.senders {
         for &size in &args.sizes {
             let what = |kind| format!("{kind} round ({}, {senders} senders, {size} bytes)", t.name);
             let one_at_a_time = Flood { group: &group, senders, count: args.latency_count, size, window: 1 };
             let latency = timed_round(&mut conns, &ours, &one_at_a_time, epoch, what("latency")).await?;
-            let total = args.count.min(FLOOD_BYTES / size).max(senders);
-            let window = ((WINDOW_BYTES / size).clamp(1, 2048) / senders).max(1);
-            let bounded = Flood { group: &group, senders, count: total / senders, size, window };
+            let (per_sender, window) = flood_shape(args, senders, size);
+            let bounded = Flood { group: &group, senders, count: per_sender, size, window };
             let flood = timed_round(&mut conns, &ours, &bounded, epoch, what("throughput")).await?;
             let secs = flood.elapsed.as_secs_f64().max(1e-9);
-            rows.push(MulticastRow {
+            let row = MulticastRow {
                 target: t.name,
                 senders,
                 receivers: args.receivers,
@@ -325,13 +433,52 @@ async fn measure_multicast(args: &GcsArgs, t: &Target, prefix: &str, epoch: Inst
                 flood_messages: flood.sent,
                 messages_per_s: flood.sent as f64 / secs,
                 mb_per_s: (flood.sent * size) as f64 / secs / 1e6,
-            });
+            };
+            if let Some(c) = floor {
+                floor_rows.push(measure_floor(args, c, &row).await?);
+            }
+            rows.push(row);
         }
     }
     for c in &conns {
         let _ = c.tx.bye().await;
     }
-    Ok(rows)
+    Ok((rows, floor_rows))
+}
+
+/// Messages per sender and window of a throughput round: `--count` in all,
+/// at most [`FLOOD_BYTES`] of payload, at most [`WINDOW_BYTES`] in flight.
+fn flood_shape(args: &GcsArgs, senders: usize, size: usize) -> (usize, usize) {
+    let total = args.count.min(FLOOD_BYTES / size).max(senders);
+    let window = ((WINDOW_BYTES / size).clamp(1, 2048) / senders).max(1);
+    (total / senders, window)
+}
+
+/// The floor under the cluster at the point of `cluster` (its row): the same
+/// latency and throughput rounds run by bare CPG processes, with the
+/// cluster's values divided by the floor's.
+async fn measure_floor(args: &GcsArgs, c: &Cluster, cluster: &MulticastRow) -> Result<FloorRow> {
+    let (senders, size) = (cluster.senders, cluster.size);
+    let latency = c.floor_round(args.receivers, senders, args.latency_count, size, 1, STEP_LIMIT).await?;
+    let (per_sender, window) = flood_shape(args, senders, size);
+    let flood = c.floor_round(args.receivers, senders, per_sender, size, window, STEP_LIMIT).await?;
+    let secs = flood.elapsed.as_secs_f64().max(1e-9);
+    let (p50, p99, msgs) = (latency.percentile(0.5) * 1e3, latency.percentile(0.99) * 1e3, flood.sent as f64 / secs);
+    let div = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+    Ok(FloorRow {
+        senders,
+        receivers: args.receivers,
+        size,
+        latency_p50_us: p50,
+        latency_p99_us: p99,
+        latency_samples: latency.latencies.len(),
+        flood_messages: flood.sent,
+        messages_per_s: msgs,
+        mb_per_s: (flood.sent * size) as f64 / secs / 1e6,
+        cluster_p50_ratio: div(cluster.latency_p50_us, p50),
+        cluster_p99_ratio: div(cluster.latency_p99_us, p99),
+        cluster_msgs_ratio: div(cluster.messages_per_s, msgs),
+    })
 }
 
 /// A flood round that fails after [`STEP_LIMIT`] instead of hanging.
@@ -488,6 +635,34 @@ fn print_multicast(args: &GcsArgs, targets: &[Target], rows: &[MulticastRow]) {
             );
         }
         let _ = writeln!(out);
+    }
+}
+
+fn print_floor(rows: &[FloorRow]) {
+    println!(
+        "floor under the cluster: Corosync CPG's own agreed delivery between bare CPG processes, one per node as \
+         the daemons are, each running the senders of its node's clients; the same rounds as above (latency from \
+         the multicast call to delivery, one message in flight per sender, measured on the nodes with clients; \
+         throughput of the same flood until every node has it). ×: cluster value / floor value"
+    );
+    println!(
+        "{:<8} {:>7} {:>7} {:>10} {:>10} {:>10} {:>9} {:>11} {:>11} {:>11}",
+        "target", "senders", "size", "p50 µs", "p99 µs", "msg/s", "MB/s", "cluster p50", "cluster p99", "msg/s"
+    );
+    for r in rows {
+        println!(
+            "{:<8} {:>7} {:>7} {:>10.1} {:>10.1} {:>10.0} {:>9.2} {:>11} {:>11} {:>11}",
+            "cpg",
+            r.senders,
+            r.size,
+            r.latency_p50_us,
+            r.latency_p99_us,
+            r.messages_per_s,
+            r.mb_per_s,
+            format!("×{:.2}", r.cluster_p50_ratio),
+            format!("×{:.2}", r.cluster_p99_ratio),
+            format!("×{:.2}", r.cluster_msgs_ratio)
+        );
     }
 }
 

@@ -15,6 +15,10 @@ use clap::Subcommand;
 /// The benchmarks.
 #[derive(Subcommand)]
 pub enum BenchCommand {
+    /// One bare Corosync CPG process of `bench gcs --cluster`'s floor (run inside a node's namespace).
+    #[cfg(feature = "cluster")]
+    #[command(hide = true)]
+    CpgFloor(gcs::CpgFloorArgs),
     /// Count rounds, messages and cryptographic operations per protocol,
     /// membership event and group size on the seeded simulator, beside the
     /// TISSEC paper's Tables I and II.
@@ -32,6 +36,8 @@ pub enum BenchCommand {
 /// Runs a benchmark.
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
+        #[cfg(feature = "cluster")]
+        BenchCommand::CpgFloor(args) => gcs::run_cpg_floor(args),
         BenchCommand::Counts(args) => counts::run(args),
         BenchCommand::Crypto(args) => crypto::run(args),
         BenchCommand::Events(args) => events::run(args),
