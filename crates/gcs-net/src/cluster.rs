@@ -205,7 +205,7 @@ impl Dispatch {
                 tracing::warn!("dropping a daemon-group change sent by node {node}: only CPG reports those");
                 return;
             }
-            op => match client_conn(&op) {
+            op => match op.conn() {
                 Some(c) if c.daemon == from => op,
                 _ => {
                     tracing::warn!("dropping an operation for another daemon's client sent by node {node}");
@@ -238,20 +238,6 @@ impl Dispatch {
         self.epoch += 1;
         tracing::info!(epoch = self.epoch, "daemon group: {:?}", daemons.iter().map(|d| d.0).collect::<Vec<_>>());
         self.feed(Op::Daemons { epoch: self.epoch, members: daemons.into_iter().collect() });
-    }
-}
-
-/// The connection a client operation names.
-fn client_conn(op: &Op) -> Option<conclave_gcs::core::ConnId> {
-    match op {
-        Op::Connect { conn, .. }
-        | Op::Disconnect { conn }
-        | Op::Join { conn, .. }
-        | Op::Leave { conn, .. }
-        | Op::Multicast { conn, .. }
-        | Op::Unicast { conn, .. }
-        | Op::Reject { conn, .. } => Some(*conn),
-        Op::Daemons { .. } | Op::State { .. } => None,
     }
 }
 

@@ -217,8 +217,9 @@ pub enum Op {
 }
 
 impl Op {
-    /// The connection a client operation comes from.
-    fn conn(&self) -> Option<ConnId> {
+    /// The connection a client operation comes from (`None` for the daemon
+    /// group's own operations).
+    pub fn conn(&self) -> Option<ConnId> {
         match self {
             Op::Connect { conn, .. }
             | Op::Disconnect { conn }

@@ -272,7 +272,7 @@ impl DaemonSim {
     }
 
     fn submit_at(&mut self, at: Micros, op: Op) {
-        let Some(conn) = client_conn(&op) else { return };
+        let Some(conn) = op.conn() else { return };
         let when = at + self.net.client_latency;
         self.schedule(when, Event::FromClient { daemon: conn.daemon, op });
     }
@@ -555,18 +555,5 @@ impl DaemonSim {
                 }
             }
         }
-    }
-}
-
-fn client_conn(op: &Op) -> Option<ConnId> {
-    match op {
-        Op::Connect { conn, .. }
-        | Op::Disconnect { conn }
-        | Op::Join { conn, .. }
-        | Op::Leave { conn, .. }
-        | Op::Multicast { conn, .. }
-        | Op::Unicast { conn, .. }
-        | Op::Reject { conn, .. } => Some(*conn),
-        Op::Daemons { .. } | Op::State { .. } => None,
     }
 }
