@@ -437,6 +437,49 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+impl Point {
+    /// The point of `times` (ms, any order) against `bound`.
+    fn new(protocol: ProtocolId, event: TimedEvent, n: usize, mut times: Vec<f64>, bound: f64) -> Point {
+        times.sort_by(f64::total_cmp);
+        let mean = times.iter().sum::<f64>() / times.len() as f64;
+        Point {
+            protocol: protocol.name().into(),
+            event,
+            n,
+            mean_ms: mean,
+            p50_ms: percentile(&times, 0.5),
+            p95_ms: percentile(&times, 0.95),
+            bound_ms: bound,
+            ratio_to_bound: mean / bound,
+        }
+    }
+}
+
+/// The column heads of the points table.
+fn write_header(out: &mut impl Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<5} {:<10} {:>4} | {:>9} {:>9} {:>9} | {:>9} {:>7}",
+        "proto", "event", "n", "mean", "p50", "p95", "bound", "÷bound"
+    )
+}
+
+/// One row of the points table, the `done`th of `total`.
+fn write_row(out: &mut impl Write, p: &Point, done: usize, total: usize) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<5} {:<10} {:>4} | {:>9.2} {:>9.2} {:>9.2} | {:>9.2} {:>7.2}   [{done}/{total}]",
+        p.protocol,
+        event_name(p.event),
+        p.n,
+        p.mean_ms,
+        p.p50_ms,
+        p.p95_ms,
+        p.bound_ms,
+        p.ratio_to_bound
+    )
+}
+
 /// Runs the benchmark.
 pub fn run(args: EventsArgs) -> Result<()> {
     let protocols = crate::names::protocols(&args.protocols)?;
@@ -472,11 +515,7 @@ pub fn run(args: EventsArgs) -> Result<()> {
         "Time until every member has the new key, virtual ms ({:?} costs: exp {:.3}, sign {:.3}, verify {:.3}, message {:.2}; {:?} network; {} runs per point).",
         args.costs, model.exp, model.sign, model.verify, model.multicast, args.wan, args.runs
     )?;
-    writeln!(
-        out,
-        "{:<5} {:<10} {:>4} | {:>9} {:>9} {:>9} | {:>9} {:>7}",
-        "proto", "event", "n", "mean", "p50", "p95", "bound", "÷bound"
-    )?;
+    write_header(&mut out)?;
     let mut points = Vec::new();
     let total = args.events.len() * protocols.len() * sizes.len();
     let progress = progress_bar((total * args.runs) as u64);
@@ -500,34 +539,10 @@ pub fn run(args: EventsArgs) -> Result<()> {
                     times.push(res.total_ms);
                     bounds.push(res.bound_ms);
                 }
-                times.sort_by(f64::total_cmp);
-                let mean = times.iter().sum::<f64>() / times.len() as f64;
                 let bound = bounds.iter().sum::<f64>() / bounds.len() as f64;
-                let p = Point {
-                    protocol: protocol.name().into(),
-                    event,
-                    n,
-                    mean_ms: mean,
-                    p50_ms: percentile(&times, 0.5),
-                    p95_ms: percentile(&times, 0.95),
-                    bound_ms: bound,
-                    ratio_to_bound: mean / bound,
-                };
+                let p = Point::new(protocol, event, n, times, bound);
                 // Printed under the bar so the two do not tear each other.
-                progress.suspend(|| {
-                    writeln!(
-                        out,
-                        "{:<5} {:<10} {:>4} | {:>9.2} {:>9.2} {:>9.2} | {:>9.2} {:>7.2}   [{done}/{total}]",
-                        p.protocol,
-                        event_name(event),
-                        n,
-                        p.mean_ms,
-                        p.p50_ms,
-                        p.p95_ms,
-                        p.bound_ms,
-                        p.ratio_to_bound
-                    )
-                })?;
+                progress.suspend(|| write_row(&mut out, &p, done, total))?;
                 points.push(p);
             }
         }
@@ -560,11 +575,7 @@ fn daemon_points(
          costs (exp {:.3}, sign {:.3}, verify {:.3} ms); {} runs per point.",
         model.exp, model.sign, model.verify, args.runs
     )?;
-    writeln!(
-        out,
-        "{:<5} {:<10} {:>4} | {:>9} {:>9} {:>9} | {:>9} {:>7}",
-        "proto", "event", "n", "mean", "p50", "p95", "bound", "÷bound"
-    )?;
+    write_header(out)?;
     let total = args.events.len() * protocols.len() * sizes.len();
     let progress = progress_bar(total as u64);
     let mut points = Vec::new();
@@ -573,36 +584,11 @@ fn daemon_points(
             for &n in sizes {
                 progress.set_message(format!("{} {} n={n} (daemon)", protocol.name(), event_name(event)));
                 let policy = Policy { protocol, group_id: group };
-                let mut times = super::live::time(policy, scheme, event, n, args.runs, args.seed)?;
-                times.sort_by(f64::total_cmp);
+                let times = super::live::time(policy, scheme, event, n, args.runs, args.seed)?;
                 let bound = run_once(protocol, event, n, group, scheme, model, Wan::Lan, args.seed)?.bound_ms;
-                let mean = times.iter().sum::<f64>() / times.len() as f64;
-                let p = Point {
-                    protocol: protocol.name().into(),
-                    event,
-                    n,
-                    mean_ms: mean,
-                    p50_ms: percentile(&times, 0.5),
-                    p95_ms: percentile(&times, 0.95),
-                    bound_ms: bound,
-                    ratio_to_bound: mean / bound,
-                };
+                let p = Point::new(protocol, event, n, times, bound);
                 progress.inc(1);
-                progress.suspend(|| {
-                    writeln!(
-                        out,
-                        "{:<5} {:<10} {:>4} | {:>9.2} {:>9.2} {:>9.2} | {:>9.2} {:>7.2}   [{}/{total}]",
-                        p.protocol,
-                        event_name(event),
-                        n,
-                        p.mean_ms,
-                        p.p50_ms,
-                        p.p95_ms,
-                        p.bound_ms,
-                        p.ratio_to_bound,
-                        points.len() + 1
-                    )
-                })?;
+                progress.suspend(|| write_row(out, &p, points.len() + 1, total))?;
                 points.push(p);
             }
         }
