@@ -482,20 +482,9 @@ impl Issuer {
         not_after: SystemTime,
         rng: &mut dyn CryptoRngCore,
     ) -> Result<Issued, TrustError> {
-        let (key, key_pem) = new_key(rng)?;
-        let mut params = rcgen::CertificateParams::default();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params.distinguished_name.push(rcgen::DnType::CommonName, member.as_str());
-        params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-        params.not_before = not_before.into();
-        params.not_after = not_after.into();
-        params.use_authority_key_identifier_extension = true;
-        let serial = new_serial(rng);
-        let serial_hex = hex(serial.as_ref());
-        params.serial_number = Some(serial);
-        let cert = params.signed_by(&key, &self.ca, &self.key)?;
-        Ok(Issued { cert_pem: cert.pem(), key_pem, serial: serial_hex })
+        let params = rcgen::CertificateParams::default();
+        let usage = rcgen::ExtendedKeyUsagePurpose::ClientAuth;
+        self.sign_leaf(params, member.as_str(), usage, not_before, not_after, rng)
     }
 
     /// Issues a daemon's TLS server certificate for `hosts` (DNS names or IP
@@ -512,12 +501,27 @@ impl Issuer {
         let Some(first) = hosts.first() else {
             return Err(TrustError::Malformed { what: "daemon certificate", detail: "no host name given".into() });
         };
+        let params = rcgen::CertificateParams::new(hosts.to_vec())?;
+        let usage = rcgen::ExtendedKeyUsagePurpose::ServerAuth;
+        self.sign_leaf(params, first, usage, not_before, not_after, rng)
+    }
+
+    /// Completes `params` as an end-entity certificate named `common_name`
+    /// for `usage`, with a fresh key and serial from `rng`, and signs it.
+    fn sign_leaf(
+        &self,
+        mut params: rcgen::CertificateParams,
+        common_name: &str,
+        usage: rcgen::ExtendedKeyUsagePurpose,
+        not_before: SystemTime,
+        not_after: SystemTime,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<Issued, TrustError> {
         let (key, key_pem) = new_key(rng)?;
-        let mut params = rcgen::CertificateParams::new(hosts.to_vec())?;
         params.distinguished_name = rcgen::DistinguishedName::new();
-        params.distinguished_name.push(rcgen::DnType::CommonName, first.as_str());
+        params.distinguished_name.push(rcgen::DnType::CommonName, common_name);
         params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        params.extended_key_usages = vec![usage];
         params.not_before = not_before.into();
         params.not_after = not_after.into();
         params.use_authority_key_identifier_extension = true;
