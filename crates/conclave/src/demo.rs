@@ -23,6 +23,8 @@ use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
 use tokio::sync::mpsc;
 
+use crate::scripted::{self, Cmd, Report};
+
 /// Options of `conclave demo`.
 #[derive(Args)]
 pub struct DemoArgs {
@@ -35,18 +37,6 @@ pub struct DemoArgs {
     /// Seed of the authority's and the members' identity keys.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-}
-
-enum Cmd {
-    Join(Policy),
-    Send(String),
-    Leave,
-}
-
-/// What the members report to the script.
-struct Report {
-    who: String,
-    event: SecureEvent,
 }
 
 const NAMES: [&str; 4] = ["alice", "bob", "carol", "dave"];
@@ -99,40 +89,12 @@ async fn script(socket: &std::path::Path, policy: Policy, seed: u64) -> Result<(
     }
     let crl = issuer.crl(2, &revoked, now, until)?;
     let authority = Arc::new(Authority::from_pem(issuer.ca_pem(), Some(&crl))?);
-    let (report_tx, mut reports) = mpsc::unbounded_channel::<Report>();
+    let (report_tx, mut reports) = mpsc::unbounded_channel::<Report<String>>();
     let mut members: BTreeMap<String, mpsc::UnboundedSender<Cmd>> = BTreeMap::new();
     for (name, identity) in identities {
         let client = Client::connect_unix(socket, &name).await?;
-        let mut session = Session::connect_certified(client, MemberId::new(name.clone())?, identity, authority.clone());
-        let (tx, mut rx) = mpsc::unbounded_channel::<Cmd>();
-        let out = report_tx.clone();
-        let group = format!("demo-{tag}");
-        let who = name.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    cmd = rx.recv() => {
-                        let r = match cmd {
-                            None => return,
-                            Some(Cmd::Join(p)) => session.join(&group, p),
-                            Some(Cmd::Send(text)) => session.send(&group, text.as_bytes()),
-                            Some(Cmd::Leave) => session.leave(&group),
-                        };
-                        if let Err(e) = r {
-                            eprintln!("{who}: {e}");
-                        }
-                    }
-                    ev = session.recv() => match ev {
-                        Ok(event) => {
-                            if out.send(Report { who: who.clone(), event }).is_err() {
-                                return;
-                            }
-                        }
-                        Err(_) => return,
-                    },
-                }
-            }
-        });
+        let session = Session::connect_certified(client, MemberId::new(name.clone())?, identity, authority.clone());
+        let tx = scripted::spawn(session, format!("demo-{tag}"), name.clone(), report_tx.clone());
         members.insert(name, tx);
     }
     let cmd = |who: &str, c: Cmd| -> Result<()> {
@@ -141,7 +103,7 @@ async fn script(socket: &std::path::Path, policy: Policy, seed: u64) -> Result<(
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     // Waits until each named member has installed a secure view of `size`.
     let mut await_views =
-        async |who: &[&str], size: usize, reports: &mut mpsc::UnboundedReceiver<Report>| -> Result<()> {
+        async |who: &[&str], size: usize, reports: &mut mpsc::UnboundedReceiver<Report<String>>| -> Result<()> {
             let deadline = Instant::now() + WAIT;
             let want: Vec<String> = who.iter().map(|w| format!("{w}-{tag}")).collect();
             while !want.iter().all(|w| seen.get(w) == Some(&size)) {
@@ -201,7 +163,7 @@ async fn script(socket: &std::path::Path, policy: Policy, seed: u64) -> Result<(
     Ok(())
 }
 
-fn show(r: &Report) {
+fn show(r: &Report<String>) {
     let who = r.who.split('-').next().unwrap_or(&r.who);
     match &r.event {
         SecureEvent::View(v) => {

@@ -16,6 +16,7 @@ mod demo;
 mod flood;
 mod keys;
 mod names;
+mod scripted;
 // Also the cluster test's (by #[path]); cut, heal and the log readers serve only it.
 #[cfg(feature = "cluster")]
 #[allow(dead_code)]

@@ -32,27 +32,16 @@ use rand_core::{RngCore, SeedableRng};
 use tokio::sync::mpsc;
 
 use super::events::TimedEvent;
+use crate::scripted::{self, Cmd, Report};
 
 /// Longest wait for one event's secure views.
 const WAIT: Duration = Duration::from_secs(120);
 
-enum Cmd {
-    Join,
-    Leave,
-}
-
-/// A secure view as one member showed it.
-struct Shown {
-    member: usize,
-    size: usize,
-    fingerprint: String,
-    at: Instant,
-}
-
 /// Members of one group, each a session in its own task.
 struct Group {
     cmds: Vec<mpsc::UnboundedSender<Cmd>>,
-    shown: mpsc::UnboundedReceiver<Shown>,
+    reports: mpsc::UnboundedReceiver<Report<usize>>,
+    policy: Policy,
     /// Last secure view size shown per member, and its key fingerprint.
     latest: BTreeMap<usize, (usize, String)>,
 }
@@ -79,44 +68,16 @@ impl Group {
         }
         let directory = Arc::new(directory);
         let group = format!("bench-{tag}");
-        let (shown_tx, shown) = mpsc::unbounded_channel();
+        let (report_tx, reports) = mpsc::unbounded_channel();
         let mut cmds = Vec::new();
         for (member, (name, signer)) in signers.into_iter().enumerate() {
-            let mut session = Session::connect_unix(socket, &name, signer, directory.clone())
+            let session = Session::connect_unix(socket, &name, signer, directory.clone())
                 .await
                 .with_context(|| format!("connecting member {member}"))?;
-            let (tx, mut rx) = mpsc::unbounded_channel::<Cmd>();
-            let out = shown_tx.clone();
-            let group = group.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        cmd = rx.recv() => {
-                            let r = match cmd {
-                                None => return,
-                                Some(Cmd::Join) => session.join(&group, policy),
-                                Some(Cmd::Leave) => session.leave(&group),
-                            };
-                            if r.is_err() {
-                                return;
-                            }
-                        }
-                        ev = session.recv() => match ev {
-                            Ok(SecureEvent::View(v)) => {
-                                let s = Shown { member, size: v.members.len(), fingerprint: v.fingerprint, at: Instant::now() };
-                                if out.send(s).is_err() {
-                                    return;
-                                }
-                            }
-                            Ok(_) => {}
-                            Err(_) => return,
-                        },
-                    }
-                }
-            });
+            let tx = scripted::spawn(session, group.clone(), member, report_tx.clone());
             cmds.push(tx);
         }
-        Ok(Self { cmds, shown, latest: BTreeMap::new() })
+        Ok(Self { cmds, reports, policy, latest: BTreeMap::new() })
     }
 
     /// Sends a member a command. Every command changes the view, so what
@@ -144,14 +105,15 @@ impl Group {
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            let s = match tokio::time::timeout(left, self.shown.recv()).await {
-                Ok(Some(s)) => s,
+            let r = match tokio::time::timeout(left, self.reports.recv()).await {
+                Ok(Some(r)) => r,
                 _ => bail!("timed out after {WAIT:?} waiting for secure views of {size} members"),
             };
-            if who.contains(&s.member) && s.size == size {
-                last = Some(last.map_or(s.at, |l: Instant| l.max(s.at)));
+            let SecureEvent::View(v) = r.event else { continue };
+            if who.contains(&r.who) && v.members.len() == size {
+                last = Some(last.map_or(r.at, |l: Instant| l.max(r.at)));
             }
-            self.latest.insert(s.member, (s.size, s.fingerprint));
+            self.latest.insert(r.who, (v.members.len(), v.fingerprint));
         }
     }
 }
@@ -176,7 +138,7 @@ async fn point(
     let mut inside: Vec<usize> = (0..first).collect();
     let mut outside: Vec<usize> = (first..n).collect();
     for &m in &inside {
-        group.command(m, Cmd::Join)?;
+        group.command(m, Cmd::Join(group.policy))?;
     }
     group.settled(&inside, inside.len()).await.context("forming the group")?;
     let mut times = Vec::with_capacity(runs);
@@ -185,7 +147,7 @@ async fn point(
             TimedEvent::Join => {
                 let joiner = outside.pop().expect("one member waits outside");
                 let t0 = Instant::now();
-                group.command(joiner, Cmd::Join)?;
+                group.command(joiner, Cmd::Join(group.policy))?;
                 inside.push(joiner);
                 times.push(group.settled(&inside, n).await?.duration_since(t0).as_secs_f64() * 1e3);
                 // Back to n − 1, untimed: the oldest leaves (and waits outside).
@@ -206,7 +168,7 @@ async fn point(
                 group.command(leaver, Cmd::Leave)?;
                 times.push(group.settled(&inside, n - 1).await?.duration_since(t0).as_secs_f64() * 1e3);
                 // Back to n, untimed.
-                group.command(leaver, Cmd::Join)?;
+                group.command(leaver, Cmd::Join(group.policy))?;
                 inside.push(leaver);
                 group.settled(&inside, n).await?;
             }

@@ -1,0 +1,67 @@
+//! A secure session driven by commands, for scripts (`conclave demo`, the
+//! daemon engine of `bench events`): the session runs in a task of its own,
+//! takes [`Cmd`]s from a channel and reports every event, stamped with when
+//! it came, on a channel shared by all members of the script.
+
+use std::time::Instant;
+
+use conclave_secure::{Policy, SecureEvent, Session};
+use tokio::sync::mpsc;
+
+/// What a script asks a member to do in its group.
+pub enum Cmd {
+    /// Join under this policy.
+    Join(Policy),
+    /// Send a text message.
+    Send(String),
+    /// Leave.
+    Leave,
+}
+
+/// An event of one member.
+pub struct Report<T> {
+    /// Which member (the script's own label).
+    pub who: T,
+    /// What happened.
+    pub event: SecureEvent,
+    /// When the member's session delivered it.
+    pub at: Instant,
+}
+
+/// Runs `session` in group `group` until the command channel closes, the
+/// report channel closes or the session ends. A command the session refuses
+/// is printed on stderr and the member goes on.
+pub fn spawn<T: Clone + std::fmt::Display + Send + 'static>(
+    mut session: Session,
+    group: String,
+    who: T,
+    out: mpsc::UnboundedSender<Report<T>>,
+) -> mpsc::UnboundedSender<Cmd> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Cmd>();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                cmd = rx.recv() => {
+                    let r = match cmd {
+                        None => return,
+                        Some(Cmd::Join(p)) => session.join(&group, p),
+                        Some(Cmd::Send(text)) => session.send(&group, text.as_bytes()),
+                        Some(Cmd::Leave) => session.leave(&group),
+                    };
+                    if let Err(e) = r {
+                        eprintln!("{who}: {e}");
+                    }
+                }
+                ev = session.recv() => match ev {
+                    Ok(event) => {
+                        if out.send(Report { who: who.clone(), event, at: Instant::now() }).is_err() {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                },
+            }
+        }
+    });
+    tx
+}
