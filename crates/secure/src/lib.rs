@@ -269,6 +269,10 @@ pub enum SessionError {
     /// Already a member of the group.
     #[error("already joined to group {0}")]
     AlreadyJoined(GroupName),
+    /// The session is leaving the group and has not yet reported
+    /// [`SecureEvent::Left`]; join again after it.
+    #[error("still leaving group {0}: join again after its Left event")]
+    StillLeaving(GroupName),
     /// The message is too large.
     #[error("message of {len} bytes exceeds the limit of {max}")]
     TooLarge {

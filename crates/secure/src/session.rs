@@ -236,8 +236,10 @@ impl Session {
     /// [`SecureEvent::PolicyMismatch`] and is taken out of the group.
     pub fn join(&mut self, group: &str, policy: Policy) -> Result<(), SessionError> {
         let name = GroupName::new(group)?;
-        if self.groups.contains_key(&name) {
-            return Err(SessionError::AlreadyJoined(name));
+        match self.groups.get(&name) {
+            Some(g) if g.leaving => return Err(SessionError::StillLeaving(name)),
+            Some(_) => return Err(SessionError::AlreadyJoined(name)),
+            None => {}
         }
         let accepted = self.certified.as_ref().map(|_| Arc::new(Accepted::default()));
         let directory = match &accepted {

@@ -34,6 +34,8 @@ enum Cmd {
     Raw(String, Vec<u8>),
     Keys(String, oneshot::Sender<Option<EpochKeys>>),
     Captured(String, oneshot::Sender<Vec<(MemberId, Bytes)>>),
+    /// Leave, then join at once, and answer what the join said.
+    LeaveThenJoin(String, Policy, oneshot::Sender<Result<(), String>>),
 }
 
 /// A session running in its own task (so every member makes progress), with
@@ -61,6 +63,10 @@ impl Member {
                         Some(Cmd::Raw(g, d)) => s.send_raw_data(&g, &d).unwrap(),
                         Some(Cmd::Keys(g, tx)) => { let _ = tx.send(s.epoch_keys(&g)); }
                         Some(Cmd::Captured(g, tx)) => { let _ = tx.send(s.captured(&g)); }
+                        Some(Cmd::LeaveThenJoin(g, p, tx)) => {
+                            s.leave(&g).unwrap();
+                            let _ = tx.send(s.join(&g, p).map_err(|e| e.to_string()));
+                        }
                     },
                     ev = s.recv() => match ev {
                         Ok(ev) => l.lock().unwrap().push(ev),
@@ -83,6 +89,11 @@ impl Member {
     }
     fn leave(&self) {
         self.cmd.send(Cmd::Leave(GROUP.into())).unwrap();
+    }
+    async fn leave_then_join(&self, policy: Policy) -> Result<(), String> {
+        let (tx, rx) = oneshot::channel();
+        self.cmd.send(Cmd::LeaveThenJoin(GROUP.into(), policy, tx)).unwrap();
+        rx.await.unwrap()
     }
     fn raw(&self, bytes: Vec<u8>) {
         self.cmd.send(Cmd::Raw(GROUP.into(), bytes)).unwrap();
@@ -453,6 +464,32 @@ async fn joiner_with_another_policy_is_told_and_removed() {
         a.views().iter().all(|(ep, m)| *ep == first || m.iter().all(|m| m.as_str() != "bob")),
         "alice never showed a view with bob"
     );
+}
+
+/// A member that leaves cannot join again until its leave is confirmed; the
+/// refusal says so, and after `Left` the join goes through with a fresh key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejoining_waits_for_the_leave_to_finish() {
+    let w = world(&["alice", "bob"], 7).await;
+    let policy = Policy { protocol: ProtocolId::Tgdh, group_id: GroupId::Ristretto255 };
+    let a = w.member("alice").await;
+    let b = w.member("bob").await;
+    a.join(policy);
+    b.join(policy);
+    let both = b.until_view(&[&a, &b]).await;
+    let e = b.leave_then_join(policy).await.unwrap_err();
+    assert!(e.contains("still leaving group room"), "{e}");
+    b.until("Left", |log| log.iter().any(|e| matches!(e, SecureEvent::Left { .. })).then_some(())).await;
+    b.join(policy);
+    let after = |log: &[SecureEvent]| {
+        log.iter().find_map(|e| match e {
+            SecureEvent::View(v) if v.epoch > both && v.members.len() == 2 => Some(v.fingerprint.clone()),
+            _ => None,
+        })
+    };
+    let (fa, fb) =
+        (a.until("the view after the rejoin", after).await, b.until("the view after the rejoin", after).await);
+    assert_eq!(fa, fb, "alice and bob agree on the key after the rejoin");
 }
 
 /// Cascaded membership events: three members join at once while everybody

@@ -15,7 +15,7 @@
 //! A standalone daemon cannot partition, so this engine times joins and
 //! leaves.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,6 +44,9 @@ struct Group {
     policy: Policy,
     /// Last secure view size shown per member, and its key fingerprint.
     latest: BTreeMap<usize, (usize, String)>,
+    /// Members whose `Left` has arrived since their last command: only they
+    /// may join again (a session refuses to join a group it is still leaving).
+    gone: BTreeSet<usize>,
 }
 
 impl Group {
@@ -77,13 +80,14 @@ impl Group {
             let tx = scripted::spawn(session, group.clone(), member, report_tx.clone());
             cmds.push(tx);
         }
-        Ok(Self { cmds, reports, policy, latest: BTreeMap::new() })
+        Ok(Self { cmds, reports, policy, latest: BTreeMap::new(), gone: BTreeSet::new() })
     }
 
     /// Sends a member a command. Every command changes the view, so what
     /// members showed before it no longer counts.
     fn command(&mut self, member: usize, cmd: Cmd) -> Result<()> {
         self.latest.clear();
+        self.gone.remove(&member);
         self.cmds[member].send(cmd).map_err(|_| anyhow!("member {member} stopped"))
     }
 
@@ -104,17 +108,36 @@ impl Group {
                     }
                 }
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            let r = match tokio::time::timeout(left, self.reports.recv()).await {
-                Ok(Some(r)) => r,
-                _ => bail!("timed out after {WAIT:?} waiting for secure views of {size} members"),
-            };
+            let r = self.next(deadline).await.with_context(|| format!("waiting for secure views of {size} members"))?;
             let SecureEvent::View(v) = r.event else { continue };
             if who.contains(&r.who) && v.members.len() == size {
                 last = Some(last.map_or(r.at, |l: Instant| l.max(r.at)));
             }
             self.latest.insert(r.who, (v.members.len(), v.fingerprint));
         }
+    }
+
+    /// Waits until `member`'s session has confirmed its leave.
+    async fn departed(&mut self, member: usize) -> Result<()> {
+        let deadline = Instant::now() + WAIT;
+        while !self.gone.contains(&member) {
+            self.next(deadline).await.with_context(|| format!("waiting for member {member} to leave"))?;
+        }
+        Ok(())
+    }
+
+    /// The next report (noting departures), or an error at `deadline`.
+    async fn next(&mut self, deadline: Instant) -> Result<Report<usize>> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let r = match tokio::time::timeout(left, self.reports.recv()).await {
+            Ok(Some(r)) => r,
+            Ok(None) => bail!("every member stopped"),
+            Err(_) => bail!("timed out after {WAIT:?}"),
+        };
+        if matches!(r.event, SecureEvent::Left { .. }) {
+            self.gone.insert(r.who);
+        }
+        Ok(r)
     }
 }
 
@@ -155,6 +178,7 @@ async fn point(
                 group.command(leaver, Cmd::Leave)?;
                 outside.push(leaver);
                 group.settled(&inside, n - 1).await?;
+                group.departed(leaver).await?;
             }
             TimedEvent::Leave => {
                 // The §6.1.2 choice: STR's middle member, anyone at random otherwise
@@ -167,7 +191,8 @@ async fn point(
                 let t0 = Instant::now();
                 group.command(leaver, Cmd::Leave)?;
                 times.push(group.settled(&inside, n - 1).await?.duration_since(t0).as_secs_f64() * 1e3);
-                // Back to n, untimed.
+                // Back to n, untimed, once the leaver's session is out.
+                group.departed(leaver).await?;
                 group.command(leaver, Cmd::Join(group.policy))?;
                 inside.push(leaver);
                 group.settled(&inside, n).await?;
