@@ -113,7 +113,7 @@ async fn script(socket: &std::path::Path, policy: Policy, seed: u64) -> Result<(
                     _ => bail!("{tag}: timed out waiting for secure views of {size} members"),
                 };
                 show(&r);
-                if let SecureEvent::View(v) = &r.event {
+                if let SecureEvent::View(v) = r.event.as_ref().map_err(|e| anyhow::anyhow!("{}: {e}", r.who))? {
                     seen.insert(r.who.clone(), v.members.len());
                 }
             }
@@ -146,7 +146,7 @@ async fn script(socket: &std::path::Path, policy: Policy, seed: u64) -> Result<(
             _ => bail!("{tag}: timed out waiting for mallory's refusal"),
         };
         show(&r);
-        match &r.event {
+        match r.event.as_ref().map_err(|e| anyhow::anyhow!("{}: {e}", r.who))? {
             SecureEvent::Refused { member, .. } if member.as_str().starts_with("mallory") => {
                 refused_by.insert(r.who.clone());
             }
@@ -165,7 +165,11 @@ async fn script(socket: &std::path::Path, policy: Policy, seed: u64) -> Result<(
 
 fn show(r: &Report<String>) {
     let who = r.who.split('-').next().unwrap_or(&r.who);
-    match &r.event {
+    let event = match &r.event {
+        Ok(event) => event,
+        Err(e) => return println!("{who:>6} | {e}"),
+    };
+    match event {
         SecureEvent::View(v) => {
             let names: Vec<&str> = v.members.iter().map(|m| m.as_str().split('-').next().unwrap_or("")).collect();
             println!(

@@ -1,7 +1,9 @@
 //! A secure session driven by commands, for scripts (`conclave demo`, the
 //! daemon engine of `bench events`): the session runs in a task of its own,
 //! takes [`Cmd`]s from a channel and reports every event, stamped with when
-//! it came, on a channel shared by all members of the script.
+//! it came, on a channel shared by all members of the script. Failures are
+//! reported too, so a script stops with the reason instead of waiting for
+//! views that will never come.
 
 use std::time::Instant;
 
@@ -22,15 +24,17 @@ pub enum Cmd {
 pub struct Report<T> {
     /// Which member (the script's own label).
     pub who: T,
-    /// What happened.
-    pub event: SecureEvent,
+    /// What happened: an event, or why the member failed (a command its
+    /// session refused, or the end of its session).
+    pub event: Result<SecureEvent, String>,
     /// When the member's session delivered it.
     pub at: Instant,
 }
 
 /// Runs `session` in group `group` until the command channel closes, the
 /// report channel closes or the session ends. A command the session refuses
-/// is printed on stderr and the member goes on.
+/// is reported as an error and the member goes on; the end of the session
+/// is reported as an error and the member stops.
 pub fn spawn<T: Clone + std::fmt::Display + Send + 'static>(
     mut session: Session,
     group: String,
@@ -49,17 +53,18 @@ pub fn spawn<T: Clone + std::fmt::Display + Send + 'static>(
                         Some(Cmd::Leave) => session.leave(&group),
                     };
                     if let Err(e) = r {
-                        eprintln!("{who}: {e}");
-                    }
-                }
-                ev = session.recv() => match ev {
-                    Ok(event) => {
-                        if out.send(Report { who: who.clone(), event, at: Instant::now() }).is_err() {
+                        if out.send(Report { who: who.clone(), event: Err(e.to_string()), at: Instant::now() }).is_err() {
                             return;
                         }
                     }
-                    Err(_) => return,
-                },
+                }
+                ev = session.recv() => {
+                    let ended = ev.is_err();
+                    let event = ev.map_err(|e| format!("session ended: {e}"));
+                    if out.send(Report { who: who.clone(), event, at: Instant::now() }).is_err() || ended {
+                        return;
+                    }
+                }
             }
         }
     });

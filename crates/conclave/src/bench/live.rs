@@ -34,6 +34,9 @@ use tokio::sync::mpsc;
 use super::events::TimedEvent;
 use crate::scripted::{self, Cmd, Report};
 
+/// Members that join at once while the group forms (untimed).
+const FORMING_WAVE: usize = 16;
+
 /// Longest wait for one event's secure views.
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -109,7 +112,7 @@ impl Group {
                 }
             }
             let r = self.next(deadline).await.with_context(|| format!("waiting for secure views of {size} members"))?;
-            let SecureEvent::View(v) = r.event else { continue };
+            let Ok(SecureEvent::View(v)) = r.event else { continue };
             if who.contains(&r.who) && v.members.len() == size {
                 last = Some(last.map_or(r.at, |l: Instant| l.max(r.at)));
             }
@@ -134,8 +137,13 @@ impl Group {
             Ok(None) => bail!("every member stopped"),
             Err(_) => bail!("timed out after {WAIT:?}"),
         };
-        if matches!(r.event, SecureEvent::Left { .. }) {
-            self.gone.insert(r.who);
+        match &r.event {
+            Ok(SecureEvent::Left { .. }) => {
+                self.gone.insert(r.who);
+            }
+            Ok(SecureEvent::DaemonError { code, text }) => bail!("member {}: the daemon says {code:?}: {text}", r.who),
+            Ok(_) => {}
+            Err(e) => bail!("member {}: {e}", r.who),
         }
         Ok(r)
     }
@@ -160,10 +168,15 @@ async fn point(
     let first = if event == TimedEvent::Join { n - 1 } else { n };
     let mut inside: Vec<usize> = (0..first).collect();
     let mut outside: Vec<usize> = (first..n).collect();
-    for &m in &inside {
-        group.command(m, Cmd::Join(group.policy))?;
+    // In waves: all at once, n cascaded views would bring each member O(n²)
+    // messages, past the daemon's queue for a client that cannot keep up.
+    for wave in 1..=inside.len().div_ceil(FORMING_WAVE) {
+        let upto = (wave * FORMING_WAVE).min(inside.len());
+        for &m in &inside[(wave - 1) * FORMING_WAVE..upto] {
+            group.command(m, Cmd::Join(group.policy))?;
+        }
+        group.settled(&inside[..upto], upto).await.context("forming the group")?;
     }
-    group.settled(&inside, inside.len()).await.context("forming the group")?;
     let mut times = Vec::with_capacity(runs);
     for _ in 0..runs {
         match event {
