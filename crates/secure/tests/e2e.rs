@@ -10,8 +10,7 @@
 //! a joiner with another policy is told so and the group goes on without it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use conclave_gcs_net::{Daemon, DaemonConfig};
@@ -22,129 +21,37 @@ use conclave_secure::{
 };
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
-use tokio::sync::{mpsc, oneshot};
 
-const GROUP: &str = "room";
-const WAIT: Duration = Duration::from_secs(20);
+mod common;
+use common::{Member, GROUP};
 
-enum Cmd {
-    Join(String, Policy),
-    Send(String, Vec<u8>),
-    Leave(String),
-    Raw(String, Vec<u8>),
-    Keys(String, oneshot::Sender<Option<EpochKeys>>),
-    Captured(String, oneshot::Sender<Vec<(MemberId, Bytes)>>),
-    /// Leave, then join at once, and answer what the join said.
-    LeaveThenJoin(String, Policy, oneshot::Sender<Result<(), String>>),
-}
-
-/// A session running in its own task (so every member makes progress), with
-/// everything it delivered logged.
-struct Member {
-    name: String,
-    cmd: mpsc::UnboundedSender<Cmd>,
-    log: Arc<Mutex<Vec<SecureEvent>>>,
-}
-
+/// What only these tests ask of a member (through the test hooks).
 impl Member {
     async fn start(path: &std::path::Path, name: &str, signer: Arc<dyn Signer>, dir: Arc<StaticDirectory>) -> Self {
-        let mut s = Session::connect_unix(path, name, signer, dir).await.unwrap();
-        let (cmd, mut rx) = mpsc::unbounded_channel::<Cmd>();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let l = log.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    c = rx.recv() => match c {
-                        None => return,
-                        Some(Cmd::Join(g, p)) => s.join(&g, p).unwrap(),
-                        Some(Cmd::Send(g, d)) => s.send(&g, &d).unwrap(),
-                        Some(Cmd::Leave(g)) => s.leave(&g).unwrap(),
-                        Some(Cmd::Raw(g, d)) => s.send_raw_data(&g, &d).unwrap(),
-                        Some(Cmd::Keys(g, tx)) => { let _ = tx.send(s.epoch_keys(&g)); }
-                        Some(Cmd::Captured(g, tx)) => { let _ = tx.send(s.captured(&g)); }
-                        Some(Cmd::LeaveThenJoin(g, p, tx)) => {
-                            s.leave(&g).unwrap();
-                            let _ = tx.send(s.join(&g, p).map_err(|e| e.to_string()));
-                        }
-                    },
-                    ev = s.recv() => match ev {
-                        Ok(ev) => l.lock().unwrap().push(ev),
-                        Err(e) => panic!("session ended: {e}"),
-                    },
-                }
-            }
-        });
-        Member { name: name.into(), cmd, log }
+        Member::spawn(name, Session::connect_unix(path, name, signer, dir).await.unwrap())
     }
-
-    fn id(&self) -> MemberId {
-        MemberId::new(self.name.clone()).unwrap()
-    }
-    fn join(&self, policy: Policy) {
-        self.cmd.send(Cmd::Join(GROUP.into(), policy)).unwrap();
-    }
-    fn send(&self, text: &str) {
-        self.cmd.send(Cmd::Send(GROUP.into(), text.as_bytes().to_vec())).unwrap();
-    }
-    fn leave(&self) {
-        self.cmd.send(Cmd::Leave(GROUP.into())).unwrap();
-    }
+    /// Leaves, then joins at once, and answers what the join said.
     async fn leave_then_join(&self, policy: Policy) -> Result<(), String> {
-        let (tx, rx) = oneshot::channel();
-        self.cmd.send(Cmd::LeaveThenJoin(GROUP.into(), policy, tx)).unwrap();
-        rx.await.unwrap()
+        self.ask(move |s| {
+            s.leave(GROUP).unwrap();
+            s.join(GROUP, policy).map_err(|e| e.to_string())
+        })
+        .await
     }
     fn raw(&self, bytes: Vec<u8>) {
-        self.cmd.send(Cmd::Raw(GROUP.into(), bytes)).unwrap();
+        self.run(move |s| s.send_raw_data(GROUP, &bytes).unwrap());
     }
     async fn keys(&self) -> EpochKeys {
-        let (tx, rx) = oneshot::channel();
-        self.cmd.send(Cmd::Keys(GROUP.into(), tx)).unwrap();
-        rx.await.unwrap().expect("the member has a key")
+        self.ask(|s| s.epoch_keys(GROUP)).await.expect("the member has a key")
     }
     async fn captured(&self) -> Vec<(MemberId, Bytes)> {
-        let (tx, rx) = oneshot::channel();
-        self.cmd.send(Cmd::Captured(GROUP.into(), tx)).unwrap();
-        rx.await.unwrap()
-    }
-    fn events(&self) -> Vec<SecureEvent> {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// Waits until the log satisfies `f`, and returns what `f` found.
-    async fn until<T>(&self, what: &str, f: impl Fn(&[SecureEvent]) -> Option<T>) -> T {
-        let start = Instant::now();
-        loop {
-            if let Some(t) = f(&self.log.lock().unwrap()) {
-                return t;
-            }
-            assert!(start.elapsed() < WAIT, "{}: timed out waiting for {what}; log: {:#?}", self.name, self.events());
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        self.ask(|s| s.captured(GROUP)).await
     }
 
     /// Waits for a secure view with exactly these members; returns its epoch.
-    async fn until_view(&self, members: &[&Member]) -> u64 {
-        let want: Vec<MemberId> = members.iter().map(|m| m.id()).collect();
-        self.until(&format!("view {want:?}"), |log| {
-            log.iter().rev().find_map(|e| match e {
-                SecureEvent::View(v) if v.members == want => Some(v.epoch),
-                _ => None,
-            })
-        })
-        .await
-    }
-
-    /// The epoch in which this member received `text`, once it has.
-    async fn until_msg(&self, text: &str) -> u64 {
-        self.until(&format!("message {text:?}"), |log| {
-            log.iter().find_map(|e| match e {
-                SecureEvent::Message { epoch, data, .. } if data == text.as_bytes() => Some(*epoch),
-                _ => None,
-            })
-        })
-        .await
+    async fn until_view_of(&self, members: &[&Member]) -> u64 {
+        let names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
+        self.until_view(&names).await.0
     }
 
     async fn until_rejected(&self, sender: &str, reason: RejectReason) {
@@ -156,17 +63,6 @@ impl Member {
                 .then_some(())
         })
         .await
-    }
-
-    /// Epoch → members, of every secure view this member saw.
-    fn views(&self) -> BTreeMap<u64, Vec<MemberId>> {
-        self.events()
-            .into_iter()
-            .filter_map(|e| match e {
-                SecureEvent::View(v) => Some((v.epoch, v.members)),
-                _ => None,
-            })
-            .collect()
     }
 }
 
@@ -284,7 +180,7 @@ async fn scenario(protocol: ProtocolId) {
     }
 
     a.join(policy);
-    let e1 = a.until_view(&[a]).await;
+    let e1 = a.until_view_of(&[a]).await;
     say!(a, "alice 1".into());
     assert_eq!(a.until_msg("alice 1").await, e1);
 
@@ -293,8 +189,8 @@ async fn scenario(protocol: ProtocolId) {
     b.join(policy);
     say!(b, "bob 1 (at join)".into());
     say!(a, "alice 2 (at bob's join)".into());
-    let e2 = a.until_view(&[a, b]).await;
-    assert_eq!(b.until_view(&[a, b]).await, e2);
+    let e2 = a.until_view_of(&[a, b]).await;
+    assert_eq!(b.until_view_of(&[a, b]).await, e2);
     settle(&all, &sent).await;
     assert_eq!(a.until_msg("bob 1 (at join)").await, e2, "the newcomer's early send goes out under the new key");
 
@@ -302,7 +198,7 @@ async fn scenario(protocol: ProtocolId) {
     say!(c, "carol 1 (at join)".into());
     say!(a, "alice 3 (at carol's join)".into());
     say!(b, "bob 2 (at carol's join)".into());
-    let e3 = c.until_view(&[a, b, c]).await;
+    let e3 = c.until_view_of(&[a, b, c]).await;
     settle(&all, &sent).await;
     assert_eq!(b.until_msg("carol 1 (at join)").await, e3);
 
@@ -311,9 +207,9 @@ async fn scenario(protocol: ProtocolId) {
     say!(a, "alice 4 (at dave's join)".into());
     say!(b, "bob 3 (at dave's join)".into());
     say!(c, "carol 2 (at dave's join)".into());
-    let e4 = d.until_view(&[a, b, c, d]).await;
+    let e4 = d.until_view_of(&[a, b, c, d]).await;
     for m in all {
-        assert_eq!(m.until_view(&[a, b, c, d]).await, e4);
+        assert_eq!(m.until_view_of(&[a, b, c, d]).await, e4);
     }
     settle(&all, &sent).await;
     assert_eq!(c.until_msg("dave 1 (at join)").await, e4);
@@ -328,9 +224,9 @@ async fn scenario(protocol: ProtocolId) {
     assert_eq!(carol_keys.epoch(), e4);
     c.leave();
     c.until("Left", |log| log.iter().any(|e| matches!(e, SecureEvent::Left { .. })).then_some(())).await;
-    let e5 = a.until_view(&[a, b, d]).await;
+    let e5 = a.until_view_of(&[a, b, d]).await;
     for m in [b, d] {
-        assert_eq!(m.until_view(&[a, b, d]).await, e5);
+        assert_eq!(m.until_view_of(&[a, b, d]).await, e5);
     }
     for m in [a, b, d] {
         say!(m, format!("{} after carol left", m.name));
@@ -440,7 +336,7 @@ async fn joiner_with_another_policy_is_told_and_removed() {
     let b = w.member("bob").await;
     let c = w.member("carol").await;
     a.join(tgdh);
-    let first = a.until_view(&[&a]).await;
+    let first = a.until_view_of(&[&a]).await;
     b.join(gdh);
     let (ours, theirs) = b
         .until("PolicyMismatch", |log| {
@@ -455,8 +351,8 @@ async fn joiner_with_another_policy_is_told_and_removed() {
     assert_eq!((ours, theirs), (gdh, Some(tgdh)));
     b.until("Left", |log| log.iter().any(|e| matches!(e, SecureEvent::Left { .. })).then_some(())).await;
     c.join(tgdh);
-    let e = c.until_view(&[&a, &c]).await;
-    assert_eq!(a.until_view(&[&a, &c]).await, e);
+    let e = c.until_view_of(&[&a, &c]).await;
+    assert_eq!(a.until_view_of(&[&a, &c]).await, e);
     c.send("hello");
     assert_eq!(a.until_msg("hello").await, e);
     assert!(b.events().iter().all(|e| !matches!(e, SecureEvent::View(_))), "bob never got a secure view");
@@ -476,7 +372,7 @@ async fn rejoining_waits_for_the_leave_to_finish() {
     let b = w.member("bob").await;
     a.join(policy);
     b.join(policy);
-    let both = b.until_view(&[&a, &b]).await;
+    let both = b.until_view_of(&[&a, &b]).await;
     let e = b.leave_then_join(policy).await.unwrap_err();
     assert!(e.contains("still leaving group room"), "{e}");
     b.until("Left", |log| log.iter().any(|e| matches!(e, SecureEvent::Left { .. })).then_some(())).await;
@@ -509,7 +405,7 @@ async fn cascaded_views_never_show_a_view_without_its_key() {
         let [a, b, c, d, e] = [&ms[0], &ms[1], &ms[2], &ms[3], &ms[4]];
         let mut sent: Vec<(&Member, String)> = Vec::new();
         a.join(policy);
-        a.until_view(&[a]).await;
+        a.until_view_of(&[a]).await;
         for m in [b, c, d] {
             m.join(policy);
         }

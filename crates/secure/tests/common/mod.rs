@@ -1,0 +1,146 @@
+//! The member harness shared by the session tests: each member's session runs
+//! in a task of its own (so every member makes progress), does what the test
+//! hands it, and logs everything it delivers for the test to wait on.
+
+// Each test binary uses a part of it.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use conclave_secure::{MemberId, Policy, SecureEvent, Session};
+use tokio::sync::{mpsc, oneshot};
+
+/// The group every test uses.
+pub const GROUP: &str = "room";
+/// Longest wait for anything a test expects.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+type Job = Box<dyn FnOnce(&mut Session) + Send>;
+
+/// A session in its own task, with its delivered events logged.
+pub struct Member {
+    pub name: String,
+    jobs: mpsc::UnboundedSender<Job>,
+    log: Arc<Mutex<Vec<SecureEvent>>>,
+}
+
+impl Member {
+    /// Runs `session` in a task; the test fails if the session ends.
+    pub fn spawn(name: &str, mut session: Session) -> Member {
+        let (jobs, mut rx) = mpsc::unbounded_channel::<Job>();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l = log.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    job = rx.recv() => match job {
+                        None => return,
+                        Some(job) => job(&mut session),
+                    },
+                    ev = session.recv() => match ev {
+                        Ok(ev) => l.lock().unwrap().push(ev),
+                        Err(e) => panic!("session ended: {e}"),
+                    },
+                }
+            }
+        });
+        Member { name: name.into(), jobs, log }
+    }
+
+    /// Has the member's task do `job` with its session.
+    pub fn run(&self, job: impl FnOnce(&mut Session) + Send + 'static) {
+        self.jobs.send(Box::new(job)).expect("the member's task runs");
+    }
+
+    /// Has the member's task do `job` with its session, and returns its answer.
+    pub async fn ask<T: Send + 'static>(&self, job: impl FnOnce(&mut Session) -> T + Send + 'static) -> T {
+        let (tx, rx) = oneshot::channel();
+        self.run(move |s| {
+            let _ = tx.send(job(s));
+        });
+        rx.await.expect("the member's task answers")
+    }
+
+    pub fn join(&self, policy: Policy) {
+        self.run(move |s| s.join(GROUP, policy).unwrap());
+    }
+    pub fn send(&self, text: &str) {
+        let data = text.as_bytes().to_vec();
+        self.run(move |s| s.send(GROUP, &data).unwrap());
+    }
+    pub fn leave(&self) {
+        self.run(|s| s.leave(GROUP).unwrap());
+    }
+
+    pub fn id(&self) -> MemberId {
+        MemberId::new(self.name.clone()).unwrap()
+    }
+
+    pub fn events(&self) -> Vec<SecureEvent> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits until the log satisfies `f`, and returns what `f` found.
+    pub async fn until<T>(&self, what: &str, f: impl Fn(&[SecureEvent]) -> Option<T>) -> T {
+        let start = Instant::now();
+        loop {
+            if let Some(t) = f(&self.log.lock().unwrap()) {
+                return t;
+            }
+            assert!(start.elapsed() < WAIT, "{}: timed out waiting for {what}; log: {:#?}", self.name, self.events());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// The latest secure view with exactly these members: (epoch, fingerprint).
+    pub async fn until_view(&self, names: &[&str]) -> (u64, String) {
+        self.until(&format!("view {names:?}"), |log| {
+            log.iter().rev().find_map(|e| match e {
+                SecureEvent::View(v) if v.members.iter().map(|m| m.as_str()).eq(names.iter().copied()) => {
+                    Some((v.epoch, v.fingerprint.clone()))
+                }
+                _ => None,
+            })
+        })
+        .await
+    }
+
+    /// The first secure view with exactly these members after epoch `after`.
+    pub async fn until_view_after(&self, names: &[&str], after: u64) -> (u64, String) {
+        self.until(&format!("view {names:?} after epoch {after}"), |log| {
+            log.iter().find_map(|e| match e {
+                SecureEvent::View(v)
+                    if v.epoch > after && v.members.iter().map(|m| m.as_str()).eq(names.iter().copied()) =>
+                {
+                    Some((v.epoch, v.fingerprint.clone()))
+                }
+                _ => None,
+            })
+        })
+        .await
+    }
+
+    /// The epoch in which this member received `text`, once it has.
+    pub async fn until_msg(&self, text: &str) -> u64 {
+        self.until(&format!("message {text:?}"), |log| {
+            log.iter().find_map(|e| match e {
+                SecureEvent::Message { epoch, data, .. } if data == text.as_bytes() => Some(*epoch),
+                _ => None,
+            })
+        })
+        .await
+    }
+
+    /// Epoch → members, of every secure view this member saw.
+    pub fn views(&self) -> BTreeMap<u64, Vec<MemberId>> {
+        self.events()
+            .into_iter()
+            .filter_map(|e| match e {
+                SecureEvent::View(v) => Some((v.epoch, v.members)),
+                _ => None,
+            })
+            .collect()
+    }
+}
