@@ -371,6 +371,7 @@ async fn rejoining_waits_for_the_leave_to_finish() {
     let a = w.member("alice").await;
     let b = w.member("bob").await;
     a.join(policy);
+    a.until_view_of(&[&a]).await;
     b.join(policy);
     let both = b.until_view_of(&[&a, &b]).await;
     let e = b.leave_then_join(policy).await.unwrap_err();
