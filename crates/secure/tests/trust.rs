@@ -107,13 +107,10 @@ async fn three_members_agree(protocol: ProtocolId) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_certified_members_agree_tgdh() {
-    three_members_agree(ProtocolId::Tgdh).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_certified_members_agree_gdh() {
-    three_members_agree(ProtocolId::Gdh).await;
+async fn three_certified_members_agree() {
+    for protocol in ProtocolId::ALL {
+        three_members_agree(protocol).await;
+    }
 }
 
 /// Four would-be members join a certified group of three at once; each is
@@ -229,14 +226,30 @@ async fn intruders_are_refused(protocol: ProtocolId) {
     }
 }
 
+// One test per protocol, so they run in parallel (each waits out zed's certificate timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn intruders_are_refused_gdh() {
+    intruders_are_refused(ProtocolId::Gdh).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn intruders_are_refused_ckd() {
+    intruders_are_refused(ProtocolId::Ckd).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn intruders_are_refused_tgdh() {
     intruders_are_refused(ProtocolId::Tgdh).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn intruders_are_refused_gdh() {
-    intruders_are_refused(ProtocolId::Gdh).await;
+async fn intruders_are_refused_str() {
+    intruders_are_refused(ProtocolId::Str).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn intruders_are_refused_bd() {
+    intruders_are_refused(ProtocolId::Bd).await;
 }
 
 fn der(pem: &str) -> Vec<u8> {
