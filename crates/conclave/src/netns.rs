@@ -504,7 +504,7 @@ fn receive(socket: &OwnedFd, buf: &mut [u8]) -> Option<usize> {
     let n = unsafe {
         libc::recvfrom(socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0, (&raw mut from).cast(), &mut len)
     };
-    (n > 0 && from.sll_pkttype != libc::PACKET_OUTGOING as u8).then_some(n as usize)
+    (n > 0 && from.sll_pkttype != libc::PACKET_OUTGOING).then_some(n as usize)
 }
 
 /// Clears the UDP checksum of an Ethernet frame carrying an unfragmented
