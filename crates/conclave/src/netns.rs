@@ -13,10 +13,17 @@
 //! every process it started, deletes the namespaces and removes the
 //! directories, also when a test panics.
 //!
+//! For benchmarks the cluster can also split in two (the second side's
+//! ports move to a second bridge) and take WAN delays: a userspace
+//! [`DelayHub`] then replaces the bridge, as this machine's kernel has no
+//! netem.
+//!
 //! Shared between the test (`tests/cluster.rs`) and benchmarks by `#[path]`
-//! or `mod`; it uses only std and anyhow.
+//! or `mod`; it uses only std, anyhow and libc (`setns`), and the `ip` and
+//! `tc` commands.
 
 use std::fs;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -47,6 +54,7 @@ pub struct NetnsCluster {
     dir: PathBuf,
     shm_dir: PathBuf,
     namespaces: Vec<String>,
+    hub: Option<DelayHub>,
 }
 
 /// Runs `ip` with `args`, failing with its stderr.
@@ -90,6 +98,7 @@ impl NetnsCluster {
             dir: dir.clone(),
             shm_dir: shm_dir.clone(),
             namespaces: Vec::new(),
+            hub: None,
         };
         // From here on, Drop cleans up whatever was made.
         fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -99,6 +108,9 @@ impl NetnsCluster {
         ip(&["-n", &br, "link", "set", "lo", "up"])?;
         ip(&["-n", &br, "link", "add", "br0", "type", "bridge"])?;
         ip(&["-n", &br, "link", "set", "br0", "up"])?;
+        // The second side of a split (see `split`): empty until then.
+        ip(&["-n", &br, "link", "add", "br1", "type", "bridge"])?;
+        ip(&["-n", &br, "link", "set", "br1", "up"])?;
         for i in 1..=nodes {
             let ns = format!("{tag}n{i}");
             ip(&["netns", "add", &ns])?;
@@ -226,6 +238,88 @@ impl NetnsCluster {
         ip(&["-n", &self.bridge, "link", "set", &self.nodes[i].port, "up"])
     }
 
+    /// Splits the cluster in two: the nodes of `second` move to a bridge of
+    /// their own, where they reach each other but none of the rest (unlike
+    /// [`NetnsCluster::cut`], which leaves each cut node alone).
+    pub fn split(&self, second: &[usize]) -> Result<()> {
+        if let Some(hub) = &self.hub {
+            let mut sides = hub.sides.lock().expect("hub sides");
+            for &i in second {
+                sides[i] = 1;
+            }
+            return Ok(());
+        }
+        for &i in second {
+            ip(&["-n", &self.bridge, "link", "set", &self.nodes[i].port, "master", "br1"])?;
+        }
+        Ok(())
+    }
+
+    /// Undoes [`NetnsCluster::split`]: the nodes of `second` back on the main bridge.
+    pub fn unsplit(&self, second: &[usize]) -> Result<()> {
+        if let Some(hub) = &self.hub {
+            let mut sides = hub.sides.lock().expect("hub sides");
+            for &i in second {
+                sides[i] = 0;
+            }
+            return Ok(());
+        }
+        for &i in second {
+            ip(&["-n", &self.bridge, "link", "set", &self.nodes[i].port, "master", "br0"])?;
+        }
+        Ok(())
+    }
+
+    /// Replaces the bridge with a [`DelayHub`] (this kernel may lack
+    /// netem): every frame from node `i` reaches node `j` after
+    /// `one_way_ms[i][j]`. [`NetnsCluster::split`] and `unsplit` then act on
+    /// the hub.
+    pub fn delay(&mut self, one_way_ms: Vec<Vec<f64>>) -> Result<()> {
+        if self.hub.is_some() {
+            bail!("the cluster's delays are set already");
+        }
+        let ports: Vec<String> = self.nodes.iter().map(|n| n.port.clone()).collect();
+        for port in &ports {
+            ip(&["-n", &self.bridge, "link", "set", port, "nomaster"])?;
+        }
+        self.hub = Some(DelayHub::start(&self.bridge, &ports, one_way_ms)?);
+        Ok(())
+    }
+
+    /// Round-trip times from node `from` to node `to`, in ms: `count` UDP
+    /// echoes, one at a time, between sockets opened in the two namespaces.
+    pub fn rtt(&self, from: usize, to: usize, count: usize) -> Result<Vec<f64>> {
+        let addr = |i: usize| format!("10.77.0.{}:0", i + 1);
+        let server = socket_in(&self.nodes[to].netns, &addr(to))?;
+        let client = socket_in(&self.nodes[from].netns, &addr(from))?;
+        let server_addr = server.local_addr()?;
+        let limit = Some(Duration::from_secs(5));
+        server.set_read_timeout(limit)?;
+        client.set_read_timeout(limit)?;
+        let echo = std::thread::spawn(move || -> std::io::Result<()> {
+            let mut buf = [0u8; 64];
+            for _ in 0..count {
+                let (len, peer) = server.recv_from(&mut buf)?;
+                server.send_to(&buf[..len], peer)?;
+            }
+            Ok(())
+        });
+        let mut rtts = Vec::with_capacity(count);
+        let mut buf = [0u8; 64];
+        for k in 0..count as u64 {
+            let t0 = Instant::now();
+            client.send_to(&k.to_be_bytes(), server_addr)?;
+            let len =
+                client.recv(&mut buf).with_context(|| format!("no echo from node {} to node {}", to + 1, from + 1))?;
+            if buf[..len] != k.to_be_bytes() {
+                bail!("echo {k} from node {} came back altered", to + 1);
+            }
+            rtts.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        echo.join().map_err(|_| anyhow::anyhow!("echo thread panicked"))??;
+        Ok(rtts)
+    }
+
     /// The last lines of every log, for a failure report.
     pub fn log_tails(&self, lines: usize) -> String {
         let mut s = String::new();
@@ -241,6 +335,190 @@ impl NetnsCluster {
             }
         }
         s
+    }
+}
+
+/// Runs `make` in a thread that enters network namespace `netns` and ends:
+/// sockets it opens stay in that namespace.
+fn in_netns<T: Send + 'static>(netns: &str, make: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    let path = Path::new("/var/run/netns").join(netns);
+    let file = fs::File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+    std::thread::spawn(move || -> Result<T> {
+        // SAFETY: setns only changes this thread's network namespace (the
+        // thread ends right after); the descriptor is open for the call.
+        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            bail!("cannot enter network namespace: {}", std::io::Error::last_os_error());
+        }
+        make()
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("namespace thread panicked"))?
+}
+
+/// A UDP socket bound to `addr` in network namespace `netns`.
+fn socket_in(netns: &str, addr: &str) -> Result<std::net::UdpSocket> {
+    let addr = addr.to_owned();
+    in_netns(netns, move || std::net::UdpSocket::bind(&addr).with_context(|| format!("cannot bind {addr}")))
+}
+
+/// A userspace Ethernet hub with a delay per pair of ports, in the bridge
+/// namespace in place of the bridge: raw packet sockets on the nodes'
+/// ports, one thread per port that reads frames and queues a copy for every
+/// other port on its side (`one_way_ms[from][to]` later), and one thread that
+/// sends them when due, in due order. Netem would do this in the kernel, but
+/// kernels without `sch_netem` (such as this machine's) are common in VMs.
+///
+/// Frames are copied as the kernel hands them over, so the UDP checksum of
+/// an IPv4 datagram may be a partial one left for offload: the hub clears it
+/// (zero means "no checksum" in IPv4). No TCP crosses between nodes here.
+struct DelayHub {
+    /// Side of each port: frames pass only between ports of one side.
+    sides: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// Frames waiting for their time: (due, sequence, port, frame), earliest first.
+type DueFrames = std::collections::BinaryHeap<std::cmp::Reverse<(Instant, u64, usize, Vec<u8>)>>;
+
+impl DelayHub {
+    fn start(bridge_ns: &str, ports: &[String], one_way_ms: Vec<Vec<f64>>) -> Result<Self> {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::{Arc, Condvar, Mutex};
+        if one_way_ms.len() != ports.len() || one_way_ms.iter().any(|row| row.len() != ports.len()) {
+            bail!("the delay matrix must be {0} × {0}", ports.len());
+        }
+        let mut sockets = Vec::new();
+        for port in ports {
+            let port = port.clone();
+            sockets.push(Arc::new(in_netns(bridge_ns, move || packet_socket(&port))?));
+        }
+        let sides = Arc::new(Mutex::new(vec![0u8; ports.len()]));
+        let stop = Arc::new(AtomicBool::new(false));
+        let queue = Arc::new((Mutex::new(DueFrames::new()), Condvar::new()));
+        let seq = Arc::new(AtomicU64::new(0));
+        let mut threads = Vec::new();
+        for (from, socket) in sockets.iter().enumerate() {
+            let (socket, sides, stop, queue, seq) =
+                (socket.clone(), sides.clone(), stop.clone(), queue.clone(), seq.clone());
+            let delays: Vec<Duration> =
+                one_way_ms[from].iter().map(|&ms| Duration::from_secs_f64(ms.max(0.0) / 1e3)).collect();
+            threads.push(std::thread::spawn(move || {
+                let mut buf = vec![0u8; 65536];
+                while !stop.load(Ordering::Relaxed) {
+                    let Some(len) = receive(&socket, &mut buf) else { continue };
+                    let at = Instant::now();
+                    let frame = &mut buf[..len];
+                    clear_udp_checksum(frame);
+                    let sides = sides.lock().expect("hub sides").clone();
+                    let (lock, ready) = &*queue;
+                    let mut due = lock.lock().expect("hub queue");
+                    for (to, delay) in delays.iter().enumerate() {
+                        if to != from && sides[to] == sides[from] {
+                            let n = seq.fetch_add(1, Ordering::Relaxed);
+                            due.push(std::cmp::Reverse((at + *delay, n, to, frame.to_vec())));
+                        }
+                    }
+                    ready.notify_one();
+                }
+            }));
+        }
+        let sender_stop = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            let (lock, ready) = &*queue;
+            let mut due = lock.lock().expect("hub queue");
+            while !sender_stop.load(Ordering::Relaxed) {
+                let now = Instant::now();
+                match due.peek() {
+                    Some(std::cmp::Reverse((at, ..))) if *at <= now => {
+                        let std::cmp::Reverse((_, _, to, frame)) = due.pop().expect("peeked");
+                        // A send fails when the port is down (a cut node): the frame is lost, as on a wire.
+                        // SAFETY: the socket is open (held by the Arc) and the buffer is valid for its length.
+                        unsafe { libc::send(sockets[to].as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+                    }
+                    next => {
+                        let wait = next.map_or(Duration::from_millis(100), |std::cmp::Reverse((at, ..))| *at - now);
+                        due = ready.wait_timeout(due, wait.min(Duration::from_millis(100))).expect("hub queue").0;
+                    }
+                }
+            }
+        }));
+        Ok(DelayHub { sides, stop, threads })
+    }
+
+    /// Stops the threads (each sees the flag within 100 ms).
+    fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A raw packet socket on interface `port` (of the calling thread's
+/// namespace), with a 100 ms receive timeout.
+fn packet_socket(port: &str) -> Result<OwnedFd> {
+    let name = std::ffi::CString::new(port)?;
+    // SAFETY: a NUL-terminated name.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if index == 0 {
+        bail!("no interface {port}: {}", std::io::Error::last_os_error());
+    }
+    let all = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: plain socket creation; the descriptor is owned right away.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, all.into()) };
+    if fd < 0 {
+        bail!("cannot open a packet socket: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a new descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_ll is plain data; zero is valid for every field.
+    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    addr.sll_family = libc::AF_PACKET as u16;
+    addr.sll_protocol = all;
+    addr.sll_ifindex = index as i32;
+    let len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    // SAFETY: addr is a valid sockaddr_ll of `len` bytes.
+    if unsafe { libc::bind(fd.as_raw_fd(), (&raw const addr).cast(), len) } != 0 {
+        bail!("cannot bind a packet socket to {port}: {}", std::io::Error::last_os_error());
+    }
+    let timeout = libc::timeval { tv_sec: 0, tv_usec: 100_000 };
+    let size = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+    // SAFETY: a valid timeval of `size` bytes.
+    if unsafe {
+        libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&raw const timeout).cast(), size)
+    } != 0
+    {
+        bail!("cannot set a receive timeout: {}", std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// The next frame that arrived on the port (not one the hub sent out of it),
+/// or `None` after the receive timeout or an error.
+fn receive(socket: &OwnedFd, buf: &mut [u8]) -> Option<usize> {
+    // SAFETY: sockaddr_ll is plain data; zero is valid for every field.
+    let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    // SAFETY: buf and from are valid for the lengths given.
+    let n = unsafe {
+        libc::recvfrom(socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0, (&raw mut from).cast(), &mut len)
+    };
+    (n > 0 && from.sll_pkttype != libc::PACKET_OUTGOING).then_some(n as usize)
+}
+
+/// Clears the UDP checksum of an Ethernet frame carrying an unfragmented
+/// or first-fragment IPv4 UDP datagram (see [`DelayHub`]).
+fn clear_udp_checksum(frame: &mut [u8]) {
+    const ETH: usize = 14;
+    if frame.len() < ETH + 20 || frame[12..14] != [0x08, 0x00] || frame[ETH + 9] != 17 {
+        return;
+    }
+    let fragment_offset = u16::from_be_bytes([frame[ETH + 6], frame[ETH + 7]]) & 0x1fff;
+    let udp = ETH + usize::from(frame[ETH] & 0x0f) * 4;
+    if fragment_offset == 0 && frame.len() >= udp + 8 {
+        frame[udp + 6] = 0;
+        frame[udp + 7] = 0;
     }
 }
 
@@ -262,6 +540,9 @@ impl Drop for NetnsCluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("cluster logs:\n{}", self.log_tails(40));
+        }
+        if let Some(hub) = self.hub.take() {
+            hub.stop();
         }
         for node in &mut self.nodes {
             for child in [node.daemon.take(), node.corosync.take()].into_iter().flatten() {

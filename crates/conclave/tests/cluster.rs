@@ -312,3 +312,66 @@ fn bench_gcs_cluster_quick() {
     eprintln!("bench gcs --cluster --quick took {:?}", start.elapsed());
     assert!(start.elapsed() < Duration::from_secs(120), "the quick cluster bench must stay well under two minutes");
 }
+
+/// Runs `conclave bench events --engine daemon --cluster 3` with `args` and
+/// `--out`; returns its stdout and the points of events.json, after checking
+/// that it succeeded and left no namespace behind.
+fn bench_events_cluster(args: &[&str]) -> (String, Vec<serde_json::Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_conclave"))
+        .args(["bench", "events", "--engine", "daemon", "--cluster", "3", "--costs", "measured"])
+        .args(["--suite", "ristretto255", "--runs", "1", "--peer", "none", "--out"])
+        .arg(dir.path())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let tag = format!("ccl{}", child.id());
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench events --cluster failed:\n{stdout}\n{stderr}");
+    let netns = std::process::Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&netns.stdout).contains(&tag), "namespaces {tag}* were left behind");
+    let points: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("events.json")).unwrap()).unwrap();
+    (stdout, points.as_array().expect("a list of points").clone())
+}
+
+#[test]
+#[ignore = "needs root, network namespaces and corosync: run by .ci/run's cluster step"]
+fn bench_events_daemon_cluster_partition_and_merge() {
+    let start = Instant::now();
+    // The engine fails a point whose members show two keys in one view, or one key on both sides.
+    let (stdout, points) =
+        bench_events_cluster(&["--sizes", "6", "--events", "partition,merge", "--protocols", "tgdh,gdh"]);
+    assert_eq!(points.len(), 4, "{stdout}");
+    for p in &points {
+        // Both include Corosync's detection of the split or the heal: well over a millisecond.
+        assert!(num(p, "mean_ms") > 1.0 && num(p, "bound_ms") > 0.0, "{p}");
+    }
+    assert!(stdout.contains("a partition puts nodes 3 on a bridge of their own"), "{stdout}");
+    eprintln!("bench events --cluster (partition, merge) took {:?}", start.elapsed());
+}
+
+#[test]
+#[ignore = "needs root, network namespaces and corosync: run by .ci/run's cluster step"]
+fn bench_events_daemon_cluster_wan_round_trips_match_the_profile() {
+    let (stdout, points) =
+        bench_events_cluster(&["--wan", "tissec2002", "--sizes", "3", "--events", "join", "--protocols", "tgdh"]);
+    // "nodes 1–3 301.2 ms (profile 300)": every measured round trip within 10% of the profile.
+    let line = stdout.lines().find(|l| l.starts_with("WAN tissec2002")).unwrap_or_else(|| panic!("{stdout}"));
+    let mut pairs = 0;
+    for part in line.split("nodes ").skip(1) {
+        let words: Vec<&str> = part.split_whitespace().collect();
+        let measured: f64 = words[1].parse().unwrap_or_else(|_| panic!("{line}"));
+        let profile: f64 = words[4].trim_end_matches(['(', ')', ',', '.']).parse().unwrap_or_else(|_| panic!("{line}"));
+        assert!((measured - profile).abs() <= 0.1 * profile, "{line}");
+        pairs += 1;
+    }
+    assert_eq!(pairs, 3, "{line}");
+    // Member 2's join crosses sites: the bound has at least one one-way delay of 35 ms, the time more.
+    assert_eq!(points.len(), 1);
+    assert!(num(&points[0], "bound_ms") >= 35.0 && num(&points[0], "mean_ms") >= 35.0, "{}", points[0]);
+}

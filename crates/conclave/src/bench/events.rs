@@ -109,10 +109,18 @@ pub struct EventsArgs {
     #[arg(long)]
     out: Option<std::path::PathBuf>,
     /// Engine: `sim` (virtual time, cost model, 13 simulated machines) or
-    /// `daemon` (wall-clock time over an embedded daemon, every member a real
-    /// secure session on this machine; join and leave only; measured costs).
+    /// `daemon` (wall-clock time over real daemons, every member a real
+    /// secure session on this machine; measured costs; join and leave only
+    /// unless --cluster).
     #[arg(long, value_enum, default_value = "sim")]
     engine: EngineKind,
+    /// With --engine daemon: a Corosync cluster of N nodes (default 3), each
+    /// in a network namespace with its own daemon, members round-robin over
+    /// the nodes, instead of one embedded daemon; partition and merge then
+    /// run too, and --wan tissec2002 puts netem delays between the nodes
+    /// (N = 3). Needs root, corosync and a build with --features cluster.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "3")]
+    cluster: Option<usize>,
     /// Peer to compare join and leave with, in the same run: `mls` times mls-rs
     /// add and remove commits on this machine. Default: `mls` with measured
     /// costs, `none` with tissec2002 costs (2002 CPU costs against a 2020s MLS
@@ -236,13 +244,56 @@ const MACHINES: usize = 13;
 const CPUS: usize = 2;
 
 fn site(machine: usize, wan: Wan) -> usize {
-    match wan {
-        Wan::Lan => 0,
-        Wan::Tissec2002 => machine.saturating_sub(10).min(2),
+    Placement::sim(wan).site(machine)
+}
+
+/// Where a run's members sit: member i on machine i mod `machines`, the
+/// machines on the sites of `wan`, and which members a partition puts on
+/// its second side.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Placement {
+    /// Machines (the sim's 13, or a cluster's nodes).
+    pub machines: usize,
+    /// Network profile: on the WAN the last two machines are at the second
+    /// and third sites, the rest at the first.
+    pub wan: Wan,
+    /// A partition's second side is the members on machines from this one
+    /// on; `None`: the sim's halves (the first and last n/2 members).
+    pub second_side_from: Option<usize>,
+}
+
+impl Placement {
+    /// The simulator's testbed.
+    pub fn sim(wan: Wan) -> Self {
+        Placement { machines: MACHINES, wan, second_side_from: None }
+    }
+
+    /// The site of `machine`.
+    pub fn site(&self, machine: usize) -> usize {
+        match self.wan {
+            Wan::Lan => 0,
+            Wan::Tissec2002 => (machine + 3).saturating_sub(self.machines).min(2),
+        }
+    }
+
+    /// The two sides of a partition of `ids`.
+    fn sides(&self, ids: &[MemberId]) -> (Vec<MemberId>, Vec<MemberId>) {
+        match self.second_side_from {
+            None => (ids[..ids.len() / 2].to_vec(), ids[ids.len() / 2..].to_vec()),
+            Some(from) => {
+                let (second, first): (Vec<_>, Vec<_>) =
+                    ids.iter().enumerate().partition(|(i, _)| i % self.machines >= from);
+                (
+                    first.into_iter().map(|(_, m)| m.clone()).collect(),
+                    second.into_iter().map(|(_, m)| m.clone()).collect(),
+                )
+            }
+        }
     }
 }
 
-fn one_way(a: usize, b: usize) -> f64 {
+/// One-way delay between two sites of the WAN, in ms (half the round trip).
+pub(super) fn one_way(a: usize, b: usize) -> f64 {
     const RTT: [[f64; 3]; 3] = [[0.0, 70.0, 300.0], [70.0, 0.0, 270.0], [300.0, 270.0, 0.0]];
     RTT[a][b] / 2.0
 }
@@ -284,12 +335,15 @@ fn run_once(
     group: GroupId,
     scheme: SignatureId,
     model: &CostModel,
-    wan: Wan,
+    place: Placement,
     seed: u64,
 ) -> Result<RunResult> {
     let mut h = Harness::new(protocol, group, scheme, seed, Flush::All);
     let ids = h.add_members(n).context("identities")?;
-    let half = n / 2;
+    let (first, second) = place.sides(&ids);
+    if first.is_empty() || second.is_empty() {
+        bail!("{n} members cannot partition into two sides on {} machines", place.machines);
+    }
     match event {
         TimedEvent::Join => {
             h.event(|s| s.join(&ids[..n - 1], None))?;
@@ -299,10 +353,11 @@ fn run_once(
         }
         TimedEvent::Merge => {
             h.event(|s| s.join(&ids, None))?;
-            h.event(|s| s.partition(vec![ids[..half].to_vec(), ids[half..].to_vec()]))?;
+            h.event(|s| s.partition(vec![first.clone(), second.clone()]))?;
         }
     }
-    let placement: BTreeMap<MemberId, usize> = ids.iter().enumerate().map(|(i, m)| (m.clone(), i % MACHINES)).collect();
+    let placement: BTreeMap<MemberId, usize> =
+        ids.iter().enumerate().map(|(i, m)| (m.clone(), i % place.machines)).collect();
     let before: BTreeMap<MemberId, (Costs, usize)> = ids
         .iter()
         .map(|m| {
@@ -318,11 +373,11 @@ fn run_once(
     match event {
         TimedEvent::Join => h.sim().join(&ids[n - 1..], Some(&ids[0]))?,
         TimedEvent::Leave => h.sim().leave(std::slice::from_ref(&leaver))?,
-        TimedEvent::Partition => h.sim().partition(vec![ids[..half].to_vec(), ids[half..].to_vec()])?,
-        TimedEvent::Merge => h.sim().merge(&ids[0], &ids[half])?,
+        TimedEvent::Partition => h.sim().partition(vec![first, second])?,
+        TimedEvent::Merge => h.sim().merge(&first[0], &second[0])?,
     }
     let mut clock = Clock {
-        machine_cpus: vec![[0.0; CPUS]; MACHINES],
+        machine_cpus: vec![[0.0; CPUS]; place.machines],
         member_free: BTreeMap::new(),
         placement: placement.clone(),
         installed: BTreeMap::new(),
@@ -360,15 +415,15 @@ fn run_once(
                         heap: &mut BinaryHeap<Reverse<(u64, u64, usize)>>,
                         pending: &mut Vec<(MemberId, Delivery<Msg>, f64)>| {
         let Some(view) = h.sim_ref().view_of(&d.from).cloned() else { return };
-        let s_site = site(placement[&d.from], wan);
+        let s_site = place.site(placement[&d.from]);
         match &d.to {
             Some(r) => {
-                let delay = model.multicast + one_way(s_site, site(placement[r], wan));
+                let delay = model.multicast + one_way(s_site, place.site(placement[r]));
                 heap.push(Reverse((to_key(at + delay), seq, pending.len())));
                 pending.push((r.clone(), d, ideal + delay));
             }
             None => {
-                let far = view.ids().map(|r| one_way(s_site, site(placement[r], wan))).fold(0.0, f64::max);
+                let far = view.ids().map(|r| one_way(s_site, place.site(placement[r]))).fold(0.0, f64::max);
                 let delay = model.multicast + far;
                 for r in view.ids() {
                     heap.push(Reverse((to_key(at + delay), seq, pending.len())));
@@ -497,15 +552,23 @@ pub fn run(args: EventsArgs) -> Result<()> {
         if args.costs != CostsFrom::Measured {
             bail!("--engine daemon runs on this machine: give --costs measured (its bound uses this machine's costs)");
         }
-        if args.events.iter().any(|e| matches!(e, TimedEvent::Partition | TimedEvent::Merge)) {
-            bail!("--engine daemon times join and leave only (a standalone daemon cannot partition): use --events join,leave");
+        if args.cluster.is_none() && args.events.iter().any(|e| matches!(e, TimedEvent::Partition | TimedEvent::Merge))
+        {
+            bail!(
+                "--engine daemon without --cluster times join and leave only (a standalone daemon cannot partition): \
+                 use --events join,leave, or --cluster N"
+            );
         }
+    } else if args.cluster.is_some() {
+        bail!("--cluster runs real daemons: give --engine daemon");
     }
     let model = CostModel::build(args.costs, group, scheme)?;
     let mut out = std::io::stdout().lock();
     if args.engine == EngineKind::Daemon {
-        // The daemon engine's network is this machine's loopback, timed for
-        // real: the bound and the MLS peer get no modelled network time.
+        // The daemon engine's network is real (loopback, or the cluster's
+        // namespaces with their netem delays): the bound and the MLS peer get
+        // no modelled membership or per-message costs, and the bound gets the
+        // WAN's one-way delays only with --wan (from its placement).
         let model = CostModel { multicast: 0.0, receive: 0.0, membership_2: 0.0, ..model };
         let points = daemon_points(&args, &protocols, &sizes, group, scheme, &model, &mut out)?;
         return finish(&args, &protocols, &peer_sizes, points, &model, &mut out);
@@ -534,7 +597,16 @@ pub fn run(args: EventsArgs) -> Result<()> {
                         r + 1,
                         args.runs
                     ));
-                    let res = run_once(protocol, event, n, group, scheme, &model, args.wan, args.seed + r as u64)?;
+                    let res = run_once(
+                        protocol,
+                        event,
+                        n,
+                        group,
+                        scheme,
+                        &model,
+                        Placement::sim(args.wan),
+                        args.seed + r as u64,
+                    )?;
                     progress.inc(1);
                     times.push(res.total_ms);
                     bounds.push(res.bound_ms);
@@ -551,12 +623,14 @@ pub fn run(args: EventsArgs) -> Result<()> {
     finish(&args, &protocols, &peer_sizes, points, &model, &mut out)
 }
 
-/// The daemon engine ([`super::live`]): every point timed over an embedded
-/// daemon with real sessions. The bound beside it is the simulator's
+/// The daemon engine ([`super::live`]): every point timed over real daemons
+/// with real sessions. The bound beside it is the simulator's
 /// contention-free critical path of the same event charged at this
-/// machine's crypto costs with no network, membership or receive time: what
-/// the cryptography alone needs when every member has a CPU of its own
-/// (`model` has no network terms).
+/// machine's crypto costs with no membership or receive time (`model` has
+/// no such terms), with the members placed as on the daemons (one machine
+/// per cluster node); on the WAN each message on the path adds its one-way
+/// delay between the nodes' sites. What the cryptography and the wire alone
+/// need when every member has a CPU of its own.
 #[allow(clippy::too_many_arguments)]
 fn daemon_points(
     args: &EventsArgs,
@@ -568,11 +642,21 @@ fn daemon_points(
     out: &mut impl Write,
 ) -> Result<Vec<Point>> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let target = super::live::Target::start(args.cluster, args.wan, out)?;
+    let daemons = match args.cluster {
+        Some(nodes) => format!("{nodes} cluster daemons over Corosync"),
+        None => "an embedded daemon".into(),
+    };
+    let network = match args.wan {
+        Wan::Lan => "no network",
+        Wan::Tissec2002 => "plus each message's one-way WAN delay on that path (rounds × one-way latency)",
+    };
     writeln!(
         out,
-        "Time until every member shows the new secure view, wall-clock ms: an embedded daemon, every member a secure \
-         session on this machine ({cpus} CPUs shared by all members); bound = crypto critical path at this machine's \
-         costs (exp {:.3}, sign {:.3}, verify {:.3} ms); {} runs per point.",
+        "Time until every member shows the new secure view, wall-clock ms: {daemons}, every member a secure \
+         session on this machine ({cpus} CPUs shared by all members and daemons); bound = the simulator's crypto \
+         critical path of the same event at this machine's costs (exp {:.3}, sign {:.3}, verify {:.3} ms), with the \
+         same placement, {network}; it leaves out the daemons, Corosync and its failure detection; {} runs per point.",
         model.exp, model.sign, model.verify, args.runs
     )?;
     write_header(out)?;
@@ -584,8 +668,8 @@ fn daemon_points(
             for &n in sizes {
                 progress.set_message(format!("{} {} n={n} (daemon)", protocol.name(), event_name(event)));
                 let policy = Policy { protocol, group_id: group };
-                let times = super::live::time(policy, scheme, event, n, args.runs, args.seed)?;
-                let bound = run_once(protocol, event, n, group, scheme, model, Wan::Lan, args.seed)?.bound_ms;
+                let times = target.time(policy, scheme, event, n, args.runs, args.seed)?;
+                let bound = run_once(protocol, event, n, group, scheme, model, target.placement(), args.seed)?.bound_ms;
                 let p = Point::new(protocol, event, n, times, bound);
                 progress.inc(1);
                 progress.suspend(|| write_row(out, &p, points.len() + 1, total))?;
@@ -604,7 +688,11 @@ fn peer_sizes(args: &EventsArgs, sizes: &[usize]) -> Result<Vec<usize>> {
         (Some(Peer::Mls), CostsFrom::Tissec2002) => bail!(
             "--peer mls needs --costs measured: MLS is timed on this machine, the tissec2002 costs are a 2002 testbed's"
         ),
+        (Some(Peer::Mls), _) if args.engine == EngineKind::Daemon && args.wan != Wan::Lan => {
+            bail!("--peer mls has no WAN network term on the daemon engine: leave --peer out, or use --wan lan")
+        }
         (Some(p), _) => p,
+        (None, _) if args.engine == EngineKind::Daemon && args.wan != Wan::Lan => Peer::None,
         (None, CostsFrom::Measured) => Peer::Mls,
         (None, CostsFrom::Tissec2002) => Peer::None,
     };
@@ -817,13 +905,32 @@ mod tests {
         for protocol in [ProtocolId::Gdh, ProtocolId::Ckd, ProtocolId::Tgdh, ProtocolId::Str, ProtocolId::Bd] {
             for event in [TimedEvent::Join, TimedEvent::Leave, TimedEvent::Partition, TimedEvent::Merge] {
                 for wan in [Wan::Lan, Wan::Tissec2002] {
-                    let r =
-                        run_once(protocol, event, 30, GroupId::Modp512, SignatureId::Ed25519, &model, wan, 3).unwrap();
-                    assert!(r.bound_ms > 0.0 && r.total_ms.is_finite(), "{protocol} {event:?}: {r:?}");
-                    // The event queue keeps times in whole ns; the bound is exact.
-                    assert!(r.bound_ms <= r.total_ms + 1e-3, "{protocol} {event:?} {wan:?}: {r:?}");
+                    // The sim's testbed, and a 3-node cluster's (second side: node 3).
+                    let cluster = Placement { machines: 3, wan, second_side_from: Some(2) };
+                    for place in [Placement::sim(wan), cluster] {
+                        let (group, scheme) = (GroupId::Modp512, SignatureId::Ed25519);
+                        let r = run_once(protocol, event, 30, group, scheme, &model, place, 3).unwrap();
+                        assert!(r.bound_ms > 0.0 && r.total_ms.is_finite(), "{protocol} {event:?}: {r:?}");
+                        // The event queue keeps times in whole ns; the bound is exact.
+                        assert!(r.bound_ms <= r.total_ms + 1e-3, "{protocol} {event:?} {place:?}: {r:?}");
+                    }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_cluster_bound_on_the_wan_adds_the_delays_between_its_nodes() {
+        // Member i on node i mod 3, one node per site: every event's chain crosses sites,
+        // where on the sim's testbed 6 members share the first site.
+        let model = CostModel::build(CostsFrom::Tissec2002, GroupId::Modp512, SignatureId::Ed25519).unwrap();
+        let (group, scheme) = (GroupId::Modp512, SignatureId::Ed25519);
+        for event in [TimedEvent::Join, TimedEvent::Leave, TimedEvent::Partition, TimedEvent::Merge] {
+            let bound = |place| run_once(ProtocolId::Tgdh, event, 6, group, scheme, &model, place, 3).unwrap().bound_ms;
+            let cluster = |wan| Placement { machines: 3, wan, second_side_from: Some(2) };
+            let (lan, wan) = (bound(cluster(Wan::Lan)), bound(cluster(Wan::Tissec2002)));
+            assert!(wan >= lan + one_way(0, 1) - 1e-6, "{event:?}: LAN {lan} ms, WAN {wan} ms");
+            assert_eq!(bound(Placement::sim(Wan::Tissec2002)), bound(Placement::sim(Wan::Lan)), "{event:?}");
         }
     }
 

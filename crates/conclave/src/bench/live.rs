@@ -1,22 +1,37 @@
 //! The `daemon` engine of `conclave bench events`: real time, real sockets.
 //!
-//! A standalone daemon runs in this process on a private Unix socket, and
-//! every member is a `conclave-secure` session on its own connection, in its
+//! Every member is a `conclave-secure` session on its own connection, in its
 //! own task: the whole stack an application uses, with nothing simulated.
-//! The time of an event is wall-clock time from the request (a join or a
-//! leave) until the last member that stays has shown the new secure view
-//! (which it does only once the key is installed).
+//! The daemons are either one embedded standalone daemon per point, or with
+//! `--cluster N` a Corosync cluster of N nodes in network namespaces
+//! ([`crate::netns`]), started once for the run, with the members spread
+//! round-robin over the nodes (member i on node i mod N). The time of an
+//! event is wall-clock time from its cause (a join or leave request, a split
+//! or a heal of the network) until the last member concerned has shown the
+//! new secure view (which it does only once the key is installed).
+//!
+//! On the cluster, a partition moves the last ⌊N/2⌋ nodes onto a bridge of
+//! their own (with 3 nodes: node 3 alone, so a third of the members against
+//! two thirds); a merge moves them back. Both times include Corosync's
+//! detection of the change (its token timeout and consensus, about 2 s), as
+//! any application over it would see.
+//!
+//! With `--wan tissec2002` the nodes sit on §6.2.1's three sites as the
+//! simulator's machines do: the last node at the third site (ICU), the one
+//! before at the second (UCI), the rest at the first (JHU); with 3 nodes, one
+//! per site. Every frame between two nodes then waits half their sites'
+//! round trip (70 ms JHU–UCI, 300 ms JHU–ICU, 270 ms UCI–ICU) in a userspace
+//! delay hub that replaces the bridge ([`crate::netns`]; this machine's
+//! kernel has no netem). The engine measures the round trips before the
+//! first point and prints them.
 //!
 //! All members share this machine's CPUs, unlike the paper's 13 machines: a
 //! run's time is close to the *sum* of the members' cryptography divided by
 //! the number of cores, not its critical path. That is the point of the
 //! engine: what one machine really does, next to the sim's model of many.
-//!
-//! A standalone daemon cannot partition, so this engine times joins and
-//! leaves.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,9 +44,9 @@ use conclave_gka::{ProtocolId, SignatureId, StaticDirectory};
 use conclave_secure::{MemberId, Policy, SecureEvent, Session};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
-use super::events::TimedEvent;
+use super::events::{Placement, TimedEvent, Wan};
 use crate::scripted::{self, Cmd, Report};
 
 /// Members that join at once while the group forms (untimed).
@@ -40,13 +55,126 @@ const FORMING_WAVE: usize = 16;
 /// Longest wait for one event's secure views.
 const WAIT: Duration = Duration::from_secs(120);
 
+/// Where the members' daemons run, for a whole benchmark run.
+pub struct Target {
+    cluster: Option<cluster::Cluster>,
+    /// With a cluster, turns true on SIGINT or SIGTERM: the point under way
+    /// ends with an error, so that the cluster is removed on the way out.
+    stop: Option<watch::Receiver<bool>>,
+    /// Points so far, to name groups and members afresh at each.
+    points: std::cell::Cell<usize>,
+}
+
+/// The daemons of one point: sockets to connect members to (member i to
+/// `sockets[i % len]`), and the cluster's network if there is one.
+struct Daemons<'a> {
+    sockets: Vec<PathBuf>,
+    net: Option<&'a cluster::Cluster>,
+}
+
+impl Target {
+    /// The embedded standalone daemon (`cluster` is `None`, LAN only), or a
+    /// cluster of `cluster` nodes with `wan`'s delays, started now and
+    /// removed when the target is dropped. Prints what it set up, with the
+    /// measured round trips of the WAN, to `out`.
+    pub fn start(cluster: Option<usize>, wan: Wan, out: &mut impl std::io::Write) -> Result<Self> {
+        let Some(nodes) = cluster else {
+            if wan != Wan::Lan {
+                bail!("--wan with --engine daemon needs --cluster 3: the delays are netem between the cluster's nodes");
+            }
+            return Ok(Target { cluster: None, stop: None, points: Default::default() });
+        };
+        #[cfg(not(feature = "cluster"))]
+        {
+            let _ = (nodes, out);
+            bail!(
+                "--cluster needs conclave built with the cluster feature: \
+                 cargo build --release -p conclave --features cluster (needs corosync's libraries: apt-get install \
+                 corosync libcorosync-common-dev libcpg-dev libquorum-dev libcfg-dev libcmap-dev libvotequorum-dev), \
+                 run as root"
+            );
+        }
+        #[cfg(feature = "cluster")]
+        {
+            let stop = cluster::catch_signals()?;
+            let c = cluster::Cluster::start(nodes, wan, out)?;
+            Ok(Target { cluster: Some(c), stop: Some(stop), points: Default::default() })
+        }
+    }
+
+    /// How members sit for the simulator's bound of the same events: one
+    /// machine per node (on the WAN, node k at site k), a partition's second
+    /// side on the last ⌊N/2⌋ nodes. The standalone daemon: the sim's LAN.
+    pub fn placement(&self) -> Placement {
+        match &self.cluster {
+            Some(c) => c.placement(),
+            None => Placement::sim(Wan::Lan),
+        }
+    }
+
+    /// Times `runs` events of one kind at group size `n` (the size after a
+    /// join, before a leave, partition or merge), in wall-clock milliseconds.
+    pub fn time(
+        &self,
+        policy: Policy,
+        scheme: SignatureId,
+        event: TimedEvent,
+        n: usize,
+        runs: usize,
+        seed: u64,
+    ) -> Result<Vec<f64>> {
+        if n < 2 {
+            bail!("group size {n} is too small: an event needs at least 2 members");
+        }
+        let tag = self.points.get();
+        self.points.set(tag + 1);
+        let mut stop = self.stop.clone();
+        if stop.as_ref().is_some_and(|s| *s.borrow()) {
+            bail!("interrupted");
+        }
+        crate::block_on(async move {
+            let timed = async {
+                if let Some(c) = &self.cluster {
+                    let daemons = Daemons { sockets: c.sockets(), net: Some(c) };
+                    return point(&daemons, policy, scheme, event, n, runs, tag, seed).await;
+                }
+                if matches!(event, TimedEvent::Partition | TimedEvent::Merge) {
+                    bail!("a standalone daemon cannot partition: give --cluster N to time {event:?}");
+                }
+                let dir = tempfile::tempdir().context("cannot create a directory for the daemon's socket")?;
+                let socket = dir.path().join("daemon.sock");
+                let daemon = Daemon::start(DaemonConfig { unix: Some(socket.clone()), ..DaemonConfig::default() })
+                    .await
+                    .context("starting the embedded daemon")?;
+                let daemons = Daemons { sockets: vec![socket], net: None };
+                let r = point(&daemons, policy, scheme, event, n, runs, tag, seed).await;
+                daemon.shutdown().await;
+                r
+            };
+            let interrupted = async {
+                match &mut stop {
+                    // The sender goes only after sending true.
+                    Some(s) => drop(s.wait_for(|&s| s).await),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = timed => r,
+                _ = interrupted => bail!("interrupted"),
+            }
+        })
+        .with_context(|| format!("{} {event:?} at n = {n}", policy.protocol))
+    }
+}
+
 /// Members of one group, each a session in its own task.
 struct Group {
     cmds: Vec<mpsc::UnboundedSender<Cmd>>,
     reports: mpsc::UnboundedReceiver<Report<usize>>,
     policy: Policy,
-    /// Last secure view size shown per member, and its key fingerprint.
-    latest: BTreeMap<usize, (usize, String)>,
+    /// Per member since the last [`Group::forget`]: the size of the last
+    /// secure view it showed, its key fingerprint, and when.
+    latest: BTreeMap<usize, (usize, String, Instant)>,
     /// Members whose `Left` has arrived since their last command: only they
     /// may join again (a session refuses to join a group it is still leaving).
     gone: BTreeSet<usize>,
@@ -54,9 +182,10 @@ struct Group {
 
 impl Group {
     /// `tag` names the point: members and group of earlier points may still
-    /// be disconnecting, so names are never reused.
+    /// be disconnecting, so names are never reused. Member i connects to
+    /// `sockets[i % sockets.len()]`.
     async fn start(
-        socket: &Path,
+        sockets: &[PathBuf],
         policy: Policy,
         scheme: SignatureId,
         n: usize,
@@ -77,9 +206,10 @@ impl Group {
         let (report_tx, reports) = mpsc::unbounded_channel();
         let mut cmds = Vec::new();
         for (member, (name, signer)) in signers.into_iter().enumerate() {
+            let socket: &Path = &sockets[member % sockets.len()];
             let session = Session::connect_unix(socket, &name, signer, directory.clone())
                 .await
-                .with_context(|| format!("connecting member {member}"))?;
+                .with_context(|| format!("connecting member {member} to {}", socket.display()))?;
             let tx = scripted::spawn(session, group.clone(), member, report_tx.clone());
             cmds.push(tx);
         }
@@ -89,34 +219,35 @@ impl Group {
     /// Sends a member a command. Every command changes the view, so what
     /// members showed before it no longer counts.
     fn command(&mut self, member: usize, cmd: Cmd) -> Result<()> {
-        self.latest.clear();
+        self.forget();
         self.gone.remove(&member);
         self.cmds[member].send(cmd).map_err(|_| anyhow!("member {member} stopped"))
     }
 
+    /// Forgets the views shown so far: the next [`Group::settled`] waits for new ones.
+    fn forget(&mut self) {
+        self.latest.clear();
+    }
+
     /// Waits until every member of `who` shows a secure view of `size`
-    /// members, all under one key; returns when the last one did.
-    async fn settled(&mut self, who: &[usize], size: usize) -> Result<Instant> {
+    /// members (since the last command or [`Group::forget`]), all under one
+    /// key; returns when the last one did, and the key's fingerprint.
+    async fn settled(&mut self, who: &[usize], size: usize) -> Result<(Instant, String)> {
         let deadline = Instant::now() + WAIT;
-        let mut last = None;
         loop {
-            let mut fingerprints = who.iter().map(|m| self.latest.get(m).filter(|(s, _)| *s == size).map(|(_, f)| f));
-            if let Some(Some(first)) = fingerprints.next() {
-                if fingerprints.clone().all(|f| f.is_some()) {
-                    if fingerprints.any(|f| f != Some(first)) {
-                        bail!("members show different keys for one view of {size}");
-                    }
-                    if let Some(at) = last {
-                        return Ok(at);
-                    }
+            let shown: Option<Vec<&(usize, String, Instant)>> =
+                who.iter().map(|m| self.latest.get(m).filter(|(s, _, _)| *s == size)).collect();
+            if let Some(shown) = shown.filter(|s| !s.is_empty()) {
+                let key = &shown[0].1;
+                if shown.iter().any(|(_, f, _)| f != key) {
+                    bail!("members show different keys for one view of {size}");
                 }
+                let last = shown.iter().map(|(_, _, at)| *at).max().expect("not empty");
+                return Ok((last, key.clone()));
             }
             let r = self.next(deadline).await.with_context(|| format!("waiting for secure views of {size} members"))?;
             let Ok(SecureEvent::View(v)) = r.event else { continue };
-            if who.contains(&r.who) && v.members.len() == size {
-                last = Some(last.map_or(r.at, |l: Instant| l.max(r.at)));
-            }
-            self.latest.insert(r.who, (v.members.len(), v.fingerprint));
+            self.latest.insert(r.who, (v.members.len(), v.fingerprint, r.at));
         }
     }
 
@@ -149,11 +280,16 @@ impl Group {
     }
 }
 
+/// Milliseconds from `t0` to `t`.
+fn ms_since(t0: Instant, t: Instant) -> f64 {
+    t.duration_since(t0).as_secs_f64() * 1e3
+}
+
 /// Times `runs` events of one kind at group size `n` (the size after a join,
-/// before a leave), in milliseconds.
+/// before a leave, partition or merge), in milliseconds.
 #[allow(clippy::too_many_arguments)]
 async fn point(
-    socket: &Path,
+    daemons: &Daemons<'_>,
     policy: Policy,
     scheme: SignatureId,
     event: TimedEvent,
@@ -162,9 +298,9 @@ async fn point(
     tag: usize,
     seed: u64,
 ) -> Result<Vec<f64>> {
-    let mut group = Group::start(socket, policy, scheme, n, tag, seed).await?;
+    let mut group = Group::start(&daemons.sockets, policy, scheme, n, tag, seed).await?;
     let mut rng = ChaCha20Rng::seed_from_u64(seed ^ 0x11fe);
-    // The group of n − 1 (join) or n (leave) forms first; members join at once.
+    // The group of n − 1 (join) or n (the others) forms first; members join at once.
     let first = if event == TimedEvent::Join { n - 1 } else { n };
     let mut inside: Vec<usize> = (0..first).collect();
     let mut outside: Vec<usize> = (first..n).collect();
@@ -185,7 +321,7 @@ async fn point(
                 let t0 = Instant::now();
                 group.command(joiner, Cmd::Join(group.policy))?;
                 inside.push(joiner);
-                times.push(group.settled(&inside, n).await?.duration_since(t0).as_secs_f64() * 1e3);
+                times.push(ms_since(t0, group.settled(&inside, n).await?.0));
                 // Back to n − 1, untimed: the oldest leaves (and waits outside).
                 let leaver = inside.remove(0);
                 group.command(leaver, Cmd::Leave)?;
@@ -203,52 +339,190 @@ async fn point(
                 let leaver = inside.remove(at);
                 let t0 = Instant::now();
                 group.command(leaver, Cmd::Leave)?;
-                times.push(group.settled(&inside, n - 1).await?.duration_since(t0).as_secs_f64() * 1e3);
+                times.push(ms_since(t0, group.settled(&inside, n - 1).await?.0));
                 // Back to n, untimed, once the leaver's session is out.
                 group.departed(leaver).await?;
                 group.command(leaver, Cmd::Join(group.policy))?;
                 inside.push(leaver);
                 group.settled(&inside, n).await?;
             }
-            TimedEvent::Partition | TimedEvent::Merge => bail!("the daemon engine times joins and leaves only"),
+            TimedEvent::Partition | TimedEvent::Merge => {
+                let net = daemons.net.ok_or_else(|| anyhow!("a standalone daemon cannot partition"))?;
+                let (split, merged) = net.partition_and_merge(&mut group, n).await?;
+                times.push(if event == TimedEvent::Partition { split } else { merged });
+            }
         }
     }
     Ok(times)
 }
 
-/// Times `runs` events of one kind at group size `n` over a fresh embedded
-/// standalone daemon; wall-clock milliseconds.
-pub fn time(
-    policy: Policy,
-    scheme: SignatureId,
-    event: TimedEvent,
-    n: usize,
-    runs: usize,
-    seed: u64,
-) -> Result<Vec<f64>> {
-    if matches!(event, TimedEvent::Partition | TimedEvent::Merge) {
-        bail!("--engine daemon times join and leave only (a standalone daemon cannot partition); drop {event:?} from --events");
+/// The cluster side of the engine: the nodes, their network, signals.
+#[cfg(feature = "cluster")]
+mod cluster {
+    use super::*;
+    use crate::netns::NetnsCluster;
+
+    /// Longest the cluster may take to form.
+    const FORM_LIMIT: Duration = Duration::from_secs(60);
+
+    /// A running cluster; dropping it stops every process and deletes the namespaces.
+    pub struct Cluster {
+        nodes: NetnsCluster,
+        wan: Wan,
+        /// The nodes a partition moves to the second side.
+        second: Vec<usize>,
     }
-    if n < 2 {
-        bail!("group size {n} is too small: a join or leave needs at least 2 members");
+
+    /// Catches SIGINT and SIGTERM from now on (in a thread of its own, for the
+    /// rest of the process): the returned flag turns true at the first one.
+    pub fn catch_signals() -> Result<watch::Receiver<bool>> {
+        let (tx, rx) = watch::channel(false);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        // Registered here, before the cluster starts, so that no signal kills the process past its Drop.
+        let (mut interrupt, mut terminate) = rt.block_on(async {
+            use tokio::signal::unix::{signal, SignalKind};
+            anyhow::Ok((signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?))
+        })?;
+        std::thread::spawn(move || {
+            rt.block_on(async {
+                tokio::select! {
+                    _ = interrupt.recv() => {}
+                    _ = terminate.recv() => {}
+                }
+            });
+            eprintln!("interrupted: stopping the cluster");
+            let _ = tx.send(true);
+        });
+        Ok(rx)
     }
-    crate::block_on(async move {
-        let dir = tempfile_dir()?;
-        let socket = dir.join("daemon.sock");
-        let daemon = Daemon::start(DaemonConfig { unix: Some(socket.clone()), ..DaemonConfig::default() })
-            .await
-            .context("starting the embedded daemon")?;
-        let result = point(&socket, policy, scheme, event, n, runs, 0, seed).await;
-        daemon.shutdown().await;
-        let _ = std::fs::remove_dir_all(&dir);
-        result.with_context(|| format!("{} {event:?} at n = {n}", policy.protocol))
-    })
+
+    impl Cluster {
+        /// Starts `nodes` nodes (namespaces, corosync and `conclave daemon
+        /// --backbone cluster`, this executable) and puts `wan`'s delays on them.
+        pub fn start(nodes: usize, wan: Wan, out: &mut impl std::io::Write) -> Result<Self> {
+            if !(2..=16).contains(&nodes) {
+                bail!("--cluster takes 2 to 16 nodes (a partition needs two sides)");
+            }
+            if wan == Wan::Tissec2002 && nodes < 3 {
+                bail!("--wan tissec2002 needs at least 3 nodes: one per site of §6.2.1");
+            }
+            let exe = std::env::current_exe().context("cannot find this executable to run the cluster's daemons")?;
+            let group = format!("conclave-events-{}", std::process::id());
+            eprintln!(
+                "starting a {nodes}-node cluster (network namespaces, corosync, conclave daemon --backbone cluster)"
+            );
+            let mut nodes_up = NetnsCluster::start(nodes, &exe, &group, FORM_LIMIT).with_context(|| {
+                format!(
+                    "cannot start the {nodes}-node cluster (needs root, iproute2, corosync and this executable built \
+                     with --features cluster; see the README)"
+                )
+            })?;
+            let second: Vec<usize> = (nodes - nodes / 2..nodes).collect();
+            let place = Placement { machines: nodes, wan, second_side_from: Some(second[0]) };
+            if wan == Wan::Tissec2002 {
+                let one_way = |a: usize, b: usize| super::super::events::one_way(place.site(a), place.site(b));
+                nodes_up.delay((0..nodes).map(|a| (0..nodes).map(|b| one_way(a, b)).collect()).collect())?;
+            }
+            let c = Cluster { nodes: nodes_up, wan, second };
+            let list = |v: &[usize]| v.iter().map(|i| (i + 1).to_string()).collect::<Vec<_>>().join(", ");
+            let first: Vec<usize> = (0..nodes - nodes / 2).collect();
+            writeln!(
+                out,
+                "Cluster: {nodes} Corosync nodes in network namespaces on one bridge, member i on node i mod {nodes} + 1; \
+                 a partition puts nodes {} on a bridge of their own (nodes {} stay), a merge puts them back.",
+                list(&c.second),
+                list(&first)
+            )?;
+            if wan == Wan::Tissec2002 {
+                const SITES: [&str; 3] = ["JHU", "UCI", "ICU"];
+                let sites: Vec<String> =
+                    (0..nodes).map(|i| format!("node {} {}", i + 1, SITES[place.site(i)])).collect();
+                let mut measured = Vec::new();
+                for (a, b) in [(0, nodes - 2), (0, nodes - 1), (nodes - 2, nodes - 1)] {
+                    let rtt = c.rtt_ms(a, b)?;
+                    let profile = 2.0 * super::super::events::one_way(place.site(a), place.site(b));
+                    measured.push(format!("nodes {}–{} {rtt:.1} ms (profile {profile:.0})", a + 1, b + 1));
+                }
+                writeln!(
+                    out,
+                    "WAN tissec2002: {}; a delay hub holds every frame for half its sites' round trip; measured round \
+                     trips (UDP echo, median of 5): {}.",
+                    sites.join(", "),
+                    measured.join(", ")
+                )?;
+            }
+            Ok(c)
+        }
+
+        /// The median of 5 UDP echo round trips between nodes `a` and `b`, in ms.
+        pub fn rtt_ms(&self, a: usize, b: usize) -> Result<f64> {
+            let mut rtts = self.nodes.rtt(a, b, 5)?;
+            rtts.sort_by(f64::total_cmp);
+            Ok(rtts[rtts.len() / 2])
+        }
+
+        /// The daemons' Unix sockets, node 1 first.
+        pub fn sockets(&self) -> Vec<PathBuf> {
+            self.nodes.nodes.iter().map(|n| n.socket.clone()).collect()
+        }
+
+        /// See [`Target::placement`].
+        pub fn placement(&self) -> Placement {
+            Placement { machines: self.nodes.nodes.len(), wan: self.wan, second_side_from: Some(self.second[0]) }
+        }
+
+        /// Splits the network and heals it again, with `group`'s `n` members
+        /// in one view before and after; returns the time from the split
+        /// until both sides show their secure views, and from the heal until
+        /// all show the merged one, in ms. Checks one key per side, and that
+        /// the two sides' keys differ.
+        pub(super) async fn partition_and_merge(&self, group: &mut Group, n: usize) -> Result<(f64, f64)> {
+            let nodes = self.nodes.nodes.len();
+            let all: Vec<usize> = (0..n).collect();
+            let (second, first): (Vec<usize>, Vec<usize>) =
+                all.iter().partition(|&&m| self.second.contains(&(m % nodes)));
+            if first.is_empty() || second.is_empty() {
+                bail!("{n} members leave one side of the partition empty: give at least {nodes} members");
+            }
+            group.forget();
+            let t0 = Instant::now();
+            self.nodes.split(&self.second)?;
+            let (a, key_a) = group.settled(&first, first.len()).await.context("the first side of the partition")?;
+            let (b, key_b) = group.settled(&second, second.len()).await.context("the second side of the partition")?;
+            if key_a == key_b {
+                bail!("both sides of the partition show one key");
+            }
+            let split = ms_since(t0, a.max(b));
+            group.forget();
+            let t1 = Instant::now();
+            self.nodes.unsplit(&self.second)?;
+            let (m, _) = group.settled(&all, n).await.context("the merge")?;
+            Ok((split, ms_since(t1, m)))
+        }
+    }
 }
 
-fn tempfile_dir() -> Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!("conclave-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Ok(dir)
+/// Without the `cluster` feature there is never a cluster.
+#[cfg(not(feature = "cluster"))]
+mod cluster {
+    use super::*;
+
+    /// No value: [`Target::start`] refuses `--cluster` in this build.
+    pub enum Cluster {}
+
+    impl Cluster {
+        pub fn sockets(&self) -> Vec<PathBuf> {
+            match *self {}
+        }
+
+        pub fn placement(&self) -> Placement {
+            match *self {}
+        }
+
+        pub(super) async fn partition_and_merge(&self, _: &mut Group, _: usize) -> Result<(f64, f64)> {
+            match *self {}
+        }
+    }
 }
 
 #[cfg(test)]
@@ -257,10 +531,11 @@ mod tests {
 
     #[test]
     fn joins_and_leaves_over_a_real_daemon_agree_and_are_timed() {
+        let target = Target::start(None, Wan::Lan, &mut std::io::sink()).unwrap();
         for protocol in [ProtocolId::Tgdh, ProtocolId::Gdh] {
             for event in [TimedEvent::Join, TimedEvent::Leave] {
                 let policy = Policy { protocol, group_id: GroupId::Ristretto255 };
-                let times = time(policy, SignatureId::Ed25519, event, 3, 2, 9).unwrap();
+                let times = target.time(policy, SignatureId::Ed25519, event, 3, 2, 9).unwrap();
                 assert_eq!(times.len(), 2);
                 assert!(times.iter().all(|&t| t > 0.0 && t < WAIT.as_secs_f64() * 1e3), "{times:?}");
             }
@@ -268,9 +543,12 @@ mod tests {
     }
 
     #[test]
-    fn partitions_are_refused_with_a_reason() {
+    fn partitions_and_wan_without_a_cluster_are_refused_with_a_reason() {
+        let target = Target::start(None, Wan::Lan, &mut std::io::sink()).unwrap();
         let policy = Policy::default();
-        let e = time(policy, SignatureId::Ed25519, TimedEvent::Merge, 4, 1, 1).unwrap_err();
-        assert!(e.to_string().contains("join and leave only"), "{e}");
+        let e = target.time(policy, SignatureId::Ed25519, TimedEvent::Merge, 4, 1, 1).unwrap_err();
+        assert!(format!("{e:#}").contains("cannot partition"), "{e:#}");
+        let e = Target::start(None, Wan::Tissec2002, &mut std::io::sink()).err().expect("refused");
+        assert!(e.to_string().contains("needs --cluster 3"), "{e}");
     }
 }
