@@ -24,7 +24,7 @@
 //!   state is handled by every member as a merge of the subgroups, from their
 //!   last secure states — an interrupted run is simply abandoned.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use conclave_gcs::{MemberId, View, ViewId};
@@ -196,11 +196,12 @@ pub(crate) trait Protocol<G: Group>: Send + Sized + 'static {
     /// A verified message of the current view. Must validate the whole body
     /// before changing any state.
     fn on_message(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, round: u8, body: &[u8]) -> Result<(), Error>;
-    /// Whether a message of `round` from `from` carries anything this member
-    /// uses. Messages it does not want are dropped with [`Error::Ignored`]
-    /// before their signature is checked (BD members only use their neighbours' round-1 values), so no
-    /// unverified byte is ever used and no verification is wasted.
-    fn wants(&self, _view: &View, _me: &MemberId, _from: &MemberId, _round: u8) -> bool {
+    /// Whether a message of `round` from `from` carries anything this member,
+    /// at position `me` of `view`, uses. Messages it does not want are dropped
+    /// with [`Error::Ignored`] before their signature is checked (BD members
+    /// only use their neighbours' round-1 values), so no unverified byte is
+    /// ever used and no verification is wasted.
+    fn wants(&self, _view: &View, _me: usize, _from: &MemberId, _round: u8) -> bool {
         true
     }
     /// The member's secrets (test hook).
@@ -227,6 +228,16 @@ pub(crate) struct Ctx<'a, G: Group> {
 }
 
 impl<G: Group> Ctx<'_, G> {
+    /// The position of `m` in the current view, if it is a member (a lookup,
+    /// where [`View::position`] scans: this runs for every message, and
+    /// groups have up to a thousand members).
+    pub fn position(&self, m: &MemberId) -> Option<usize> {
+        self.st.positions.get(m).copied()
+    }
+    /// Whether `m` is a member of the current view (see [`Ctx::position`]).
+    pub fn contains(&self, m: &MemberId) -> bool {
+        self.st.positions.contains_key(m)
+    }
     /// A fresh random exponent.
     pub fn random(&mut self) -> G::Scalar {
         self.g.random_scalar(self.rng)
@@ -302,6 +313,8 @@ struct Session {
     protocol: ProtocolId,
     group: String,
     view: Option<View>,
+    /// Each member's position in `view`.
+    positions: HashMap<MemberId, usize>,
     next_seq: u32,
     seen: BTreeSet<(MemberId, u32)>,
     own: BTreeSet<[u8; 32]>,
@@ -335,6 +348,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
                 protocol: P::ID,
                 group,
                 view: None,
+                positions: HashMap::new(),
                 next_seq: 0,
                 seen: BTreeSet::new(),
                 own: BTreeSet::new(),
@@ -409,13 +423,14 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         if env.recipient.as_ref().is_some_and(|r| r != &self.me) {
             return Err(Error::NotForMe);
         }
-        if &env.sender != from || !view.contains(&env.sender) {
+        if &env.sender != from || !self.st.positions.contains_key(&env.sender) {
             return Err(Error::NotAMember(env.sender));
         }
         if self.st.seen.contains(&(env.sender.clone(), env.seq)) {
             return Err(Error::Replay(env.sender, env.seq));
         }
-        if env.sender != self.me && !self.proto.wants(view, &self.me, &env.sender, env.round) {
+        let me = *self.st.positions.get(&self.me).ok_or(Error::BadView("not a member of its own view"))?;
+        if env.sender != self.me && !self.proto.wants(view, me, &env.sender, env.round) {
             return Err(Error::Ignored(env.sender));
         }
         if env.sender == self.me {
@@ -461,6 +476,7 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
         let mine: Vec<MemberId> = view.ids().filter(|m| self.st.known.get(*m) == Some(&my_tag)).cloned().collect();
         let change = Change { single: mine.len() == view.members.len(), mine };
         self.st.view = Some(view.clone());
+        self.st.positions = view.ids().enumerate().map(|(i, m)| (m.clone(), i)).collect();
         self.st.next_seq = 0;
         self.st.seen.clear();
         self.st.own.clear();

@@ -121,20 +121,23 @@ pub struct Config {
 
 /// Creates the engine a [`Config`] describes.
 pub fn new_engine(c: Config) -> Box<dyn Engine> {
-    use protocols::*;
-    fn make<G: suite::Group>(g: G, c: Config) -> Box<dyn Engine> {
-        use engine::Runner;
-        let Config { protocol, group, me, signer, directory, .. } = c;
-        match protocol {
-            ProtocolId::Gdh => Box::new(Runner::<G, gdh::Gdh<G>>::new(g, group, me, signer, directory)),
-            ProtocolId::Ckd => Box::new(Runner::<G, ckd::Ckd<G>>::new(g, group, me, signer, directory)),
-            ProtocolId::Tgdh => Box::new(Runner::<G, tgdh::Tgdh<G>>::new(g, group, me, signer, directory)),
-            ProtocolId::Str => Box::new(Runner::<G, str::Str<G>>::new(g, group, me, signer, directory)),
-            ProtocolId::Bd => Box::new(Runner::<G, bd::Bd<G>>::new(g, group, me, signer, directory)),
-        }
-    }
     match c.group_id {
-        GroupId::Ristretto255 => make(suite::ristretto::Ristretto255, c),
-        id => make(suite::modp::Modp::new(id), c),
+        GroupId::Ristretto255 => engine_in(suite::ristretto::Ristretto255, c),
+        id => engine_in(suite::modp::Modp::new(id), c),
+    }
+}
+
+/// The engine a [`Config`] describes, computing in `g` (which must be the
+/// group `c.group_id` names; the harness passes a wrapper of it).
+pub(crate) fn engine_in<G: suite::Group>(g: G, c: Config) -> Box<dyn Engine> {
+    use engine::Runner;
+    use protocols::*;
+    let Config { protocol, group, me, signer, directory, .. } = c;
+    match protocol {
+        ProtocolId::Gdh => Box::new(Runner::<G, gdh::Gdh<G>>::new(g, group, me, signer, directory)),
+        ProtocolId::Ckd => Box::new(Runner::<G, ckd::Ckd<G>>::new(g, group, me, signer, directory)),
+        ProtocolId::Tgdh => Box::new(Runner::<G, tgdh::Tgdh<G>>::new(g, group, me, signer, directory)),
+        ProtocolId::Str => Box::new(Runner::<G, str::Str<G>>::new(g, group, me, signer, directory)),
+        ProtocolId::Bd => Box::new(Runner::<G, bd::Bd<G>>::new(g, group, me, signer, directory)),
     }
 }

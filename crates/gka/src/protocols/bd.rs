@@ -52,7 +52,7 @@ impl<G: Group> Drop for Bd<G> {
 impl<G: Group> Bd<G> {
     fn neighbours(cx: &Ctx<'_, G>, m: &MemberId) -> (MemberId, MemberId) {
         let n = cx.view.members.len();
-        let i = cx.view.position(m).expect("member of the view");
+        let i = cx.position(m).expect("member of the view");
         (cx.view.members[(i + n - 1) % n].id.clone(), cx.view.members[(i + 1) % n].id.clone())
     }
 
@@ -80,7 +80,7 @@ impl<G: Group> Bd<G> {
         }
         let Some(zp) = self.z.get(&prev).cloned() else { return };
         // K = Z_{j-1}^{n r_j} · Π_{k=0}^{n-2} X_{j+k}^{n-1-k}
-        let j = cx.view.position(cx.me).expect("member of the view");
+        let j = cx.position(cx.me).expect("member of the view");
         let mut nr = cx.g.scalar_mul(&cx.g.scalar_from_u64(n as u64), &r);
         let mut k = cx.exp(&zp, &nr);
         nr.zeroize();
@@ -155,12 +155,12 @@ impl<G: Group> Protocol<G> for Bd<G> {
         Ok(())
     }
 
-    fn wants(&self, view: &View, me: &MemberId, from: &MemberId, round: u8) -> bool {
+    fn wants(&self, view: &View, me: usize, from: &MemberId, round: u8) -> bool {
         // Round-1 values matter only from the two neighbours; every X matters.
         if round != ROUND_Z {
             return true;
         }
-        let (n, i) = (view.members.len(), view.position(me).unwrap_or(0));
+        let (n, i) = (view.members.len(), me);
         view.members[(i + n - 1) % n].id == *from || view.members[(i + 1) % n].id == *from
     }
 

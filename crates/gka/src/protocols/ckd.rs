@@ -236,7 +236,7 @@ impl<G: Group> Ckd<G> {
         }
         let mut last = 0usize;
         for m in &setup.list {
-            match cx.view.position(m) {
+            match cx.position(m) {
                 Some(p) if p > last => last = p,
                 _ => return Err(Error::Unexpected("CKD setup list is not a list of other view members in view order")),
             }

@@ -272,7 +272,7 @@ impl<G: Group> Gdh<G> {
         let first = &cx.view.members[0].id;
         let mut prev_pos = None;
         for m in &chain {
-            let pos = cx.view.position(m).ok_or_else(|| unexpected("GDH chain names a non-member"))?;
+            let pos = cx.position(m).ok_or_else(|| unexpected("GDH chain names a non-member"))?;
             if pos == 0 || prev_pos.is_some_and(|p| pos <= p) {
                 return Err(unexpected("GDH chain is not in view order after the first member"));
             }
@@ -387,7 +387,7 @@ impl<G: Group> Gdh<G> {
             return Err(unexpected("GDH partial key list does not match the view"));
         }
         let c = run.contrib.clone().ok_or_else(|| unexpected("GDH: no contribution"))?;
-        let pos = cx.view.position(cx.me).ok_or(Error::BadView("not a member"))?;
+        let pos = cx.position(cx.me).ok_or(Error::BadView("not a member"))?;
         let key = cx.exp(&list[pos].1, &c);
         cx.install(&key);
         self.saved = Some(Saved { r: c, partials: list.into_iter().collect(), key });

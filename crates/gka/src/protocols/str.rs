@@ -292,6 +292,8 @@ struct Merge<G: Group> {
     sub_sponsor: usize,
     /// The chains announced so far (disjoint).
     chains: Vec<Chain<G>>,
+    /// The members of `chains` (checked at every chain message).
+    announced: BTreeSet<MemberId>,
     /// Once every chain is in: the stacked tree and the bottom chain's length.
     stacked: Option<(Tree<G>, usize)>,
 }
@@ -364,7 +366,13 @@ impl<G: Group> Str<G> {
             }
             cx.broadcast(ROUND_CHAIN, Chain::encode(cx.g, &sub)?);
         }
-        self.run = Run::Merge(Box::new(Merge { sub, sub_sponsor, chains: Vec::new(), stacked: None }));
+        self.run = Run::Merge(Box::new(Merge {
+            sub,
+            sub_sponsor,
+            chains: Vec::new(),
+            announced: BTreeSet::new(),
+            stacked: None,
+        }));
         Ok(())
     }
 
@@ -412,11 +420,10 @@ impl<G: Group> Str<G> {
         let chain = Chain::<G>::decode(cx.g, body)?;
         let n = cx.view.members.len();
         // Distinct members of the view, not announced yet, the sender among them.
-        let view: BTreeSet<&MemberId> = cx.view.ids().collect();
-        let mut seen: BTreeSet<&MemberId> = m.chains.iter().flat_map(|c| &c.members).collect();
-        let covered = seen.len();
+        let covered = m.announced.len();
+        let mut fresh: BTreeSet<&MemberId> = BTreeSet::new();
         if chain.members.len() > n - covered
-            || !chain.members.iter().all(|x| view.contains(x) && seen.insert(x))
+            || !chain.members.iter().all(|x| cx.contains(x) && !m.announced.contains(x) && fresh.insert(x))
             || !chain.members.contains(from)
         {
             return Err(Error::Unexpected("STR chain does not fit the view"));
@@ -448,6 +455,7 @@ impl<G: Group> Str<G> {
             None
         };
         m.sub = sub;
+        m.announced.extend(chain.members.iter().cloned());
         m.chains.push(chain);
         m.stacked = stacked;
         Ok(())
@@ -458,7 +466,7 @@ impl<G: Group> Str<G> {
     /// Returns the stacked tree and the bottom chain's length.
     fn stack(cx: &mut Ctx<'_, G>, chains: &[&Chain<G>], sub: &Tree<G>) -> Result<(Tree<G>, usize), Error> {
         let n = cx.view.members.len();
-        let first = |c: &Chain<G>| c.members.iter().filter_map(|x| cx.view.position(x)).min();
+        let first = |c: &Chain<G>| c.members.iter().filter_map(|x| cx.position(x)).min();
         let mut order: Vec<&Chain<G>> = chains.to_vec();
         order.sort_by_cached_key(|c| (Reverse(c.members.len()), first(c)));
         let bottom = order[0];

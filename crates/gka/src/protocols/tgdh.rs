@@ -75,7 +75,7 @@
 mod tree;
 
 use std::cmp::Reverse;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use conclave_gcs::MemberId;
 use zeroize::Zeroize;
@@ -123,8 +123,17 @@ struct Collect<G: Group> {
 
 struct Rounds<G: Group> {
     tree: Tree<G>,
+    /// Each member's leaf in `tree`, whose shape is fixed for the rounds
+    /// (looked up at every message; [`Tree::find`] would scan the tree).
+    leaf: HashMap<MemberId, usize>,
     /// Ready nodes this member has broadcast the blinded keys of.
     sent: BTreeSet<usize>,
+}
+
+impl<G: Group> Rounds<G> {
+    fn new(tree: Tree<G>) -> Self {
+        Self { leaf: tree.leaf_index(), tree, sent: BTreeSet::new() }
+    }
 }
 
 /// H(b^k): the key of a parent from one child's key and the other's blinded key.
@@ -160,7 +169,8 @@ impl<G: Group> Tgdh<G> {
     fn start_rekey(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
         let saved = self.saved.as_ref().ok_or(Error::Unexpected("TGDH rekey without a key tree"))?;
         let view: BTreeSet<&MemberId> = cx.view.ids().collect();
-        if view.iter().any(|m| saved.find(m).is_none()) {
+        let leaves = saved.leaf_index();
+        if view.iter().any(|m| !leaves.contains_key(*m)) {
             return Err(Error::Unexpected("TGDH key tree lacks a member of the view"));
         }
         let (mut t, sponsors) = saved.prune(|m| view.contains(m)).ok_or(Error::Unexpected("empty TGDH tree"))?;
@@ -174,7 +184,7 @@ impl<G: Group> Tgdh<G> {
         if t.member(refresher) == Some(cx.me) {
             t.nodes[refresher].key = Some(cx.random());
         }
-        self.run = Run::Rounds(Rounds { tree: t, sent: BTreeSet::new() });
+        self.run = Run::Rounds(Rounds::new(t));
         self.advance(cx)
     }
 
@@ -183,7 +193,12 @@ impl<G: Group> Tgdh<G> {
     fn start_merge(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
         let mine: BTreeSet<MemberId> = change.mine.iter().cloned().collect();
         let mut t = match &self.saved {
-            Some(s) if mine.iter().all(|m| s.find(m).is_some()) => {
+            Some(s)
+                if {
+                    let leaves = s.leaf_index();
+                    mine.iter().all(|m| leaves.contains_key(m))
+                } =>
+            {
                 s.prune(|m| mine.contains(m)).ok_or(Error::Unexpected("empty TGDH tree"))?.0
             }
             _ if change.mine.len() == 1 && &change.mine[0] == cx.me => Tree::leaf(cx.me.clone(), None, None),
@@ -218,7 +233,7 @@ impl<G: Group> Tgdh<G> {
         let b = Tree::decode(&mut r, cx.g)?;
         r.finish()?;
         let members = b.members();
-        if members.iter().any(|m| !cx.view.contains(m) || co.covered.contains(m)) {
+        if members.iter().any(|m| !cx.contains(m) || co.covered.contains(m)) {
             return Err(Error::Unexpected("TGDH tree with a member outside the view or announced twice"));
         }
         let s = b.find(from).ok_or(Error::Unexpected("TGDH tree announced by a non-member"))?;
@@ -263,14 +278,13 @@ impl<G: Group> Tgdh<G> {
         };
         let mut trees = co.others;
         trees.push(co.mine);
-        let first = |t: &Tree<G>| t.members().iter().filter_map(|m| cx.view.position(m)).min();
+        let first = |t: &Tree<G>| t.members().iter().filter_map(|m| cx.position(m)).min();
         trees.sort_by_cached_key(|t| (Reverse(t.leaves().len()), first(t)));
         let mut trees = trees.into_iter();
         let mut acc = trees.next().ok_or(Error::Unexpected("TGDH merge of nothing"))?;
-        for t in trees {
-            acc.insert(&t);
-        }
-        self.run = Run::Rounds(Rounds { tree: acc, sent: BTreeSet::new() });
+        let rest: Vec<Tree<G>> = trees.collect();
+        acc.insert_all(&rest);
+        self.run = Run::Rounds(Rounds::new(acc));
         self.advance(cx)
     }
 
@@ -280,7 +294,7 @@ impl<G: Group> Tgdh<G> {
             return Err(Error::Unexpected("TGDH blinded keys outside the sponsor rounds"));
         };
         let t = &mut rd.tree;
-        let s = t.find(from).ok_or(Error::Unexpected("TGDH blinded keys from a non-member"))?;
+        let s = *rd.leaf.get(from).ok_or(Error::Unexpected("TGDH blinded keys from a non-member"))?;
         let path = t.path(s);
         let top = path.len() - 1;
         let i = path[..top]
@@ -314,7 +328,7 @@ impl<G: Group> Tgdh<G> {
     fn advance(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
         let Run::Rounds(rd) = &mut self.run else { return Ok(()) };
         let t = &mut rd.tree;
-        let me = t.find(cx.me).ok_or(Error::Unexpected("TGDH tree lacks this member"))?;
+        let me = *rd.leaf.get(cx.me).ok_or(Error::Unexpected("TGDH tree lacks this member"))?;
         climb(cx, t, me, false);
         let path = t.path(me);
         let top = path.len() - 1;
@@ -424,7 +438,7 @@ mod tests {
     use conclave_gcs::sim::Flush;
     use conclave_gcs::MemberId;
     use rand_chacha::ChaCha20Rng;
-    use rand_core::SeedableRng;
+    use rand_core::{RngCore, SeedableRng};
 
     use super::tree::{Node, Tree};
     use super::{ROUND_KEYS, ROUND_TREE};
@@ -649,6 +663,54 @@ mod tests {
         let mut a = singletons(4);
         a.insert(&singletons(3));
         assert_eq!(a.heights()[a.root], 3);
+    }
+
+    /// The insertion point as a scan of every node (the definition): the
+    /// shallowest, then rightmost in preorder, node x where a new parent of x
+    /// and a tree of height `hb` keeps the height; the root if none.
+    fn insertion_point_by_scan(t: &Tree<Ristretto255>, hb: usize) -> usize {
+        let h = t.heights();
+        let ha = h[t.root];
+        let mut best: Option<(usize, usize)> = None;
+        for v in t.preorder(t.root) {
+            let d = t.depth(v);
+            if best.is_none_or(|(bd, _)| d <= bd) && d + 1 + h[v].max(hb) <= ha {
+                best = Some((d, v));
+            }
+        }
+        best.map_or(t.root, |(_, v)| v)
+    }
+
+    #[test]
+    fn level_search_finds_the_insertion_point_of_the_scan() {
+        // Trees of every shape that merges build: subgroups of random sizes
+        // inserted in turn, each checked against the scan before it goes in.
+        let mut rng = ChaCha20Rng::seed_from_u64(11);
+        for _ in 0..40 {
+            let mut acc = singletons(1 + (rng.next_u32() % 9) as usize);
+            for _ in 0..12 {
+                let other = singletons(1 + (rng.next_u32() % 20) as usize);
+                let hb = other.heights()[other.root];
+                assert_eq!(acc.insertion_point(&other), insertion_point_by_scan(&acc, hb));
+                acc.insert(&other);
+            }
+        }
+        for n in 1..=300 {
+            let t = singletons(n);
+            for hb in 0..4 {
+                let other = singletons(1 << hb);
+                assert_eq!(t.insertion_point(&other), insertion_point_by_scan(&t, hb), "n = {n}, hb = {hb}");
+            }
+        }
+        // insert_all keeps its heights right: the same tree as one insert at a time.
+        let parts: Vec<_> = (1..30).map(|k| singletons(1 + k % 7)).collect();
+        let (mut one, mut all) = (singletons(5), singletons(5));
+        for p in &parts {
+            one.insert(p);
+        }
+        all.insert_all(&parts);
+        assert_eq!(one.heights(), all.heights());
+        assert!(one.correspondence(&all).is_some());
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! Each node holds its blinded key (public, `None` while unknown) and, on the
 //! owner's own path only, its key (secret, zeroized when dropped or replaced).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use conclave_gcs::MemberId;
 use zeroize::Zeroize;
@@ -113,6 +113,17 @@ impl<G: Group> Tree<G> {
     /// The leaf of `m`.
     pub fn find(&self, m: &MemberId) -> Option<usize> {
         self.nodes.iter().position(|n| n.kids.is_none() && n.member.as_ref() == Some(m))
+    }
+
+    /// Every member's leaf, in one pass (where [`Tree::find`] would be called
+    /// for many members).
+    pub fn leaf_index(&self) -> HashMap<MemberId, usize> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.kids.is_none())
+            .filter_map(|(v, n)| Some((n.member.clone()?, v)))
+            .collect()
     }
 
     /// The member at leaf `v`.
@@ -250,40 +261,67 @@ impl<G: Group> Tree<G> {
         other.root + off
     }
 
-    /// Where `other` joins this tree: the shallowest, then rightmost, node x
-    /// such that a new node with children (x, other) does not make the tree
-    /// higher; the root if there is none.
-    pub fn insertion_point(&self, other: &Self) -> usize {
-        let h = self.heights();
-        let hb = other.heights()[other.root];
+    /// Where a tree of height `hb` joins this tree, whose node heights are
+    /// `h`: the shallowest, then rightmost, node x such that a new node with
+    /// children (x, other) does not make the tree higher; the root if there is
+    /// none.
+    ///
+    /// Searched level by level from the root, left to right, stopping at the
+    /// first level that has such a node: a node that fails only because its
+    /// own subtree is as high as its depth allows has children that may fit,
+    /// and no node below a level where `hb` alone is too high can fit. A merge
+    /// of n one-leaf trees then costs far less than n whole-tree walks.
+    fn insertion_point_in(&self, h: &[usize], hb: usize) -> usize {
         let ha = h[self.root];
-        let mut depth = vec![0usize; self.nodes.len()];
-        let mut best: Option<(usize, usize)> = None; // (depth, node)
-        for v in self.preorder(self.root) {
-            if let Some(p) = self.nodes[v].parent {
-                depth[v] = depth[p] + 1;
+        let mut level = vec![self.root];
+        let mut depth = 0;
+        while !level.is_empty() && depth + 1 + hb <= ha {
+            if let Some(&v) = level.iter().rev().find(|&&v| depth + 1 + h[v].max(hb) <= ha) {
+                return v;
             }
-            // Preorder visits the nodes of one depth left to right: the last one wins.
-            let better = match best {
-                None => true,
-                Some((d, _)) => depth[v] <= d,
-            };
-            if better && depth[v] + 1 + h[v].max(hb) <= ha {
-                best = Some((depth[v], v));
-            }
+            level = level.iter().filter_map(|&v| self.nodes[v].kids).flatten().collect();
+            depth += 1;
         }
-        best.map_or(self.root, |(_, v)| v)
+        self.root
     }
 
-    /// Inserts `other` at [`Tree::insertion_point`], as the right child of a
-    /// new node; the new node and its ancestors lose their blinded keys and
-    /// keys. Returns the new node.
+    /// Where `other` joins this tree (see [`Tree::insert_all`]).
+    #[cfg(test)]
+    pub fn insertion_point(&self, other: &Self) -> usize {
+        self.insertion_point_in(&self.heights(), other.heights()[other.root])
+    }
+
+    /// Inserts `other` at its insertion point, as the right child of a new
+    /// node; the new node and its ancestors lose their blinded keys and keys.
+    /// Returns the new node.
+    #[cfg(test)]
     pub fn insert(&mut self, other: &Self) -> usize {
-        let x = self.insertion_point(other);
+        let mut h = self.heights();
+        self.insert_with(other, &mut h)
+    }
+
+    /// Inserts each of `others` in turn, as [`Tree::insert`] would, keeping
+    /// the node heights up to date instead of recomputing them per insertion.
+    pub fn insert_all<'a>(&mut self, others: impl IntoIterator<Item = &'a Self>)
+    where
+        G: 'a,
+    {
+        let mut h = self.heights();
+        for other in others {
+            self.insert_with(other, &mut h);
+        }
+    }
+
+    /// [`Tree::insert`] with this tree's node heights `h`, which it updates.
+    fn insert_with(&mut self, other: &Self, h: &mut Vec<usize>) -> usize {
+        let hb = other.heights();
+        let x = self.insertion_point_in(h, hb[other.root]);
         let b = self.append(other);
+        h.extend(hb);
         let parent = self.nodes[x].parent;
         self.nodes.push(Node { parent, kids: Some([x, b]), member: None, bk: None, key: None });
         let n = self.nodes.len() - 1;
+        h.push(0);
         match parent {
             None => self.root = n,
             Some(p) => {
@@ -295,6 +333,11 @@ impl<G: Group> Tree<G> {
         }
         self.nodes[x].parent = Some(n);
         self.nodes[b].parent = Some(n);
+        for u in self.path(n) {
+            if let Some([l, r]) = self.nodes[u].kids {
+                h[u] = 1 + h[l].max(h[r]);
+            }
+        }
         self.invalidate_path(n);
         n
     }
