@@ -70,6 +70,21 @@ pub enum TimedEvent {
     Partition,
     /// Two halves of n merge back.
     Merge,
+    /// Fig. 13's first partition P1: the odd-numbered members (in join order:
+    /// 1st, 3rd, …, so the oldest) split from the even-numbered ones, which
+    /// cuts across every tree.
+    PartitionP1,
+    /// Fig. 13's second partition P2: the same split as P1, again, after the
+    /// two sides of P1 merged back. TGDH and STR gain from the clustering
+    /// of the merged tree (§6.1.5); the others pay about what P1 cost.
+    PartitionP2,
+}
+
+impl TimedEvent {
+    /// Whether the event splits or heals a group (a standalone daemon cannot).
+    pub fn needs_a_network(self) -> bool {
+        !matches!(self, TimedEvent::Join | TimedEvent::Leave)
+    }
 }
 
 /// Options of `conclave bench events`.
@@ -117,8 +132,9 @@ pub struct EventsArgs {
     /// With --engine daemon: a Corosync cluster of N nodes (default 3), each
     /// in a network namespace with its own daemon, members round-robin over
     /// the nodes, instead of one embedded daemon; partition and merge then
-    /// run too, and --wan tissec2002 puts netem delays between the nodes
-    /// (N = 3). Needs root, corosync and a build with --features cluster.
+    /// run too, and --wan tissec2002 (N = 3) delays every frame between the
+    /// nodes in a userspace delay hub (this kernel has no netem). Needs root,
+    /// corosync and a build with --features cluster.
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "3")]
     cluster: Option<usize>,
     /// Peer to compare join and leave with, in the same run: `mls` times mls-rs
@@ -292,6 +308,13 @@ impl Placement {
     }
 }
 
+/// Fig. 13's sides: the odd-numbered members (1st, 3rd, … in join order) and
+/// the even-numbered ones.
+fn odd_even(ids: &[MemberId]) -> (Vec<MemberId>, Vec<MemberId>) {
+    let (odd, even): (Vec<_>, Vec<_>) = ids.iter().cloned().enumerate().partition(|(i, _)| i % 2 == 0);
+    (odd.into_iter().map(|(_, m)| m).collect(), even.into_iter().map(|(_, m)| m).collect())
+}
+
 /// One-way delay between two sites of the WAN, in ms (half the round trip).
 pub(super) fn one_way(a: usize, b: usize) -> f64 {
     const RTT: [[f64; 3]; 3] = [[0.0, 70.0, 300.0], [70.0, 0.0, 270.0], [300.0, 270.0, 0.0]];
@@ -340,7 +363,10 @@ fn run_once(
 ) -> Result<RunResult> {
     let mut h = Harness::new(protocol, group, scheme, seed, Flush::All);
     let ids = h.add_members(n).context("identities")?;
-    let (first, second) = place.sides(&ids);
+    let (first, second) = match event {
+        TimedEvent::PartitionP1 | TimedEvent::PartitionP2 => odd_even(&ids),
+        _ => place.sides(&ids),
+    };
     if first.is_empty() || second.is_empty() {
         bail!("{n} members cannot partition into two sides on {} machines", place.machines);
     }
@@ -348,12 +374,17 @@ fn run_once(
         TimedEvent::Join => {
             h.event(|s| s.join(&ids[..n - 1], None))?;
         }
-        TimedEvent::Leave | TimedEvent::Partition => {
+        TimedEvent::Leave | TimedEvent::Partition | TimedEvent::PartitionP1 => {
             h.event(|s| s.join(&ids, None))?;
         }
         TimedEvent::Merge => {
             h.event(|s| s.join(&ids, None))?;
             h.event(|s| s.partition(vec![first.clone(), second.clone()]))?;
+        }
+        TimedEvent::PartitionP2 => {
+            h.event(|s| s.join(&ids, None))?;
+            h.event(|s| s.partition(vec![first.clone(), second.clone()]))?;
+            h.event(|s| s.merge(&first[0], &second[0]))?;
         }
     }
     let placement: BTreeMap<MemberId, usize> =
@@ -373,7 +404,9 @@ fn run_once(
     match event {
         TimedEvent::Join => h.sim().join(&ids[n - 1..], Some(&ids[0]))?,
         TimedEvent::Leave => h.sim().leave(std::slice::from_ref(&leaver))?,
-        TimedEvent::Partition => h.sim().partition(vec![first, second])?,
+        TimedEvent::Partition | TimedEvent::PartitionP1 | TimedEvent::PartitionP2 => {
+            h.sim().partition(vec![first, second])?
+        }
         TimedEvent::Merge => h.sim().merge(&first[0], &second[0])?,
     }
     let mut clock = Clock {
@@ -552,8 +585,14 @@ pub fn run(args: EventsArgs) -> Result<()> {
         if args.costs != CostsFrom::Measured {
             bail!("--engine daemon runs on this machine: give --costs measured (its bound uses this machine's costs)");
         }
-        if args.cluster.is_none() && args.events.iter().any(|e| matches!(e, TimedEvent::Partition | TimedEvent::Merge))
-        {
+        if let Some(&e) = args.events.iter().find(|e| matches!(e, TimedEvent::PartitionP1 | TimedEvent::PartitionP2)) {
+            bail!(
+                "{} is the simulator's odd/even split (Fig. 13); on the daemon engine a partition splits the \
+                 cluster's nodes, and every run after the first repeats the same split: use --events partition",
+                event_name(e)
+            );
+        }
+        if args.cluster.is_none() && args.events.iter().any(|e| e.needs_a_network()) {
             bail!(
                 "--engine daemon without --cluster times join and leave only (a standalone daemon cannot partition): \
                  use --events join,leave, or --cluster N"
@@ -566,7 +605,7 @@ pub fn run(args: EventsArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     if args.engine == EngineKind::Daemon {
         // The daemon engine's network is real (loopback, or the cluster's
-        // namespaces with their netem delays): the bound and the MLS peer get
+        // namespaces with the WAN delay hub): the bound and the MLS peer get
         // no modelled membership or per-message costs, and the bound gets the
         // WAN's one-way delays only with --wan (from its placement).
         let model = CostModel { multicast: 0.0, receive: 0.0, membership_2: 0.0, ..model };
@@ -803,7 +842,7 @@ fn print_peer(
 
 /// Lower-case event name, as on the command line.
 fn event_name(event: TimedEvent) -> String {
-    format!("{event:?}").to_lowercase()
+    event.to_possible_value().expect("no skipped events").get_name().to_string()
 }
 
 /// One bar over all runs of all points, on stderr, and only when stderr is a
@@ -903,7 +942,7 @@ mod tests {
     fn bound_never_exceeds_the_time() {
         let model = CostModel::build(CostsFrom::Tissec2002, GroupId::Modp512, SignatureId::Ed25519).unwrap();
         for protocol in [ProtocolId::Gdh, ProtocolId::Ckd, ProtocolId::Tgdh, ProtocolId::Str, ProtocolId::Bd] {
-            for event in [TimedEvent::Join, TimedEvent::Leave, TimedEvent::Partition, TimedEvent::Merge] {
+            for event in TimedEvent::value_variants().iter().copied() {
                 for wan in [Wan::Lan, Wan::Tissec2002] {
                     // The sim's testbed, and a 3-node cluster's (second side: node 3).
                     let cluster = Placement { machines: 3, wan, second_side_from: Some(2) };

@@ -80,7 +80,7 @@ impl Target {
     pub fn start(cluster: Option<usize>, wan: Wan, out: &mut impl std::io::Write) -> Result<Self> {
         let Some(nodes) = cluster else {
             if wan != Wan::Lan {
-                bail!("--wan with --engine daemon needs --cluster 3: the delays are netem between the cluster's nodes");
+                bail!("--wan with --engine daemon needs --cluster 3: the delays are between the cluster's nodes");
             }
             return Ok(Target { cluster: None, stop: None, points: Default::default() });
         };
@@ -138,7 +138,7 @@ impl Target {
                     let daemons = Daemons { sockets: c.sockets(), net: Some(c) };
                     return point(&daemons, policy, scheme, event, n, runs, tag, seed).await;
                 }
-                if matches!(event, TimedEvent::Partition | TimedEvent::Merge) {
+                if event.needs_a_network() {
                     bail!("a standalone daemon cannot partition: give --cluster N to time {event:?}");
                 }
                 let dir = tempfile::tempdir().context("cannot create a directory for the daemon's socket")?;
@@ -350,6 +350,9 @@ async fn point(
                 let net = daemons.net.ok_or_else(|| anyhow!("a standalone daemon cannot partition"))?;
                 let (split, merged) = net.partition_and_merge(&mut group, n).await?;
                 times.push(if event == TimedEvent::Partition { split } else { merged });
+            }
+            TimedEvent::PartitionP1 | TimedEvent::PartitionP2 => {
+                bail!("the odd/even split of Fig. 13 runs on the simulator only")
             }
         }
     }
