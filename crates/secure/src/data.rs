@@ -100,6 +100,9 @@ impl DataHeader {
     }
 }
 
+/// The root of [`EpochKeys::fixed_public`]: public, and never a group key's.
+const FIXED_PUBLIC_ROOT: &[u8; 32] = b"conclave/secure/v1/public-root!!";
+
 /// The data keys of one group and epoch: the root from which every sender's
 /// key is derived. Zeroized on drop; never printed.
 #[derive(Clone)]
@@ -119,6 +122,22 @@ impl EpochKeys {
     /// The data keys of `group` in `epoch`, from the group key agreed for it.
     pub fn new(group: GroupName, epoch: u64, key: &GroupKey) -> Self {
         Self { group, epoch, root: Zeroizing::new(*key.expose_secret()) }
+    }
+
+    /// Keys of `group` in `epoch` from a fixed root that everybody knows:
+    /// they protect nothing. [`crate::payload::parse_payload`] opens data
+    /// messages with them, so the decryption path is reached without a
+    /// group key.
+    pub(crate) fn fixed_public(group: GroupName, epoch: u64) -> Self {
+        Self { group, epoch, root: Zeroizing::new(*FIXED_PUBLIC_ROOT) }
+    }
+
+    /// Test hook: the keys [`crate::payload::parse_payload`] opens data
+    /// messages with (a fixed, public root), to seal messages it can open.
+    /// They protect nothing.
+    #[cfg(feature = "test-hooks")]
+    pub fn fixed_public_for_tests(group: GroupName, epoch: u64) -> Self {
+        Self::fixed_public(group, epoch)
     }
 
     /// The epoch.

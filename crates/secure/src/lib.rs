@@ -99,12 +99,21 @@
 //!   message (or the oldest member's notice) reaches the joiner; the policy
 //!   covers the protocol and the group, not the signature scheme.
 //!
+//! # Parsing received payloads
+//!
+//! [`payload`] describes the wire format of what a session receives, and
+//! [`payload::parse_payload`] runs every pure parsing step a session applies
+//! to it (the same functions) without a daemon, session, key or authority:
+//! the entry point of the `secure_payload` fuzz target and of
+//! `tests/decoders.rs`.
+//!
 //! Above this crate: the `conclave` applications (chat, gauge, bench). Below
 //! it: `conclave-gka` (engines, keys) and `conclave-gcs-net` (daemon client).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod data;
+pub mod payload;
 mod session;
 pub mod trust;
 

@@ -16,38 +16,15 @@ use bytes::Bytes;
 use conclave_gcs::{GroupName, MemberId, View};
 use conclave_gcs_net::{Client, ClientSender, ErrorCode, Event, Service};
 use conclave_gka::suite::{Signer, Verifier};
-use conclave_gka::{Config, Directory, Engine, GroupId, Output, ProtocolId, SecureView};
+use conclave_gka::{Config, Directory, Engine, Output, SecureView};
 use rand_core::OsRng;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use crate::data::{DataError, DataHeader, EpochKeys, TAG_LEN};
+use crate::payload::{decode_policy, split_cert, tag, timeout_names, Frame, TrustKind};
 use crate::trust::{Authority, Identity, Refusal};
 use crate::{Policy, RejectReason, SecureEvent, SecureViewInfo, SessionError};
-
-/// Payload tags: the first byte of every payload this layer puts on the daemon group.
-pub(crate) mod tag {
-    /// A key agreement message: `tag ‖ protocol code ‖ group code ‖ engine bytes`.
-    pub const KA: u8 = 1;
-    /// A data message: `tag ‖ header ‖ ciphertext`.
-    pub const DATA: u8 = 2;
-    /// The oldest member telling a newcomer the group's policy differs from
-    /// its own: `tag ‖ protocol code ‖ group code`.
-    pub const POLICY: u8 = 3;
-    /// A member presenting its certificate in a view (agreed multicast):
-    /// `tag ‖ u64 view ‖ u16 length ‖ certificate DER ‖ Ed25519 signature`
-    /// over [`super::proof_transcript`].
-    pub const CERT: u8 = 4;
-    /// An accepted member giving up on members that presented no
-    /// certificate (agreed multicast): `tag ‖ u64 view ‖ (u8 length ‖ name)*`.
-    pub const TIMEOUT: u8 = 5;
-    /// The oldest accepted member telling a refused member why (unicast):
-    /// `tag ‖ u64 view ‖ refusal`.
-    pub const REFUSED: u8 = 6;
-    // The three carry the view they were made for: one sent just after a
-    // view change can be delivered in the next view, where it is stale and
-    // dropped (its sender sends a fresh one for the new view).
-}
 
 /// How long a view waits by default for certificates before the members
 /// that presented none are refused.
@@ -564,8 +541,8 @@ impl Session {
             return Ok(());
         }
         let verdict = match split_cert(payload) {
-            None => Verdict::Refused(Refusal::Malformed("not a certificate message".into())),
-            Some((der, sig)) => match cert.authority.verify(der, &sender, SystemTime::now()) {
+            Err(r) => Verdict::Refused(r),
+            Ok((der, sig)) => match cert.authority.verify(der, &sender, SystemTime::now()) {
                 Err(r) => Verdict::Refused(r),
                 Ok(c) => match c.verifier.verify(&proof_transcript(group, view, &sender, der), sig) {
                     Ok(()) => Verdict::Accepted(c.verifier),
@@ -593,10 +570,7 @@ impl Session {
             return Ok(());
         }
         let Some(view) = gs.view.as_ref() else { return Ok(()) };
-        let mut rest = names;
-        while let Some((&n, r)) = rest.split_first() {
-            let Some(name) = r.get(..n as usize) else { break };
-            rest = &r[n as usize..];
+        for name in timeout_names(names) {
             if let Some(m) = view.ids().find(|m| m.as_str().as_bytes() == name) {
                 gs.verdicts.entry(m.clone()).or_insert(Verdict::Refused(Refusal::NoCertificate));
             }
@@ -705,6 +679,8 @@ impl Session {
         self.push_all(sends)
     }
 
+    /// A payload from the daemon (wire format in [`crate::payload`]):
+    /// framing, then the handler of its kind, which decodes the body.
     fn on_payload(
         &mut self,
         group: GroupName,
@@ -717,54 +693,55 @@ impl Session {
         if gs.ousted {
             return Ok(());
         }
-        match payload.first().copied() {
-            Some(tag::KA) if payload.len() >= 3 => {
-                let theirs = (payload[1], payload[2]);
-                if theirs != (gs.policy.protocol.code(), gs.policy.group_id.code()) {
-                    return self.on_foreign_policy(group, sender, theirs);
+        // The framing step, shared with `payload::parse_payload`.
+        let frame = match Frame::parse(&payload) {
+            Ok(frame) => frame,
+            Err(e) => {
+                tracing::debug!(%group, %sender, error = %e, "malformed payload");
+                self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::Malformed });
+                return Ok(());
+            }
+        };
+        match frame {
+            Frame::KeyAgreement { policy, body } => {
+                if policy != (gs.policy.protocol.code(), gs.policy.group_id.code()) {
+                    return self.on_foreign_policy(group, sender, policy);
                 }
                 if gs.aside || matches!(gs.verdicts.get(&sender), Some(Verdict::Refused(_))) {
                     return Ok(()); // from a refused member, or while standing aside
                 }
                 if gs.held {
                     if gs.held_ka.len() < MAX_EARLY {
-                        gs.held_ka.push((sender, payload.slice(3..)));
+                        gs.held_ka.push((sender, payload.slice_ref(body)));
                     }
                     return Ok(());
                 }
-                let res = gs.engine.on_message(&sender, &payload[3..], &mut OsRng);
+                let res = gs.engine.on_message(&sender, body, &mut OsRng);
                 self.engine_result(&group, Some(&sender), res)
             }
-            Some(tag::POLICY) if payload.len() == 3 && unicast => {
-                self.on_foreign_policy(group, sender, (payload[1], payload[2]))
-            }
-            Some(t @ (tag::CERT | tag::TIMEOUT | tag::REFUSED)) => {
-                let Some(made_for) = payload.get(1..9).map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
-                else {
-                    self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::Malformed });
-                    return Ok(());
-                };
+            Frame::Policy(theirs) if unicast => self.on_foreign_policy(group, sender, theirs),
+            Frame::Trust { kind, view: made_for, body } => {
                 if made_for != view {
                     tracing::debug!(%group, %sender, made_for, view, "trust message of an earlier view dropped");
                     return Ok(());
                 }
-                let body = &payload[9..];
-                match (t, unicast) {
-                    (tag::CERT, false) => self.on_cert(&group, sender, view, body),
-                    (tag::TIMEOUT, false) => self.on_timeout(&group, &sender, view, body),
-                    (tag::REFUSED, true) => self.on_refused(&group, sender, view, body),
+                match (kind, unicast) {
+                    (TrustKind::Cert, false) => self.on_cert(&group, sender, view, body),
+                    (TrustKind::Timeout, false) => self.on_timeout(&group, &sender, view, body),
+                    (TrustKind::Refused, true) => self.on_refused(&group, sender, view, body),
                     _ => {
                         self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::Malformed });
                         Ok(())
                     }
                 }
             }
-            Some(tag::DATA) if !unicast => {
+            Frame::Data(_) if !unicast => {
                 #[cfg(feature = "test-hooks")]
                 gs.captured.push((sender.clone(), payload.slice(1..)));
                 self.on_data(&group, sender, view, payload)
             }
-            _ => {
+            // On the wrong channel.
+            Frame::Policy(_) | Frame::Data(_) => {
                 self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::Malformed });
                 Ok(())
             }
@@ -913,18 +890,6 @@ pub(crate) fn proof_transcript(group: &GroupName, view: u64, member: &MemberId, 
     t.extend_from_slice(&view.to_be_bytes());
     t.extend_from_slice(&Sha256::digest(cert_der));
     t
-}
-
-/// Splits a CERT body into the certificate and the signature.
-fn split_cert(body: &[u8]) -> Option<(&[u8], &[u8])> {
-    let len = u16::from_be_bytes(body.get(..2)?.try_into().ok()?) as usize;
-    let der = body.get(2..2 + len)?;
-    let sig = &body[2 + len..];
-    (!sig.is_empty()).then_some((der, sig))
-}
-
-fn decode_policy((p, g): (u8, u8)) -> Option<Policy> {
-    Some(Policy { protocol: ProtocolId::from_code(p)?, group_id: GroupId::ALL.into_iter().find(|x| x.code() == g)? })
 }
 
 #[cfg(feature = "test-hooks")]

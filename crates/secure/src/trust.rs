@@ -94,9 +94,13 @@ impl Refusal {
         };
         out.push(code);
         for f in fields {
-            let f = &f.as_bytes()[..f.len().min(u8::MAX as usize)];
-            out.push(f.len() as u8);
-            out.extend_from_slice(f);
+            // At most 255 bytes, cut at a character boundary so that it still decodes.
+            let mut n = f.len().min(u8::MAX as usize);
+            while !f.is_char_boundary(n) {
+                n -= 1;
+            }
+            out.push(n as u8);
+            out.extend_from_slice(&f.as_bytes()[..n]);
         }
     }
 
@@ -212,6 +216,36 @@ fn reason_text(r: webpki::RevocationReason) -> &'static str {
     }
 }
 
+/// A presented member certificate, parsed but not yet checked against any
+/// authority: the parsing half of [`Authority::verify`], which
+/// [`crate::payload::parse_payload`] runs alone.
+pub(crate) struct MemberCert<'a> {
+    parsed: X509Certificate<'a>,
+    verifier: Ed25519Verifier,
+    ee: EndEntityCert<'a>,
+}
+
+impl<'a> MemberCert<'a> {
+    /// Parses the certificate (x509-parser, then webpki) and reads its
+    /// Ed25519 key; [`Refusal::Malformed`] if any of it fails.
+    pub(crate) fn parse(der: &'a CertificateDer<'a>) -> Result<MemberCert<'a>, Refusal> {
+        let parsed = parse_cert(der).map_err(Refusal::Malformed)?;
+        let verifier = ed25519_key(&parsed).map_err(Refusal::Malformed)?;
+        let ee = EndEntityCert::try_from(der).map_err(|e| Refusal::Malformed(format!("{e:?}")))?;
+        Ok(MemberCert { parsed, verifier, ee })
+    }
+
+    /// The subject's common name, if it has one.
+    pub(crate) fn common_name(&self) -> Option<String> {
+        common_name(&self.parsed)
+    }
+
+    /// The serial number, hex.
+    pub(crate) fn serial(&self) -> String {
+        hex(self.parsed.raw_serial())
+    }
+}
+
 /// A member certificate that passed [`Authority::verify`].
 #[derive(Clone)]
 pub struct Certified {
@@ -286,11 +320,9 @@ impl Authority {
 
     /// Checks `cert_der`, presented by `member`, at time `now`.
     pub fn verify(&self, cert_der: &[u8], member: &MemberId, now: SystemTime) -> Result<Certified, Refusal> {
-        let parsed = parse_cert(cert_der).map_err(Refusal::Malformed)?;
-        let verifier = ed25519_key(&parsed).map_err(Refusal::Malformed)?;
-        let serial = hex(parsed.raw_serial());
         let der = CertificateDer::from(cert_der);
-        let ee = EndEntityCert::try_from(&der).map_err(|e| Refusal::Malformed(format!("{e:?}")))?;
+        let MemberCert { parsed, verifier, ee } = MemberCert::parse(&der)?;
+        let serial = hex(parsed.raw_serial());
         let anchors = [webpki::anchor_from_trusted_cert(&self.ca).map_err(|e| Refusal::Invalid(format!("{e:?}")))?];
         let crls: Vec<&CertRevocationList<'_>> = self.crl.iter().collect();
         let revocation = match RevocationOptionsBuilder::new(&crls) {
@@ -656,5 +688,17 @@ mod tests {
         }
         assert_eq!(Refusal::decode(&[]), None);
         assert_eq!(Refusal::decode(&[77]), None);
+    }
+
+    #[test]
+    fn long_refusal_fields_are_cut_at_a_character_boundary() {
+        // 128 two-byte characters: 256 bytes, and the 255-byte limit falls
+        // inside the last one.
+        let certified = "é".repeat(128);
+        let mut v = Vec::new();
+        Refusal::NameMismatch { certified: certified.clone() }.encode(&mut v);
+        let Some(Refusal::NameMismatch { certified: got }) = Refusal::decode(&v) else { panic!("{v:?}") };
+        assert_eq!(got.len(), 254);
+        assert!(certified.starts_with(&got));
     }
 }

@@ -1,0 +1,303 @@
+//! Received payloads: how a session takes apart the bytes the daemon hands
+//! it, and [`parse_payload`], which runs those same steps without a session.
+//!
+//! Every payload this layer puts on a daemon group starts with a one-byte
+//! [`tag`]; the layout of the rest depends on the tag (integers big-endian):
+//!
+//! | tag | kind | channel | rest |
+//! |---|---|---|---|
+//! | 1 | key agreement | both | `u8 protocol ‖ u8 group ‖ engine message` |
+//! | 2 | data | multicast | `header ‖ ciphertext` ([`crate::data`]) |
+//! | 3 | policy | unicast | `u8 protocol ‖ u8 group` |
+//! | 4 | certificate | multicast | `u64 view ‖ u16 length ‖ certificate DER ‖ signature` |
+//! | 5 | timeout | multicast | `u64 view ‖ (u8 length ‖ name)*` |
+//! | 6 | refusal | unicast | `u64 view ‖ refusal` |
+//!
+//! A session first splits a payload at its tag (the framing step below);
+//! malformed framing is reported as [`RejectReason::Malformed`]. It then
+//! decodes the rest with the decoder of its kind — [`DataHeader::decode`]
+//! and [`EpochKeys::open`], [`Refusal`]'s decoder, the certificate
+//! message's split and the certificate's parse (the parsing half of
+//! [`Authority::verify`](crate::trust::Authority::verify)), the timeout
+//! notice's name list, the policy codes — and hands key agreement messages
+//! to the engine, which starts with
+//! [`Envelope::decode`](conclave_gka::message::Envelope::decode).
+//!
+//! [`parse_payload`] runs all of these pure parsing steps on any bytes, with
+//! no daemon, session, group key or authority, so the decoders can be fuzzed
+//! (`fuzz/fuzz_targets/secure_payload.rs`) and property-tested
+//! (`tests/decoders.rs`). It calls the very functions a session calls; what
+//! it leaves out needs live state: the checks against the current view,
+//! epoch and members, the authority's chain and revocation check, and the
+//! key agreement engines' body decoders (fuzzed by the `protocol_message`
+//! target of `conclave-gka`).
+//!
+//! [`RejectReason::Malformed`]: crate::RejectReason::Malformed
+
+use conclave_gka::codec::DecodeError;
+use conclave_gka::message::Envelope;
+use conclave_gka::{GroupId, ProtocolId};
+use rustls_pki_types::CertificateDer;
+
+use crate::data::{DataError, DataHeader, EpochKeys};
+use crate::trust::{MemberCert, Refusal};
+use crate::Policy;
+
+/// Payload tags: the first byte of every payload this layer puts on a daemon group.
+pub mod tag {
+    /// A key agreement message: `tag ‖ protocol code ‖ group code ‖ engine bytes`.
+    pub const KA: u8 = 1;
+    /// A data message: `tag ‖ header ‖ ciphertext`.
+    pub const DATA: u8 = 2;
+    /// The oldest member telling a newcomer the group's policy differs from
+    /// its own (unicast): `tag ‖ protocol code ‖ group code`.
+    pub const POLICY: u8 = 3;
+    /// A member presenting its certificate in a view (agreed multicast):
+    /// `tag ‖ u64 view ‖ u16 length ‖ certificate DER ‖ Ed25519 signature`
+    /// binding the certificate to the group, the view and the member.
+    pub const CERT: u8 = 4;
+    /// An accepted member giving up on members that presented no
+    /// certificate (agreed multicast): `tag ‖ u64 view ‖ (u8 length ‖ name)*`.
+    pub const TIMEOUT: u8 = 5;
+    /// The oldest accepted member telling a refused member why (unicast):
+    /// `tag ‖ u64 view ‖ refusal`.
+    pub const REFUSED: u8 = 6;
+    // The last three carry the view they were made for: one sent just after
+    // a view change can be delivered in the next view, where it is stale and
+    // dropped (its sender sends a fresh one for the new view).
+}
+
+/// Why a payload's framing (or a data message's header) is malformed. A
+/// session rejects such a payload with [`RejectReason::Malformed`](crate::RejectReason::Malformed).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PayloadError {
+    /// No bytes at all.
+    #[error("empty payload")]
+    Empty,
+    /// The first byte is no known [`tag`].
+    #[error("unknown payload tag {0}")]
+    UnknownTag(u8),
+    /// Too short (or, for a policy notice, not exactly 3 bytes) for its tag.
+    #[error("payload of tag {tag} has a wrong length ({len} bytes)")]
+    Length {
+        /// The tag.
+        tag: u8,
+        /// The payload's length, tag included.
+        len: usize,
+    },
+    /// A data message whose header does not decode.
+    #[error("malformed data message header")]
+    DataHeader,
+}
+
+/// The three trust messages, which carry the view they were made for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TrustKind {
+    Cert,
+    Timeout,
+    Refused,
+}
+
+/// A payload split at its tag: the framing step, common to the session and
+/// [`parse_payload`]. Bodies are decoded by their kind's decoder.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Frame<'a> {
+    /// The sender's policy codes (protocol, group) and the engine's bytes.
+    KeyAgreement { policy: (u8, u8), body: &'a [u8] },
+    /// `header ‖ ciphertext`.
+    Data(&'a [u8]),
+    /// The group's policy codes (protocol, group).
+    Policy((u8, u8)),
+    /// A trust message made for `view`.
+    Trust { kind: TrustKind, view: u64, body: &'a [u8] },
+}
+
+impl<'a> Frame<'a> {
+    /// Splits `bytes` at its tag. Does not look at the channel it came on.
+    pub(crate) fn parse(bytes: &'a [u8]) -> Result<Frame<'a>, PayloadError> {
+        let (&t, rest) = bytes.split_first().ok_or(PayloadError::Empty)?;
+        let short = PayloadError::Length { tag: t, len: bytes.len() };
+        match t {
+            tag::KA => match rest {
+                [p, g, body @ ..] => Ok(Frame::KeyAgreement { policy: (*p, *g), body }),
+                _ => Err(short),
+            },
+            tag::DATA => Ok(Frame::Data(rest)),
+            tag::POLICY => match rest {
+                [p, g] => Ok(Frame::Policy((*p, *g))),
+                _ => Err(short),
+            },
+            tag::CERT | tag::TIMEOUT | tag::REFUSED => {
+                let kind = match t {
+                    tag::CERT => TrustKind::Cert,
+                    tag::TIMEOUT => TrustKind::Timeout,
+                    _ => TrustKind::Refused,
+                };
+                let (view, body) = rest.split_first_chunk::<8>().ok_or(short)?;
+                Ok(Frame::Trust { kind, view: u64::from_be_bytes(*view), body })
+            }
+            _ => Err(PayloadError::UnknownTag(t)),
+        }
+    }
+}
+
+/// The policy named by a pair of codes, if both are known.
+pub(crate) fn decode_policy((p, g): (u8, u8)) -> Option<Policy> {
+    Some(Policy { protocol: ProtocolId::from_code(p)?, group_id: GroupId::ALL.into_iter().find(|x| x.code() == g)? })
+}
+
+/// Splits a certificate message's body into the certificate (DER) and the
+/// signature that proves its holder presents it; the refusal a member
+/// earns by presenting anything else.
+pub(crate) fn split_cert(body: &[u8]) -> Result<(&[u8], &[u8]), Refusal> {
+    let parts = || {
+        let (len, rest) = body.split_first_chunk::<2>()?;
+        let (der, sig) = rest.split_at_checked(u16::from_be_bytes(*len) as usize)?;
+        (!sig.is_empty()).then_some((der, sig))
+    };
+    parts().ok_or_else(|| Refusal::Malformed("not a certificate message".into()))
+}
+
+/// The member names of a timeout notice's body: `(u8 length ‖ name)*`. A
+/// name cut short ends the list; the names before it still count.
+pub(crate) fn timeout_names(body: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = body;
+    std::iter::from_fn(move || {
+        let (&n, r) = rest.split_first()?;
+        let (name, r) = r.split_at_checked(n as usize)?;
+        rest = r;
+        Some(name)
+    })
+}
+
+/// A payload taken apart by [`parse_payload`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ParsedPayload {
+    /// A key agreement message ([`tag::KA`]).
+    KeyAgreement {
+        /// The sender's policy, `None` if its codes are unknown.
+        policy: Option<Policy>,
+        /// The engine message's envelope (signature not checked).
+        envelope: Result<Envelope, DecodeError>,
+    },
+    /// A data message ([`tag::DATA`]) with a well-formed header.
+    Data {
+        /// The header.
+        header: DataHeader,
+        /// The message opened with keys of a fixed, public root (never a
+        /// group's): in practice always [`DataError::AuthFailed`], unless the
+        /// message was sealed with those very keys (a test hook).
+        opened: Result<Vec<u8>, DataError>,
+    },
+    /// A policy notice ([`tag::POLICY`]): the group's policy, `None` if
+    /// its codes are unknown.
+    Policy(Option<Policy>),
+    /// A certificate message ([`tag::CERT`]).
+    Cert {
+        /// The view it was made for.
+        view: u64,
+        /// What the certificate says, or the refusal a session gives a
+        /// member that presents this message whatever its authority.
+        certificate: Result<PresentedCert, Refusal>,
+    },
+    /// A timeout notice ([`tag::TIMEOUT`]).
+    Timeout {
+        /// The view it was made for.
+        view: u64,
+        /// The names it lists (raw bytes, as a session compares them with
+        /// its view's member names).
+        names: Vec<Vec<u8>>,
+    },
+    /// A refusal notice ([`tag::REFUSED`]).
+    Refused {
+        /// The view it was made for.
+        view: u64,
+        /// The reason, `None` if it does not decode (a session ignores the notice then).
+        reason: Option<Refusal>,
+    },
+}
+
+/// A presented certificate, parsed but not checked against any authority.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PresentedCert {
+    /// The subject's common name (the member it certifies), if it has one.
+    pub common_name: Option<String>,
+    /// The serial number, hex.
+    pub serial: String,
+    /// The length of the signature that follows the certificate.
+    pub signature_len: usize,
+}
+
+/// Runs every pure parsing step a session applies to a received payload —
+/// the same functions, in the same order — with no session, daemon, key or
+/// authority. For fuzzing and tests. It never panics, and it returns an
+/// error exactly when a session, whatever its state, would reject the
+/// payload as malformed. It does not look at the channel (a session also
+/// rejects a payload that comes by unicast when it should come by multicast,
+/// or the other way round); see the [module doc](self) for the other steps
+/// it leaves out.
+pub fn parse_payload(bytes: &[u8]) -> Result<ParsedPayload, PayloadError> {
+    Ok(match Frame::parse(bytes)? {
+        Frame::KeyAgreement { policy, body } => {
+            ParsedPayload::KeyAgreement { policy: decode_policy(policy), envelope: Envelope::decode(body) }
+        }
+        Frame::Data(raw) => {
+            let (header, _, _) = DataHeader::decode(raw).map_err(|_| PayloadError::DataHeader)?;
+            let keys = EpochKeys::fixed_public(header.group.clone(), header.epoch);
+            let opened = keys.open(raw).map(|(_, plaintext)| plaintext);
+            ParsedPayload::Data { header, opened }
+        }
+        Frame::Policy(codes) => ParsedPayload::Policy(decode_policy(codes)),
+        Frame::Trust { kind: TrustKind::Cert, view, body } => {
+            let certificate = split_cert(body).and_then(|(der, sig)| {
+                let der = CertificateDer::from(der);
+                let cert = MemberCert::parse(&der)?;
+                Ok(PresentedCert { common_name: cert.common_name(), serial: cert.serial(), signature_len: sig.len() })
+            });
+            ParsedPayload::Cert { view, certificate }
+        }
+        Frame::Trust { kind: TrustKind::Timeout, view, body } => {
+            ParsedPayload::Timeout { view, names: timeout_names(body).map(<[u8]>::to_vec).collect() }
+        }
+        Frame::Trust { kind: TrustKind::Refused, view, body } => {
+            ParsedPayload::Refused { view, reason: Refusal::decode(body) }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framing_lengths() {
+        assert_eq!(Frame::parse(&[]).unwrap_err(), PayloadError::Empty);
+        assert_eq!(Frame::parse(&[0]).unwrap_err(), PayloadError::UnknownTag(0));
+        assert_eq!(Frame::parse(&[7, 1]).unwrap_err(), PayloadError::UnknownTag(7));
+        assert!(Frame::parse(&[tag::KA, 1]).is_err());
+        assert!(matches!(Frame::parse(&[tag::KA, 1, 2]), Ok(Frame::KeyAgreement { policy: (1, 2), body: [] })));
+        assert!(matches!(Frame::parse(&[tag::DATA]), Ok(Frame::Data([]))));
+        assert!(Frame::parse(&[tag::POLICY, 1]).is_err());
+        assert!(Frame::parse(&[tag::POLICY, 1, 2, 3]).is_err());
+        assert!(matches!(Frame::parse(&[tag::POLICY, 1, 2]), Ok(Frame::Policy((1, 2)))));
+        for t in [tag::CERT, tag::TIMEOUT, tag::REFUSED] {
+            let mut p = vec![t, 0, 0, 0, 0, 0, 0, 1];
+            assert!(Frame::parse(&p).is_err());
+            p.push(2);
+            assert!(matches!(Frame::parse(&p), Ok(Frame::Trust { view: 0x102, body: [], .. })));
+        }
+    }
+
+    #[test]
+    fn cert_split_and_timeout_names() {
+        assert_eq!(split_cert(&[0, 2, 9, 9, 5]), Ok((&[9u8, 9][..], &[5u8][..])));
+        assert!(split_cert(&[0, 2, 9, 9]).is_err(), "no signature");
+        assert!(split_cert(&[0, 3, 9, 9]).is_err(), "certificate cut short");
+        assert!(split_cert(&[0xff, 0xff]).is_err());
+        assert!(split_cert(&[0]).is_err());
+        let names: Vec<&[u8]> = timeout_names(&[1, b'a', 2, b'b', b'c', 5, b'd']).collect();
+        assert_eq!(names, [&b"a"[..], b"bc"]);
+        assert_eq!(timeout_names(&[]).count(), 0);
+        assert_eq!(timeout_names(&[0, 0]).count(), 2);
+    }
+}
