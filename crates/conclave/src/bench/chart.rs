@@ -15,13 +15,16 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
-const COLORS: [RGBColor; 6] = [
+/// Series colours in order; the seventh (grey) is for five protocols, MLS and
+/// the membership line of `bench events --engine daemon` on one chart.
+const COLORS: [RGBColor; 7] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
     RGBColor(214, 39, 40),
     RGBColor(148, 103, 189),
     RGBColor(140, 86, 75),
+    RGBColor(127, 127, 127),
 ];
 
 /// Sans-serif families tried in order for the PNG's text; plotters writes

@@ -143,6 +143,11 @@ pub struct EventsArgs {
     /// library on today's CPU would compare machines, not protocols).
     #[arg(long, value_enum)]
     peer: Option<Peer>,
+    /// With --engine daemon, the membership line (Fig. 16) is timed before
+    /// the protocols at every event and size: the same event with plain
+    /// group communication clients, no key agreement. This leaves it out.
+    #[arg(long)]
+    no_membership: bool,
 }
 
 /// What runs the members.
@@ -507,17 +512,22 @@ fn run_once(
     Ok(RunResult { total_ms, bound_ms })
 }
 
+/// The protocol name of the membership line's points.
+const MEMBERSHIP: &str = "membership";
+
 /// One point of the output.
 #[derive(Serialize, Debug)]
 pub struct Point {
+    /// A protocol's name, or [`MEMBERSHIP`].
     pub protocol: String,
     pub event: TimedEvent,
     pub n: usize,
     pub mean_ms: f64,
     pub p50_ms: f64,
     pub p95_ms: f64,
-    pub bound_ms: f64,
-    pub ratio_to_bound: f64,
+    /// `None` (JSON null) for the membership line: it has no cryptography.
+    pub bound_ms: Option<f64>,
+    pub ratio_to_bound: Option<f64>,
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -527,45 +537,97 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 
 impl Point {
     /// The point of `times` (ms, any order) against `bound`.
-    fn new(protocol: ProtocolId, event: TimedEvent, n: usize, mut times: Vec<f64>, bound: f64) -> Point {
+    fn new(protocol: ProtocolId, event: TimedEvent, n: usize, times: Vec<f64>, bound: f64) -> Point {
+        Self::of(protocol.name(), event, n, times, Some(bound))
+    }
+
+    /// The membership line's point of `times` (ms, any order): no bound.
+    fn membership(event: TimedEvent, n: usize, times: Vec<f64>) -> Point {
+        Self::of(MEMBERSHIP, event, n, times, None)
+    }
+
+    fn of(protocol: &str, event: TimedEvent, n: usize, mut times: Vec<f64>, bound: Option<f64>) -> Point {
         times.sort_by(f64::total_cmp);
         let mean = times.iter().sum::<f64>() / times.len() as f64;
         Point {
-            protocol: protocol.name().into(),
+            protocol: protocol.into(),
             event,
             n,
             mean_ms: mean,
             p50_ms: percentile(&times, 0.5),
             p95_ms: percentile(&times, 0.95),
             bound_ms: bound,
-            ratio_to_bound: mean / bound,
+            ratio_to_bound: bound.map(|b| mean / b),
         }
     }
 }
 
-/// The column heads of the points table.
-fn write_header(out: &mut impl Write) -> std::io::Result<()> {
+/// Width of the points table's first column: protocol names, or with the
+/// membership line its name.
+fn proto_width(membership: bool) -> usize {
+    if membership {
+        MEMBERSHIP.len()
+    } else {
+        5
+    }
+}
+
+/// The column heads of the points table, its first column `w` wide.
+fn write_header(out: &mut impl Write, w: usize) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:<5} {:<10} {:>4} | {:>9} {:>9} {:>9} | {:>9} {:>7}",
+        "{:<w$} {:<10} {:>4} | {:>9} {:>9} {:>9} | {:>9} {:>7}",
         "proto", "event", "n", "mean", "p50", "p95", "bound", "÷bound"
     )
 }
 
-/// One row of the points table, the `done`th of `total`.
-fn write_row(out: &mut impl Write, p: &Point, done: usize, total: usize) -> std::io::Result<()> {
+/// One row of the points table, the `done`th of `total`; `-` for no bound.
+fn write_row(out: &mut impl Write, p: &Point, w: usize, done: usize, total: usize) -> std::io::Result<()> {
+    let or_dash = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
     writeln!(
         out,
-        "{:<5} {:<10} {:>4} | {:>9.2} {:>9.2} {:>9.2} | {:>9.2} {:>7.2}   [{done}/{total}]",
+        "{:<w$} {:<10} {:>4} | {:>9.2} {:>9.2} {:>9.2} | {:>9} {:>7}   [{done}/{total}]",
         p.protocol,
         event_name(p.event),
         p.n,
         p.mean_ms,
         p.p50_ms,
         p.p95_ms,
-        p.bound_ms,
-        p.ratio_to_bound
+        or_dash(p.bound_ms),
+        or_dash(p.ratio_to_bound)
     )
+}
+
+/// After the daemon engine's table: each protocol's mean minus the
+/// membership line's mean at the same event and size, in ms, i.e. what key
+/// agreement adds on top of the membership service (Fig. 16). Nothing
+/// without membership points.
+fn write_over_membership(out: &mut impl Write, points: &[Point], protocols: &[ProtocolId]) -> std::io::Result<()> {
+    let lines: Vec<&Point> = points.iter().filter(|p| p.protocol == MEMBERSHIP).collect();
+    if lines.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "\nKey agreement on top of membership: each protocol's mean minus the membership line's mean (plain \
+         clients, same event), ms."
+    )?;
+    write!(out, "{:<10} {:>4} | {:>10} |", "event", "n", MEMBERSHIP)?;
+    for p in protocols {
+        write!(out, " {:>9}", p.name())?;
+    }
+    writeln!(out)?;
+    for m in lines {
+        write!(out, "{:<10} {:>4} | {:>10.2} |", event_name(m.event), m.n, m.mean_ms)?;
+        for proto in protocols {
+            match points.iter().find(|p| p.event == m.event && p.n == m.n && p.protocol == proto.name()) {
+                Some(p) => write!(out, " {:>+9.2}", p.mean_ms - m.mean_ms)?,
+                None => write!(out, " {:>9}", "-")?,
+            }
+        }
+        writeln!(out)?;
+    }
+    Ok(())
 }
 
 /// Runs the benchmark.
@@ -617,7 +679,7 @@ pub fn run(args: EventsArgs) -> Result<()> {
         "Time until every member has the new key, virtual ms ({:?} costs: exp {:.3}, sign {:.3}, verify {:.3}, message {:.2}; {:?} network; {} runs per point).",
         args.costs, model.exp, model.sign, model.verify, model.multicast, args.wan, args.runs
     )?;
-    write_header(&mut out)?;
+    write_header(&mut out, proto_width(false))?;
     let mut points = Vec::new();
     let total = args.events.len() * protocols.len() * sizes.len();
     let progress = progress_bar((total * args.runs) as u64);
@@ -653,7 +715,7 @@ pub fn run(args: EventsArgs) -> Result<()> {
                 let bound = bounds.iter().sum::<f64>() / bounds.len() as f64;
                 let p = Point::new(protocol, event, n, times, bound);
                 // Printed under the bar so the two do not tear each other.
-                progress.suspend(|| write_row(&mut out, &p, done, total))?;
+                progress.suspend(|| write_row(&mut out, &p, proto_width(false), done, total))?;
                 points.push(p);
             }
         }
@@ -670,6 +732,10 @@ pub fn run(args: EventsArgs) -> Result<()> {
 /// per cluster node); on the WAN each message on the path adds its one-way
 /// delay between the nodes' sites. What the cryptography and the wire alone
 /// need when every member has a CPU of its own.
+///
+/// Unless `--no-membership`, each event and size is first timed with plain
+/// group communication clients (the membership line, [`MEMBERSHIP`]), and a
+/// table of what each protocol adds on top of it follows the points.
 #[allow(clippy::too_many_arguments)]
 fn daemon_points(
     args: &EventsArgs,
@@ -698,11 +764,32 @@ fn daemon_points(
          same placement, {network}; it leaves out the daemons, Corosync and its failure detection; {} runs per point.",
         model.exp, model.sign, model.verify, args.runs
     )?;
-    write_header(out)?;
-    let total = args.events.len() * protocols.len() * sizes.len();
+    let membership = !args.no_membership;
+    if membership {
+        writeln!(
+            out,
+            "{MEMBERSHIP}: the same event with plain group communication clients (no key agreement, no secure \
+             session), same placement and leavers, until every member has the new view: the membership service's \
+             share of every protocol's time (Fig. 16); no bound."
+        )?;
+    }
+    let w = proto_width(membership);
+    write_header(out, w)?;
+    let lines = protocols.len() + usize::from(membership);
+    let total = args.events.len() * lines * sizes.len();
     let progress = progress_bar(total as u64);
     let mut points = Vec::new();
     for &event in &args.events {
+        if membership {
+            for &n in sizes {
+                progress.set_message(format!("{MEMBERSHIP} {} n={n} (daemon)", event_name(event)));
+                let times = target.time_membership(event, n, args.runs, args.seed)?;
+                let p = Point::membership(event, n, times);
+                progress.inc(1);
+                progress.suspend(|| write_row(out, &p, w, points.len() + 1, total))?;
+                points.push(p);
+            }
+        }
         for &protocol in protocols {
             for &n in sizes {
                 progress.set_message(format!("{} {} n={n} (daemon)", protocol.name(), event_name(event)));
@@ -711,12 +798,13 @@ fn daemon_points(
                 let bound = run_once(protocol, event, n, group, scheme, model, target.placement(), args.seed)?.bound_ms;
                 let p = Point::new(protocol, event, n, times, bound);
                 progress.inc(1);
-                progress.suspend(|| write_row(out, &p, points.len() + 1, total))?;
+                progress.suspend(|| write_row(out, &p, w, points.len() + 1, total))?;
                 points.push(p);
             }
         }
     }
     progress.finish_and_clear();
+    write_over_membership(out, &points, protocols)?;
     Ok(points)
 }
 
@@ -891,11 +979,20 @@ fn write_outputs(
     }
     std::fs::write(dir.join("events.json"), serde_json::to_string_pretty(points)?)?;
     let mut csv = String::from("protocol,event,n,mean_ms,p50_ms,p95_ms,bound_ms,ratio_to_bound\n");
+    // The membership line has no bound: empty fields.
+    let or_empty = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
     for p in points {
         let event = event_name(p.event);
         csv += &format!(
-            "{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3}\n",
-            p.protocol, event, p.n, p.mean_ms, p.p50_ms, p.p95_ms, p.bound_ms, p.ratio_to_bound
+            "{},{},{},{:.3},{:.3},{:.3},{},{}\n",
+            p.protocol,
+            event,
+            p.n,
+            p.mean_ms,
+            p.p50_ms,
+            p.p95_ms,
+            or_empty(p.bound_ms),
+            or_empty(p.ratio_to_bound)
         );
     }
     std::fs::write(dir.join("events.csv"), csv)?;
@@ -916,6 +1013,15 @@ fn write_outputs(
             peer_rows.iter().filter_map(|r| Some((r.n as f64, mls_total(r, event, model, args.wan)?))).collect();
         if !mls.is_empty() {
             series.push(super::chart::Series { name: "MLS (mls-rs)".into(), points: mls });
+        }
+        // Fig. 16's line of the insecure membership service alone (daemon engine).
+        let membership: Vec<(f64, f64)> = points
+            .iter()
+            .filter(|p| p.event == event && p.protocol == MEMBERSHIP)
+            .map(|p| (p.n as f64, p.mean_ms))
+            .collect();
+        if !membership.is_empty() {
+            series.push(super::chart::Series { name: MEMBERSHIP.into(), points: membership });
         }
         let title = format!("{name}: {} / {:?} costs / {:?} network", args.suite, args.costs, args.wan);
         super::chart::line_chart(&dir.join(format!("{name}.svg")), &title, "group size", "time (ms)", &series)?;

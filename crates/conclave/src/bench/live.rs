@@ -10,6 +10,13 @@
 //! or a heal of the network) until the last member concerned has shown the
 //! new secure view (which it does only once the key is installed).
 //!
+//! The same events are also timed with plain group communication clients
+//! (`conclave-gcs-net`'s [`Client`]: no key agreement, no secure session),
+//! placed and driven the same way: the *membership* line of the paper's
+//! Fig. 16, the part of each protocol's time that is the daemons' (and
+//! Corosync's) membership service. Its time runs until the last member
+//! concerned has received the new view, all of them with one view id.
+//!
 //! On the cluster, a partition moves the last ⌊N/2⌋ nodes onto a bridge of
 //! their own (with 3 nodes: node 3 alone, so a third of the members against
 //! two thirds); a merge moves them back. Both times include Corosync's
@@ -36,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use conclave_gcs_net::{Daemon, DaemonConfig};
+use conclave_gcs_net::{Client, Daemon, DaemonConfig, Event};
 use conclave_gka::suite::generate_signer;
 #[cfg(test)]
 use conclave_gka::GroupId;
@@ -113,7 +120,8 @@ impl Target {
     }
 
     /// Times `runs` events of one kind at group size `n` (the size after a
-    /// join, before a leave, partition or merge), in wall-clock milliseconds.
+    /// join, before a leave, partition or merge), in wall-clock milliseconds:
+    /// every member a secure session under `policy`.
     pub fn time(
         &self,
         policy: Policy,
@@ -123,6 +131,17 @@ impl Target {
         runs: usize,
         seed: u64,
     ) -> Result<Vec<f64>> {
+        self.time_line(Line::Secure(policy, scheme), event, n, runs, seed)
+    }
+
+    /// The membership line: the same events as [`Target::time`], with the
+    /// same placement and the same leavers as the protocols other than STR,
+    /// timed with plain group communication clients (no key agreement).
+    pub fn time_membership(&self, event: TimedEvent, n: usize, runs: usize, seed: u64) -> Result<Vec<f64>> {
+        self.time_line(Line::Membership, event, n, runs, seed)
+    }
+
+    fn time_line(&self, line: Line, event: TimedEvent, n: usize, runs: usize, seed: u64) -> Result<Vec<f64>> {
         if n < 2 {
             bail!("group size {n} is too small: an event needs at least 2 members");
         }
@@ -136,7 +155,7 @@ impl Target {
             let timed = async {
                 if let Some(c) = &self.cluster {
                     let daemons = Daemons { sockets: c.sockets(), net: Some(c) };
-                    return point(&daemons, policy, scheme, event, n, runs, tag, seed).await;
+                    return line.point(&daemons, event, n, runs, tag, seed).await;
                 }
                 if event.needs_a_network() {
                     bail!("a standalone daemon cannot partition: give --cluster N to time {event:?}");
@@ -147,7 +166,7 @@ impl Target {
                     .await
                     .context("starting the embedded daemon")?;
                 let daemons = Daemons { sockets: vec![socket], net: None };
-                let r = point(&daemons, policy, scheme, event, n, runs, tag, seed).await;
+                let r = line.point(&daemons, event, n, runs, tag, seed).await;
                 daemon.shutdown().await;
                 r
             };
@@ -163,24 +182,216 @@ impl Target {
                 _ = interrupted => bail!("interrupted"),
             }
         })
-        .with_context(|| format!("{} {event:?} at n = {n}", policy.protocol))
+        .with_context(|| format!("{line} {event:?} at n = {n}"))
     }
 }
 
-/// Members of one group, each a session in its own task.
-struct Group {
-    cmds: Vec<mpsc::UnboundedSender<Cmd>>,
-    reports: mpsc::UnboundedReceiver<Report<usize>>,
+/// What one point times: secure sessions of one protocol, or plain clients.
+#[derive(Clone, Copy)]
+enum Line {
+    Secure(Policy, SignatureId),
+    Membership,
+}
+
+impl std::fmt::Display for Line {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Line::Secure(policy, _) => write!(f, "{}", policy.protocol),
+            Line::Membership => f.write_str("membership"),
+        }
+    }
+}
+
+impl Line {
+    /// Starts this line's members of one point and times its events (see [`point`]).
+    async fn point(
+        self,
+        daemons: &Daemons<'_>,
+        event: TimedEvent,
+        n: usize,
+        runs: usize,
+        tag: usize,
+        seed: u64,
+    ) -> Result<Vec<f64>> {
+        match self {
+            Line::Secure(policy, scheme) => {
+                let group = Group::<Secure>::start(&daemons.sockets, policy, scheme, n, tag, seed).await?;
+                point(group, daemons.net, event, n, runs, seed).await
+            }
+            Line::Membership => {
+                let group = Group::<Plain>::start(&daemons.sockets, n, tag).await?;
+                point(group, daemons.net, event, n, runs, seed).await
+            }
+        }
+    }
+}
+
+/// What a member reported, as the event choreography reads it.
+enum Seen {
+    /// A view (secure or plain) of `size` members, and what its members
+    /// must agree on: the key's fingerprint, or the view id.
+    View { size: usize, agreed: String },
+    /// The member's leave took effect.
+    Left,
+    /// Anything else.
+    Other,
+}
+
+/// A kind of member: a secure session ([`Secure`]) or a plain group
+/// communication client ([`Plain`]). [`Group`] and [`point`] drive both
+/// alike.
+trait Kind {
+    /// A command to one member's task.
+    type Cmd;
+    /// What one member's task reports.
+    type Report;
+    /// What the members of one view agree on, in words.
+    const AGREED: &'static str;
+    /// The command to join the group.
+    fn join(&self) -> Self::Cmd;
+    /// The command to leave it.
+    fn leave(&self) -> Self::Cmd;
+    /// The protocol the members run, if any: it picks the leaver (§6.1.2).
+    fn protocol(&self) -> Option<ProtocolId>;
+    /// Who reported, when, and what (or why the member failed).
+    fn read(report: Self::Report) -> (usize, Instant, Result<Seen, String>);
+}
+
+/// Members that are secure sessions ([`scripted`]) under one policy.
+struct Secure {
     policy: Policy,
+}
+
+impl Kind for Secure {
+    type Cmd = Cmd;
+    type Report = Report<usize>;
+    const AGREED: &'static str = "key";
+
+    fn join(&self) -> Cmd {
+        Cmd::Join(self.policy)
+    }
+
+    fn leave(&self) -> Cmd {
+        Cmd::Leave
+    }
+
+    fn protocol(&self) -> Option<ProtocolId> {
+        Some(self.policy.protocol)
+    }
+
+    fn read(r: Report<usize>) -> (usize, Instant, Result<Seen, String>) {
+        let seen = match r.event {
+            Ok(SecureEvent::View(v)) => Ok(Seen::View { size: v.members.len(), agreed: v.fingerprint }),
+            Ok(SecureEvent::Left { .. }) => Ok(Seen::Left),
+            Ok(SecureEvent::DaemonError { code, text }) => Err(format!("the daemon says {code:?}: {text}")),
+            Ok(_) => Ok(Seen::Other),
+            Err(e) => Err(e),
+        };
+        (r.who, r.at, seen)
+    }
+}
+
+/// Members that are plain group communication clients: the membership line.
+struct Plain;
+
+/// A command to a plain client's task.
+#[derive(Clone, Copy, Debug)]
+enum PlainCmd {
+    Join,
+    Leave,
+}
+
+/// An event of one plain client, or why it failed, and when it came.
+struct PlainReport {
+    who: usize,
+    event: Result<Event, String>,
+    at: Instant,
+}
+
+impl Kind for Plain {
+    type Cmd = PlainCmd;
+    type Report = PlainReport;
+    const AGREED: &'static str = "view id";
+
+    fn join(&self) -> PlainCmd {
+        PlainCmd::Join
+    }
+
+    fn leave(&self) -> PlainCmd {
+        PlainCmd::Leave
+    }
+
+    fn protocol(&self) -> Option<ProtocolId> {
+        None
+    }
+
+    fn read(r: PlainReport) -> (usize, Instant, Result<Seen, String>) {
+        let seen = match r.event {
+            Ok(Event::View { view, .. }) => Ok(Seen::View { size: view.members.len(), agreed: view.id.to_string() }),
+            Ok(Event::Left { .. }) => Ok(Seen::Left),
+            Ok(Event::Error { code, text }) => Err(format!("the daemon says {code:?}: {text}")),
+            Ok(_) => Ok(Seen::Other),
+            Err(e) => Err(e),
+        };
+        (r.who, r.at, seen)
+    }
+}
+
+/// Runs plain client `who` in group `group`, as [`scripted::spawn`] runs a
+/// session: commands in, every event out (stamped when it came), until the
+/// command channel or the report channel closes or the connection ends.
+fn spawn_plain(
+    client: Client,
+    group: String,
+    who: usize,
+    out: mpsc::UnboundedSender<PlainReport>,
+) -> mpsc::UnboundedSender<PlainCmd> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<PlainCmd>();
+    let (sender, mut receiver) = client.split();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                cmd = rx.recv() => {
+                    let r = match cmd {
+                        None => return,
+                        Some(PlainCmd::Join) => sender.join(&group).await,
+                        Some(PlainCmd::Leave) => sender.leave(&group).await,
+                    };
+                    if let Err(e) = r {
+                        if out.send(PlainReport { who, event: Err(e.to_string()), at: Instant::now() }).is_err() {
+                            return;
+                        }
+                    }
+                }
+                // Cancel-safe: an event half read when a command comes is read on.
+                ev = receiver.recv() => {
+                    let ended = ev.is_err();
+                    let event = ev.map_err(|e| format!("connection ended: {e}"));
+                    if out.send(PlainReport { who, event, at: Instant::now() }).is_err() || ended {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    tx
+}
+
+/// Members of one group, each in its own task: secure sessions or plain clients.
+struct Group<K: Kind> {
+    kind: K,
+    cmds: Vec<mpsc::UnboundedSender<K::Cmd>>,
+    reports: mpsc::UnboundedReceiver<K::Report>,
     /// Per member since the last [`Group::forget`]: the size of the last
-    /// secure view it showed, its key fingerprint, and when.
+    /// view it showed, what its members agree on (key fingerprint or view
+    /// id), and when.
     latest: BTreeMap<usize, (usize, String, Instant)>,
     /// Members whose `Left` has arrived since their last command: only they
     /// may join again (a session refuses to join a group it is still leaving).
     gone: BTreeSet<usize>,
 }
 
-impl Group {
+impl Group<Secure> {
     /// `tag` names the point: members and group of earlier points may still
     /// be disconnecting, so names are never reused. Member i connects to
     /// `sockets[i % sockets.len()]`.
@@ -213,12 +424,48 @@ impl Group {
             let tx = scripted::spawn(session, group.clone(), member, report_tx.clone());
             cmds.push(tx);
         }
-        Ok(Self { cmds, reports, policy, latest: BTreeMap::new(), gone: BTreeSet::new() })
+        Ok(Self::new(Secure { policy }, cmds, reports))
+    }
+}
+
+impl Group<Plain> {
+    /// `n` plain clients, named and placed as [`Group::<Secure>::start`] names
+    /// and places sessions.
+    async fn start(sockets: &[PathBuf], n: usize, tag: usize) -> Result<Self> {
+        let group = format!("bench-{tag}");
+        let (report_tx, reports) = mpsc::unbounded_channel();
+        let mut cmds = Vec::new();
+        for member in 0..n {
+            let socket: &Path = &sockets[member % sockets.len()];
+            let client = Client::connect_unix(socket, &format!("b{tag}-{member}"))
+                .await
+                .with_context(|| format!("connecting client {member} to {}", socket.display()))?;
+            cmds.push(spawn_plain(client, group.clone(), member, report_tx.clone()));
+        }
+        Ok(Self::new(Plain, cmds, reports))
+    }
+}
+
+impl<K: Kind> Group<K> {
+    fn new(kind: K, cmds: Vec<mpsc::UnboundedSender<K::Cmd>>, reports: mpsc::UnboundedReceiver<K::Report>) -> Self {
+        Self { kind, cmds, reports, latest: BTreeMap::new(), gone: BTreeSet::new() }
+    }
+
+    /// Asks `member` to join the group.
+    fn join(&mut self, member: usize) -> Result<()> {
+        let cmd = self.kind.join();
+        self.command(member, cmd)
+    }
+
+    /// Asks `member` to leave the group.
+    fn leave(&mut self, member: usize) -> Result<()> {
+        let cmd = self.kind.leave();
+        self.command(member, cmd)
     }
 
     /// Sends a member a command. Every command changes the view, so what
     /// members showed before it no longer counts.
-    fn command(&mut self, member: usize, cmd: Cmd) -> Result<()> {
+    fn command(&mut self, member: usize, cmd: K::Cmd) -> Result<()> {
         self.forget();
         self.gone.remove(&member);
         self.cmds[member].send(cmd).map_err(|_| anyhow!("member {member} stopped"))
@@ -229,29 +476,32 @@ impl Group {
         self.latest.clear();
     }
 
-    /// Waits until every member of `who` shows a secure view of `size`
-    /// members (since the last command or [`Group::forget`]), all under one
-    /// key; returns when the last one did, and the key's fingerprint.
+    /// Waits until every member of `who` shows a view of `size` members
+    /// (since the last command or [`Group::forget`]), all agreeing (one key;
+    /// for plain clients one view id); returns when the last one did, and
+    /// what they agree on.
     async fn settled(&mut self, who: &[usize], size: usize) -> Result<(Instant, String)> {
         let deadline = Instant::now() + WAIT;
         loop {
             let shown: Option<Vec<&(usize, String, Instant)>> =
                 who.iter().map(|m| self.latest.get(m).filter(|(s, _, _)| *s == size)).collect();
             if let Some(shown) = shown.filter(|s| !s.is_empty()) {
-                let key = &shown[0].1;
-                if shown.iter().any(|(_, f, _)| f != key) {
-                    bail!("members show different keys for one view of {size}");
+                let agreed = &shown[0].1;
+                if shown.iter().any(|(_, a, _)| a != agreed) {
+                    bail!("members show different {}s for one view of {size}", K::AGREED);
                 }
                 let last = shown.iter().map(|(_, _, at)| *at).max().expect("not empty");
-                return Ok((last, key.clone()));
+                return Ok((last, agreed.clone()));
             }
-            let r = self.next(deadline).await.with_context(|| format!("waiting for secure views of {size} members"))?;
-            let Ok(SecureEvent::View(v)) = r.event else { continue };
-            self.latest.insert(r.who, (v.members.len(), v.fingerprint, r.at));
+            let (who, at, seen) =
+                self.next(deadline).await.with_context(|| format!("waiting for views of {size} members"))?;
+            if let Seen::View { size, agreed } = seen {
+                self.latest.insert(who, (size, agreed, at));
+            }
         }
     }
 
-    /// Waits until `member`'s session has confirmed its leave.
+    /// Waits until `member` has confirmed its leave.
     async fn departed(&mut self, member: usize) -> Result<()> {
         let deadline = Instant::now() + WAIT;
         while !self.gone.contains(&member) {
@@ -261,22 +511,19 @@ impl Group {
     }
 
     /// The next report (noting departures), or an error at `deadline`.
-    async fn next(&mut self, deadline: Instant) -> Result<Report<usize>> {
+    async fn next(&mut self, deadline: Instant) -> Result<(usize, Instant, Seen)> {
         let left = deadline.saturating_duration_since(Instant::now());
         let r = match tokio::time::timeout(left, self.reports.recv()).await {
             Ok(Some(r)) => r,
             Ok(None) => bail!("every member stopped"),
             Err(_) => bail!("timed out after {WAIT:?}"),
         };
-        match &r.event {
-            Ok(SecureEvent::Left { .. }) => {
-                self.gone.insert(r.who);
-            }
-            Ok(SecureEvent::DaemonError { code, text }) => bail!("member {}: the daemon says {code:?}: {text}", r.who),
-            Ok(_) => {}
-            Err(e) => bail!("member {}: {e}", r.who),
+        let (who, at, seen) = K::read(r);
+        let seen = seen.map_err(|e| anyhow!("member {who}: {e}"))?;
+        if let Seen::Left = seen {
+            self.gone.insert(who);
         }
-        Ok(r)
+        Ok((who, at, seen))
     }
 }
 
@@ -286,19 +533,17 @@ fn ms_since(t0: Instant, t: Instant) -> f64 {
 }
 
 /// Times `runs` events of one kind at group size `n` (the size after a join,
-/// before a leave, partition or merge), in milliseconds.
-#[allow(clippy::too_many_arguments)]
-async fn point(
-    daemons: &Daemons<'_>,
-    policy: Policy,
-    scheme: SignatureId,
+/// before a leave, partition or merge) with `group`'s `n` members (none in
+/// the group yet), in milliseconds. `net` is the cluster, for partitions and
+/// merges.
+async fn point<K: Kind>(
+    mut group: Group<K>,
+    net: Option<&cluster::Cluster>,
     event: TimedEvent,
     n: usize,
     runs: usize,
-    tag: usize,
     seed: u64,
 ) -> Result<Vec<f64>> {
-    let mut group = Group::start(&daemons.sockets, policy, scheme, n, tag, seed).await?;
     let mut rng = ChaCha20Rng::seed_from_u64(seed ^ 0x11fe);
     // The group of n − 1 (join) or n (the others) forms first; members join at once.
     let first = if event == TimedEvent::Join { n - 1 } else { n };
@@ -309,7 +554,7 @@ async fn point(
     for wave in 1..=inside.len().div_ceil(FORMING_WAVE) {
         let upto = (wave * FORMING_WAVE).min(inside.len());
         for &m in &inside[(wave - 1) * FORMING_WAVE..upto] {
-            group.command(m, Cmd::Join(group.policy))?;
+            group.join(m)?;
         }
         group.settled(&inside[..upto], upto).await.context("forming the group")?;
     }
@@ -319,35 +564,36 @@ async fn point(
             TimedEvent::Join => {
                 let joiner = outside.pop().expect("one member waits outside");
                 let t0 = Instant::now();
-                group.command(joiner, Cmd::Join(group.policy))?;
+                group.join(joiner)?;
                 inside.push(joiner);
                 times.push(ms_since(t0, group.settled(&inside, n).await?.0));
                 // Back to n − 1, untimed: the oldest leaves (and waits outside).
                 let leaver = inside.remove(0);
-                group.command(leaver, Cmd::Leave)?;
+                group.leave(leaver)?;
                 outside.push(leaver);
                 group.settled(&inside, n - 1).await?;
                 group.departed(leaver).await?;
             }
             TimedEvent::Leave => {
                 // The §6.1.2 choice: STR's middle member, anyone at random otherwise
-                // (so CKD's controller, the oldest, leaves with chance 1/n).
-                let at = match policy.protocol {
-                    ProtocolId::Str => n / 2,
+                // (so CKD's controller, the oldest, leaves with chance 1/n). The
+                // membership line leaves as the protocols other than STR do.
+                let at = match group.kind.protocol() {
+                    Some(ProtocolId::Str) => n / 2,
                     _ => (rng.next_u64() % n as u64) as usize,
                 };
                 let leaver = inside.remove(at);
                 let t0 = Instant::now();
-                group.command(leaver, Cmd::Leave)?;
+                group.leave(leaver)?;
                 times.push(ms_since(t0, group.settled(&inside, n - 1).await?.0));
-                // Back to n, untimed, once the leaver's session is out.
+                // Back to n, untimed, once the leaver is out.
                 group.departed(leaver).await?;
-                group.command(leaver, Cmd::Join(group.policy))?;
+                group.join(leaver)?;
                 inside.push(leaver);
                 group.settled(&inside, n).await?;
             }
             TimedEvent::Partition | TimedEvent::Merge => {
-                let net = daemons.net.ok_or_else(|| anyhow!("a standalone daemon cannot partition"))?;
+                let net = net.ok_or_else(|| anyhow!("a standalone daemon cannot partition"))?;
                 let (split, merged) = net.partition_and_merge(&mut group, n).await?;
                 times.push(if event == TimedEvent::Partition { split } else { merged });
             }
@@ -476,10 +722,11 @@ mod cluster {
 
         /// Splits the network and heals it again, with `group`'s `n` members
         /// in one view before and after; returns the time from the split
-        /// until both sides show their secure views, and from the heal until
-        /// all show the merged one, in ms. Checks one key per side, and that
-        /// the two sides' keys differ.
-        pub(super) async fn partition_and_merge(&self, group: &mut Group, n: usize) -> Result<(f64, f64)> {
+        /// until both sides show their views (secure views, for sessions),
+        /// and from the heal until all show the merged one, in ms. Checks one
+        /// key (plain clients: one view id) per side, and that the two sides'
+        /// differ.
+        pub(super) async fn partition_and_merge<K: Kind>(&self, group: &mut Group<K>, n: usize) -> Result<(f64, f64)> {
             let nodes = self.nodes.nodes.len();
             let all: Vec<usize> = (0..n).collect();
             let (second, first): (Vec<usize>, Vec<usize>) =
@@ -493,7 +740,7 @@ mod cluster {
             let (a, key_a) = group.settled(&first, first.len()).await.context("the first side of the partition")?;
             let (b, key_b) = group.settled(&second, second.len()).await.context("the second side of the partition")?;
             if key_a == key_b {
-                bail!("both sides of the partition show one key");
+                bail!("both sides of the partition show one {}", K::AGREED);
             }
             let split = ms_since(t0, a.max(b));
             group.forget();
@@ -522,7 +769,7 @@ mod cluster {
             match *self {}
         }
 
-        pub(super) async fn partition_and_merge(&self, _: &mut Group, _: usize) -> Result<(f64, f64)> {
+        pub(super) async fn partition_and_merge<K: Kind>(&self, _: &mut Group<K>, _: usize) -> Result<(f64, f64)> {
             match *self {}
         }
     }
@@ -543,6 +790,47 @@ mod tests {
                 assert!(times.iter().all(|&t| t > 0.0 && t < WAIT.as_secs_f64() * 1e3), "{times:?}");
             }
         }
+    }
+
+    #[test]
+    fn the_membership_line_times_joins_and_leaves_with_plain_clients() {
+        let target = Target::start(None, Wan::Lan, &mut std::io::sink()).unwrap();
+        for event in [TimedEvent::Join, TimedEvent::Leave] {
+            let times = target.time_membership(event, 3, 2, 9).unwrap();
+            assert_eq!(times.len(), 2);
+            assert!(times.iter().all(|&t| t.is_finite() && t > 0.0 && t < WAIT.as_secs_f64() * 1e3), "{times:?}");
+        }
+    }
+
+    /// A plain group fed `views` (member, view id, size) as its clients' reports.
+    fn plain_group_seeing(views: &[(usize, u64, usize)]) -> Group<Plain> {
+        use conclave_gcs::view::{Cause, View, ViewId, ViewMember};
+        let (tx, rx) = mpsc::unbounded_channel();
+        for &(who, id, size) in views {
+            let members = (0..size)
+                .map(|i| ViewMember { id: conclave_gcs::MemberId::new(format!("m{i}")).unwrap(), prev: None })
+                .collect();
+            let view = View { id: ViewId(id), members, cause: Cause::Join };
+            let event = Ok(Event::View { group: conclave_gcs::GroupName::new("g").unwrap(), view });
+            tx.send(PlainReport { who, event, at: Instant::now() }).unwrap();
+        }
+        // The sender goes: a group still waiting after these reports fails at once.
+        Group::new(Plain, Vec::new(), rx)
+    }
+
+    #[test]
+    fn plain_clients_settle_only_on_one_view_id() {
+        crate::block_on(async {
+            // One view id for both: settled, on that id; an older view of another size does not count.
+            let mut group = plain_group_seeing(&[(0, 7, 1), (0, 8, 2), (1, 8, 2)]);
+            assert_eq!(group.settled(&[0, 1], 2).await?.1, "v8");
+            // Two view ids for one size: refused.
+            let mut group = plain_group_seeing(&[(0, 8, 2), (1, 9, 2)]);
+            let e = group.settled(&[0, 1], 2).await.unwrap_err();
+            assert!(e.to_string().contains("different view ids for one view of 2"), "{e:#}");
+            Ok(())
+        })
+        .unwrap();
     }
 
     #[test]
