@@ -331,6 +331,8 @@ pub(super) fn one_way(a: usize, b: usize) -> f64 {
 struct RunResult {
     total_ms: f64,
     bound_ms: f64,
+    /// After a partition: when each side (first, second) last installed.
+    sides_ms: Option<[f64; 2]>,
 }
 
 /// Virtual-time state of one run.
@@ -410,7 +412,7 @@ fn run_once(
         TimedEvent::Join => h.sim().join(&ids[n - 1..], Some(&ids[0]))?,
         TimedEvent::Leave => h.sim().leave(std::slice::from_ref(&leaver))?,
         TimedEvent::Partition | TimedEvent::PartitionP1 | TimedEvent::PartitionP2 => {
-            h.sim().partition(vec![first, second])?
+            h.sim().partition(vec![first.clone(), second.clone()])?
         }
         TimedEvent::Merge => h.sim().merge(&first[0], &second[0])?,
     }
@@ -509,7 +511,11 @@ fn run_once(
     }
     let total_ms = members.iter().map(|m| clock.installed.get(m).copied().unwrap_or(f64::NAN)).fold(0.0, f64::max);
     let bound_ms = ideal_install;
-    Ok(RunResult { total_ms, bound_ms })
+    let side =
+        |ms: &[MemberId]| ms.iter().map(|m| clock.installed.get(m).copied().unwrap_or(f64::NAN)).fold(0.0, f64::max);
+    let sides_ms = matches!(event, TimedEvent::Partition | TimedEvent::PartitionP1 | TimedEvent::PartitionP2)
+        .then(|| [side(&first), side(&second)]);
+    Ok(RunResult { total_ms, bound_ms, sides_ms })
 }
 
 /// The protocol name of the membership line's points.
@@ -681,6 +687,7 @@ pub fn run(args: EventsArgs) -> Result<()> {
     )?;
     write_header(&mut out, proto_width(false))?;
     let mut points = Vec::new();
+    let mut sides = Vec::new();
     let total = args.events.len() * protocols.len() * sizes.len();
     let progress = progress_bar((total * args.runs) as u64);
     let mut done = 0;
@@ -690,6 +697,7 @@ pub fn run(args: EventsArgs) -> Result<()> {
                 done += 1;
                 let mut times = Vec::new();
                 let mut bounds = Vec::new();
+                let mut side_sums = Some([0.0; 2]);
                 for r in 0..args.runs {
                     progress.set_message(format!(
                         "{} {} n={n} run {}/{}",
@@ -711,6 +719,17 @@ pub fn run(args: EventsArgs) -> Result<()> {
                     progress.inc(1);
                     times.push(res.total_ms);
                     bounds.push(res.bound_ms);
+                    side_sums = side_sums.zip(res.sides_ms).map(|(a, b)| [a[0] + b[0], a[1] + b[1]]);
+                }
+                if let Some([a, b]) = side_sums {
+                    let runs = args.runs as f64;
+                    sides.push(SidesRow {
+                        protocol: protocol.name(),
+                        event,
+                        n,
+                        first_ms: a / runs,
+                        second_ms: b / runs,
+                    });
                 }
                 let bound = bounds.iter().sum::<f64>() / bounds.len() as f64;
                 let p = Point::new(protocol, event, n, times, bound);
@@ -721,7 +740,44 @@ pub fn run(args: EventsArgs) -> Result<()> {
         }
     }
     progress.finish_and_clear();
+    write_sides(&mut out, &sides, &args)?;
     finish(&args, &protocols, &peer_sizes, points, &model, &mut out)
+}
+
+/// The mean time of each side of a partition, as Fig. 13 plots them.
+struct SidesRow {
+    protocol: &'static str,
+    event: TimedEvent,
+    n: usize,
+    first_ms: f64,
+    second_ms: f64,
+}
+
+/// Prints each partition's two sides apart (and writes `sides.csv` with `--out`):
+/// Fig. 13 shows them apart, since a side's cost depends on where its members
+/// sit in the tree and on whether it keeps CKD's controller.
+fn write_sides(out: &mut impl Write, rows: &[SidesRow], args: &EventsArgs) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "\nEach side of a partition, mean virtual ms until its last member has its key (first side: the first n/2 \
+         members, or for partition-p1/p2 the odd-numbered ones (1st, 3rd, …) with the oldest member; second: the rest)."
+    )?;
+    writeln!(out, "{:<5} {:<12} {:>4} | {:>10} {:>10}", "proto", "event", "n", "first", "second")?;
+    let mut csv = String::from("protocol,event,n,first_side_ms,second_side_ms\n");
+    for r in rows {
+        let event = event_name(r.event);
+        writeln!(out, "{:<5} {:<12} {:>4} | {:>10.2} {:>10.2}", r.protocol, event, r.n, r.first_ms, r.second_ms)?;
+        csv += &format!("{},{event},{},{:.3},{:.3}\n", r.protocol, r.n, r.first_ms, r.second_ms);
+    }
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(dir.join("sides.csv"), csv)
+            .with_context(|| format!("writing {}", dir.join("sides.csv").display()))?;
+    }
+    Ok(())
 }
 
 /// The daemon engine ([`super::live`]): every point timed over real daemons
@@ -1077,6 +1133,23 @@ mod tests {
             assert!(wan >= lan + one_way(0, 1) - 1e-6, "{event:?}: LAN {lan} ms, WAN {wan} ms");
             assert_eq!(bound(Placement::sim(Wan::Tissec2002)), bound(Placement::sim(Wan::Lan)), "{event:?}");
         }
+    }
+
+    #[test]
+    fn a_second_partition_on_the_same_split_is_cheaper_for_tgdh_only() {
+        // Fig. 13: after P1 and a merge, TGDH's tree is clustered along the
+        // split, so P2 takes fewer rounds; GDH's cost depends on the sizes alone.
+        let model = CostModel::build(CostsFrom::Tissec2002, GroupId::Modp512, SignatureId::Ed25519).unwrap();
+        let run = |protocol, event| {
+            let (group, scheme, place) = (GroupId::Modp512, SignatureId::Ed25519, Placement::sim(Wan::Lan));
+            run_once(protocol, event, 34, group, scheme, &model, place, 1).unwrap()
+        };
+        let (p1, p2) = (run(ProtocolId::Tgdh, TimedEvent::PartitionP1), run(ProtocolId::Tgdh, TimedEvent::PartitionP2));
+        assert!(p2.total_ms < 0.5 * p1.total_ms, "TGDH P1 {p1:?}, P2 {p2:?}");
+        let (p1, p2) = (run(ProtocolId::Gdh, TimedEvent::PartitionP1), run(ProtocolId::Gdh, TimedEvent::PartitionP2));
+        assert!((p1.total_ms - p2.total_ms).abs() < 1e-6, "GDH P1 {p1:?}, P2 {p2:?}");
+        let sides = p1.sides_ms.expect("a partition has sides");
+        assert_eq!(sides[0].max(sides[1]), p1.total_ms, "the point is the slower side");
     }
 
     #[test]
