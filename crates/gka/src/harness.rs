@@ -20,14 +20,15 @@ use std::sync::{Arc, Mutex};
 use conclave_gcs::sim::{Flush, Outgoing, Sim, SimError, SimNode};
 use conclave_gcs::{MemberId, View};
 use rand_chacha::ChaCha20Rng;
-use rand_core::{CryptoRngCore, RngCore, SeedableRng};
+use rand_core::{RngCore, SeedableRng};
 
 use crate::engine::{Engine, Error, Output, StaticDirectory};
 use crate::key::SecureView;
 use crate::meter::Costs;
+use crate::suite::memo::Memo;
 use crate::suite::modp::Modp;
 use crate::suite::ristretto::Ristretto255;
-use crate::suite::{generate_signer, CryptoError, Group, GroupId, SignatureId, Signer, Verifier};
+use crate::suite::{generate_signer, CryptoError, GroupId, SignatureId, Signer, Verifier};
 use crate::{engine_in, Config, ProtocolId};
 
 /// A verifier that remembers the (message, signature) pairs it accepted.
@@ -71,93 +72,10 @@ impl Verifier for RememberingVerifier {
     }
 }
 
-/// A group that remembers the elements it decoded, keyed by their bytes, for
-/// the simulator only.
-///
-/// Every broadcast reaches all n members, and each decodes the same bytes:
-/// forming a TGDH group of n decompresses about n² points, and that was most
-/// of the real time of large simulated groups. Decoding is a deterministic
-/// function of the bytes (the same element, or the same rejection), so a
-/// remembered result changes no outcome: only successful decodings are kept,
-/// and bytes not seen before are decoded and validated for real. Engines meter
-/// exponentiations, never decodings, so costs are unchanged. Real sessions
-/// never see this type: only [`Harness`] builds engines with it.
-#[derive(Clone)]
-struct Memo<G: Group> {
-    inner: G,
-    decoded: Arc<Mutex<HashMap<Vec<u8>, G::Element>>>,
-}
-
-impl<G: Group> Memo<G> {
-    fn new(inner: G) -> Self {
-        Self { inner, decoded: Arc::default() }
-    }
-}
-
-impl<G: Group> Group for Memo<G> {
-    type Element = G::Element;
-    type Scalar = G::Scalar;
-
-    fn id(&self) -> GroupId {
-        self.inner.id()
-    }
-    fn random_scalar(&self, rng: &mut dyn CryptoRngCore) -> G::Scalar {
-        self.inner.random_scalar(rng)
-    }
-    fn exp_generator(&self, s: &G::Scalar) -> G::Element {
-        self.inner.exp_generator(s)
-    }
-    fn exp(&self, base: &G::Element, s: &G::Scalar) -> G::Element {
-        self.inner.exp(base, s)
-    }
-    fn exp_small(&self, base: &G::Element, e: u64) -> G::Element {
-        self.inner.exp_small(base, e)
-    }
-    fn mul(&self, a: &G::Element, b: &G::Element) -> G::Element {
-        self.inner.mul(a, b)
-    }
-    fn div(&self, a: &G::Element, b: &G::Element) -> G::Element {
-        self.inner.div(a, b)
-    }
-    fn identity(&self) -> G::Element {
-        self.inner.identity()
-    }
-    fn scalar_mul(&self, a: &G::Scalar, b: &G::Scalar) -> G::Scalar {
-        self.inner.scalar_mul(a, b)
-    }
-    fn scalar_invert(&self, a: &G::Scalar) -> G::Scalar {
-        self.inner.scalar_invert(a)
-    }
-    fn scalar_from_u64(&self, n: u64) -> G::Scalar {
-        self.inner.scalar_from_u64(n)
-    }
-    fn hash_to_scalar(&self, domain: &[u8], e: &G::Element) -> G::Scalar {
-        self.inner.hash_to_scalar(domain, e)
-    }
-    fn encode(&self, e: &G::Element) -> Vec<u8> {
-        self.inner.encode(e)
-    }
-    fn decode(&self, bytes: &[u8]) -> Result<G::Element, CryptoError> {
-        let mut decoded = self.decoded.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = decoded.get(bytes) {
-            return Ok(e.clone());
-        }
-        let e = self.inner.decode(bytes)?;
-        decoded.insert(bytes.to_vec(), e.clone());
-        Ok(e)
-    }
-    fn element_len(&self) -> usize {
-        self.inner.element_len()
-    }
-    fn encode_scalar(&self, s: &G::Scalar) -> Vec<u8> {
-        self.inner.encode_scalar(s)
-    }
-    fn decode_scalar(&self, bytes: &[u8]) -> Option<G::Scalar> {
-        self.inner.decode_scalar(bytes)
-    }
-}
-
-/// The harness's group: one [`Memo`] shared by all its engines.
+/// The harness's group: one [`Memo`] shared by all its engines, without a
+/// bound. Every broadcast reaches all n simulated members, who decode the
+/// same bytes; sharing the memory decodes each element once per run instead
+/// of once per member (a real engine remembers its own decodings only).
 enum SimGroup {
     Ristretto255(Memo<Ristretto255>),
     Modp(Memo<Modp>),
@@ -166,8 +84,8 @@ enum SimGroup {
 impl SimGroup {
     fn new(id: GroupId) -> Self {
         match id {
-            GroupId::Ristretto255 => Self::Ristretto255(Memo::new(Ristretto255)),
-            id => Self::Modp(Memo::new(Modp::new(id))),
+            GroupId::Ristretto255 => Self::Ristretto255(Memo::new(Ristretto255, usize::MAX)),
+            id => Self::Modp(Memo::new(Modp::new(id), usize::MAX)),
         }
     }
 

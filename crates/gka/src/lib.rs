@@ -121,9 +121,10 @@ pub struct Config {
 
 /// Creates the engine a [`Config`] describes.
 pub fn new_engine(c: Config) -> Box<dyn Engine> {
+    use suite::memo::{self, Memo};
     match c.group_id {
-        GroupId::Ristretto255 => engine_in(suite::ristretto::Ristretto255, c),
-        id => engine_in(suite::modp::Modp::new(id), c),
+        GroupId::Ristretto255 => engine_in(Memo::new(suite::ristretto::Ristretto255, memo::ENGINE_CAPACITY), c),
+        id => engine_in(Memo::new(suite::modp::Modp::new(id), memo::ENGINE_CAPACITY), c),
     }
 }
 

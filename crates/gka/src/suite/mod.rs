@@ -17,6 +17,7 @@
 //! unrelated even when built from equal elements.
 
 pub mod ed25519;
+pub(crate) mod memo;
 pub mod modp;
 pub mod ristretto;
 pub mod rsa;
