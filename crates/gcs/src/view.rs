@@ -174,4 +174,35 @@ impl View {
     pub fn member(&self, id: &MemberId) -> Option<&ViewMember> {
         self.members.iter().find(|m| &m.id == id)
     }
+
+    /// The members that came to this view from the view of `id` (a
+    /// transitional set: they moved together, so they delivered the same
+    /// messages in it). One pass over the list, for callers that would
+    /// otherwise look each member up in turn.
+    pub fn came_from(&self, id: Option<ViewId>) -> std::collections::BTreeSet<&MemberId> {
+        match id {
+            Some(prev) => self.members.iter().filter(|m| m.prev == Some(prev)).map(|m| &m.id).collect(),
+            None => Default::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn came_from_is_the_transitional_set_of_a_view() {
+        let m = |id: &str, prev: Option<u64>| ViewMember { id: MemberId::new(id).unwrap(), prev: prev.map(ViewId) };
+        let view = View {
+            id: ViewId(9),
+            members: vec![m("a", Some(7)), m("b", Some(8)), m("c", None), m("d", Some(7))],
+            cause: Cause::Network,
+        };
+        let names = |id| view.came_from(id).into_iter().map(|m| m.as_str().to_string()).collect::<Vec<_>>();
+        assert_eq!(names(Some(ViewId(7))), ["a", "d"]);
+        assert_eq!(names(Some(ViewId(8))), ["b"]);
+        assert!(view.came_from(Some(ViewId(1))).is_empty());
+        assert!(view.came_from(None).is_empty(), "newcomers share no state with anyone");
+    }
 }

@@ -366,7 +366,8 @@ impl Session {
         let previous = gs.view.replace(view.clone());
         tracing::debug!(%group, view = %view.id, n = view.members.len(), "view; rekeying");
         let my_prev = view.member(&self.me).and_then(|m| m.prev);
-        gs.together.retain(|m| my_prev.is_some() && view.member(m).is_some_and(|x| x.prev == my_prev));
+        let came_with_me = view.came_from(my_prev);
+        gs.together.retain(|m| came_with_me.contains(m));
         gs.held_ka.clear();
         gs.aside = false;
         gs.deadline = None;

@@ -352,7 +352,8 @@ impl<G: Group> Protocol<G> for Ckd<G> {
         let my_prev = cx.view.member(cx.me).and_then(|m| m.prev);
         // Keep a channel only with peers that come from the same view as me
         // (a rule both ends apply alike).
-        self.channels.retain(|peer, _| my_prev.is_some() && cx.view.member(peer).is_some_and(|m| m.prev == my_prev));
+        let came_with_me = cx.view.came_from(my_prev);
+        self.channels.retain(|peer, _| came_with_me.contains(peer));
         let ctrl = Self::controller(cx).clone();
         if ctrl != *cx.me {
             self.ctrl = None;
