@@ -469,7 +469,7 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
             self.proto.reset();
             self.st.known = BTreeMap::from([(self.me.clone(), Tag::Fresh)]);
         } else {
-            let trans: BTreeSet<&MemberId> = view.members.iter().filter(|m| m.prev == me.prev).map(|m| &m.id).collect();
+            let trans = view.came_from(me.prev);
             self.st.known.retain(|m, _| trans.contains(m));
         }
         let my_tag = self.st.known[&self.me];

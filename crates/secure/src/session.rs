@@ -383,7 +383,8 @@ impl Session {
             && view.ids().all(|m| gs.verdicts.contains_key(m));
         gs.held = true;
         if shrink {
-            gs.verdicts.retain(|m, _| view.contains(m));
+            let members: BTreeSet<&MemberId> = view.ids().collect();
+            gs.verdicts.retain(|m, _| members.contains(m));
         } else {
             gs.verdicts.clear();
             gs.deadline = Some(Instant::now() + cert.timeout);
