@@ -509,12 +509,13 @@ fn run_once(
     if let Err(e) = h.check_agreement() {
         bail!("{protocol} {event:?} n={n}: {e}");
     }
-    let total_ms = members.iter().map(|m| clock.installed.get(m).copied().unwrap_or(f64::NAN)).fold(0.0, f64::max);
-    let bound_ms = ideal_install;
-    let side =
+    // When the last of `ms` installed.
+    let last_install =
         |ms: &[MemberId]| ms.iter().map(|m| clock.installed.get(m).copied().unwrap_or(f64::NAN)).fold(0.0, f64::max);
+    let total_ms = last_install(&members);
+    let bound_ms = ideal_install;
     let sides_ms = matches!(event, TimedEvent::Partition | TimedEvent::PartitionP1 | TimedEvent::PartitionP2)
-        .then(|| [side(&first), side(&second)]);
+        .then(|| [last_install(&first), last_install(&second)]);
     Ok(RunResult { total_ms, bound_ms, sides_ms })
 }
 
