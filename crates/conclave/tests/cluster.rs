@@ -78,7 +78,8 @@ impl Member {
                         let text = String::from_utf8_lossy(&payload).into_owned();
                         let mut parts = text.split(':');
                         let seq = parts.next().and_then(|s| s.parse().ok()).expect("seq in payload");
-                        let sent_in = ViewId(parts.next().and_then(|s| s.parse().ok()).expect("view in payload"));
+                        let mut field = || parts.next().and_then(|s| s.parse().ok()).expect("view in payload");
+                        let sent_in = ViewId::new(field(), field());
                         let current = log.views.last().map(|v| v.id);
                         log.got.push(Got { sender: sender.as_str().to_owned(), seq, sent_in, tagged: view, current });
                     }
@@ -99,7 +100,7 @@ impl Member {
         for _ in 0..n {
             self.seq += 1;
             let view = self.view().expect("a member has a view").id;
-            let payload = Bytes::from(format!("{}:{}", self.seq, view.0));
+            let payload = Bytes::from(format!("{}:{}:{}", self.seq, view.incarnation, view.seq));
             self.tx.multicast(GROUP, Service::Agreed, payload).await.expect("multicast");
         }
     }

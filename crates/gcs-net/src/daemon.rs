@@ -245,7 +245,10 @@ impl Daemon {
 
         let Backbone { me, submit, ordered, failure, resources } = backbone;
         let conns: Conns = Arc::default();
-        let core = Core::new(me, Limits { max_groups_per_client: config.max_groups_per_client });
+        // A fresh incarnation per start: view ids (and all that members sign
+        // over them) never repeat across restarts of this daemon.
+        let incarnation = rand_core::RngCore::next_u64(&mut rand_core::OsRng);
+        let core = Core::new(me, Limits { max_groups_per_client: config.max_groups_per_client }, incarnation);
         let (stop, stopped) = oneshot::channel();
         let (report, failed) = oneshot::channel();
         let backbone = BackboneEnds { ordered, failure, report };

@@ -311,7 +311,7 @@ async fn unicast_open_groups_and_disconnects_over_tcp() {
     drop(b);
     let v = until_view(&mut a, "lobby", 1).await;
     assert_eq!(v.cause, Cause::Disconnect);
-    assert_eq!(v.members[0].prev.map(|p| p.0 + 1), Some(v.id.0));
+    assert_eq!(v.members[0].prev.map(|p| ViewId::new(p.incarnation, p.seq + 1)), Some(v.id));
 }
 
 /// Every kind of bad input gets a clear error and leaves others alone.

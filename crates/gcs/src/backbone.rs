@@ -16,7 +16,6 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::core::{ClientState, ConnId, DaemonId, DaemonState, ErrorCode, Membership, Op, Service};
-use crate::view::ViewId;
 use crate::wire::{Fields, WireError, MAX_ERROR_TEXT};
 
 /// The version of the daemon–daemon encoding this module speaks.
@@ -117,6 +116,7 @@ pub fn encode_op(op: &Op, out: &mut BytesMut) {
             out.put_u64(*epoch);
             out.put_u16(state.daemon.0);
             out.put_u64(state.next_view);
+            out.put_u64(state.incarnation);
             out.put_u32(u32::try_from(state.clients.len()).expect("fewer than 2^32 clients"));
             for c in &state.clients {
                 put_conn(out, c.conn);
@@ -125,7 +125,7 @@ pub fn encode_op(op: &Op, out: &mut BytesMut) {
                 for m in &c.groups {
                     put_str8(out, m.group.as_str());
                     out.put_u8(u8::from(m.open));
-                    out.put_u64(m.view.0);
+                    out.put_slice(&m.view.to_bytes());
                     out.put_u64(m.since);
                 }
             }
@@ -177,6 +177,7 @@ pub fn decode_op(msg: Bytes) -> Result<Op, OpError> {
             let epoch = f.u64("epoch")?;
             let daemon = DaemonId(f.u16("daemon")?);
             let next_view = f.u64("next view")?;
+            let incarnation = f.u64("incarnation")?;
             let count = f.u32("client count")? as usize;
             // A client takes at least 16 bytes, a membership at least 19: never
             // trust a count further than the message can back it.
@@ -190,13 +191,13 @@ pub fn decode_op(msg: Bytes) -> Result<Op, OpError> {
                     groups.push(Membership {
                         group: f.group()?,
                         open: f.flag("open flag")?,
-                        view: ViewId(f.u64("view id")?),
+                        view: f.view_id("view id")?,
                         since: f.u64("since")?,
                     });
                 }
                 clients.push(ClientState { conn, name, groups });
             }
-            Op::State { epoch, state: DaemonState { daemon, next_view, clients } }
+            Op::State { epoch, state: DaemonState { daemon, next_view, incarnation, clients } }
         }
         k => return Err(WireError::UnknownKind(k).into()),
     };
@@ -221,7 +222,7 @@ fn conn(f: &mut Fields) -> Result<ConnId, WireError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::view::{GroupName, MemberId};
+    use crate::view::{GroupName, MemberId, ViewId};
     use proptest::prelude::*;
 
     fn name() -> impl Strategy<Value = String> {
@@ -233,10 +234,10 @@ mod tests {
     }
 
     fn membership() -> impl Strategy<Value = Membership> {
-        (name(), any::<bool>(), any::<u64>(), any::<u64>()).prop_map(|(g, open, v, since)| Membership {
+        (name(), any::<bool>(), any::<(u64, u64)>(), any::<u64>()).prop_map(|(g, open, v, since)| Membership {
             group: GroupName::new(g).unwrap(),
             open,
-            view: ViewId(v),
+            view: ViewId::new(v.0, v.1),
             since,
         })
     }
@@ -271,10 +272,10 @@ mod tests {
             }),
             (any::<u64>(), proptest::collection::vec(any::<u16>(), 0..8))
                 .prop_map(|(epoch, ds)| Op::Daemons { epoch, members: ds.into_iter().map(DaemonId).collect() }),
-            (any::<u64>(), any::<u16>(), any::<u64>(), proptest::collection::vec(client, 0..4)).prop_map(
-                |(epoch, d, next_view, clients)| Op::State {
+            (any::<u64>(), any::<u16>(), any::<(u64, u64)>(), proptest::collection::vec(client, 0..4)).prop_map(
+                |(epoch, d, (next_view, incarnation), clients)| Op::State {
                     epoch,
-                    state: DaemonState { daemon: DaemonId(d), next_view, clients }
+                    state: DaemonState { daemon: DaemonId(d), next_view, incarnation, clients }
                 }
             ),
         ]

@@ -91,8 +91,11 @@
 //!
 //! # View ids
 //!
-//! A [`ViewId`] is `(tag << 48) | counter`: the counter is the core's, and the
-//! tag is the lowest [`DaemonId`] of the daemon group that installed the view.
+//! A [`ViewId`]'s `seq` is `(tag << 48) | counter`: the counter is the core's,
+//! and the tag is the lowest [`DaemonId`] of the daemon group that installed
+//! the view. Its `incarnation` is that tag daemon's random per-boot value
+//! (exchanged in [`DaemonState`]), so a daemon that restarts and counts from
+//! 1 again never repeats an id of its previous lifetime.
 //! After an exchange the counter continues from the highest counter of the
 //! exchanged states, and two daemon groups that run at the same time are
 //! disjoint and so have different tags: ids stay unique across partitions. A
@@ -240,6 +243,8 @@ pub struct DaemonState {
     pub daemon: DaemonId,
     /// The daemon's view counter.
     pub next_view: u64,
+    /// The daemon's incarnation (random per boot; see [`ViewId`]).
+    pub incarnation: u64,
     /// The daemon's own clients.
     pub clients: Vec<ClientState>,
 }
@@ -498,6 +503,10 @@ pub struct Core {
     limits: Limits,
     tag: u16,
     next_view: u64,
+    /// This daemon's own incarnation (drawn by the shell at boot).
+    incarnation: u64,
+    /// The incarnation the views installed now carry: the tag daemon's.
+    view_incarnation: u64,
     daemons: BTreeSet<DaemonId>,
     clients: BTreeMap<ConnId, Client>,
     names: BTreeMap<MemberId, ConnId>,
@@ -510,13 +519,17 @@ pub struct Core {
 const COUNTER_BITS: u32 = 48;
 
 impl Core {
-    /// The core of daemon `me`, alone in its daemon group.
-    pub fn new(me: DaemonId, limits: Limits) -> Self {
+    /// The core of daemon `me`, alone in its daemon group. `incarnation`
+    /// must be drawn at random each time the daemon starts (its shell owns
+    /// the randomness): it keeps view ids unique across restarts.
+    pub fn new(me: DaemonId, limits: Limits, incarnation: u64) -> Self {
         Self {
             me,
             limits,
             tag: me.0,
             next_view: 1,
+            incarnation,
+            view_incarnation: incarnation,
             daemons: BTreeSet::from([me]),
             clients: BTreeMap::new(),
             names: BTreeMap::new(),
@@ -717,7 +730,7 @@ impl Core {
             return;
         }
         assert!(self.next_view < 1 << COUNTER_BITS, "view counter exhausted");
-        let id = ViewId((u64::from(self.tag) << COUNTER_BITS) | self.next_view);
+        let id = ViewId::new(self.view_incarnation, (u64::from(self.tag) << COUNTER_BITS) | self.next_view);
         self.next_view += 1;
         let members = seats.iter().map(|s| ViewMember { id: s.id.clone(), prev: s.prev }).collect();
         let seats: Vec<Seat> = seats.into_iter().map(|s| Seat { conn: s.conn, since: s.since }).collect();
@@ -747,7 +760,7 @@ impl Core {
                     .collect(),
             })
             .collect();
-        DaemonState { daemon: self.me, next_view: self.next_view, clients }
+        DaemonState { daemon: self.me, next_view: self.next_view, incarnation: self.incarnation, clients }
     }
 
     fn daemons_changed(&mut self, epoch: u64, members: Vec<DaemonId>, out: &mut Vec<Output>) {
@@ -799,6 +812,7 @@ impl Core {
         self.daemons = x.members;
         self.tag = self.daemons.first().map_or(self.me.0, |d| d.0);
         self.next_view = x.states.values().map(|s| s.next_view).max().unwrap_or(self.next_view);
+        self.view_incarnation = x.states.get(&DaemonId(self.tag)).map_or(self.incarnation, |s| s.incarnation);
         let mut groups: BTreeMap<GroupName, Vec<(Membership, NewSeat)>> = BTreeMap::new();
         for state in x.states.into_values() {
             for c in state.clients.into_iter().filter(|c| c.conn.daemon == state.daemon) {

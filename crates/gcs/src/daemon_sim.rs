@@ -228,7 +228,7 @@ impl DaemonSim {
         for d in 0..daemons {
             let id = DaemonId(d);
             let daemon = SimDaemon {
-                core: Core::new(id, Limits::default()),
+                core: Core::new(id, Limits::default(), sim.rng.next_u64()),
                 config: 0,
                 next: 0,
                 arrived: BTreeSet::new(),

@@ -107,6 +107,8 @@ pub struct Delivery<M> {
 /// The simulated group communication layer for one group.
 pub struct Sim<N: SimNode> {
     rng: ChaCha20Rng,
+    /// The incarnation of every view id (the seed: one simulated lifetime).
+    incarnation: u64,
     next_view: u64,
     next_age: u64,
     nodes: BTreeMap<MemberId, Slot<N>>,
@@ -121,6 +123,7 @@ impl<N: SimNode> Sim<N> {
     pub fn new(seed: u64, flush: Flush) -> Self {
         Self {
             rng: ChaCha20Rng::seed_from_u64(seed),
+            incarnation: seed,
             next_view: 1,
             next_age: 0,
             nodes: BTreeMap::new(),
@@ -333,7 +336,7 @@ impl<N: SimNode> Sim<N> {
             let mut members: Vec<ViewMember> =
                 g.iter().map(|m| ViewMember { id: m.clone(), prev: old_views.get(m).copied() }).collect();
             members.sort_by_key(|m| self.nodes[&m.id].age);
-            let view = View { id: ViewId(self.next_view), members, cause };
+            let view = View { id: ViewId::new(self.incarnation, self.next_view), members, cause };
             self.next_view += 1;
             let mut queue = VecDeque::new();
             for m in view.ids() {
@@ -499,7 +502,7 @@ mod tests {
         let v = s.view_of(&id("m1")).unwrap().clone();
         assert_eq!(v.ids().map(|m| m.as_str()).collect::<Vec<_>>(), ["m0", "m1", "m2"]);
         assert_eq!(v.member(&id("m1")).unwrap().prev, None);
-        assert_eq!(v.member(&id("m0")).unwrap().prev, Some(ViewId(1)));
+        assert_eq!(v.member(&id("m0")).unwrap().prev, Some(ViewId::new(1, 1)));
         assert_eq!(v.cause, Cause::Join);
     }
 

@@ -111,12 +111,49 @@ impl fmt::Display for GroupName {
 
 /// A view's identity: unique for the lifetime of the system, so protocol
 /// messages bound to it can never be replayed into another view.
+///
+/// `seq` is the daemon group's view counter; `incarnation` is a random
+/// value drawn when a daemon starts (for a cluster: the one of the daemon
+/// whose tag the counter carries). Counters start over when daemons
+/// restart; the incarnation does not repeat, so a view id — and whatever
+/// is signed over it — never recurs across daemon lifetimes.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
-pub struct ViewId(pub u64);
+pub struct ViewId {
+    /// The random per-boot value of the daemon (group) that installed it.
+    pub incarnation: u64,
+    /// The view counter within that incarnation.
+    pub seq: u64,
+}
+
+impl ViewId {
+    /// The view id `seq` of `incarnation`.
+    pub const fn new(incarnation: u64, seq: u64) -> Self {
+        Self { incarnation, seq }
+    }
+
+    /// The id as 16 bytes (incarnation, then counter; big-endian), as wire
+    /// formats and signed transcripts carry it.
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0; 16];
+        b[..8].copy_from_slice(&self.incarnation.to_be_bytes());
+        b[8..].copy_from_slice(&self.seq.to_be_bytes());
+        b
+    }
+
+    /// Parses [`ViewId::to_bytes`].
+    pub fn from_bytes(b: [u8; 16]) -> Self {
+        let (i, s) = b.split_at(8);
+        Self::new(
+            u64::from_be_bytes(i.try_into().expect("8 bytes")),
+            u64::from_be_bytes(s.try_into().expect("8 bytes")),
+        )
+    }
+}
 
 impl fmt::Display for ViewId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "v{}", self.0)
+        // The counter, and enough of the incarnation to tell lifetimes apart.
+        write!(f, "v{}.{:04x}", self.seq, self.incarnation >> 48)
     }
 }
 
@@ -193,16 +230,19 @@ mod tests {
 
     #[test]
     fn came_from_is_the_transitional_set_of_a_view() {
-        let m = |id: &str, prev: Option<u64>| ViewMember { id: MemberId::new(id).unwrap(), prev: prev.map(ViewId) };
+        let m = |id: &str, prev: Option<u64>| ViewMember {
+            id: MemberId::new(id).unwrap(),
+            prev: prev.map(|p| ViewId::new(0, p)),
+        };
         let view = View {
-            id: ViewId(9),
+            id: ViewId::new(0, 9),
             members: vec![m("a", Some(7)), m("b", Some(8)), m("c", None), m("d", Some(7))],
             cause: Cause::Network,
         };
         let names = |id| view.came_from(id).into_iter().map(|m| m.as_str().to_string()).collect::<Vec<_>>();
-        assert_eq!(names(Some(ViewId(7))), ["a", "d"]);
-        assert_eq!(names(Some(ViewId(8))), ["b"]);
-        assert!(view.came_from(Some(ViewId(1))).is_empty());
+        assert_eq!(names(Some(ViewId::new(0, 7))), ["a", "d"]);
+        assert_eq!(names(Some(ViewId::new(0, 8))), ["b"]);
+        assert!(view.came_from(Some(ViewId::new(0, 1))).is_empty());
         assert!(view.came_from(None).is_empty(), "newcomers share no state with anyone");
     }
 }

@@ -18,7 +18,7 @@ use crate::view::{Cause, GroupName, MemberId, NameError, View, ViewId, ViewMembe
 
 /// The wire version this module speaks. A client announces it in `Hello`, the
 /// daemon confirms it in `Welcome`.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 
 /// Default limit on the payload of one message: 1 MiB.
 pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
@@ -241,6 +241,11 @@ impl Fields {
         GroupName::new(self.str8("group name")?).map_err(|err| WireError::Name { what: "group name", err })
     }
 
+    /// A [`ViewId`]: incarnation, then counter.
+    pub(crate) fn view_id(&mut self, what: &'static str) -> Result<ViewId, WireError> {
+        Ok(ViewId::new(self.u64(what)?, self.u64(what)?))
+    }
+
     pub(crate) fn flag(&mut self, what: &'static str) -> Result<bool, WireError> {
         match self.u8(what)? {
             0 => Ok(false),
@@ -275,7 +280,7 @@ impl Fields {
     }
 
     fn view(&mut self) -> Result<View, WireError> {
-        let id = ViewId(self.u64("view id")?);
+        let id = self.view_id("view id")?;
         let cause = self.cause()?;
         let count = self.u32("member count")? as usize;
         // Each member takes at least three bytes: never trust the count
@@ -283,7 +288,7 @@ impl Fields {
         let mut members = Vec::with_capacity(count.min(self.rest_len() / 3));
         for _ in 0..count {
             let id = self.member("member name")?;
-            let prev = if self.flag("previous view flag")? { Some(ViewId(self.u64("previous view")?)) } else { None };
+            let prev = if self.flag("previous view flag")? { Some(self.view_id("previous view")?) } else { None };
             members.push(ViewMember { id, prev });
         }
         Ok(View { id, members, cause })
@@ -347,13 +352,13 @@ pub fn decode_delivery(frame: Bytes) -> Result<Delivery, WireError> {
             group: f.group()?,
             sender: f.member("sender")?,
             service: f.service()?,
-            view: ViewId(f.u64("view id")?),
+            view: f.view_id("view id")?,
             payload: f.payload(),
         },
         UNICAST_MESSAGE => Delivery::Unicast {
             group: f.group()?,
             sender: f.member("sender")?,
-            view: ViewId(f.u64("view id")?),
+            view: f.view_id("view id")?,
             payload: f.payload(),
         },
         ERROR => {
@@ -397,7 +402,7 @@ impl<'a> FrameWriter<'a> {
     }
 
     fn view(&mut self, v: &View) -> &mut Self {
-        self.out.put_u64(v.id.0);
+        self.out.put_slice(&v.id.to_bytes());
         self.out.put_u8(match v.cause {
             Cause::Join => 1,
             Cause::Leave => 2,
@@ -411,7 +416,7 @@ impl<'a> FrameWriter<'a> {
             match m.prev {
                 Some(p) => {
                     self.out.put_u8(1);
-                    self.out.put_u64(p.0);
+                    self.out.put_slice(&p.to_bytes());
                 }
                 None => self.out.put_u8(0),
             }
@@ -465,13 +470,13 @@ pub fn encode_delivery(d: &Delivery, out: &mut BytesMut) {
             .str8(group.as_str())
             .str8(sender.as_str())
             .service(*service)
-            .bytes(&view.0.to_be_bytes())
+            .bytes(&view.to_bytes())
             .bytes(payload)
             .finish(),
         Delivery::Unicast { group, sender, view, payload } => FrameWriter::new(out, UNICAST_MESSAGE)
             .str8(group.as_str())
             .str8(sender.as_str())
-            .bytes(&view.0.to_be_bytes())
+            .bytes(&view.to_bytes())
             .bytes(payload)
             .finish(),
         Delivery::Error { code, text } => {

@@ -23,6 +23,11 @@ fn m(s: &str) -> MemberId {
 
 /// Daemons of one component, fed one stream as a backbone would: what a core
 /// submits is ordered after the operation being processed.
+/// Daemon `d`'s incarnation in these tests (any fixed value per daemon).
+fn inc(d: u16) -> u64 {
+    0xC0DE_0000 + u64::from(d)
+}
+
 struct Component {
     cores: Vec<Core>,
     log: Vec<(ConnId, Delivery)>,
@@ -30,7 +35,7 @@ struct Component {
 
 impl Component {
     fn new(daemons: &[u16]) -> Self {
-        Self::with(daemons.iter().map(|&d| Core::new(DaemonId(d), Limits::default())).collect())
+        Self::with(daemons.iter().map(|&d| Core::new(DaemonId(d), Limits::default(), inc(d))).collect())
     }
 
     fn with(cores: Vec<Core>) -> Self {
@@ -146,6 +151,24 @@ fn requests_before_hello_are_refused() {
 }
 
 #[test]
+fn a_restarted_daemon_never_repeats_a_view_id() {
+    // The same client stream in two lifetimes of daemon 0: the counters
+    // start over, the incarnations differ, so no id of the first lifetime
+    // (which members sign over) comes back in the second.
+    let lifetime = |incarnation| {
+        let mut c = Component::with(vec![Core::new(DaemonId(0), Limits::default(), incarnation)]);
+        for (i, n) in ["alice", "bob"].iter().enumerate() {
+            c.connect(conn(0, i as u64), n);
+            c.join(conn(0, i as u64), "g");
+        }
+        views(&c.take(conn(0, 0))).into_iter().map(|v| v.id).collect::<Vec<_>>()
+    };
+    let (first, second) = (lifetime(7), lifetime(8));
+    assert_eq!(first.iter().map(|v| v.seq).collect::<Vec<_>>(), second.iter().map(|v| v.seq).collect::<Vec<_>>());
+    assert!(first.iter().all(|v| !second.contains(v)), "{first:?} and {second:?} share an id");
+}
+
+#[test]
 fn views_list_members_oldest_first_with_their_previous_view() {
     let mut c = one();
     for (i, n) in ["carol", "alice", "bob"].iter().enumerate() {
@@ -155,7 +178,10 @@ fn views_list_members_oldest_first_with_their_previous_view() {
     let carol = views(&c.take(conn(0, 0)));
     let alice = views(&c.take(conn(0, 1)));
     let bob = views(&c.take(conn(0, 2)));
-    assert_eq!(carol.iter().map(|v| v.id).collect::<Vec<_>>(), [ViewId(1), ViewId(2), ViewId(3)]);
+    assert_eq!(
+        carol.iter().map(|v| v.id).collect::<Vec<_>>(),
+        [ViewId::new(inc(0), 1), ViewId::new(inc(0), 2), ViewId::new(inc(0), 3)]
+    );
     assert_eq!(names(&carol[2]), ["carol", "alice", "bob"], "join order, not name order");
     assert_eq!(carol[2].cause, Cause::Join);
     // Everyone in a view gets the same view.
@@ -163,8 +189,8 @@ fn views_list_members_oldest_first_with_their_previous_view() {
     assert_eq!(bob, carol[2..]);
     // prev: the member's previous view of the group, None for the newcomer.
     let prev: Vec<_> = carol[2].members.iter().map(|m| m.prev).collect();
-    assert_eq!(prev, [Some(ViewId(2)), Some(ViewId(2)), None]);
-    assert_eq!(carol[1].member(&m("carol")).unwrap().prev, Some(ViewId(1)));
+    assert_eq!(prev, [Some(ViewId::new(inc(0), 2)), Some(ViewId::new(inc(0), 2)), None]);
+    assert_eq!(carol[1].member(&m("carol")).unwrap().prev, Some(ViewId::new(inc(0), 1)));
 }
 
 #[test]
@@ -175,7 +201,7 @@ fn view_ids_are_unique_across_groups() {
     c.join(conn(0, 1), "h");
     c.feed(Op::Leave { conn: conn(0, 1), group: g("g") });
     c.join(conn(0, 1), "g");
-    let ids: Vec<_> = views(&c.take(conn(0, 1))).iter().map(|v| v.id.0).collect();
+    let ids: Vec<_> = views(&c.take(conn(0, 1))).iter().map(|v| v.id.seq).collect();
     assert_eq!(ids, [1, 2, 3], "g, h, g again: one counter for all groups");
 }
 
@@ -299,7 +325,7 @@ fn unicasts_reach_only_their_recipient() {
 
 #[test]
 fn a_client_may_join_only_so_many_groups_and_each_once() {
-    let mut c = Component::with(vec![Core::new(DaemonId(0), Limits { max_groups_per_client: 2 })]);
+    let mut c = Component::with(vec![Core::new(DaemonId(0), Limits { max_groups_per_client: 2 }, inc(0))]);
     c.connect(conn(0, 1), "a");
     c.join(conn(0, 1), "g1");
     c.join(conn(0, 1), "g1");
@@ -497,7 +523,8 @@ fn a_merge_gives_every_daemon_the_same_views() {
     assert_eq!(views(&b), std::slice::from_ref(&v));
     assert_eq!(views(&c), std::slice::from_ref(&v));
     assert_eq!(v.cause, Cause::Network);
-    assert_eq!(v.id.0 >> 48, 1, "tagged with the lowest daemon");
+    assert_eq!(v.id.seq >> 48, 1, "tagged with the lowest daemon");
+    assert_eq!(v.id.incarnation, inc(1), "and carrying its incarnation");
     assert_eq!(names(&v), ["a", "b", "c"], "ordered by the view each joined in, oldest first");
     let prev: Vec<_> = v.members.iter().map(|m| m.prev).collect();
     assert_eq!(prev, [Some(v_left.id), Some(v_right.id), Some(v_right.id)]);
@@ -508,7 +535,7 @@ fn a_merge_gives_every_daemon_the_same_views() {
 
 #[test]
 fn operations_during_an_exchange_are_held_then_applied_in_order() {
-    let mut core = Core::new(DaemonId(1), Limits::default());
+    let mut core = Core::new(DaemonId(1), Limits::default(), inc(1));
     let mut out = Vec::new();
     core.handle(Op::Connect { conn: conn(1, 1), name: m("a") }, &mut out);
     core.handle(Op::Join { conn: conn(1, 1), group: g("g"), open: false }, &mut out);
@@ -525,7 +552,12 @@ fn operations_during_an_exchange_are_held_then_applied_in_order() {
     core.handle(Op::Connect { conn: conn(2, 9), name: m("z") }, &mut out);
     assert!(out.is_empty() && core.exchanging());
     // A state for an older epoch is ignored; then ours and the other's complete it.
-    let other = conclave_gcs::core::DaemonState { daemon: DaemonId(2), next_view: 40, clients: Vec::new() };
+    let other = conclave_gcs::core::DaemonState {
+        daemon: DaemonId(2),
+        next_view: 40,
+        incarnation: inc(2),
+        clients: Vec::new(),
+    };
     core.handle(Op::State { epoch: 4, state: other.clone() }, &mut out);
     core.handle(Op::State { epoch: 5, state: mine }, &mut out);
     assert!(core.exchanging());
@@ -534,8 +566,8 @@ fn operations_during_an_exchange_are_held_then_applied_in_order() {
     let kinds: Vec<_> = out
         .iter()
         .map(|o| match o {
-            Output::Deliver { delivery: Delivery::View { view, .. }, .. } => format!("view {}", view.id.0 & 0xffff),
-            Output::Deliver { delivery: Delivery::Message { view, .. }, .. } => format!("msg {}", view.0 & 0xffff),
+            Output::Deliver { delivery: Delivery::View { view, .. }, .. } => format!("view {}", view.id.seq & 0xffff),
+            Output::Deliver { delivery: Delivery::Message { view, .. }, .. } => format!("msg {}", view.seq & 0xffff),
             other => format!("{other:?}"),
         })
         .collect();
@@ -673,7 +705,7 @@ fn a_merge_during_an_exchange_reorders_the_held_operations_for_everyone() {
 
 #[test]
 fn a_core_sends_its_state_again_once_the_last_one_came_back() {
-    let mut core = Core::new(DaemonId(1), Limits::default());
+    let mut core = Core::new(DaemonId(1), Limits::default(), inc(1));
     let mut out = Vec::new();
     core.handle(daemons(1, &[1, 2]), &mut out);
     let mine = submitted_states(&out).pop().expect("a state");

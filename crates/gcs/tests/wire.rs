@@ -26,14 +26,14 @@ fn service() -> impl Strategy<Value = Service> {
     prop_oneof![Just(Service::Fifo), Just(Service::Agreed)]
 }
 
+fn view_id() -> impl Strategy<Value = ViewId> {
+    any::<(u64, u64)>().prop_map(|(i, s)| ViewId::new(i, s))
+}
+
 fn view() -> impl Strategy<Value = View> {
     let cause = prop_oneof![Just(Cause::Join), Just(Cause::Leave), Just(Cause::Disconnect), Just(Cause::Network)];
-    let m = (member(), prop::option::of(any::<u64>().prop_map(ViewId))).prop_map(|(id, prev)| ViewMember { id, prev });
-    (any::<u64>(), cause, prop::collection::vec(m, 0..8)).prop_map(|(id, cause, members)| View {
-        id: ViewId(id),
-        members,
-        cause,
-    })
+    let m = (member(), prop::option::of(view_id())).prop_map(|(id, prev)| ViewMember { id, prev });
+    (view_id(), cause, prop::collection::vec(m, 0..8)).prop_map(|(id, cause, members)| View { id, members, cause })
 }
 
 fn request() -> impl Strategy<Value = Request> {
@@ -62,13 +62,13 @@ fn delivery() -> impl Strategy<Value = Delivery> {
         (group(), view()).prop_map(|(group, view)| Delivery::View { group, view }),
         group().prop_map(|group| Delivery::ViewChangeBegins { group }),
         group().prop_map(|group| Delivery::Left { group }),
-        (group(), member(), service(), any::<u64>(), payload()).prop_map(|(group, sender, service, v, payload)| {
-            Delivery::Message { group, sender, service, view: ViewId(v), payload }
+        (group(), member(), service(), view_id(), payload()).prop_map(|(group, sender, service, v, payload)| {
+            Delivery::Message { group, sender, service, view: v, payload }
         }),
-        (group(), member(), any::<u64>(), payload()).prop_map(|(group, sender, v, payload)| Delivery::Unicast {
+        (group(), member(), view_id(), payload()).prop_map(|(group, sender, v, payload)| Delivery::Unicast {
             group,
             sender,
-            view: ViewId(v),
+            view: v,
             payload
         }),
         (code(), ".{0,80}").prop_map(|(code, text)| Delivery::Error { code, text }),
@@ -190,9 +190,10 @@ fn malformed_frames_get_typed_errors() {
     assert_eq!(f(&[0x7f]), Err(WireError::UnknownKind(0x7f)));
     assert_eq!(f(&[0x06, 0]), Err(WireError::Trailing(1)));
     assert_eq!(f(&[0x01, 0, 9, 1, b'a']), Err(WireError::UnsupportedVersion(9)));
-    assert_eq!(f(&[0x01, 0, 1, 5, b'a']), Err(WireError::Truncated("member name")));
-    assert!(matches!(f(&[0x01, 0, 1, 1, b' ']), Err(WireError::Name { what: "member name", .. })));
-    assert_eq!(f(&[0x01, 0, 1, 1, 0xff]), Err(WireError::Utf8("member name")));
+    assert_eq!(f(&[0x01, 0, 2, 5, b'a']), Err(WireError::Truncated("member name")));
+    assert!(matches!(f(&[0x01, 0, 2, 1, b' ']), Err(WireError::Name { what: "member name", .. })));
+    assert_eq!(f(&[0x01, 0, 2, 1, 0xff]), Err(WireError::Utf8("member name")));
+    assert_eq!(f(&[0x01, 0, 1, 1, b'a']), Err(WireError::UnsupportedVersion(1)), "version 1 had 8-byte view ids");
     assert!(matches!(f(&[0x03, 0]), Err(WireError::Name { what: "group name", .. })));
     assert_eq!(f(&[0x02, 1, b'g', 2]), Err(WireError::BadValue { what: "open flag", value: 2 }));
     assert_eq!(f(&[0x04, 1, b'g', 3]), Err(WireError::BadValue { what: "service", value: 3 }));
@@ -205,7 +206,7 @@ fn malformed_frames_get_typed_errors() {
 #[test]
 fn a_view_cannot_claim_more_members_than_its_frame_holds() {
     let mut v = vec![0x82, 1, b'g'];
-    v.extend_from_slice(&7u64.to_be_bytes());
+    v.extend_from_slice(&ViewId::new(3, 7).to_bytes());
     v.push(1);
     v.extend_from_slice(&u32::MAX.to_be_bytes());
     assert_eq!(decode_delivery(Bytes::from(v)), Err(WireError::Truncated("member name")));

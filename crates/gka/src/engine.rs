@@ -23,6 +23,12 @@
 //!   set computes the same answer, so a view in which not everyone shares one
 //!   state is handled by every member as a merge of the subgroups, from their
 //!   last secure states — an interrupted run is simply abandoned.
+//!
+//! A view may hold several runs: [`Engine::rekey`] (fed at the same point of
+//! the agreed stream at every member, e.g. on an agreed rekey request or a
+//! failed key confirmation) abandons the state of every member and runs the
+//! view again as a merge of singletons, under the next [`Epoch`]. Messages
+//! carry their run, so nothing of an earlier run is accepted in a later one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -32,7 +38,7 @@ use rand_core::CryptoRngCore;
 use sha2::{Digest, Sha256};
 
 use crate::codec::DecodeError;
-use crate::key::{GroupKey, SecureView};
+use crate::key::{Epoch, GroupKey, SecureView};
 use crate::message::Envelope;
 use crate::meter::Costs;
 use crate::suite::{CryptoError, Group, Signer, Verifier};
@@ -90,6 +96,14 @@ pub enum Error {
     /// A well-formed message for another group, suite or protocol.
     #[error("message for another group, suite or protocol")]
     WrongContext,
+    /// A message of an earlier run in this view (see [`Engine::rekey`]).
+    #[error("message of run {got}, current run is {current}")]
+    WrongRun {
+        /// The run the message names.
+        got: u32,
+        /// The engine's current run.
+        current: u32,
+    },
     /// A message bound to another view (stale, or replayed from elsewhere).
     #[error("message for view {got}, current view is {current:?}")]
     WrongView {
@@ -139,6 +153,13 @@ pub trait Engine: Send {
     /// A new view from the group communication layer. Abandons any run in
     /// progress and starts the run for this view.
     fn on_view(&mut self, view: &View, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
+    /// Starts a new run in the current view, from scratch: every member
+    /// forgets its saved state and the view is agreed again as a merge of
+    /// singletons, under the next [`Epoch`]. Every member of the view must be
+    /// given it at the same point of the agreed stream (the driver's job).
+    fn rekey(&mut self, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
+    /// The epoch the current run will install (the current view and run).
+    fn current_epoch(&self) -> Option<Epoch>;
     /// A message delivered in the current view by `from`.
     fn on_message(&mut self, from: &MemberId, bytes: &[u8], rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
     /// The secure view of the current view, once its key is agreed.
@@ -272,6 +293,7 @@ impl<G: Group> Ctx<'_, G> {
             group_id: self.g.id(),
             group: st.group.clone(),
             view: self.view.id,
+            run: st.run,
             sender: self.me.clone(),
             recipient: to.clone(),
             round,
@@ -304,8 +326,8 @@ impl<G: Group> Ctx<'_, G> {
 enum Tag {
     /// This member has never installed a key here (only used for oneself).
     Fresh,
-    /// Installed the key of this view.
-    Installed(ViewId),
+    /// Installed the key of this epoch.
+    Installed(Epoch),
 }
 
 /// The protocol-independent state of one engine.
@@ -313,6 +335,8 @@ struct Session {
     protocol: ProtocolId,
     group: String,
     view: Option<View>,
+    /// The run within `view` (see [`Epoch`]).
+    run: u32,
     /// Each member's position in `view`.
     positions: HashMap<MemberId, usize>,
     next_seq: u32,
@@ -348,6 +372,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
                 protocol: P::ID,
                 group,
                 view: None,
+                run: 0,
                 positions: HashMap::new(),
                 next_seq: 0,
                 seen: BTreeSet::new(),
@@ -384,7 +409,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             };
             f(&mut self.proto, &mut cx)
         };
-        let view_id = view.id;
+        let epoch = Epoch::new(view.id, self.st.run);
         self.st.view = Some(view);
         if let Err(e) = res {
             self.st.out.clear();
@@ -392,14 +417,14 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         }
         if install.is_some() && self.secure_view().is_some() {
             self.st.out.clear();
-            return Err(Error::Unexpected("second key in one view"));
+            return Err(Error::Unexpected("second key in one run"));
         }
         if let Some(secret) = install {
             let enc = self.g.encode(&secret);
-            let key = GroupKey::derive(&enc, P::ID, &self.st.group, view_id);
+            let key = GroupKey::derive(&enc, P::ID, &self.st.group, epoch);
             let members: Vec<MemberId> = self.st.view.as_ref().expect("restored above").ids().cloned().collect();
-            self.st.known = members.iter().map(|m| (m.clone(), Tag::Installed(view_id))).collect();
-            let sv = SecureView { view_id, epoch: view_id, members, protocol: P::ID, key };
+            self.st.known = members.iter().map(|m| (m.clone(), Tag::Installed(epoch))).collect();
+            let sv = SecureView { view_id: epoch.view, epoch, members, protocol: P::ID, key };
             self.st.secure = Some(sv.clone());
             self.st.out.push(Output::Installed(sv));
             #[cfg(feature = "test-hooks")]
@@ -419,6 +444,9 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         let view = self.st.view.as_ref().ok_or(Error::BadView("no view yet"))?;
         if env.view != view.id {
             return Err(Error::WrongView { got: env.view, current: Some(view.id) });
+        }
+        if env.run != self.st.run {
+            return Err(Error::WrongRun { got: env.run, current: self.st.run });
         }
         if env.recipient.as_ref().is_some_and(|r| r != &self.me) {
             return Err(Error::NotForMe);
@@ -476,11 +504,28 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
         let mine: Vec<MemberId> = view.ids().filter(|m| self.st.known.get(*m) == Some(&my_tag)).cloned().collect();
         let change = Change { single: mine.len() == view.members.len(), mine };
         self.st.view = Some(view.clone());
+        self.st.run = 0;
         self.st.positions = view.ids().enumerate().map(|(i, m)| (m.clone(), i)).collect();
         self.st.next_seq = 0;
         self.st.seen.clear();
         self.st.own.clear();
         self.with_ctx(rng, |p, cx| p.on_view(cx, &change))
+    }
+
+    fn rekey(&mut self, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+        let n = self.st.view.as_ref().ok_or(Error::BadView("no view yet"))?.members.len();
+        self.proto.reset();
+        self.st.known = BTreeMap::from([(self.me.clone(), Tag::Fresh)]);
+        self.st.run = self.st.run.checked_add(1).ok_or(Error::Unexpected("run counter exhausted"))?;
+        self.st.next_seq = 0;
+        self.st.seen.clear();
+        self.st.own.clear();
+        let change = Change { mine: vec![self.me.clone()], single: n == 1 };
+        self.with_ctx(rng, |p, cx| p.on_view(cx, &change))
+    }
+
+    fn current_epoch(&self) -> Option<Epoch> {
+        self.st.view.as_ref().map(|v| Epoch::new(v.id, self.st.run))
     }
 
     fn on_message(&mut self, from: &MemberId, bytes: &[u8], rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
@@ -492,7 +537,7 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
 
     fn secure_view(&self) -> Option<&SecureView> {
         let sv = self.st.secure.as_ref()?;
-        (Some(sv.view_id) == self.st.view.as_ref().map(|v| v.id)).then_some(sv)
+        (Some(sv.epoch) == self.current_epoch()).then_some(sv)
     }
 
     fn in_progress(&self) -> bool {

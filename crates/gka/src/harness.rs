@@ -358,6 +358,7 @@ impl Harness {
             group_id: self.group_id,
             group: "conclave-sim".into(),
             view: view.id,
+            run: 0,
             sender: member.clone(),
             recipient: to.cloned(),
             round,

@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 pub use conclave_gcs::{Cause, MemberId, View, ViewId, ViewMember};
 pub use engine::{Directory, Engine, Error, Output, StaticDirectory};
-pub use key::{GroupKey, SecureView};
+pub use key::{Epoch, GroupKey, SecureView};
 pub use meter::Costs;
 pub use suite::{GroupId, SignatureId};
 

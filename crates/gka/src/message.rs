@@ -2,13 +2,16 @@
 //!
 //! ```text
 //! "CGKA" | version u8 | protocol u8 | group-id u8 | group name (u8 len) |
-//! view id u64 | sender (u8 len) | recipient (u8 len, 0 = broadcast) |
-//! round u8 | seq u32 | body (u32 len) | signature (u16 len)
+//! view id (incarnation u64, counter u64) | run u32 | sender (u8 len) |
+//! recipient (u8 len, 0 = broadcast) | round u8 | seq u32 | body (u32 len) |
+//! signature (u16 len)
 //! ```
 //! The signature covers a domain tag and every byte before it, so a message is
-//! bound to its group, view, protocol, round, sender and recipient: receivers
-//! reject it in any other context. `seq` numbers a sender's messages within a
-//! view; a receiver accepts each (sender, seq) once.
+//! bound to its group, view (with the daemon incarnation: nothing recorded in
+//! one daemon lifetime is accepted in another), run within the view,
+//! protocol, round, sender and recipient: receivers reject it in any other
+//! context. `seq` numbers a sender's messages within a run; a receiver
+//! accepts each (sender, seq) once.
 
 use conclave_gcs::{MemberId, ViewId};
 
@@ -18,7 +21,7 @@ use crate::ProtocolId;
 
 const MAGIC: &[u8; 4] = b"CGKA";
 /// Envelope format version.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Largest protocol body accepted (a GDH partial-key list for 1000+ members
 /// in a 2048-bit group fits comfortably).
 pub const MAX_BODY: usize = 8 << 20;
@@ -36,6 +39,8 @@ pub struct Envelope {
     pub group: String,
     /// View the message belongs to.
     pub view: ViewId,
+    /// The run within the view (see [`crate::key::Epoch`]).
+    pub run: u32,
     /// Sender.
     pub sender: MemberId,
     /// Unicast recipient, or `None` for a broadcast.
@@ -54,7 +59,7 @@ impl Envelope {
     fn header(&self) -> Writer {
         let mut w = Writer::new();
         w.raw(MAGIC).u8(VERSION).u8(self.protocol.code()).u8(self.group_id.code());
-        w.short_bytes(self.group.as_bytes()).u64(self.view.0);
+        w.short_bytes(self.group.as_bytes()).raw(&self.view.to_bytes()).u32(self.run);
         w.short_bytes(self.sender.as_str().as_bytes());
         w.short_bytes(self.recipient.as_ref().map(|r| r.as_str().as_bytes()).unwrap_or(b""));
         w.u8(self.round).u32(self.seq).long_bytes(&self.body);
@@ -89,7 +94,8 @@ impl Envelope {
         let group_id = GroupId::ALL.into_iter().find(|g| g.code() == gcode).ok_or(DecodeError::Bad("group id"))?;
         let group =
             std::str::from_utf8(r.short_bytes(255, "group name")?).map_err(|_| DecodeError::Bad("group name"))?;
-        let view = ViewId(r.u64("view id")?);
+        let view = ViewId::new(r.u64("view incarnation")?, r.u64("view id")?);
+        let run = r.u32("run")?;
         let sender = member(r.short_bytes(255, "sender")?)?.ok_or(DecodeError::Bad("sender"))?;
         let recipient = member(r.short_bytes(255, "recipient")?)?;
         let round = r.u8("round")?;
@@ -101,7 +107,19 @@ impl Envelope {
         }
         let signature = r.bytes(sig_len, "signature")?.to_vec();
         r.finish()?;
-        Ok(Self { protocol, group_id, group: group.to_owned(), view, sender, recipient, round, seq, body, signature })
+        Ok(Self {
+            protocol,
+            group_id,
+            group: group.to_owned(),
+            view,
+            run,
+            sender,
+            recipient,
+            round,
+            seq,
+            body,
+            signature,
+        })
     }
 }
 
@@ -123,7 +141,8 @@ mod tests {
             protocol: ProtocolId::Bd,
             group_id: GroupId::Ristretto255,
             group: "chat".into(),
-            view: ViewId(42),
+            view: ViewId::new(7, 42),
+            run: 1,
             sender: MemberId::new("alice").unwrap(),
             recipient: Some(MemberId::new("bob").unwrap()),
             round: 2,

@@ -1,9 +1,18 @@
-//! Data messages: the header, the per-epoch and per-sender keys, and AEAD.
+//! Data messages: the header, the per-epoch and per-sender keys, AEAD and
+//! the sender's signature.
 //!
-//! A data message is `header ‖ ciphertext`. The header carries the group, the
-//! key epoch (the id of the view the key was agreed in), the sender and the
-//! sender's sequence number in that epoch; it is authenticated as the AEAD's
-//! associated data. Each sender encrypts under its own key, derived with
+//! A data message is `header ‖ u16 signature length ‖ signature ‖ ciphertext`.
+//! The header carries the group, the key epoch ([`Epoch`]: the view the key
+//! was agreed in and the run in it), the sender and the sender's sequence
+//! number in that epoch; it is authenticated as the AEAD's associated data.
+//!
+//! **Sender authentication.** Every member holds the group key, so the AEAD
+//! alone proves only that *a member* wrote the message: any insider could
+//! derive another member's data key and write in its name. The signature,
+//! by the sender's long-term identity key over a domain tag, the header and
+//! the ciphertext (as MLS signs application messages), proves which member
+//! it was. Receivers check the AEAD first (cheap: it turns away everyone
+//! outside the group) and then the signature. Each sender encrypts under its own key, derived with
 //! HKDF-SHA256 from the epoch's group key with an `info` that binds the group,
 //! the epoch and the sender, so two senders never share a (key, nonce) pair.
 //! The 96-bit ChaCha20-Poly1305 nonce is the sequence number, which a sender
@@ -12,7 +21,8 @@
 //! Wire layout of the header (all integers big-endian):
 //!
 //! ```text
-//! u8 group length | group | u64 epoch | u8 sender length | sender | u64 seq
+//! u8 group length | group | epoch (20 bytes: view incarnation u64,
+//! view counter u64, run u32) | u8 sender length | sender | u64 seq
 //! ```
 
 use std::fmt;
@@ -20,7 +30,9 @@ use std::fmt;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use conclave_gcs::{GroupName, MemberId};
-use conclave_gka::GroupKey;
+use conclave_gka::key::EPOCH_LEN;
+use conclave_gka::suite::{Signer, Verifier};
+use conclave_gka::{Epoch, GroupKey};
 use hkdf::Hkdf;
 use sha2::Sha256;
 use zeroize::Zeroizing;
@@ -37,15 +49,24 @@ pub enum DataError {
     /// The ciphertext or header was altered, or was made under another key.
     #[error("authentication failed")]
     AuthFailed,
+    /// The sender's signature is missing or does not verify: the message
+    /// was not written by the member the header names.
+    #[error("the sender's signature does not verify")]
+    BadSignature,
 }
+
+/// Longest signature a data message may carry (RSA-2048 is 256 bytes).
+pub const MAX_SIGNATURE: usize = 1024;
+
+const SIGNATURE_DOMAIN: &[u8] = b"conclave/secure/v1/data-signature";
 
 /// The cleartext header of a data message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DataHeader {
     /// The group.
     pub group: GroupName,
-    /// The key epoch (id of the view whose key encrypts the message).
-    pub epoch: u64,
+    /// The key epoch (whose key encrypts the message).
+    pub epoch: Epoch,
     /// The sender.
     pub sender: MemberId,
     /// The sender's sequence number in this epoch (also the nonce).
@@ -60,7 +81,7 @@ impl DataHeader {
         // Names are at most 128 and 255 bytes long (conclave_gcs rules).
         out.push(g.len() as u8);
         out.extend_from_slice(g);
-        out.extend_from_slice(&self.epoch.to_be_bytes());
+        out.extend_from_slice(&self.epoch.to_bytes());
         out.push(s.len() as u8);
         out.extend_from_slice(s);
         out.extend_from_slice(&self.seq.to_be_bytes());
@@ -69,6 +90,11 @@ impl DataHeader {
     /// Splits `bytes` into a header, the header's encoding and the rest.
     /// Never panics.
     pub fn decode(bytes: &[u8]) -> Result<(DataHeader, &[u8], &[u8]), DataError> {
+        fn epoch_of(b: &[u8]) -> Epoch {
+            let mut a = [0u8; EPOCH_LEN];
+            a.copy_from_slice(b);
+            Epoch::from_bytes(a)
+        }
         fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], DataError> {
             if b.len() < n {
                 return Err(DataError::Malformed);
@@ -85,7 +111,7 @@ impl DataHeader {
         let mut rest = bytes;
         let glen = take(&mut rest, 1)?[0] as usize;
         let group = std::str::from_utf8(take(&mut rest, glen)?).map_err(|_| DataError::Malformed)?;
-        let epoch = u64_of(take(&mut rest, 8)?);
+        let epoch = epoch_of(take(&mut rest, EPOCH_LEN)?);
         let slen = take(&mut rest, 1)?[0] as usize;
         let sender = std::str::from_utf8(take(&mut rest, slen)?).map_err(|_| DataError::Malformed)?;
         let seq = u64_of(take(&mut rest, 8)?);
@@ -108,8 +134,39 @@ const FIXED_PUBLIC_ROOT: &[u8; 32] = b"conclave/secure/v1/public-root!!";
 #[derive(Clone)]
 pub struct EpochKeys {
     group: GroupName,
-    epoch: u64,
+    epoch: Epoch,
     root: Zeroizing<[u8; 32]>,
+}
+
+/// A data message split into its parts (nothing checked yet).
+struct Parts<'a> {
+    header: DataHeader,
+    /// The header's encoding (the AEAD's associated data).
+    aad: &'a [u8],
+    signature: &'a [u8],
+    ciphertext: &'a [u8],
+}
+
+impl<'a> Parts<'a> {
+    fn split(bytes: &'a [u8]) -> Result<Self, DataError> {
+        let (header, aad, rest) = DataHeader::decode(bytes)?;
+        let (len, rest) = rest.split_first_chunk::<2>().ok_or(DataError::Malformed)?;
+        let len = u16::from_be_bytes(*len) as usize;
+        if len > MAX_SIGNATURE {
+            return Err(DataError::Malformed);
+        }
+        let (signature, ciphertext) = rest.split_at_checked(len).ok_or(DataError::Malformed)?;
+        Ok(Self { header, aad, signature, ciphertext })
+    }
+}
+
+/// What the sender signs: a domain tag, the header and the ciphertext.
+fn signed_bytes(aad: &[u8], ciphertext: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(SIGNATURE_DOMAIN.len() + aad.len() + ciphertext.len());
+    v.extend_from_slice(SIGNATURE_DOMAIN);
+    v.extend_from_slice(aad);
+    v.extend_from_slice(ciphertext);
+    v
 }
 
 impl fmt::Debug for EpochKeys {
@@ -120,7 +177,7 @@ impl fmt::Debug for EpochKeys {
 
 impl EpochKeys {
     /// The data keys of `group` in `epoch`, from the group key agreed for it.
-    pub fn new(group: GroupName, epoch: u64, key: &GroupKey) -> Self {
+    pub fn new(group: GroupName, epoch: Epoch, key: &GroupKey) -> Self {
         Self { group, epoch, root: Zeroizing::new(*key.expose_secret()) }
     }
 
@@ -128,7 +185,7 @@ impl EpochKeys {
     /// they protect nothing. [`crate::payload::parse_payload`] opens data
     /// messages with them, so the decryption path is reached without a
     /// group key.
-    pub(crate) fn fixed_public(group: GroupName, epoch: u64) -> Self {
+    pub(crate) fn fixed_public(group: GroupName, epoch: Epoch) -> Self {
         Self { group, epoch, root: Zeroizing::new(*FIXED_PUBLIC_ROOT) }
     }
 
@@ -136,12 +193,12 @@ impl EpochKeys {
     /// messages with (a fixed, public root), to seal messages it can open.
     /// They protect nothing.
     #[cfg(feature = "test-hooks")]
-    pub fn fixed_public_for_tests(group: GroupName, epoch: u64) -> Self {
+    pub fn fixed_public_for_tests(group: GroupName, epoch: Epoch) -> Self {
         Self::fixed_public(group, epoch)
     }
 
     /// The epoch.
-    pub fn epoch(&self) -> u64 {
+    pub fn epoch(&self) -> Epoch {
         self.epoch
     }
 
@@ -153,14 +210,14 @@ impl EpochKeys {
     /// The AEAD of `sender` for the epoch named in a header. Deriving with the
     /// header's epoch (not `self.epoch`) means keys of one epoch never open a
     /// message that claims another.
-    fn cipher(&self, group: &GroupName, epoch: u64, sender: &MemberId) -> ChaCha20Poly1305 {
+    fn cipher(&self, group: &GroupName, epoch: Epoch, sender: &MemberId) -> ChaCha20Poly1305 {
         let hk = Hkdf::<Sha256>::new(Some(b"conclave/secure/v1/data-key"), self.root.as_ref());
         let g = group.as_str().as_bytes();
         let s = sender.as_str().as_bytes();
-        let mut info = Vec::with_capacity(2 + g.len() + 8 + 1 + s.len());
+        let mut info = Vec::with_capacity(2 + g.len() + EPOCH_LEN + 1 + s.len());
         info.push(g.len() as u8);
         info.extend_from_slice(g);
-        info.extend_from_slice(&epoch.to_be_bytes());
+        info.extend_from_slice(&epoch.to_bytes());
         info.push(s.len() as u8);
         info.extend_from_slice(s);
         let mut k = Zeroizing::new([0u8; 32]);
@@ -174,29 +231,42 @@ impl EpochKeys {
         *Nonce::from_slice(&n)
     }
 
-    /// Encrypts `plaintext` as message `seq` of `sender`: `header ‖ ciphertext`.
-    pub fn seal(&self, sender: &MemberId, seq: u64, plaintext: &[u8]) -> Vec<u8> {
+    /// Encrypts `plaintext` as message `seq` of `sender` and signs it with
+    /// `signer` (the sender's identity key):
+    /// `header ‖ u16 signature length ‖ signature ‖ ciphertext`.
+    pub fn seal(&self, sender: &MemberId, seq: u64, plaintext: &[u8], signer: &dyn Signer) -> Vec<u8> {
         let header = DataHeader { group: self.group.clone(), epoch: self.epoch, sender: sender.clone(), seq };
-        let mut out = Vec::with_capacity(plaintext.len() + TAG_LEN + 64);
-        header.encode(&mut out);
+        let mut aad = Vec::with_capacity(64);
+        header.encode(&mut aad);
         let ct = self
             .cipher(&self.group, self.epoch, sender)
-            .encrypt(&Self::nonce(seq), Payload { msg: plaintext, aad: &out })
+            .encrypt(&Self::nonce(seq), Payload { msg: plaintext, aad: &aad })
             .expect("ChaCha20-Poly1305 encrypts any message the daemon accepts");
+        let sig = signer.sign(&signed_bytes(&aad, &ct));
+        let mut out = aad;
+        out.reserve(2 + sig.len() + ct.len());
+        out.extend_from_slice(&u16::try_from(sig.len()).expect("signatures fit MAX_SIGNATURE").to_be_bytes());
+        out.extend_from_slice(&sig);
         out.extend_from_slice(&ct);
         out
     }
 
-    /// Authenticates and decrypts `header ‖ ciphertext`. Does not check that
-    /// the header names this epoch, sender or group: the caller decides which
+    /// Authenticates and decrypts a data message, then checks its sender's
+    /// signature with `sender_key` (the key of the member the header names;
+    /// `None` skips the check: for one's own messages, which the caller
+    /// recognises otherwise, and for parsing). Does not check that the
+    /// header names this epoch, sender or group: the caller decides which
     /// keys to use; keys of any other epoch or group fail with
     /// [`DataError::AuthFailed`].
-    pub fn open(&self, bytes: &[u8]) -> Result<(DataHeader, Vec<u8>), DataError> {
-        let (header, aad, ct) = DataHeader::decode(bytes)?;
+    pub fn open(&self, bytes: &[u8], sender_key: Option<&dyn Verifier>) -> Result<(DataHeader, Vec<u8>), DataError> {
+        let Parts { header, aad, signature, ciphertext } = Parts::split(bytes)?;
         let pt = self
             .cipher(&header.group, header.epoch, &header.sender)
-            .decrypt(&Self::nonce(header.seq), Payload { msg: ct, aad })
+            .decrypt(&Self::nonce(header.seq), Payload { msg: ciphertext, aad })
             .map_err(|_| DataError::AuthFailed)?;
+        if let Some(key) = sender_key {
+            key.verify(&signed_bytes(aad, ciphertext), signature).map_err(|_| DataError::BadSignature)?;
+        }
         Ok((header, pt))
     }
 }
@@ -205,32 +275,52 @@ impl EpochKeys {
 mod tests {
     use super::*;
 
-    fn keys(epoch: u64, secret: u8) -> EpochKeys {
-        EpochKeys { group: GroupName::new("g").unwrap(), epoch, root: Zeroizing::new([secret; 32]) }
+    use conclave_gka::suite::{generate_signer, SignatureId};
+    use conclave_gka::ViewId;
+    use rand_chacha::ChaCha20Rng;
+    use rand_core::SeedableRng;
+
+    fn epoch(seq: u64) -> Epoch {
+        Epoch::new(ViewId::new(0xfeed, seq), 0)
+    }
+
+    fn keys(seq: u64, secret: u8) -> EpochKeys {
+        EpochKeys { group: GroupName::new("g").unwrap(), epoch: epoch(seq), root: Zeroizing::new([secret; 32]) }
+    }
+
+    fn signer(seed: u64) -> std::sync::Arc<dyn Signer> {
+        generate_signer(SignatureId::Ed25519, &mut ChaCha20Rng::seed_from_u64(seed)).unwrap()
     }
 
     #[test]
     fn round_trip_and_every_alteration_fails() {
         let k = keys(7, 1);
         let alice = MemberId::new("alice").unwrap();
-        let m = k.seal(&alice, 3, b"hello");
-        let (h, pt) = k.open(&m).unwrap();
-        assert_eq!((h.epoch, h.seq, h.sender.as_str(), pt.as_slice()), (7, 3, "alice", &b"hello"[..]));
+        let (a, b) = (signer(1), signer(2));
+        let m = k.seal(&alice, 3, b"hello", a.as_ref());
+        let (h, pt) = k.open(&m, Some(a.verifier().as_ref())).unwrap();
+        assert_eq!((h.epoch, h.seq, h.sender.as_str(), pt.as_slice()), (epoch(7), 3, "alice", &b"hello"[..]));
         for i in 0..m.len() {
             let mut t = m.clone();
             t[i] ^= 1;
-            assert!(k.open(&t).is_err(), "flipping byte {i} went unnoticed");
+            assert!(k.open(&t, Some(a.verifier().as_ref())).is_err(), "flipping byte {i} went unnoticed");
         }
-        assert_eq!(keys(7, 2).open(&m), Err(DataError::AuthFailed));
-        assert_eq!(keys(8, 1).open(&m).map(|_| ()), Ok(()), "open derives from the header's epoch");
-        assert_eq!(k.open(&m[..5]), Err(DataError::Malformed));
+        assert_eq!(keys(7, 2).open(&m, None), Err(DataError::AuthFailed));
+        assert_eq!(keys(8, 1).open(&m, None).map(|_| ()), Ok(()), "open derives from the header's epoch");
+        assert_eq!(k.open(&m[..5], None), Err(DataError::Malformed));
+        // Another member, holding the same group key, writes in alice's name:
+        // the AEAD accepts it, alice's key refuses it.
+        let forged = k.seal(&alice, 4, b"from alice, honest", b.as_ref());
+        assert!(k.open(&forged, None).is_ok(), "the group key alone cannot tell members apart");
+        assert_eq!(k.open(&forged, Some(a.verifier().as_ref())), Err(DataError::BadSignature));
     }
 
     #[test]
     fn senders_get_distinct_keys_and_debug_shows_no_secret() {
         let k = keys(1, 9);
-        let a = k.seal(&MemberId::new("a").unwrap(), 0, b"same");
-        let b = k.seal(&MemberId::new("b").unwrap(), 0, b"same");
+        let s = signer(3);
+        let a = k.seal(&MemberId::new("a").unwrap(), 0, b"same", s.as_ref());
+        let b = k.seal(&MemberId::new("b").unwrap(), 0, b"same", s.as_ref());
         assert_ne!(a[a.len() - 20..], b[b.len() - 20..]);
         let shown = format!("{k:?}");
         assert!(!shown.contains("9, 9") && !shown.contains("0909"), "{shown}");

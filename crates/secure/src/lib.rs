@@ -112,6 +112,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod confirm;
 pub mod data;
 pub mod payload;
 mod session;
@@ -121,9 +122,9 @@ use std::time::Duration;
 
 pub use conclave_gcs::{GroupName, MemberId};
 pub use conclave_gcs_net::ErrorCode;
-pub use conclave_gka::{GroupId, ProtocolId};
+pub use conclave_gka::{Epoch, GroupId, ProtocolId, ViewId};
 pub use data::{DataError, DataHeader, EpochKeys};
-pub use session::{Session, DEFAULT_CERT_TIMEOUT};
+pub use session::{Session, DEFAULT_CERT_TIMEOUT, MAX_HELD_BYTES, MAX_HELD_BYTES_PER_SENDER};
 pub use trust::Refusal;
 
 /// How a group agrees on its keys; fixed by the group's first member.
@@ -149,8 +150,8 @@ pub struct SecureViewInfo {
     pub group: GroupName,
     /// Members, oldest first.
     pub members: Vec<MemberId>,
-    /// The key epoch (the id of the daemon view the key was agreed in).
-    pub epoch: u64,
+    /// The key's epoch: the daemon view it was agreed in and the run in it.
+    pub epoch: Epoch,
     /// The protocol that agreed the key.
     pub protocol: ProtocolId,
     /// A short public fingerprint of the key (equal at every member).
@@ -171,10 +172,18 @@ pub enum RejectReason {
     UnknownSender,
     /// The message names an epoch that is not the current one.
     #[error("unknown epoch {0}")]
-    UnknownEpoch(u64),
+    UnknownEpoch(Epoch),
     /// Authentication failed: altered, or encrypted under another key.
     #[error("authentication failed")]
     AuthFailed,
+    /// The sender's signature does not verify: another member (who holds
+    /// the group key) wrote it in the sender's name, or it was altered.
+    #[error("the sender's signature does not verify")]
+    BadSignature,
+    /// Held for a key not yet confirmed, but the bound on held messages
+    /// (in bytes, per sender) was reached.
+    #[error("too much held before the key; dropped")]
+    HeldBudget,
     /// This sequence number (or a later one) was already accepted.
     #[error("replayed sequence number {0}")]
     Replay(u64),
@@ -198,7 +207,7 @@ pub enum SecureEvent {
         /// Who sent it.
         sender: MemberId,
         /// The epoch it was sent and delivered in.
-        epoch: u64,
+        epoch: Epoch,
         /// The plaintext.
         data: Vec<u8>,
     },
@@ -244,6 +253,18 @@ pub enum SecureEvent {
         by: MemberId,
         /// Why.
         reason: trust::Refusal,
+    },
+    /// Key confirmation failed: after a run, some members' confirmations did
+    /// not match the key this member holds (the members hold different keys,
+    /// or those members lied). No key of this run was used; the view is
+    /// being rekeyed from scratch. Every honest member reports it.
+    KeyMismatch {
+        /// The group.
+        group: GroupName,
+        /// The run whose key did not confirm.
+        epoch: Epoch,
+        /// The members whose confirmation did not match this member's key.
+        unconfirmed: Vec<MemberId>,
     },
     /// The member left the group: nothing more comes from it.
     Left {

@@ -7,11 +7,15 @@
 //! | tag | kind | channel | rest |
 //! |---|---|---|---|
 //! | 1 | key agreement | both | `u8 protocol ‖ u8 group ‖ engine message` |
-//! | 2 | data | multicast | `header ‖ ciphertext` ([`crate::data`]) |
-//! | 3 | policy | unicast | `u8 protocol ‖ u8 group` |
-//! | 4 | certificate | multicast | `u64 view ‖ u16 length ‖ certificate DER ‖ signature` |
-//! | 5 | timeout | multicast | `u64 view ‖ (u8 length ‖ name)*` |
-//! | 6 | refusal | unicast | `u64 view ‖ refusal` |
+//! | 2 | data | multicast | `header ‖ u16 length ‖ signature ‖ ciphertext` ([`crate::data`]) |
+//! | 3 | policy | unicast | `view ‖ u8 protocol ‖ u8 group ‖ signature` |
+//! | 4 | certificate | multicast | `view ‖ u16 length ‖ certificate DER ‖ signature` |
+//! | 5 | timeout | multicast | `view ‖ (u8 length ‖ name)*` |
+//! | 6 | refusal | unicast | `view ‖ refusal` |
+//! | 7 | key confirmation | multicast | `epoch ‖ 32-byte MAC ‖ signature` |
+//!
+//! `view` is a view id in 16 bytes (daemon incarnation, counter: see
+//! [`ViewId`]); `epoch` is 20 ([`Epoch`]: the view id and the run).
 //!
 //! A session first splits a payload at its tag (the framing step below);
 //! malformed framing is reported as [`RejectReason::Malformed`]. It then
@@ -35,8 +39,9 @@
 //! [`RejectReason::Malformed`]: crate::RejectReason::Malformed
 
 use conclave_gka::codec::DecodeError;
+use conclave_gka::key::EPOCH_LEN;
 use conclave_gka::message::Envelope;
-use conclave_gka::{GroupId, ProtocolId};
+use conclave_gka::{Epoch, GroupId, ProtocolId, ViewId};
 use rustls_pki_types::CertificateDer;
 
 use crate::data::{DataError, DataHeader, EpochKeys};
@@ -50,18 +55,23 @@ pub mod tag {
     /// A data message: `tag ‖ header ‖ ciphertext`.
     pub const DATA: u8 = 2;
     /// The oldest member telling a newcomer the group's policy differs from
-    /// its own (unicast): `tag ‖ protocol code ‖ group code`.
+    /// its own (unicast): `tag ‖ view ‖ protocol code ‖ group code ‖
+    /// signature` by the sender's identity key (an unsigned notice from
+    /// anyone could otherwise talk newcomers out of a group).
     pub const POLICY: u8 = 3;
     /// A member presenting its certificate in a view (agreed multicast):
-    /// `tag ‖ u64 view ‖ u16 length ‖ certificate DER ‖ Ed25519 signature`
+    /// `tag ‖ view ‖ u16 length ‖ certificate DER ‖ Ed25519 signature`
     /// binding the certificate to the group, the view and the member.
     pub const CERT: u8 = 4;
     /// An accepted member giving up on members that presented no
-    /// certificate (agreed multicast): `tag ‖ u64 view ‖ (u8 length ‖ name)*`.
+    /// certificate (agreed multicast): `tag ‖ view ‖ (u8 length ‖ name)*`.
     pub const TIMEOUT: u8 = 5;
     /// The oldest accepted member telling a refused member why (unicast):
-    /// `tag ‖ u64 view ‖ refusal`.
+    /// `tag ‖ view ‖ refusal`.
     pub const REFUSED: u8 = 6;
+    /// A member proving it holds the key of an epoch (agreed multicast):
+    /// `tag ‖ epoch ‖ MAC ‖ signature` (see the crate doc, "Key confirmation").
+    pub const CONFIRM: u8 = 7;
     // The last three carry the view they were made for: one sent just after
     // a view change can be delivered in the next view, where it is stale and
     // dropped (its sender sends a fresh one for the new view).
@@ -106,10 +116,12 @@ pub(crate) enum Frame<'a> {
     KeyAgreement { policy: (u8, u8), body: &'a [u8] },
     /// `header ‖ ciphertext`.
     Data(&'a [u8]),
-    /// The group's policy codes (protocol, group).
-    Policy((u8, u8)),
+    /// The group's policy codes (protocol, group), told in `view`, signed.
+    Policy { view: ViewId, policy: (u8, u8), signature: &'a [u8] },
     /// A trust message made for `view`.
-    Trust { kind: TrustKind, view: u64, body: &'a [u8] },
+    Trust { kind: TrustKind, view: ViewId, body: &'a [u8] },
+    /// A key confirmation for `epoch`.
+    Confirm { epoch: Epoch, mac: &'a [u8; 32], signature: &'a [u8] },
 }
 
 impl<'a> Frame<'a> {
@@ -123,18 +135,31 @@ impl<'a> Frame<'a> {
                 _ => Err(short),
             },
             tag::DATA => Ok(Frame::Data(rest)),
-            tag::POLICY => match rest {
-                [p, g] => Ok(Frame::Policy((*p, *g))),
-                _ => Err(short),
-            },
+            tag::POLICY => {
+                let (view, rest) = rest.split_first_chunk::<16>().ok_or(short.clone())?;
+                match rest {
+                    [p, g, signature @ ..] if !signature.is_empty() => {
+                        Ok(Frame::Policy { view: ViewId::from_bytes(*view), policy: (*p, *g), signature })
+                    }
+                    _ => Err(short),
+                }
+            }
+            tag::CONFIRM => {
+                let (epoch, rest) = rest.split_first_chunk::<EPOCH_LEN>().ok_or(short.clone())?;
+                let (mac, signature) = rest.split_first_chunk::<32>().ok_or(short.clone())?;
+                if signature.is_empty() {
+                    return Err(short);
+                }
+                Ok(Frame::Confirm { epoch: Epoch::from_bytes(*epoch), mac, signature })
+            }
             tag::CERT | tag::TIMEOUT | tag::REFUSED => {
                 let kind = match t {
                     tag::CERT => TrustKind::Cert,
                     tag::TIMEOUT => TrustKind::Timeout,
                     _ => TrustKind::Refused,
                 };
-                let (view, body) = rest.split_first_chunk::<8>().ok_or(short)?;
-                Ok(Frame::Trust { kind, view: u64::from_be_bytes(*view), body })
+                let (view, body) = rest.split_first_chunk::<16>().ok_or(short)?;
+                Ok(Frame::Trust { kind, view: ViewId::from_bytes(*view), body })
             }
             _ => Err(PayloadError::UnknownTag(t)),
         }
@@ -189,13 +214,22 @@ pub enum ParsedPayload {
         /// message was sealed with those very keys (a test hook).
         opened: Result<Vec<u8>, DataError>,
     },
-    /// A policy notice ([`tag::POLICY`]): the group's policy, `None` if
-    /// its codes are unknown.
-    Policy(Option<Policy>),
+    /// A policy notice ([`tag::POLICY`]).
+    Policy {
+        /// The view it was made for.
+        view: ViewId,
+        /// The group's policy, `None` if its codes are unknown.
+        policy: Option<Policy>,
+    },
+    /// A key confirmation ([`tag::CONFIRM`]).
+    Confirm {
+        /// The epoch whose key it confirms.
+        epoch: Epoch,
+    },
     /// A certificate message ([`tag::CERT`]).
     Cert {
         /// The view it was made for.
-        view: u64,
+        view: ViewId,
         /// What the certificate says, or the refusal a session gives a
         /// member that presents this message whatever its authority.
         certificate: Result<PresentedCert, Refusal>,
@@ -203,7 +237,7 @@ pub enum ParsedPayload {
     /// A timeout notice ([`tag::TIMEOUT`]).
     Timeout {
         /// The view it was made for.
-        view: u64,
+        view: ViewId,
         /// The names it lists (raw bytes, as a session compares them with
         /// its view's member names).
         names: Vec<Vec<u8>>,
@@ -211,7 +245,7 @@ pub enum ParsedPayload {
     /// A refusal notice ([`tag::REFUSED`]).
     Refused {
         /// The view it was made for.
-        view: u64,
+        view: ViewId,
         /// The reason, `None` if it does not decode (a session ignores the notice then).
         reason: Option<Refusal>,
     },
@@ -244,10 +278,11 @@ pub fn parse_payload(bytes: &[u8]) -> Result<ParsedPayload, PayloadError> {
         Frame::Data(raw) => {
             let (header, _, _) = DataHeader::decode(raw).map_err(|_| PayloadError::DataHeader)?;
             let keys = EpochKeys::fixed_public(header.group.clone(), header.epoch);
-            let opened = keys.open(raw).map(|(_, plaintext)| plaintext);
+            let opened = keys.open(raw, None).map(|(_, plaintext)| plaintext);
             ParsedPayload::Data { header, opened }
         }
-        Frame::Policy(codes) => ParsedPayload::Policy(decode_policy(codes)),
+        Frame::Policy { view, policy, .. } => ParsedPayload::Policy { view, policy: decode_policy(policy) },
+        Frame::Confirm { epoch, .. } => ParsedPayload::Confirm { epoch },
         Frame::Trust { kind: TrustKind::Cert, view, body } => {
             let certificate = split_cert(body).and_then(|(der, sig)| {
                 let der = CertificateDer::from(der);
@@ -273,19 +308,29 @@ mod tests {
     fn framing_lengths() {
         assert_eq!(Frame::parse(&[]).unwrap_err(), PayloadError::Empty);
         assert_eq!(Frame::parse(&[0]).unwrap_err(), PayloadError::UnknownTag(0));
-        assert_eq!(Frame::parse(&[7, 1]).unwrap_err(), PayloadError::UnknownTag(7));
+        assert_eq!(Frame::parse(&[8, 1]).unwrap_err(), PayloadError::UnknownTag(8));
         assert!(Frame::parse(&[tag::KA, 1]).is_err());
         assert!(matches!(Frame::parse(&[tag::KA, 1, 2]), Ok(Frame::KeyAgreement { policy: (1, 2), body: [] })));
         assert!(matches!(Frame::parse(&[tag::DATA]), Ok(Frame::Data([]))));
-        assert!(Frame::parse(&[tag::POLICY, 1]).is_err());
-        assert!(Frame::parse(&[tag::POLICY, 1, 2, 3]).is_err());
-        assert!(matches!(Frame::parse(&[tag::POLICY, 1, 2]), Ok(Frame::Policy((1, 2)))));
+        let view = [[0u8; 8], 0x102u64.to_be_bytes()].concat();
+        let policy = |rest: &[u8]| [&[tag::POLICY][..], &view, rest].concat();
+        assert!(Frame::parse(&policy(&[1])).is_err());
+        assert!(Frame::parse(&policy(&[1, 2])).is_err(), "unsigned");
+        assert!(matches!(
+            Frame::parse(&policy(&[1, 2, 3])),
+            Ok(Frame::Policy { policy: (1, 2), signature: [3], view: ViewId { incarnation: 0, seq: 0x102 } })
+        ));
         for t in [tag::CERT, tag::TIMEOUT, tag::REFUSED] {
-            let mut p = vec![t, 0, 0, 0, 0, 0, 0, 1];
+            let mut p = vec![t];
+            p.extend_from_slice(&view[..15]);
             assert!(Frame::parse(&p).is_err());
-            p.push(2);
-            assert!(matches!(Frame::parse(&p), Ok(Frame::Trust { view: 0x102, body: [], .. })));
+            p.push(view[15]);
+            assert!(matches!(Frame::parse(&p), Ok(Frame::Trust { view: ViewId { seq: 0x102, .. }, body: [], .. })));
         }
+        let confirm = [&[tag::CONFIRM][..], &[0; EPOCH_LEN], &[7; 32]].concat();
+        assert!(Frame::parse(&confirm).is_err(), "unsigned");
+        assert!(Frame::parse(&confirm[..40]).is_err());
+        assert!(matches!(Frame::parse(&[&confirm[..], &[1]].concat()), Ok(Frame::Confirm { mac: [7, ..], .. })));
     }
 
     #[test]

@@ -16,11 +16,12 @@ use bytes::Bytes;
 use conclave_gcs::{GroupName, MemberId, View};
 use conclave_gcs_net::{Client, ClientSender, ErrorCode, Event, Service};
 use conclave_gka::suite::{Signer, Verifier};
-use conclave_gka::{Config, Directory, Engine, Output, SecureView};
+use conclave_gka::{Config, Directory, Engine, Epoch, Output, SecureView, ViewId};
 use rand_core::OsRng;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
+use crate::confirm::{confirm_signed, policy_signed, Confirmer};
 use crate::data::{DataError, DataHeader, EpochKeys, TAG_LEN};
 use crate::payload::{decode_policy, split_cert, tag, timeout_names, Frame, TrustKind};
 use crate::trust::{Authority, Identity, Refusal};
@@ -55,8 +56,60 @@ impl Directory for Accepted {
     }
 }
 
-/// Largest number of data messages held for a view whose key is not agreed yet.
+/// Largest number of messages held for a view whose key (or, certified, whose
+/// verdicts) are not there yet: data that came before its key, and key
+/// agreement messages that came while the view waits for certificates.
 const MAX_EARLY: usize = 4096;
+/// Largest number of bytes so held per group, from all senders together.
+pub const MAX_HELD_BYTES: usize = 8 << 20;
+/// Largest number of bytes so held per group from one sender, so that one
+/// member (certified or not) cannot take the whole budget.
+pub const MAX_HELD_BYTES_PER_SENDER: usize = 2 << 20;
+
+/// Messages held for later, bounded in count, in bytes and per sender.
+#[derive(Default)]
+struct Held {
+    items: Vec<(MemberId, Bytes)>,
+    bytes: usize,
+    per_sender: BTreeMap<MemberId, usize>,
+    /// Messages dropped because a bound was reached, since the group was joined.
+    dropped: u64,
+}
+
+impl Held {
+    /// Holds `payload` from `sender` if the bounds allow; says whether it did.
+    fn push(&mut self, sender: MemberId, payload: Bytes) -> bool {
+        let mine = self.per_sender.get(&sender).copied().unwrap_or(0);
+        if self.items.len() >= MAX_EARLY
+            || self.bytes + payload.len() > MAX_HELD_BYTES
+            || mine + payload.len() > MAX_HELD_BYTES_PER_SENDER
+        {
+            self.dropped += 1;
+            tracing::warn!(%sender, len = payload.len(), held = self.bytes, "held-message budget exhausted; message dropped");
+            return false;
+        }
+        self.bytes += payload.len();
+        self.per_sender.insert(sender.clone(), mine + payload.len());
+        self.items.push((sender, payload));
+        true
+    }
+
+    fn take(&mut self) -> Vec<(MemberId, Bytes)> {
+        self.bytes = 0;
+        self.per_sender.clear();
+        std::mem::take(&mut self.items)
+    }
+
+    fn clear(&mut self) {
+        self.take();
+    }
+}
+
+/// A key installed by the engine, waiting for every member's confirmation.
+struct Confirming {
+    view: SecureView,
+    confirmer: Confirmer,
+}
 
 enum Outgoing {
     Join(GroupName),
@@ -78,12 +131,16 @@ struct GroupState {
     next_seq: u64,
     /// Plaintexts waiting for a key, in send order.
     queue: VecDeque<Vec<u8>>,
-    /// Own messages sent whose delivery back to us is pending: (epoch, plaintext).
-    in_flight: VecDeque<(u64, u64, Vec<u8>)>,
+    /// Own messages sent whose delivery back to us is pending: (epoch, seq, plaintext).
+    in_flight: VecDeque<(Epoch, u64, Vec<u8>)>,
     /// Own messages that must go out again under the next key, in send order.
     resend: VecDeque<Vec<u8>>,
-    /// Data messages of the current view that came before its key.
-    early: Vec<(MemberId, Bytes)>,
+    /// Data messages of the current epoch that came before its key was confirmed.
+    early: Held,
+    /// The installed key of the current run, until every member confirmed it.
+    confirming: Option<Confirming>,
+    /// Key confirmations received for the current run, by sender.
+    confirms: BTreeMap<MemberId, [u8; 32]>,
     /// Next acceptable sequence number per sender, in the current epoch.
     next_from: BTreeMap<MemberId, u64>,
     /// Whether this member has ever installed a key in the group.
@@ -103,7 +160,7 @@ struct GroupState {
     /// When to give up on members that presented no certificate.
     deadline: Option<Instant>,
     /// Key agreement messages that came while the view was held.
-    held_ka: Vec<(MemberId, Bytes)>,
+    held_ka: Held,
     /// This member takes no part in key agreement in the current view
     /// (refused, or told that it was).
     aside: bool,
@@ -244,7 +301,9 @@ impl Session {
                 queue: VecDeque::new(),
                 in_flight: VecDeque::new(),
                 resend: VecDeque::new(),
-                early: Vec::new(),
+                early: Held::default(),
+                confirming: None,
+                confirms: BTreeMap::new(),
                 next_from: BTreeMap::new(),
                 established: false,
                 leaving: false,
@@ -253,7 +312,7 @@ impl Session {
                 verdicts: BTreeMap::new(),
                 held: false,
                 deadline: None,
-                held_ka: Vec::new(),
+                held_ka: Held::default(),
                 aside: false,
                 engine_view: None,
                 together: BTreeSet::new(),
@@ -269,15 +328,22 @@ impl Session {
     /// out under the next key; it is not lost.
     pub fn send(&mut self, group: &str, data: &[u8]) -> Result<(), SessionError> {
         let name = GroupName::new(group)?;
-        // tag + header (at most 1 + 128 + 8 + 1 + 255 + 8) + AEAD tag.
-        let overhead = 1 + 401 + TAG_LEN;
+        // tag + header (at most 1 + 128 + 20 + 1 + 255 + 8) + signature
+        // (length and at most an RSA-2048 signature) + AEAD tag.
+        let overhead = 1 + 413 + 2 + 256 + TAG_LEN;
         if data.len() + overhead > self.max_payload {
             return Err(SessionError::TooLarge { len: data.len(), max: self.max_payload.saturating_sub(overhead) });
         }
         let gs = self.groups.get_mut(&name).filter(|g| !g.leaving).ok_or(SessionError::NotJoined(name.clone()))?;
         gs.queue.push_back(data.to_vec());
-        let sends = flush(&self.me, &name, gs);
+        let sends = flush(&self.me, self.signer.as_ref(), &name, gs);
         self.push_all(sends)
+    }
+
+    /// Messages dropped in `group` because a bound on held messages was
+    /// reached (see [`MAX_HELD_BYTES`]); each is also logged.
+    pub fn dropped(&self, group: &str) -> u64 {
+        GroupName::new(group).ok().and_then(|g| self.groups.get(&g)).map_or(0, |g| g.early.dropped + g.held_ka.dropped)
     }
 
     /// Leaves the group; [`SecureEvent::Left`] confirms it. Messages still
@@ -326,10 +392,8 @@ impl Session {
     fn handle(&mut self, d: Event) -> Result<(), SessionError> {
         match d {
             Event::View { group, view } => self.on_view(group, view),
-            Event::Message { group, sender, view, payload, .. } => {
-                self.on_payload(group, sender, view.0, payload, false)
-            }
-            Event::Unicast { group, sender, view, payload } => self.on_payload(group, sender, view.0, payload, true),
+            Event::Message { group, sender, view, payload, .. } => self.on_payload(group, sender, view, payload, false),
+            Event::Unicast { group, sender, view, payload } => self.on_payload(group, sender, view, payload, true),
             Event::Left { group } => {
                 if self.groups.remove(&group).is_some() {
                     self.events.push_back(SecureEvent::Left { group });
@@ -361,6 +425,8 @@ impl Session {
         // delivered from here on are of the new view), and sends wait.
         gs.keys = None;
         gs.early.clear();
+        gs.confirming = None;
+        gs.confirms.clear();
         gs.next_from.clear();
         gs.rekey_since.get_or_insert_with(Instant::now);
         let previous = gs.view.replace(view.clone());
@@ -389,10 +455,10 @@ impl Session {
             gs.verdicts.clear();
             gs.deadline = Some(Instant::now() + cert.timeout);
             let cert_der = cert.identity.cert_der();
-            let sig = self.signer.sign(&proof_transcript(&group, view.id.0, &self.me, cert_der));
-            let mut p = Vec::with_capacity(3 + cert_der.len() + sig.len());
+            let sig = self.signer.sign(&proof_transcript(&group, view.id, &self.me, cert_der));
+            let mut p = Vec::with_capacity(19 + cert_der.len() + sig.len());
             p.push(tag::CERT);
-            p.extend_from_slice(&view.id.0.to_be_bytes());
+            p.extend_from_slice(&view.id.to_bytes());
             p.extend_from_slice(&(cert_der.len() as u16).to_be_bytes());
             p.extend_from_slice(cert_der);
             p.extend_from_slice(&sig);
@@ -453,7 +519,7 @@ impl Session {
         if oldest_accepted.as_ref() == Some(&self.me) {
             for (member, reason) in &refused {
                 let mut p = vec![tag::REFUSED];
-                p.extend_from_slice(&view.id.0.to_be_bytes());
+                p.extend_from_slice(&view.id.to_bytes());
                 reason.encode(&mut p);
                 self.push(Outgoing::Unicast(group.clone(), member.clone(), p.into()))?;
             }
@@ -470,7 +536,7 @@ impl Session {
         }
         let members = view.members.iter().filter(|m| matches!(gs.verdicts[&m.id], Verdict::Accepted(_))).cloned();
         let members: Vec<_> = members.collect();
-        let held = std::mem::take(&mut gs.held_ka);
+        let held = gs.held_ka.take();
         self.start_engine(group, members)?;
         for (sender, bytes) in held {
             let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
@@ -522,12 +588,12 @@ impl Session {
                 continue;
             }
             let mut p = vec![tag::TIMEOUT];
-            p.extend_from_slice(&view.id.0.to_be_bytes());
+            p.extend_from_slice(&view.id.to_bytes());
             for m in view.ids().filter(|m| !gs.verdicts.contains_key(*m)) {
                 p.push(m.as_str().len() as u8);
                 p.extend_from_slice(m.as_str().as_bytes());
             }
-            if p.len() > 9 {
+            if p.len() > 17 {
                 tracing::info!(%group, "certificates missing at the deadline");
                 self.push(Outgoing::Multicast(group.clone(), p.into()))?;
             }
@@ -536,10 +602,16 @@ impl Session {
     }
 
     /// A member's certificate, presented in the current view.
-    fn on_cert(&mut self, group: &GroupName, sender: MemberId, view: u64, payload: &[u8]) -> Result<(), SessionError> {
+    fn on_cert(
+        &mut self,
+        group: &GroupName,
+        sender: MemberId,
+        view: ViewId,
+        payload: &[u8],
+    ) -> Result<(), SessionError> {
         let Some(cert) = self.certified.as_ref() else { return Ok(()) };
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        if !gs.held || gs.view.as_ref().map(|v| v.id.0) != Some(view) || gs.verdicts.contains_key(&sender) {
+        if !gs.held || gs.view.as_ref().map(|v| v.id) != Some(view) || gs.verdicts.contains_key(&sender) {
             return Ok(());
         }
         let verdict = match split_cert(payload) {
@@ -561,11 +633,11 @@ impl Session {
         &mut self,
         group: &GroupName,
         sender: &MemberId,
-        view: u64,
+        view: ViewId,
         names: &[u8],
     ) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        if self.certified.is_none() || !gs.held || gs.view.as_ref().map(|v| v.id.0) != Some(view) {
+        if self.certified.is_none() || !gs.held || gs.view.as_ref().map(|v| v.id) != Some(view) {
             return Ok(());
         }
         if !matches!(gs.verdicts.get(sender), Some(Verdict::Accepted(_))) {
@@ -583,9 +655,15 @@ impl Session {
     /// A notice that this member was refused in the current view. Believed
     /// only from a member this member accepts (certified mode) or from a
     /// member of the view (otherwise).
-    fn on_refused(&mut self, group: &GroupName, sender: MemberId, view: u64, body: &[u8]) -> Result<(), SessionError> {
+    fn on_refused(
+        &mut self,
+        group: &GroupName,
+        sender: MemberId,
+        view: ViewId,
+        body: &[u8],
+    ) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let Some(v) = gs.view.as_ref().filter(|v| v.id.0 == view) else { return Ok(()) };
+        let Some(v) = gs.view.as_ref().filter(|v| v.id == view) else { return Ok(()) };
         let believed = match &self.certified {
             Some(_) => matches!(gs.verdicts.get(&sender), Some(Verdict::Accepted(_))),
             None => v.contains(&sender),
@@ -649,20 +727,97 @@ impl Session {
         Ok(())
     }
 
+    /// The engine installed a key: hold it until every member confirms it
+    /// (see [`crate::confirm`]), and send this member's confirmation.
     fn install(&mut self, group: &GroupName, sv: SecureView) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        if gs.view.as_ref().map(|v| v.id) != Some(sv.view_id) {
-            tracing::debug!(%group, "key for a superseded view dropped");
+        if gs.engine.current_epoch() != Some(sv.epoch) {
+            tracing::debug!(%group, "key for a superseded run dropped");
             return Ok(());
         }
-        let epoch = sv.epoch.0;
+        let confirmer = Confirmer::new(sv.key.expose_secret(), group, sv.epoch, sv.protocol, &sv.members);
+        let mac = confirmer.mac(&self.me);
+        let sig = self.signer.sign(&confirm_signed(group, &self.me, sv.epoch, &mac));
+        let mut p = Vec::with_capacity(1 + conclave_gka::key::EPOCH_LEN + 32 + sig.len());
+        p.push(tag::CONFIRM);
+        p.extend_from_slice(&sv.epoch.to_bytes());
+        p.extend_from_slice(&mac);
+        p.extend_from_slice(&sig);
+        gs.confirming = Some(Confirming { view: sv, confirmer });
+        self.push(Outgoing::Multicast(group.clone(), p.into()))?;
+        self.check_confirmed(group)
+    }
+
+    /// A member's key confirmation for the current run.
+    fn on_confirm(
+        &mut self,
+        group: &GroupName,
+        sender: MemberId,
+        epoch: Epoch,
+        mac: &[u8; 32],
+        signature: &[u8],
+    ) -> Result<(), SessionError> {
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+        if gs.aside || gs.engine.current_epoch() != Some(epoch) || gs.confirms.contains_key(&sender) {
+            tracing::debug!(%group, %sender, %epoch, "confirmation of another run, or a second one, dropped");
+            return Ok(());
+        }
+        if !gs.view.as_ref().is_some_and(|v| v.contains(&sender)) {
+            return Ok(());
+        }
+        if sender != self.me {
+            let Some(key) = sender_key(&self.certified, self.directory.as_ref(), gs, &sender) else {
+                return Ok(()); // refused, or no identity: takes no part in this run
+            };
+            if key.verify(&confirm_signed(group, &sender, epoch, mac), signature).is_err() {
+                self.events.push_back(SecureEvent::Rejected {
+                    group: group.clone(),
+                    sender,
+                    reason: RejectReason::BadSignature,
+                });
+                return Ok(());
+            }
+        }
+        gs.confirms.insert(sender, *mac);
+        self.check_confirmed(group)
+    }
+
+    /// Once the key is installed and every member of its view confirmed:
+    /// deliver the secure view if every confirmation matches this member's
+    /// key; otherwise report the mismatch and rekey the view from scratch
+    /// (every member decides on the same, last, confirmation).
+    fn check_confirmed(&mut self, group: &GroupName) -> Result<(), SessionError> {
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+        let Some(c) = gs.confirming.as_ref() else { return Ok(()) };
+        if !c.view.members.iter().all(|m| gs.confirms.contains_key(m)) {
+            return Ok(());
+        }
+        let unconfirmed: Vec<MemberId> =
+            c.view.members.iter().filter(|m| !c.confirmer.matches(m, &gs.confirms[*m])).cloned().collect();
+        let c = gs.confirming.take().expect("checked above");
+        gs.confirms.clear();
+        if unconfirmed.is_empty() {
+            return self.deliver_secure_view(group, c.view);
+        }
+        tracing::warn!(%group, epoch = %c.view.epoch, ?unconfirmed, "key confirmation failed; rekeying");
+        self.events.push_back(SecureEvent::KeyMismatch { group: group.clone(), epoch: c.view.epoch, unconfirmed });
+        gs.early.clear();
+        let res = gs.engine.rekey(&mut OsRng);
+        self.engine_result(group, None, res)
+    }
+
+    /// The key is confirmed: the application gets the secure view, and what
+    /// waited for the key (data received early, own sends) goes on.
+    fn deliver_secure_view(&mut self, group: &GroupName, sv: SecureView) -> Result<(), SessionError> {
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+        let epoch = sv.epoch;
         gs.keys = Some(EpochKeys::new(group.clone(), epoch, &sv.key));
         gs.members = sv.members.clone();
         gs.next_seq = 0;
         gs.next_from.clear();
         gs.established = true;
         let rekey_time = gs.rekey_since.take().map(|t| t.elapsed()).unwrap_or(Duration::ZERO);
-        tracing::debug!(%group, epoch, fp = %sv.key.fingerprint(), ?rekey_time, "secure view installed");
+        tracing::debug!(%group, %epoch, fp = %sv.key.fingerprint(), ?rekey_time, "secure view confirmed");
         self.events.push_back(SecureEvent::View(SecureViewInfo {
             group: group.clone(),
             members: sv.members,
@@ -671,13 +826,12 @@ impl Session {
             fingerprint: sv.key.fingerprint(),
             rekey_time,
         }));
-        let early = std::mem::take(&mut gs.early);
-        let view = epoch;
+        let early = gs.early.take();
         for (sender, payload) in early {
-            self.on_data(group, sender, view, payload)?;
+            self.on_data(group, sender, payload)?;
         }
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let sends = flush(&self.me, group, gs);
+        let sends = flush(&self.me, self.signer.as_ref(), group, gs);
         self.push_all(sends)
     }
 
@@ -687,7 +841,7 @@ impl Session {
         &mut self,
         group: GroupName,
         sender: MemberId,
-        view: u64,
+        view: ViewId,
         payload: Bytes,
         unicast: bool,
     ) -> Result<(), SessionError> {
@@ -707,24 +861,37 @@ impl Session {
         match frame {
             Frame::KeyAgreement { policy, body } => {
                 if policy != (gs.policy.protocol.code(), gs.policy.group_id.code()) {
-                    return self.on_foreign_policy(group, sender, policy);
+                    return self.on_foreign_key_agreement(group, sender, view, policy, body);
                 }
                 if gs.aside || matches!(gs.verdicts.get(&sender), Some(Verdict::Refused(_))) {
                     return Ok(()); // from a refused member, or while standing aside
                 }
                 if gs.held {
-                    if gs.held_ka.len() < MAX_EARLY {
-                        gs.held_ka.push((sender, payload.slice_ref(body)));
-                    }
+                    gs.held_ka.push(sender, payload.slice_ref(body));
                     return Ok(());
                 }
                 let res = gs.engine.on_message(&sender, body, &mut OsRng);
                 self.engine_result(&group, Some(&sender), res)
             }
-            Frame::Policy(theirs) if unicast => self.on_foreign_policy(group, sender, theirs),
+            Frame::Policy { view: made_for, policy, signature } if unicast => {
+                let Some(gs) = self.groups.get(&group) else { return Ok(()) };
+                let verified = made_for == view
+                    && gs.view.as_ref().is_some_and(|v| v.id == view)
+                    && sender_key(&self.certified, self.directory.as_ref(), gs, &sender).is_some_and(|k| {
+                        k.verify(&policy_signed(&group, view, &sender, &self.me, policy), signature).is_ok()
+                    });
+                if !verified {
+                    tracing::debug!(%group, %sender, "policy notice not signed by a known member of this view; ignored");
+                    return Ok(());
+                }
+                self.on_foreign_policy(group, sender, policy)
+            }
+            Frame::Confirm { epoch, mac, signature } if !unicast => {
+                self.on_confirm(&group, sender, epoch, mac, signature)
+            }
             Frame::Trust { kind, view: made_for, body } => {
                 if made_for != view {
-                    tracing::debug!(%group, %sender, made_for, view, "trust message of an earlier view dropped");
+                    tracing::debug!(%group, %sender, %made_for, %view, "trust message of an earlier view dropped");
                     return Ok(());
                 }
                 match (kind, unicast) {
@@ -740,23 +907,54 @@ impl Session {
             Frame::Data(_) if !unicast => {
                 #[cfg(feature = "test-hooks")]
                 gs.captured.push((sender.clone(), payload.slice(1..)));
-                self.on_data(&group, sender, view, payload)
+                let _ = view; // data names its epoch itself
+                self.on_data(&group, sender, payload)
             }
             // On the wrong channel.
-            Frame::Policy(_) | Frame::Data(_) => {
+            Frame::Policy { .. } | Frame::Data(_) | Frame::Confirm { .. } => {
                 self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::Malformed });
                 Ok(())
             }
         }
     }
 
-    /// A key agreement message made under another policy. The older member's
-    /// policy wins: a newcomer that hears from an older member learns that it
-    /// is the odd one out and leaves; the oldest member tells a newer member
-    /// with another policy so.
+    /// A key agreement message made under another policy. Acted on only if
+    /// it is a well-formed engine message of this view, signed by the member
+    /// the daemon names, whose identity this member knows: anyone else's
+    /// claim about the group's policy is ignored.
+    fn on_foreign_key_agreement(
+        &mut self,
+        group: GroupName,
+        sender: MemberId,
+        view: ViewId,
+        policy: (u8, u8),
+        body: &[u8],
+    ) -> Result<(), SessionError> {
+        let Some(gs) = self.groups.get(&group) else { return Ok(()) };
+        let genuine = conclave_gka::message::Envelope::decode(body).is_ok_and(|env| {
+            env.sender == sender
+                && env.view == view
+                && env.group == group.as_str()
+                && (env.protocol.code(), env.group_id.code()) == policy
+                && gs.view.as_ref().is_some_and(|v| v.id == view)
+                && sender_key(&self.certified, self.directory.as_ref(), gs, &sender)
+                    .is_some_and(|k| k.verify(&env.signed_bytes(), &env.signature).is_ok())
+        });
+        if !genuine {
+            tracing::debug!(%group, %sender, "unverifiable key agreement message under another policy; ignored");
+            return Ok(());
+        }
+        self.on_foreign_policy(group, sender, policy)
+    }
+
+    /// A member's verified claim that the group runs another policy. The
+    /// older member's policy wins: a newcomer that hears from an older
+    /// member learns that it is the odd one out and leaves; the oldest
+    /// member tells a newer member with another policy so, signed.
     fn on_foreign_policy(&mut self, group: GroupName, sender: MemberId, theirs: (u8, u8)) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(&group) else { return Ok(()) };
         let Some(view) = gs.view.as_ref() else { return Ok(()) };
+        let view_id = view.id;
         let pos = |m: &MemberId| view.members.iter().position(|v| &v.id == m);
         let (Some(me), Some(them)) = (pos(&self.me), pos(&sender)) else { return Ok(()) };
         if them < me && !gs.established {
@@ -770,48 +968,53 @@ impl Session {
             return self.push(Outgoing::Leave(group));
         }
         if me == 0 {
-            let p = [tag::POLICY, gs.policy.protocol.code(), gs.policy.group_id.code()];
-            self.push(Outgoing::Unicast(group.clone(), sender.clone(), Bytes::copy_from_slice(&p)))?;
+            let ours = (gs.policy.protocol.code(), gs.policy.group_id.code());
+            let sig = self.signer.sign(&policy_signed(&group, view_id, &self.me, &sender, ours));
+            let mut p = Vec::with_capacity(19 + sig.len());
+            p.push(tag::POLICY);
+            p.extend_from_slice(&view_id.to_bytes());
+            p.extend_from_slice(&[ours.0, ours.1]);
+            p.extend_from_slice(&sig);
+            self.push(Outgoing::Unicast(group.clone(), sender.clone(), p.into()))?;
         }
         self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::PolicyMismatch });
         Ok(())
     }
 
-    fn on_data(&mut self, group: &GroupName, sender: MemberId, view: u64, payload: Bytes) -> Result<(), SessionError> {
-        let res = self.open_data(group, &sender, view, payload);
+    fn on_data(&mut self, group: &GroupName, sender: MemberId, payload: Bytes) -> Result<(), SessionError> {
+        let res = self.open_data(group, &sender, payload);
         match res {
             Ok(Some(ev)) => self.events.push_back(ev),
             Ok(None) => {}
             Err(reason) => self.events.push_back(SecureEvent::Rejected { group: group.clone(), sender, reason }),
         }
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let sends = flush(&self.me, group, gs);
+        let sends = flush(&self.me, self.signer.as_ref(), group, gs);
         self.push_all(sends)
     }
 
     /// The checks on a data message, in order: well formed, our own coming
     /// back, group and sender match what the daemon says, epoch, key,
-    /// membership, authenticity, replay.
+    /// membership, authenticity (AEAD, then the sender's signature), replay.
     fn open_data(
         &mut self,
         group: &GroupName,
         sender: &MemberId,
-        view: u64,
         payload: Bytes,
     ) -> Result<Option<SecureEvent>, RejectReason> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(None) };
         let (header, _, _) = DataHeader::decode(&payload[1..]).map_err(|_| RejectReason::Malformed)?;
-        if *sender == self.me && header.sender == self.me {
+        let current = current_epoch(gs);
+        let own = *sender == self.me && header.sender == self.me;
+        if own && gs.in_flight.front().is_some_and(|f| (f.0, f.1) == (header.epoch, header.seq)) {
             // Our own message coming back (in send order).
-            if gs.in_flight.front().is_some_and(|f| (f.0, f.1) == (header.epoch, header.seq)) {
-                let (epoch, _, pt) = gs.in_flight.pop_front().expect("front exists");
-                if epoch != view {
-                    // Sent just before a view change and delivered in the
-                    // next view, where nobody accepts it: send it again under
-                    // the next key, before anything sent later.
-                    gs.resend.push_back(pt);
-                    return Ok(None);
-                }
+            let (epoch, _, pt) = gs.in_flight.pop_front().expect("front exists");
+            if Some(epoch) != current {
+                // Sent just before a view change (or a rekey) and delivered
+                // after it, where nobody accepts it: send it again under the
+                // next key, before anything sent later.
+                gs.resend.push_back(pt);
+                return Ok(None);
             }
         }
         if matches!(gs.verdicts.get(sender), Some(Verdict::Refused(_))) {
@@ -820,30 +1023,40 @@ impl Session {
         if header.group != *group || header.sender != *sender {
             return Err(RejectReason::UnknownSender);
         }
-        if header.epoch != view {
+        let Some(current) = current else { return Err(RejectReason::UnknownEpoch(header.epoch)) };
+        if header.epoch != current {
+            // Earlier: an earlier run of this view, or an earlier view of this
+            // daemon incarnation (ids of one incarnation count up).
+            let (h, c) = (header.epoch, current);
+            let earlier_run = h.view == c.view && h.run < c.run;
+            let earlier_view = h.view.incarnation == c.view.incarnation && h.view.seq < c.view.seq;
             let was_here = gs.view.as_ref().and_then(|v| v.member(sender)).is_some_and(|m| m.prev.is_some());
-            if header.epoch < view && was_here {
-                // Sent under an earlier key, delivered after a view change:
-                // its sender sends it again under the new key.
+            if earlier_run || (earlier_view && was_here) {
+                // Sent under an earlier key, delivered after a view change or
+                // rekey: its sender sends it again under the new key.
                 tracing::debug!(%group, %sender, "message of an earlier epoch dropped");
                 return Ok(None);
             }
             return Err(RejectReason::UnknownEpoch(header.epoch));
         }
         let Some(keys) = gs.keys.as_ref() else {
-            // Of this view, but its key is not agreed here yet.
-            if gs.early.len() >= MAX_EARLY {
-                return Err(RejectReason::UnknownEpoch(header.epoch));
+            // Of this epoch, but its key is not confirmed here yet.
+            if !gs.early.push(sender.clone(), payload) {
+                return Err(RejectReason::HeldBudget);
             }
-            gs.early.push((sender.clone(), payload));
             return Ok(None);
         };
         if !gs.members.contains(sender) {
             return Err(RejectReason::UnknownSender);
         }
-        let (_, data) = keys.open(&payload[1..]).map_err(|e| match e {
+        let key = if own { None } else { sender_key(&self.certified, self.directory.as_ref(), gs, sender) };
+        if !own && key.is_none() {
+            return Err(RejectReason::UnknownSender);
+        }
+        let (_, data) = keys.open(&payload[1..], key.as_deref()).map_err(|e| match e {
             DataError::Malformed => RejectReason::Malformed,
             DataError::AuthFailed => RejectReason::AuthFailed,
+            DataError::BadSignature => RejectReason::BadSignature,
         })?;
         let next = gs.next_from.entry(sender.clone()).or_insert(0);
         if header.seq < *next {
@@ -854,9 +1067,36 @@ impl Session {
     }
 }
 
+/// The epoch of the group's current view: the engine's run, or (while the
+/// view is held for certificates, before the engine has it) its first run.
+fn current_epoch(gs: &GroupState) -> Option<Epoch> {
+    let view = gs.view.as_ref()?.id;
+    Some(match gs.engine.current_epoch() {
+        Some(e) if e.view == view => e,
+        _ => Epoch::new(view, 0),
+    })
+}
+
+/// The identity key that signs `member`'s messages in `gs`'s current view:
+/// its accepted certificate's (certified mode), or the directory's.
+fn sender_key(
+    certified: &Option<Certified>,
+    directory: &dyn Directory,
+    gs: &GroupState,
+    member: &MemberId,
+) -> Option<Arc<dyn Verifier>> {
+    match certified {
+        Some(_) => match gs.verdicts.get(member) {
+            Some(Verdict::Accepted(k)) => Some(k.clone()),
+            _ => None,
+        },
+        None => directory.verifier(member),
+    }
+}
+
 /// Sends what waits, if the group has a key and no older message of ours is
 /// still on its way back (so resent messages keep their place in the order).
-fn flush(me: &MemberId, group: &GroupName, gs: &mut GroupState) -> Vec<Outgoing> {
+fn flush(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut GroupState) -> Vec<Outgoing> {
     let Some(keys) = gs.keys.as_ref() else { return Vec::new() };
     if gs.leaving || gs.in_flight.iter().any(|f| f.0 != keys.epoch()) {
         return Vec::new();
@@ -864,7 +1104,7 @@ fn flush(me: &MemberId, group: &GroupName, gs: &mut GroupState) -> Vec<Outgoing>
     let mut out = Vec::new();
     while let Some(pt) = gs.resend.pop_front().or_else(|| gs.queue.pop_front()) {
         let mut p = vec![tag::DATA];
-        p.extend_from_slice(&keys.seal(me, gs.next_seq, &pt));
+        p.extend_from_slice(&keys.seal(me, gs.next_seq, &pt, signer));
         gs.in_flight.push_back((keys.epoch(), gs.next_seq, pt));
         gs.next_seq += 1;
         out.push(Outgoing::Multicast(group.clone(), p.into()));
@@ -883,13 +1123,13 @@ fn leave_group(gs: &mut GroupState) {
 
 /// What a member signs to bind its certificate to a group and view, so a
 /// certificate (public) cannot be presented by anyone but its holder.
-pub(crate) fn proof_transcript(group: &GroupName, view: u64, member: &MemberId, cert_der: &[u8]) -> Vec<u8> {
+pub(crate) fn proof_transcript(group: &GroupName, view: ViewId, member: &MemberId, cert_der: &[u8]) -> Vec<u8> {
     let mut t = b"conclave/secure/v1/cert\0".to_vec();
     for part in [group.as_str().as_bytes(), member.as_str().as_bytes()] {
         t.extend_from_slice(&(part.len() as u16).to_be_bytes());
         t.extend_from_slice(part);
     }
-    t.extend_from_slice(&view.to_be_bytes());
+    t.extend_from_slice(&view.to_bytes());
     t.extend_from_slice(&Sha256::digest(cert_der));
     t
 }

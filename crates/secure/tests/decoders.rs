@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use conclave_gka::message::Envelope;
-use conclave_gka::{GroupId, ProtocolId, ViewId};
+use conclave_gka::{Epoch, GroupId, ProtocolId, ViewId};
 use conclave_secure::data::DataError;
 use conclave_secure::payload::{parse_payload, tag, ParsedPayload, PayloadError, PresentedCert};
 use conclave_secure::trust::{Identity, Issuer};
@@ -58,11 +58,8 @@ fn member_name() -> impl Strategy<Value = MemberId> {
 }
 
 fn header() -> impl Strategy<Value = DataHeader> {
-    (group_name(), any::<u64>(), member_name(), any::<u64>()).prop_map(|(group, epoch, sender, seq)| DataHeader {
-        group,
-        epoch,
-        sender,
-        seq,
+    (group_name(), any::<(u64, u64, u32)>(), member_name(), any::<u64>()).prop_map(|(group, e, sender, seq)| {
+        DataHeader { group, epoch: Epoch::new(ViewId::new(e.0, e.1), e.2), sender, seq }
     })
 }
 
@@ -76,13 +73,14 @@ fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
 }
 
 fn key_agreement() -> impl Strategy<Value = Valid> {
-    (policy(), member_name(), any::<u64>(), any::<u8>(), any::<u32>(), bytes(200), bytes(100)).prop_map(
+    (policy(), member_name(), any::<(u64, u64, u32)>(), any::<u8>(), any::<u32>(), bytes(200), bytes(100)).prop_map(
         |(p, sender, view, round, seq, body, signature)| {
             let env = Envelope {
                 protocol: p.protocol,
                 group_id: p.group_id,
                 group: "g".into(),
-                view: ViewId(view),
+                view: ViewId::new(view.0, view.1),
+                run: view.2,
                 sender,
                 recipient: None,
                 round,
@@ -105,41 +103,44 @@ fn data() -> impl Strategy<Value = Valid> {
     (header(), bytes(200)).prop_map(|(h, plaintext)| {
         let keys = EpochKeys::fixed_public_for_tests(h.group.clone(), h.epoch);
         let mut bytes = vec![tag::DATA];
-        bytes.extend_from_slice(&keys.seal(&h.sender, h.seq, &plaintext));
+        bytes.extend_from_slice(&keys.seal(&h.sender, h.seq, &plaintext, test_signer().as_ref()));
         let glen = h.group.as_str().len();
-        let lengths = vec![(1, 1), (1 + 1 + glen + 8, 1)];
+        let slen = h.sender.as_str().len();
+        let lengths = vec![(1, 1), (1 + 1 + glen + 20, 1), (1 + 1 + glen + 20 + 1 + slen + 8, 2)];
         Valid { bytes, expected: ParsedPayload::Data { header: h, opened: Ok(plaintext) }, lengths }
     })
 }
 
 fn policy_notice() -> impl Strategy<Value = Valid> {
-    policy().prop_map(|p| Valid {
-        bytes: vec![tag::POLICY, p.protocol.code(), p.group_id.code()],
-        expected: ParsedPayload::Policy(Some(p)),
-        lengths: vec![],
+    (policy(), any::<(u64, u64)>(), prop::collection::vec(any::<u8>(), 1..80)).prop_map(|(p, v, sig)| {
+        let view = ViewId::new(v.0, v.1);
+        let bytes = [&[tag::POLICY][..], &view.to_bytes(), &[p.protocol.code(), p.group_id.code()], &sig].concat();
+        Valid { bytes, expected: ParsedPayload::Policy { view, policy: Some(p) }, lengths: vec![] }
     })
 }
 
 fn cert() -> impl Strategy<Value = Valid> {
-    (any::<u64>(), prop::collection::vec(any::<u8>(), 1..100)).prop_map(|(view, sig)| {
+    (any::<(u64, u64)>(), prop::collection::vec(any::<u8>(), 1..100)).prop_map(|(v, sig)| {
+        let view = ViewId::new(v.0, v.1);
         let (der, serial) = alice_cert();
         let mut bytes = vec![tag::CERT];
-        bytes.extend_from_slice(&view.to_be_bytes());
+        bytes.extend_from_slice(&view.to_bytes());
         bytes.extend_from_slice(&(der.len() as u16).to_be_bytes());
         bytes.extend_from_slice(der);
         bytes.extend_from_slice(&sig);
         let presented =
             PresentedCert { common_name: Some("alice".into()), serial: serial.clone(), signature_len: sig.len() };
         // The DER's own outer length field comes right after its first byte.
-        let lengths = vec![(9, 2), (12, 1), (13, 1)];
+        let lengths = vec![(17, 2), (20, 1), (21, 1)];
         Valid { bytes, expected: ParsedPayload::Cert { view, certificate: Ok(presented) }, lengths }
     })
 }
 
 fn timeout() -> impl Strategy<Value = Valid> {
-    (any::<u64>(), prop::collection::vec(member_name(), 0..6)).prop_map(|(view, names)| {
+    (any::<(u64, u64)>(), prop::collection::vec(member_name(), 0..6)).prop_map(|(v, names)| {
+        let view = ViewId::new(v.0, v.1);
         let mut bytes = vec![tag::TIMEOUT];
-        bytes.extend_from_slice(&view.to_be_bytes());
+        bytes.extend_from_slice(&view.to_bytes());
         let mut lengths = Vec::new();
         for n in &names {
             lengths.push((bytes.len(), 1));
@@ -169,17 +170,38 @@ fn refusal() -> impl Strategy<Value = Valid> {
             (v, Refusal::Revoked { serial, reason: (!why.is_empty()).then_some(why) })
         }),
     ];
-    (any::<u64>(), reason).prop_map(|(view, (encoded, reason))| {
+    (any::<(u64, u64)>(), reason).prop_map(|(v, (encoded, reason))| {
+        let view = ViewId::new(v.0, v.1);
         let mut bytes = vec![tag::REFUSED];
-        bytes.extend_from_slice(&view.to_be_bytes());
+        bytes.extend_from_slice(&view.to_bytes());
         bytes.extend_from_slice(&encoded);
-        let lengths = if encoded.len() > 1 { vec![(10, 1)] } else { vec![] };
+        let lengths = if encoded.len() > 1 { vec![(18, 1)] } else { vec![] };
         Valid { bytes, expected: ParsedPayload::Refused { view, reason: Some(reason) }, lengths }
     })
 }
 
+fn confirmation() -> impl Strategy<Value = Valid> {
+    (any::<(u64, u64, u32)>(), any::<[u8; 32]>(), prop::collection::vec(any::<u8>(), 1..80)).prop_map(
+        |(e, mac, sig)| {
+            let epoch = Epoch::new(ViewId::new(e.0, e.1), e.2);
+            let bytes = [&[tag::CONFIRM][..], &epoch.to_bytes(), &mac, &sig].concat();
+            Valid { bytes, expected: ParsedPayload::Confirm { epoch }, lengths: vec![] }
+        },
+    )
+}
+
+/// A signer for sealing test data messages (parsing does not check it).
+fn test_signer() -> std::sync::Arc<dyn conclave_gka::suite::Signer> {
+    use rand_core::SeedableRng;
+    conclave_gka::suite::generate_signer(
+        conclave_gka::suite::SignatureId::Ed25519,
+        &mut rand_chacha::ChaCha20Rng::seed_from_u64(1),
+    )
+    .unwrap()
+}
+
 fn valid() -> impl Strategy<Value = Valid> {
-    prop_oneof![key_agreement(), data(), policy_notice(), cert(), timeout(), refusal()]
+    prop_oneof![key_agreement(), data(), policy_notice(), cert(), timeout(), refusal(), confirmation()]
 }
 
 #[derive(Clone, Debug)]
@@ -253,7 +275,7 @@ proptest! {
     }
 
     #[test]
-    fn arbitrary_bodies_behind_every_tag_never_panic(t in 0u8..8, body in bytes(400)) {
+    fn arbitrary_bodies_behind_every_tag_never_panic(t in 0u8..9, body in bytes(400)) {
         let mut b = vec![t];
         b.extend_from_slice(&body);
         let _ = check_parse(&b);
@@ -265,9 +287,16 @@ proptest! {
         let Some(b) = mutate(&v, &m) else { return Ok(()) };
         let parsed = check_parse(&b);
         if b != v.bytes {
-            // An altered data message never opens.
-            if let Ok(ParsedPayload::Data { opened, .. }) = &parsed {
-                prop_assert!(opened.is_err(), "an altered data message opened: {:?}", m);
+            // An altered data message never opens: the AEAD covers header and
+            // ciphertext, and the sender's signature (which parsing does not
+            // check, having no key) covers the rest.
+            if let Ok(ParsedPayload::Data { header, opened }) = &parsed {
+                if opened.is_ok() {
+                    let keys = EpochKeys::fixed_public_for_tests(header.group.clone(), header.epoch);
+                    let verifier = test_signer().verifier();
+                    let checked = keys.open(&b[1..], Some(verifier.as_ref()));
+                    prop_assert_eq!(checked.map(|_| ()), Err(DataError::BadSignature), "an altered data message opened: {:?}", m);
+                }
             }
             // The envelope, the refusal and the DER have no slack: cutting
             // into them is always noticed.
@@ -314,13 +343,13 @@ proptest! {
 fn longest_names_round_trip_and_every_prefix_fails() {
     let h = DataHeader {
         group: GroupName::new("g".repeat(128)).unwrap(),
-        epoch: u64::MAX,
+        epoch: Epoch::new(ViewId::new(u64::MAX, u64::MAX), u32::MAX),
         sender: MemberId::new("€".repeat(85)).unwrap(),
         seq: u64::MAX,
     };
     let mut enc = Vec::new();
     h.encode(&mut enc);
-    assert_eq!(enc.len(), 1 + 128 + 8 + 1 + 255 + 8);
+    assert_eq!(enc.len(), 1 + 128 + 20 + 1 + 255 + 8);
     assert_eq!(DataHeader::decode(&enc).unwrap().0, h);
     for cut in 0..enc.len() {
         assert_eq!(DataHeader::decode(&enc[..cut]).map(|_| ()), Err(DataError::Malformed), "prefix of {cut} bytes");
@@ -333,25 +362,33 @@ fn malformed_framing_and_bodies() {
     assert_eq!(parse_payload(&[0]), Err(PayloadError::UnknownTag(0)));
     assert_eq!(parse_payload(&[tag::KA, 1]), Err(PayloadError::Length { tag: tag::KA, len: 2 }));
     assert_eq!(parse_payload(&[tag::POLICY, 1, 2, 3]), Err(PayloadError::Length { tag: tag::POLICY, len: 4 }));
-    assert_eq!(parse_payload(&[tag::POLICY, 0xee, 0xee]), Ok(ParsedPayload::Policy(None)));
-    assert_eq!(parse_payload(&[tag::CERT, 0, 0, 0, 0, 0, 0, 0]), Err(PayloadError::Length { tag: tag::CERT, len: 8 }));
+    let unsigned = [&[tag::POLICY][..], &[0; 16], &[1, 2]].concat();
+    assert_eq!(parse_payload(&unsigned), Err(PayloadError::Length { tag: tag::POLICY, len: 19 }));
+    let unknown = [&[tag::POLICY][..], &[0; 16], &[0xee, 0xee, 7]].concat();
+    assert_eq!(parse_payload(&unknown), Ok(ParsedPayload::Policy { view: ViewId::new(0, 0), policy: None }));
+    assert_eq!(parse_payload(&[tag::CERT; 16]), Err(PayloadError::Length { tag: tag::CERT, len: 16 }));
     // A data header naming an empty group, or a group name with a space.
     assert_eq!(parse_payload(&[tag::DATA, 0]), Err(PayloadError::DataHeader));
     let mut b = vec![tag::DATA, 3, b'a', b' ', b'b'];
-    b.extend_from_slice(&[0; 8]);
+    b.extend_from_slice(&[0; 20]);
     b.extend_from_slice(&[1, b'x']);
     b.extend_from_slice(&[0; 8]);
+    b.extend_from_slice(&[0, 1, 9]); // a one-byte signature
     assert_eq!(parse_payload(&b), Err(PayloadError::DataHeader));
     b[3] = b'_';
     assert!(matches!(parse_payload(&b), Ok(ParsedPayload::Data { opened: Err(DataError::AuthFailed), .. })));
     // A certificate message whose certificate is not one, and one without a signature.
-    let mut c = vec![tag::CERT, 0, 0, 0, 0, 0, 0, 0, 1, 0, 2, 0x30, 0x00, 0x99];
-    assert!(matches!(parse_payload(&c), Ok(ParsedPayload::Cert { view: 1, certificate: Err(Refusal::Malformed(_)) })));
+    let mut c = [&[tag::CERT][..], &ViewId::new(0, 1).to_bytes(), &[0, 2, 0x30, 0x00, 0x99]].concat();
+    assert!(matches!(
+        parse_payload(&c),
+        Ok(ParsedPayload::Cert { view: ViewId { seq: 1, .. }, certificate: Err(Refusal::Malformed(_)) })
+    ));
     c.pop();
     assert!(matches!(parse_payload(&c), Ok(ParsedPayload::Cert { certificate: Err(Refusal::Malformed(_)), .. })));
     // A refusal with a trailing byte, and one of an unknown code.
-    let r = [tag::REFUSED, 0, 0, 0, 0, 0, 0, 0, 0, 1];
-    assert_eq!(parse_payload(&r), Ok(ParsedPayload::Refused { view: 0, reason: Some(Refusal::NoCertificate) }));
-    assert_eq!(parse_payload(&[&r[..], &[0][..]].concat()), Ok(ParsedPayload::Refused { view: 0, reason: None }));
-    assert_eq!(parse_payload(&[&r[..9], &[99][..]].concat()), Ok(ParsedPayload::Refused { view: 0, reason: None }));
+    let v0 = ViewId::new(0, 0);
+    let r = [&[tag::REFUSED][..], &[0; 16], &[1]].concat();
+    assert_eq!(parse_payload(&r), Ok(ParsedPayload::Refused { view: v0, reason: Some(Refusal::NoCertificate) }));
+    assert_eq!(parse_payload(&[&r[..], &[0][..]].concat()), Ok(ParsedPayload::Refused { view: v0, reason: None }));
+    assert_eq!(parse_payload(&[&r[..17], &[99][..]].concat()), Ok(ParsedPayload::Refused { view: v0, reason: None }));
 }

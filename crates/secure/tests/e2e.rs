@@ -17,7 +17,8 @@ use conclave_gcs_net::{Daemon, DaemonConfig};
 use conclave_gka::suite::{generate_signer, SignatureId, Signer};
 use conclave_gka::StaticDirectory;
 use conclave_secure::{
-    DataError, DataHeader, EpochKeys, GroupId, MemberId, Policy, ProtocolId, RejectReason, SecureEvent, Session,
+    DataError, DataHeader, Epoch, EpochKeys, GroupId, MemberId, Policy, ProtocolId, RejectReason, SecureEvent, Session,
+    ViewId,
 };
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
@@ -49,7 +50,7 @@ impl Member {
     }
 
     /// Waits for a secure view with exactly these members; returns its epoch.
-    async fn until_view_of(&self, members: &[&Member]) -> u64 {
+    async fn until_view_of(&self, members: &[&Member]) -> Epoch {
         let names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
         self.until_view(&names).await.0
     }
@@ -111,10 +112,10 @@ async fn settle(all: &[&Member], sent: &[(&Member, String)]) {
 
 /// What every member's log must satisfy at the end.
 fn check_logs(all: &[&Member]) {
-    let mut fingerprints: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    let mut fingerprints: BTreeMap<Epoch, BTreeSet<String>> = BTreeMap::new();
     let mut receivers: BTreeMap<Vec<u8>, BTreeSet<String>> = BTreeMap::new();
-    let mut epoch_of: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
-    let mut views: BTreeMap<u64, Vec<MemberId>> = BTreeMap::new();
+    let mut epoch_of: BTreeMap<Vec<u8>, Epoch> = BTreeMap::new();
+    let mut views: BTreeMap<Epoch, Vec<MemberId>> = BTreeMap::new();
     for m in all {
         let mut current = None;
         let mut seen = BTreeSet::new();
@@ -154,7 +155,7 @@ fn check_logs(all: &[&Member]) {
 }
 
 /// Raw messages a member captured from `sender` in `epoch`.
-fn raw_of(captured: &[(MemberId, Bytes)], sender: &str, epoch: u64) -> Vec<Bytes> {
+fn raw_of(captured: &[(MemberId, Bytes)], sender: &str, epoch: Epoch) -> Vec<Bytes> {
     captured
         .iter()
         .filter(|(s, raw)| s.as_str() == sender && DataHeader::decode(raw).unwrap().0.epoch == epoch)
@@ -244,8 +245,12 @@ async fn scenario(protocol: ProtocolId) {
     assert!(!after.is_empty());
     let alice_keys = a.keys().await;
     for raw in &after {
-        assert_eq!(carol_keys.open(raw).map(|_| ()), Err(DataError::AuthFailed), "departed member read a message");
-        assert!(alice_keys.open(raw).is_ok());
+        assert_eq!(
+            carol_keys.open(raw, None).map(|_| ()),
+            Err(DataError::AuthFailed),
+            "departed member read a message"
+        );
+        assert!(alice_keys.open(raw, None).is_ok());
     }
     // Dave's first keys do not open what was sent before he joined.
     // (Which epoch a message sent during a rekey lands in depends on timing;
@@ -257,12 +262,13 @@ async fn scenario(protocol: ProtocolId) {
         captured.iter().map(|(_, raw)| raw).filter(|raw| DataHeader::decode(raw).unwrap().0.epoch < e4).collect();
     assert!(before.len() >= 6);
     for raw in before {
-        assert_eq!(dave_keys.open(raw).map(|_| ()), Err(DataError::AuthFailed), "newcomer read an old message");
+        assert_eq!(dave_keys.open(raw, None).map(|_| ()), Err(DataError::AuthFailed), "newcomer read an old message");
     }
 
     // Attacks by members of the current view; the session goes on.
     let genuine = after[0].to_vec();
-    let (header, _, ct) = DataHeader::decode(&genuine).unwrap();
+    let (header, header_bytes, ct) = DataHeader::decode(&genuine).unwrap();
+    let hlen = header_bytes.len();
     let reencode = |h: &DataHeader| {
         let mut v = Vec::new();
         h.encode(&mut v);
@@ -280,8 +286,13 @@ async fn scenario(protocol: ProtocolId) {
     tampered[n - 17] ^= 1; // last ciphertext byte before the tag
     b.raw(tampered);
     a.until_rejected("bob", RejectReason::AuthFailed).await;
-    b.raw(reencode(&DataHeader { epoch: 999_999, ..header.clone() }));
-    a.until_rejected("bob", RejectReason::UnknownEpoch(999_999)).await;
+    let unknown = Epoch::new(ViewId::new(header.epoch.view.incarnation, 999_999), 0);
+    b.raw(reencode(&DataHeader { epoch: unknown, ..header.clone() }));
+    a.until_rejected("bob", RejectReason::UnknownEpoch(unknown)).await;
+    let mut bad_signature = genuine.clone();
+    bad_signature[hlen + 2] ^= 1; // the signature's first byte: the AEAD still holds
+    b.raw(bad_signature);
+    a.until_rejected("bob", RejectReason::BadSignature).await;
     d.raw(genuine.clone()); // dave passes off bob's message as his own
     a.until_rejected("dave", RejectReason::UnknownSender).await;
     b.raw(reencode(&DataHeader { sender: MemberId::new("carol").unwrap(), ..header.clone() }));

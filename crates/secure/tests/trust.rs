@@ -200,7 +200,7 @@ async fn intruders_are_refused(protocol: ProtocolId) {
     }
     let mut fps = Vec::new();
     for m in &ms {
-        fps.push(m.until_view_after(&honest, last - 1).await);
+        fps.push(m.until_view_from(&honest, last).await);
     }
     assert!(fps.iter().all(|f| f == &fps[0]), "honest members disagree: {fps:?}");
     ms[2].send("only for the certified");

@@ -810,7 +810,7 @@ mod tests {
             let members = (0..size)
                 .map(|i| ViewMember { id: conclave_gcs::MemberId::new(format!("m{i}")).unwrap(), prev: None })
                 .collect();
-            let view = View { id: ViewId(id), members, cause: Cause::Join };
+            let view = View { id: ViewId::new(0, id), members, cause: Cause::Join };
             let event = Ok(Event::View { group: conclave_gcs::GroupName::new("g").unwrap(), view });
             tx.send(PlainReport { who, event, at: Instant::now() }).unwrap();
         }
@@ -823,7 +823,7 @@ mod tests {
         crate::block_on(async {
             // One view id for both: settled, on that id; an older view of another size does not count.
             let mut group = plain_group_seeing(&[(0, 7, 1), (0, 8, 2), (1, 8, 2)]);
-            assert_eq!(group.settled(&[0, 1], 2).await?.1, "v8");
+            assert_eq!(group.settled(&[0, 1], 2).await?.1, "v8.0000");
             // Two view ids for one size: refused.
             let mut group = plain_group_seeing(&[(0, 8, 2), (1, 9, 2)]);
             let e = group.settled(&[0, 1], 2).await.unwrap_err();

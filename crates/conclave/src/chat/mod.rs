@@ -207,7 +207,17 @@ fn on_event(app: &mut App, ev: SecureEvent) {
         }
         SecureEvent::Refused { member, reason, .. } => app.warning(format!("refused {member}: {reason}")),
         SecureEvent::Excluded { by, reason, .. } => {
+            // Standing aside: no key, so show none.
+            app.epoch = None;
+            app.fingerprint.clear();
             app.warning(format!("{by} refused you: you {reason}; you get no key in this view"))
+        }
+        SecureEvent::KeyMismatch { epoch, unconfirmed, .. } => {
+            let who: Vec<&str> = unconfirmed.iter().map(|m| m.as_str()).collect();
+            app.warning(format!(
+                "key confirmation failed in epoch {epoch}: {} did not confirm your key; rekeying (nothing was sent under it)",
+                who.join(", ")
+            ))
         }
         SecureEvent::Left { group } => {
             app.joined = false;
@@ -246,14 +256,15 @@ mod tests {
     fn draws_members_status_and_messages() {
         let mut app = App::new("alice", "room", "tgdh");
         app.members = vec!["alice".into(), "bob".into()];
-        app.epoch = Some(7);
-        app.status = "rekey to epoch 7 (tgdh) in 3.2 ms, 2 members".into();
+        let epoch = conclave_secure::Epoch::new(conclave_secure::ViewId::new(0xabcd << 48, 7), 0);
+        app.epoch = Some(epoch);
+        app.status = format!("rekey to epoch {epoch} (tgdh) in 3.2 ms, 2 members");
         app.push(Entry::Message { sender: "bob".into(), text: "hi".into(), mine: false });
         app.input = "typing".into();
         let mut t = Terminal::new(TestBackend::new(80, 12)).unwrap();
         t.draw(|f| app.draw(f)).unwrap();
         let screen: String = t.backend().buffer().content().iter().map(|c| c.symbol()).collect();
-        for want in ["bob: hi", " alice", " bob", "epoch    7", "2 members", "> typing", "#room"] {
+        for want in ["bob: hi", " alice", " bob", "epoch    v7.abcd/0", "2 members", "> typing", "#room"] {
             assert!(screen.contains(want), "{want:?} missing from {screen}");
         }
     }

@@ -28,7 +28,7 @@ pub struct App {
     pub protocol: String,
     pub joined: bool,
     pub members: Vec<String>,
-    pub epoch: Option<u64>,
+    pub epoch: Option<conclave_secure::Epoch>,
     pub fingerprint: String,
     pub status: String,
     pub input: String,

@@ -112,8 +112,11 @@ impl Net {
     pub fn install(&mut self, vid: u64, members: &[(&str, Option<u64>)]) -> Vec<Packet> {
         self.queue.clear();
         let view = View {
-            id: ViewId(vid),
-            members: members.iter().map(|(m, p)| ViewMember { id: id(m), prev: p.map(ViewId) }).collect(),
+            id: ViewId::new(0, vid),
+            members: members
+                .iter()
+                .map(|(m, p)| ViewMember { id: id(m), prev: p.map(|p| ViewId::new(0, p)) })
+                .collect(),
             cause: Cause::Join,
         };
         let mut sent = Vec::new();
@@ -128,9 +131,21 @@ impl Net {
     /// Installs view `vid` of `members`: `newcomers` come from no view, the
     /// others from the current one.
     pub fn view(&mut self, vid: u64, members: &[&str], newcomers: &[&str]) -> Vec<Packet> {
-        let prev = self.view.as_ref().map(|v| v.id.0);
+        let prev = self.view.as_ref().map(|v| v.id.seq);
         let members: Vec<_> = members.iter().map(|m| (*m, if newcomers.contains(m) { None } else { prev })).collect();
         self.install(vid, &members)
+    }
+
+    /// Every member of the view rekeys (as an agreed rekey input would make
+    /// them, all at the same point); returns what they send.
+    pub fn rekey(&mut self) -> Vec<Packet> {
+        self.queue.clear();
+        let mut sent = Vec::new();
+        for m in self.members() {
+            let out = self.engines.get_mut(&m).unwrap().rekey(&mut self.rng).unwrap();
+            sent.extend(self.absorb(&m, out));
+        }
+        sent
     }
 
     /// Removes the `i`-th queued message.
@@ -146,7 +161,11 @@ impl Net {
             if p.to.as_ref().is_some_and(|to| to != &r) {
                 continue;
             }
-            let out = self.engines.get_mut(&r).unwrap().on_message(&p.from, &p.bytes, &mut self.rng).unwrap();
+            let out = match self.engines.get_mut(&r).unwrap().on_message(&p.from, &p.bytes, &mut self.rng) {
+                Ok(out) => out,
+                Err(Error::Ignored(_)) => continue, // BD: not a neighbour's value
+                Err(e) => panic!("{r} refused {p:?}: {e}"),
+            };
             sent.extend(self.absorb(&r, out));
         }
         sent
@@ -178,6 +197,7 @@ impl Net {
             group_id: GroupId::Ristretto255,
             group: GROUP.into(),
             view: self.view.as_ref().expect("a view").id,
+            run: 0,
             sender: id(from),
             recipient: to.map(id),
             round,

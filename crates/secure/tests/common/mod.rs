@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use conclave_secure::{MemberId, Policy, SecureEvent, Session};
+use conclave_secure::{Epoch, MemberId, Policy, SecureEvent, Session};
 use tokio::sync::{mpsc, oneshot};
 
 /// The group every test uses.
@@ -95,7 +95,7 @@ impl Member {
     }
 
     /// The latest secure view with exactly these members: (epoch, fingerprint).
-    pub async fn until_view(&self, names: &[&str]) -> (u64, String) {
+    pub async fn until_view(&self, names: &[&str]) -> (Epoch, String) {
         self.until(&format!("view {names:?}"), |log| {
             log.iter().rev().find_map(|e| match e {
                 SecureEvent::View(v) if v.members.iter().map(|m| m.as_str()).eq(names.iter().copied()) => {
@@ -108,11 +108,20 @@ impl Member {
     }
 
     /// The first secure view with exactly these members after epoch `after`.
-    pub async fn until_view_after(&self, names: &[&str], after: u64) -> (u64, String) {
-        self.until(&format!("view {names:?} after epoch {after}"), |log| {
+    pub async fn until_view_after(&self, names: &[&str], after: Epoch) -> (Epoch, String) {
+        self.until_view_where(names, &format!("after epoch {after}"), |e| e > after).await
+    }
+
+    /// The first secure view with exactly these members at epoch `from` or later.
+    pub async fn until_view_from(&self, names: &[&str], from: Epoch) -> (Epoch, String) {
+        self.until_view_where(names, &format!("from epoch {from}"), |e| e >= from).await
+    }
+
+    async fn until_view_where(&self, names: &[&str], what: &str, f: impl Fn(Epoch) -> bool) -> (Epoch, String) {
+        self.until(&format!("view {names:?} {what}"), |log| {
             log.iter().find_map(|e| match e {
                 SecureEvent::View(v)
-                    if v.epoch > after && v.members.iter().map(|m| m.as_str()).eq(names.iter().copied()) =>
+                    if f(v.epoch) && v.members.iter().map(|m| m.as_str()).eq(names.iter().copied()) =>
                 {
                     Some((v.epoch, v.fingerprint.clone()))
                 }
@@ -123,7 +132,7 @@ impl Member {
     }
 
     /// The epoch in which this member received `text`, once it has.
-    pub async fn until_msg(&self, text: &str) -> u64 {
+    pub async fn until_msg(&self, text: &str) -> Epoch {
         self.until(&format!("message {text:?}"), |log| {
             log.iter().find_map(|e| match e {
                 SecureEvent::Message { epoch, data, .. } if data == text.as_bytes() => Some(*epoch),
@@ -134,7 +143,7 @@ impl Member {
     }
 
     /// Epoch → members, of every secure view this member saw.
-    pub fn views(&self) -> BTreeMap<u64, Vec<MemberId>> {
+    pub fn views(&self) -> BTreeMap<Epoch, Vec<MemberId>> {
         self.events()
             .into_iter()
             .filter_map(|e| match e {

@@ -1,0 +1,121 @@
+//! Key confirmation: after a run installs a key, every member proves to the
+//! others that it holds the same key, before anyone uses it.
+//!
+//! Each member multicasts, for the new epoch, a MAC *per sender*: HMAC-SHA256
+//! under a confirmation key derived from the new group key (never the data
+//! keys), over the group, the epoch (view, with its daemon incarnation, and
+//! run), the protocol, the member list and the sender's name. Because the
+//! MAC names its sender, a member cannot confirm by echoing another's MAC: it
+//! must hold the key. The message is also signed by the sender's identity
+//! key (like every protocol message), so nobody else can confirm in its name.
+//!
+//! Every member checks every other member's MAC against the key it holds
+//! itself. Confirmations travel in agreed order, so all members decide on the
+//! same message (the last confirmation): if every MAC matches, the secure view
+//! is delivered; if any does not — the members hold different keys, or an
+//! insider lied — every member reports the mismatch with the epoch and the
+//! members whose MACs did not match, and the view is rekeyed from scratch
+//! ([`conclave_gka::Engine::rekey`]). No unconfirmed key ever reaches the
+//! application.
+
+use conclave_gcs::{GroupName, MemberId};
+use conclave_gka::{Epoch, ProtocolId, ViewId};
+use hkdf::Hkdf;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
+use zeroize::Zeroizing;
+
+/// The confirmation MACs of one member for one epoch: what it sends, and
+/// what it expects from each other member.
+pub(crate) struct Confirmer {
+    key: Zeroizing<[u8; 32]>,
+    transcript: Vec<u8>,
+}
+
+impl Confirmer {
+    /// For the key (`GroupKey::expose_secret`) agreed in `epoch` by `protocol` among `members` (view order).
+    pub fn new(key: &[u8; 32], group: &GroupName, epoch: Epoch, protocol: ProtocolId, members: &[MemberId]) -> Self {
+        let hk = Hkdf::<Sha256>::new(Some(b"conclave/secure/v1/confirm-key"), key);
+        let mut k = Zeroizing::new([0u8; 32]);
+        hk.expand(b"key confirmation", k.as_mut()).expect("32 bytes is a valid HKDF-SHA256 output length");
+        let mut transcript = b"conclave/secure/v1/confirm\0".to_vec();
+        put(&mut transcript, group.as_str().as_bytes());
+        transcript.extend_from_slice(&epoch.to_bytes());
+        transcript.push(protocol.code());
+        transcript.extend_from_slice(&(members.len() as u32).to_be_bytes());
+        for m in members {
+            put(&mut transcript, m.as_str().as_bytes());
+        }
+        Self { key: k, transcript }
+    }
+
+    /// The MAC that `sender` must present.
+    pub fn mac(&self, sender: &MemberId) -> [u8; 32] {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(self.key.as_ref()).expect("HMAC takes any key length");
+        mac.update(&self.transcript);
+        mac.update(sender.as_str().as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
+    /// Whether `sender`'s MAC shows it holds this member's key.
+    pub fn matches(&self, sender: &MemberId, mac: &[u8; 32]) -> bool {
+        self.mac(sender).ct_eq(mac).into()
+    }
+}
+
+/// What a member signs to send a confirmation.
+pub(crate) fn confirm_signed(group: &GroupName, sender: &MemberId, epoch: Epoch, mac: &[u8; 32]) -> Vec<u8> {
+    let mut t = b"conclave/secure/v1/confirm-signature\0".to_vec();
+    put(&mut t, group.as_str().as_bytes());
+    put(&mut t, sender.as_str().as_bytes());
+    t.extend_from_slice(&epoch.to_bytes());
+    t.extend_from_slice(mac);
+    t
+}
+
+/// What the oldest member signs to tell a newcomer the group's policy.
+pub(crate) fn policy_signed(
+    group: &GroupName,
+    view: ViewId,
+    sender: &MemberId,
+    recipient: &MemberId,
+    policy: (u8, u8),
+) -> Vec<u8> {
+    let mut t = b"conclave/secure/v1/policy-signature\0".to_vec();
+    put(&mut t, group.as_str().as_bytes());
+    t.extend_from_slice(&view.to_bytes());
+    put(&mut t, sender.as_str().as_bytes());
+    put(&mut t, recipient.as_str().as_bytes());
+    t.extend_from_slice(&[policy.0, policy.1]);
+    t
+}
+
+fn put(t: &mut Vec<u8>, part: &[u8]) {
+    t.extend_from_slice(&(part.len() as u16).to_be_bytes());
+    t.extend_from_slice(part);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_name_their_sender_and_bind_the_epoch() {
+        let id = |s: &str| MemberId::new(s).unwrap();
+        let g = GroupName::new("g").unwrap();
+        let members = [id("a"), id("b")];
+        let e = |run| Epoch::new(ViewId::new(9, 4), run);
+        let key = |b: u8| [b; 32];
+        let c = Confirmer::new(&key(1), &g, e(0), ProtocolId::Tgdh, &members);
+        let mac_a = c.mac(&id("a"));
+        assert!(c.matches(&id("a"), &mac_a));
+        assert!(!c.matches(&id("b"), &mac_a), "echoing another member's MAC proves nothing");
+        let other_key = Confirmer::new(&key(2), &g, e(0), ProtocolId::Tgdh, &members);
+        assert!(!other_key.matches(&id("a"), &mac_a), "another key");
+        let other_run = Confirmer::new(&key(1), &g, e(1), ProtocolId::Tgdh, &members);
+        assert!(!other_run.matches(&id("a"), &mac_a), "another run");
+        let fewer = Confirmer::new(&key(1), &g, e(0), ProtocolId::Tgdh, &members[..1]);
+        assert!(!fewer.matches(&id("a"), &mac_a), "another member list");
+    }
+}
