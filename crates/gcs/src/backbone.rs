@@ -19,7 +19,7 @@ use crate::core::{ClientState, ConnId, DaemonId, DaemonState, ErrorCode, Members
 use crate::wire::{Fields, WireError, MAX_ERROR_TEXT};
 
 /// The version of the daemon–daemon encoding this module speaks.
-pub const OP_VERSION: u8 = 1;
+pub const OP_VERSION: u8 = 2;
 
 const CONNECT: u8 = 0x01;
 const DISCONNECT: u8 = 0x02;
