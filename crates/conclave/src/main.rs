@@ -15,12 +15,6 @@ mod daemon;
 mod demo;
 mod flood;
 mod keys;
-mod names;
-mod scripted;
-// Also the cluster test's (by #[path]); cut, heal and the log readers serve only it.
-#[cfg(feature = "cluster")]
-#[allow(dead_code)]
-mod netns;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

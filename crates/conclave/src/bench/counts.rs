@@ -170,9 +170,9 @@ fn cell(measured: u64, paper: Option<u64>, matches: &mut (u32, u32)) -> String {
 
 /// Runs the benchmark.
 pub fn run(args: CountsArgs) -> Result<()> {
-    let protocols = crate::names::protocols(&args.protocol)?;
-    let group_id = crate::names::group(&args.suite)?;
-    let scheme = crate::names::signature(&args.signature)?;
+    let protocols = conclave_testkit::names::protocols(&args.protocol)?;
+    let group_id = conclave_testkit::names::group(&args.suite)?;
+    let scheme = conclave_testkit::names::signature(&args.signature)?;
     if args.sizes.iter().any(|&n| n == 0 || n > 2000) {
         bail!("group sizes must be between 1 and 2000");
     }

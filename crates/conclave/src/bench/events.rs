@@ -639,9 +639,9 @@ fn write_over_membership(out: &mut impl Write, points: &[Point], protocols: &[Pr
 
 /// Runs the benchmark.
 pub fn run(args: EventsArgs) -> Result<()> {
-    let protocols = crate::names::protocols(&args.protocols)?;
-    let group = crate::names::group(&args.suite)?;
-    let scheme = crate::names::signature(&args.signature)?;
+    let protocols = conclave_testkit::names::protocols(&args.protocols)?;
+    let group = conclave_testkit::names::group(&args.suite)?;
+    let scheme = conclave_testkit::names::signature(&args.signature)?;
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }

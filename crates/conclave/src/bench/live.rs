@@ -4,7 +4,7 @@
 //! own task: the whole stack an application uses, with nothing simulated.
 //! The daemons are either one embedded standalone daemon per point, or with
 //! `--cluster N` a Corosync cluster of N nodes in network namespaces
-//! ([`crate::netns`]), started once for the run, with the members spread
+//! ([`conclave_testkit::netns`]), started once for the run, with the members spread
 //! round-robin over the nodes (member i on node i mod N). The time of an
 //! event is wall-clock time from its cause (a join or leave request, a split
 //! or a heal of the network) until the last member concerned has shown the
@@ -28,7 +28,7 @@
 //! before at the second (UCI), the rest at the first (JHU); with 3 nodes, one
 //! per site. Every frame between two nodes then waits half their sites'
 //! round trip (70 ms JHU–UCI, 300 ms JHU–ICU, 270 ms UCI–ICU) in a userspace
-//! delay hub that replaces the bridge ([`crate::netns`]; this machine's
+//! delay hub that replaces the bridge ([`conclave_testkit::netns`]; this machine's
 //! kernel has no netem). The engine measures the round trips before the
 //! first point and prints them.
 //!
@@ -54,7 +54,7 @@ use rand_core::{RngCore, SeedableRng};
 use tokio::sync::{mpsc, watch};
 
 use super::events::{Placement, TimedEvent, Wan};
-use crate::scripted::{self, Cmd, Report};
+use conclave_testkit::scripted::{self, Cmd, Report};
 
 /// Members that join at once while the group forms (untimed).
 const FORMING_WAVE: usize = 16;
@@ -609,7 +609,7 @@ async fn point<K: Kind>(
 #[cfg(feature = "cluster")]
 mod cluster {
     use super::*;
-    use crate::netns::NetnsCluster;
+    use conclave_testkit::netns::NetnsCluster;
 
     /// Longest the cluster may take to form.
     const FORM_LIMIT: Duration = Duration::from_secs(60);

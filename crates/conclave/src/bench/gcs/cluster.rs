@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
 use crate::flood::Row;
-use crate::netns::NetnsCluster;
+use conclave_testkit::netns::NetnsCluster;
 
 /// Nodes of the benchmark's cluster.
 const NODES: usize = 3;

@@ -18,9 +18,9 @@
 //! [`DelayHub`] then replaces the bridge, as this machine's kernel has no
 //! netem.
 //!
-//! Shared between the test (`tests/cluster.rs`) and benchmarks by `#[path]`
-//! or `mod`; it uses only std, anyhow and libc (`setns`), and the `ip` and
-//! `tc` commands.
+//! Shared by the cluster test (`crates/conclave/tests/cluster.rs`) and the
+//! benchmarks (`conclave-bench`, feature `cluster`); it uses only std, anyhow
+//! and libc (`setns`), and the `ip` and `tc` commands.
 
 use std::fs;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
