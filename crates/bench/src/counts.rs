@@ -12,23 +12,8 @@ use conclave_gka::harness::{EventCost, Harness};
 use conclave_gka::{GroupId, ProtocolId, SignatureId};
 use serde::Serialize;
 
-use super::paper::{self, PaperRow};
-
-/// Membership events.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Event {
-    /// One member joins a group of n.
-    Join,
-    /// One member (the middle one in view order) leaves a group of n.
-    Leave,
-    /// A keyed group of m merges with a keyed group of n.
-    Merge,
-    /// The p most recent members of a group of n are cut off (the n-p side is counted).
-    Partition,
-    /// The oldest member (CKD's controller) leaves a group of n.
-    ControllerLeave,
-}
+use crate::paper::{self, PaperRow};
+use crate::scenario::Event;
 
 /// Options of `conclave bench counts`.
 #[derive(Args)]

@@ -15,7 +15,9 @@
 //!   latency and throughput, join and leave latency; with the `cluster`
 //!   feature also over Corosync, with bare CPG's own delivery as the floor.
 //!
-//! [`flood`] is the measuring round shared with `conclave flood`.
+//! The scenario vocabulary the commands share (membership events, sites and
+//! their round trips, where members sit) is in `scenario`, which depends on
+//! none of them; [`flood`] is the measuring round shared with `conclave flood`.
 
 mod chart;
 mod counts;
@@ -26,6 +28,7 @@ mod gcs;
 mod live;
 mod mls;
 mod paper;
+mod scenario;
 
 use anyhow::Result;
 use clap::Subcommand;

@@ -53,7 +53,7 @@ use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 use tokio::sync::{mpsc, watch};
 
-use super::events::{Placement, TimedEvent, Wan};
+use crate::scenario::{Placement, TimedEvent, Wan};
 use conclave_testkit::scripted::{self, Cmd, Report};
 
 /// Members that join at once while the group forms (untimed).
@@ -669,7 +669,7 @@ mod cluster {
             let second: Vec<usize> = (nodes - nodes / 2..nodes).collect();
             let place = Placement { machines: nodes, wan, second_side_from: Some(second[0]) };
             if wan == Wan::Tissec2002 {
-                let one_way = |a: usize, b: usize| super::super::events::one_way(place.site(a), place.site(b));
+                let one_way = |a: usize, b: usize| crate::scenario::one_way(place.site(a), place.site(b));
                 nodes_up.delay((0..nodes).map(|a| (0..nodes).map(|b| one_way(a, b)).collect()).collect())?;
             }
             let c = Cluster { nodes: nodes_up, wan, second };
@@ -683,13 +683,12 @@ mod cluster {
                 list(&first)
             )?;
             if wan == Wan::Tissec2002 {
-                const SITES: [&str; 3] = ["JHU", "UCI", "ICU"];
                 let sites: Vec<String> =
-                    (0..nodes).map(|i| format!("node {} {}", i + 1, SITES[place.site(i)])).collect();
+                    (0..nodes).map(|i| format!("node {} {}", i + 1, crate::scenario::SITES[place.site(i)])).collect();
                 let mut measured = Vec::new();
                 for (a, b) in [(0, nodes - 2), (0, nodes - 1), (nodes - 2, nodes - 1)] {
                     let rtt = c.rtt_ms(a, b)?;
-                    let profile = 2.0 * super::super::events::one_way(place.site(a), place.site(b));
+                    let profile = 2.0 * crate::scenario::one_way(place.site(a), place.site(b));
                     measured.push(format!("nodes {}–{} {rtt:.1} ms (profile {profile:.0})", a + 1, b + 1));
                 }
                 writeln!(
