@@ -18,6 +18,8 @@
 //! The scenario vocabulary the commands share (membership events, sites and
 //! their round trips, where members sit) is in `scenario`, which depends on
 //! none of them; [`flood`] is the measuring round shared with `conclave flood`.
+//! With the `cluster` feature, `floor` holds the bare CPG probes that measure
+//! the floor under the cluster backbone.
 
 mod chart;
 mod counts;
@@ -29,6 +31,9 @@ mod live;
 mod mls;
 mod paper;
 mod scenario;
+
+#[cfg(feature = "cluster")]
+pub use gcs::floor;
 
 use anyhow::Result;
 use clap::Subcommand;

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use conclave_gcs_net::cluster::{cpg_floor_probe, FloorProbe, FLOOR_HEADER};
+use super::floor::{cpg_floor_probe, FloorProbe, FLOOR_HEADER};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
