@@ -89,12 +89,7 @@ pub struct Flood<'a> {
 /// Runs one round: the senders send `count` agreed messages each, every
 /// connection receives all of them, and every receiver measures each
 /// message's latency from its send time (relative to `epoch`).
-pub async fn round(
-    conns: &mut [Conn],
-    ours: &Arc<HashSet<String>>,
-    flood: &Flood<'_>,
-    epoch: Instant,
-) -> Result<Row> {
+pub async fn round(conns: &mut [Conn], ours: &Arc<HashSet<String>>, flood: &Flood<'_>, epoch: Instant) -> Result<Row> {
     let (n, size, window) = (flood.count, flood.size, flood.window);
     let expected = flood.senders * n;
     let start = Instant::now();

@@ -14,9 +14,9 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use super::floor::{cpg_floor_probe, FloorProbe, FLOOR_HEADER};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use super::floor::{cpg_floor_probe, FloorProbe, FLOOR_HEADER};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
