@@ -20,6 +20,7 @@
 //! none of them; [`flood`] is the measuring round shared with `conclave flood`.
 //! With the `cluster` feature, `floor` holds the bare CPG probes that measure
 //! the floor under the cluster backbone.
+#![warn(missing_docs)]
 
 mod chart;
 mod counts;

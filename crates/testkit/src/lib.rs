@@ -10,6 +10,7 @@
 //!   daemon engine of `conclave bench events`.
 //! * [`names`] — protocol, group and signature names given on the command
 //!   line, with errors that list what is accepted.
+#![warn(missing_docs)]
 
 pub mod names;
 #[cfg(feature = "netns")]
