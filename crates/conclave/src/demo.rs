@@ -23,7 +23,7 @@ use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
 use tokio::sync::mpsc;
 
-use crate::scripted::{self, Cmd, Report};
+use conclave_testkit::scripted::{self, Cmd, Report};
 
 /// Options of `conclave demo`.
 #[derive(Args)]
@@ -44,8 +44,8 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// Runs the demo.
 pub fn run(args: DemoArgs) -> Result<()> {
-    let protocols = crate::names::protocols(&args.protocols)?;
-    let group_id = crate::names::group(&args.suite)?;
+    let protocols = conclave_testkit::names::protocols(&args.protocols)?;
+    let group_id = conclave_testkit::names::group(&args.suite)?;
     crate::block_on(async move {
         let dir = std::env::temp_dir().join(format!("conclave-demo-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;

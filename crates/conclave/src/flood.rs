@@ -3,23 +3,18 @@
 //! them receive everything. Every payload carries its send time, so each
 //! receiving sender measures the delivery latency of every message.
 //!
-//! The measuring round ([`round`]) is shared with `conclave bench gcs`.
+//! The measuring round ([`conclave_bench::flood::round`]) is shared with
+//! `conclave bench gcs`.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
-use bytes::{Buf, BufMut, BytesMut};
+use anyhow::{anyhow, bail, Result};
 use clap::Args;
-use conclave_gcs_net::{ClientReceiver, ClientSender, Event, Service};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
+use conclave_bench::flood::{round, wait_for_all, Conn, Flood, Row, HEADER};
 
 use crate::client::Endpoint;
-
-/// Bytes at the start of every payload: send time, sender, sequence number.
-pub(crate) const HEADER: usize = 16;
 
 /// Longest a round may take before the flood is declared stalled.
 const ROUND_LIMIT: Duration = Duration::from_secs(300);
@@ -55,43 +50,21 @@ pub struct FloodArgs {
     endpoint: Endpoint,
 }
 
-/// What one round measured.
-pub(crate) struct Row {
-    /// Payload size in bytes.
-    pub size: usize,
-    /// Messages sent by all senders together.
-    pub sent: usize,
-    /// From the first send until the last receiver had every message.
-    pub elapsed: Duration,
-    /// Send-to-delivery latencies at every receiver, in nanoseconds, sorted.
-    pub latencies: Vec<u64>,
-}
-
-impl Row {
-    /// The latency at quantile `p` (0 to 1), in milliseconds.
-    pub fn percentile(&self, p: f64) -> f64 {
-        if self.latencies.is_empty() {
-            return 0.0;
-        }
-        let i = ((self.latencies.len() - 1) as f64 * p).round() as usize;
-        self.latencies[i] as f64 / 1e6
-    }
-
-    fn print(&self, senders: usize) {
-        let secs = self.elapsed.as_secs_f64().max(1e-9);
-        println!(
-            "{:>8} {:>8} {:>10} {:>9.3} {:>11.0} {:>9.2} {:>9.3} {:>9.3} {:>9.3}",
-            self.size,
-            senders,
-            self.sent,
-            secs,
-            self.sent as f64 / secs,
-            (self.sent * self.size) as f64 / secs / 1e6,
-            self.percentile(0.5),
-            self.percentile(0.99),
-            self.percentile(1.0),
-        );
-    }
+/// Prints `row` as a line of the table.
+fn print_row(row: &Row, senders: usize) {
+    let secs = row.elapsed.as_secs_f64().max(1e-9);
+    println!(
+        "{:>8} {:>8} {:>10} {:>9.3} {:>11.0} {:>9.2} {:>9.3} {:>9.3} {:>9.3}",
+        row.size,
+        senders,
+        row.sent,
+        secs,
+        row.sent as f64 / secs,
+        (row.sent * row.size) as f64 / secs / 1e6,
+        row.percentile(0.5),
+        row.percentile(0.99),
+        row.percentile(1.0),
+    );
 }
 
 fn header() {
@@ -99,15 +72,6 @@ fn header() {
         "{:>8} {:>8} {:>10} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9}",
         "size", "senders", "messages", "seconds", "msg/s", "MB/s", "p50 ms", "p99 ms", "max ms"
     );
-}
-
-/// A connection of a flood: its receiver is lent to a round's task while
-/// the round runs.
-pub(crate) struct Conn {
-    /// The sending half.
-    pub tx: ClientSender,
-    /// The receiving half, `None` only during a round.
-    pub rx: Option<ClientReceiver>,
 }
 
 /// Runs the flood.
@@ -147,124 +111,10 @@ async fn flood(args: FloodArgs, sizes: Vec<usize>, window: usize) -> Result<()> 
         let row = tokio::time::timeout(ROUND_LIMIT, round(&mut conns, &ours, &flood, epoch))
             .await
             .map_err(|_| anyhow!("the flood stalled: a round took longer than {ROUND_LIMIT:?}"))??;
-        row.print(args.senders);
+        print_row(&row, args.senders);
     }
     for c in &conns {
         let _ = c.tx.bye().await;
     }
     Ok(())
-}
-
-/// Receives until a view of `group` holds every flood connection.
-pub(crate) async fn wait_for_all(rx: &mut ClientReceiver, group: &str, ours: &HashSet<String>) -> Result<()> {
-    let wait = async {
-        loop {
-            match rx.recv().await? {
-                Event::View { group: g, view }
-                    if g.as_str() == group && ours.iter().all(|n| view.ids().any(|m| m.as_str() == n)) =>
-                {
-                    return Ok(());
-                }
-                Event::Error { code, text } => bail!("the daemon refused ({code:?}): {text}"),
-                _ => {}
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), wait)
-        .await
-        .map_err(|_| anyhow!("timed out waiting for all senders to join {group}"))?
-}
-
-type Received = (usize, ClientReceiver, Vec<u64>, Instant);
-
-/// One round of a flood.
-pub(crate) struct Flood<'a> {
-    /// The group every connection is a member of.
-    pub group: &'a str,
-    /// The first `senders` connections send; all of them receive.
-    pub senders: usize,
-    /// Messages each sender sends.
-    pub count: usize,
-    /// Payload size in bytes (at least [`HEADER`]).
-    pub size: usize,
-    /// Messages a sender may have in flight (sent, not yet delivered back to it).
-    pub window: usize,
-}
-
-/// Runs one round: the senders send `count` agreed messages each, every
-/// connection receives all of them, and every receiver measures each
-/// message's latency from its send time (relative to `epoch`).
-pub(crate) async fn round(
-    conns: &mut [Conn],
-    ours: &Arc<HashSet<String>>,
-    flood: &Flood<'_>,
-    epoch: Instant,
-) -> Result<Row> {
-    let (n, size, window) = (flood.count, flood.size, flood.window);
-    let expected = flood.senders * n;
-    let start = Instant::now();
-    let mut tasks: JoinSet<Result<Option<Received>>> = JoinSet::new();
-    for (i, c) in conns.iter_mut().enumerate() {
-        let credit = Arc::new(Semaphore::new(window));
-        if i < flood.senders {
-            let tx = c.tx.clone();
-            let group = flood.group.to_string();
-            let sender_credit = credit.clone();
-            tasks.spawn(async move {
-                for seq in 0..n {
-                    sender_credit.acquire().await.context("credit")?.forget();
-                    let mut p = BytesMut::with_capacity(size);
-                    p.put_u64(epoch.elapsed().as_nanos() as u64);
-                    p.put_u32(i as u32);
-                    p.put_u32(seq as u32);
-                    p.resize(size, 0);
-                    tx.multicast(&group, Service::Agreed, p.freeze()).await.context("sending")?;
-                }
-                Ok(None)
-            });
-        }
-        let mut rx = c.rx.take().expect("receiver");
-        let group = flood.group.to_string();
-        let ours = ours.clone();
-        tasks.spawn(async move {
-            let mut latencies = Vec::with_capacity(expected);
-            let mut got = 0;
-            while got < expected {
-                match rx.recv().await.context("receiving")? {
-                    Event::Message { group: g, sender, mut payload, .. }
-                        if g.as_str() == group && ours.contains(sender.as_str()) && payload.len() >= HEADER =>
-                    {
-                        let sent = payload.get_u64();
-                        let from = payload.get_u32() as usize;
-                        latencies.push((epoch.elapsed().as_nanos() as u64).saturating_sub(sent));
-                        if from == i {
-                            credit.add_permits(1);
-                        }
-                        got += 1;
-                    }
-                    Event::Error { code, text } => bail!("error from the daemon ({code:?}): {text}"),
-                    _ => {}
-                }
-            }
-            Ok(Some((i, rx, latencies, Instant::now())))
-        });
-    }
-    let mut latencies = Vec::with_capacity(expected * conns.len());
-    let mut end = start;
-    while let Some(r) = tasks.join_next().await {
-        match r.context("flood task")? {
-            Ok(Some((i, rx, lat, done))) => {
-                conns[i].rx = Some(rx);
-                latencies.extend(lat);
-                end = end.max(done);
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tasks.abort_all();
-                return Err(e);
-            }
-        }
-    }
-    latencies.sort_unstable();
-    Ok(Row { size, sent: expected, elapsed: end - start, latencies })
 }

@@ -1,26 +1,26 @@
 //! `conclave`: the one command line of Conclave.
 //!
 //! It wires the library crates together and holds no protocol logic of its
-//! own: the key agreement benchmarks (`conclave bench`), the standalone
+//! own: the key agreement benchmarks (`conclave bench`, from `conclave-bench`,
+//! behind the default feature `bench`), the standalone
 //! daemon (`conclave daemon`), an interactive client in the manner of
 //! Spread's spuser (`conclave client`) and a load generator in the manner of
 //! spflooder (`conclave flood`), and `conclave demo`, which runs the whole
 //! stack (daemon, secure sessions, key agreement) in one process, `conclave chat`, and `conclave keys`
 //! (certified identities). The gauge command of DESIGN.md joins them as it lands.
+//!
+//! Built without the default feature `bench` (`--no-default-features`), it
+//! is the daemon, client, chat, demo and keys without the benchmarks and the
+//! load generator, and without their dependencies (mls-rs, plotters, resvg).
+#![forbid(unsafe_code)]
 
-mod bench;
 mod chat;
 mod client;
 mod daemon;
 mod demo;
+#[cfg(feature = "bench")]
 mod flood;
 mod keys;
-mod names;
-mod scripted;
-// Also the cluster test's (by #[path]); cut, heal and the log readers serve only it.
-#[cfg(feature = "cluster")]
-#[allow(dead_code)]
-mod netns;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -36,10 +36,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Benchmarks that reproduce the papers' measurements.
-    Bench {
-        #[command(subcommand)]
-        which: bench::BenchCommand,
-    },
+    #[cfg(feature = "bench")]
+    #[command(subcommand)]
+    Bench(conclave_bench::Command),
     /// The whole stack in one process: an embedded daemon and scripted members
     /// that join, talk and leave under each protocol, with secure views,
     /// rekey times and decrypted traffic printed.
@@ -51,6 +50,7 @@ enum Command {
     /// A secure chat room in the terminal (end-to-end encrypted, rekeyed on every membership change).
     Chat(chat::ChatArgs),
     /// Load test: several connections flood one group with agreed messages.
+    #[cfg(feature = "bench")]
     Flood(flood::FloodArgs),
     /// Certified identities: the group authority, member certificates and revocation.
     Keys {
@@ -62,11 +62,13 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let r = match cli.command {
-        Command::Bench { which } => bench::run(which),
+        #[cfg(feature = "bench")]
+        Command::Bench(which) => conclave_bench::run(which),
         Command::Demo(args) => demo::run(args),
         Command::Daemon(args) => daemon::run(args),
         Command::Client(args) => client::run(args),
         Command::Chat(args) => chat::run(args),
+        #[cfg(feature = "bench")]
         Command::Flood(args) => flood::run(args),
         Command::Keys { which } => keys::run(which),
     };

@@ -8,10 +8,6 @@
 //! `cargo nextest run -p conclave --features cluster --run-ignored ignored-only -E 'binary(cluster)'`.
 #![cfg(feature = "cluster")]
 
-#[allow(dead_code)]
-#[path = "../src/netns.rs"]
-mod netns;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -20,7 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use conclave_gcs::{Cause, View, ViewId};
 use conclave_gcs_net::{Client, ClientSender, Event, Service};
-use netns::NetnsCluster;
+use conclave_testkit::netns::NetnsCluster;
 
 const GROUP: &str = "g";
 const CLIENTS_PER_NODE: usize = 2;

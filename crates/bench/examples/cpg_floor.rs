@@ -1,7 +1,7 @@
 //! The floor under the cluster backbone: agreed-delivery latency of bare CPG
-//! multicasts on this node's corosync (see `cluster::raw_cpg_round_trips`).
+//! multicasts on this node's corosync (see `conclave_bench::floor::raw_cpg_round_trips`).
 //!
-//! `cargo run --release -p conclave-gcs-net --features cluster --example cpg_floor -- [COUNT] [SIZE] [GROUP]`
+//! `cargo run --release -p conclave-bench --features cluster --example cpg_floor -- [COUNT] [SIZE] [GROUP]`
 
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ fn main() {
     let count: usize = args.next().map_or(1000, |s| s.parse().expect("COUNT is a number"));
     let size: usize = args.next().map_or(64, |s| s.parse().expect("SIZE is a number of bytes"));
     let group = args.next().unwrap_or_else(|| "conclave-cpg-floor".to_owned());
-    let mut times = match conclave_gcs_net::cluster::raw_cpg_round_trips(&group, count, size) {
+    let mut times = match conclave_bench::floor::raw_cpg_round_trips(&group, count, size) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("cpg_floor: {e}");

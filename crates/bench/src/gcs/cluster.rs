@@ -14,14 +14,14 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use super::floor::{cpg_floor_probe, FloorProbe, FLOOR_HEADER};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use conclave_gcs_net::cluster::{cpg_floor_probe, FloorProbe, FLOOR_HEADER};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
 use crate::flood::Row;
-use crate::netns::NetnsCluster;
+use conclave_testkit::netns::NetnsCluster;
 
 /// Nodes of the benchmark's cluster.
 const NODES: usize = 3;

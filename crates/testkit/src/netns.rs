@@ -15,12 +15,12 @@
 //!
 //! For benchmarks the cluster can also split in two (the second side's
 //! ports move to a second bridge) and take WAN delays: a userspace
-//! [`DelayHub`] then replaces the bridge, as this machine's kernel has no
+//! `DelayHub` then replaces the bridge, as this machine's kernel has no
 //! netem.
 //!
-//! Shared between the test (`tests/cluster.rs`) and benchmarks by `#[path]`
-//! or `mod`; it uses only std, anyhow and libc (`setns`), and the `ip` and
-//! `tc` commands.
+//! Shared by the cluster test (`crates/conclave/tests/cluster.rs`) and the
+//! benchmarks (`conclave-bench`, feature `cluster`); it uses only std, anyhow
+//! and libc (`setns`), and the `ip` and `tc` commands.
 
 use std::fs;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -270,7 +270,7 @@ impl NetnsCluster {
         Ok(())
     }
 
-    /// Replaces the bridge with a [`DelayHub`] (this kernel may lack
+    /// Replaces the bridge with a `DelayHub` (this kernel may lack
     /// netem): every frame from node `i` reaches node `j` after
     /// `one_way_ms[i][j]`. [`NetnsCluster::split`] and `unsplit` then act on
     /// the hub.
@@ -508,7 +508,7 @@ fn receive(socket: &OwnedFd, buf: &mut [u8]) -> Option<usize> {
 }
 
 /// Clears the UDP checksum of an Ethernet frame carrying an unfragmented
-/// or first-fragment IPv4 UDP datagram (see [`DelayHub`]).
+/// or first-fragment IPv4 UDP datagram (see `DelayHub`).
 fn clear_udp_checksum(frame: &mut [u8]) {
     const ETH: usize = 14;
     if frame.len() < ETH + 20 || frame[12..14] != [0x08, 0x00] || frame[ETH + 9] != 17 {

@@ -4,7 +4,7 @@
 //! own task: the whole stack an application uses, with nothing simulated.
 //! The daemons are either one embedded standalone daemon per point, or with
 //! `--cluster N` a Corosync cluster of N nodes in network namespaces
-//! ([`crate::netns`]), started once for the run, with the members spread
+//! ([`conclave_testkit::netns`]), started once for the run, with the members spread
 //! round-robin over the nodes (member i on node i mod N). The time of an
 //! event is wall-clock time from its cause (a join or leave request, a split
 //! or a heal of the network) until the last member concerned has shown the
@@ -28,7 +28,7 @@
 //! before at the second (UCI), the rest at the first (JHU); with 3 nodes, one
 //! per site. Every frame between two nodes then waits half their sites'
 //! round trip (70 ms JHU–UCI, 300 ms JHU–ICU, 270 ms UCI–ICU) in a userspace
-//! delay hub that replaces the bridge ([`crate::netns`]; this machine's
+//! delay hub that replaces the bridge ([`conclave_testkit::netns`]; this machine's
 //! kernel has no netem). The engine measures the round trips before the
 //! first point and prints them.
 //!
@@ -53,8 +53,8 @@ use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 use tokio::sync::{mpsc, watch};
 
-use super::events::{Placement, TimedEvent, Wan};
-use crate::scripted::{self, Cmd, Report};
+use crate::scenario::{Placement, TimedEvent, Wan};
+use conclave_testkit::scripted::{self, Cmd, Report};
 
 /// Members that join at once while the group forms (untimed).
 const FORMING_WAVE: usize = 16;
@@ -609,7 +609,7 @@ async fn point<K: Kind>(
 #[cfg(feature = "cluster")]
 mod cluster {
     use super::*;
-    use crate::netns::NetnsCluster;
+    use conclave_testkit::netns::NetnsCluster;
 
     /// Longest the cluster may take to form.
     const FORM_LIMIT: Duration = Duration::from_secs(60);
@@ -669,7 +669,7 @@ mod cluster {
             let second: Vec<usize> = (nodes - nodes / 2..nodes).collect();
             let place = Placement { machines: nodes, wan, second_side_from: Some(second[0]) };
             if wan == Wan::Tissec2002 {
-                let one_way = |a: usize, b: usize| super::super::events::one_way(place.site(a), place.site(b));
+                let one_way = |a: usize, b: usize| crate::scenario::one_way(place.site(a), place.site(b));
                 nodes_up.delay((0..nodes).map(|a| (0..nodes).map(|b| one_way(a, b)).collect()).collect())?;
             }
             let c = Cluster { nodes: nodes_up, wan, second };
@@ -683,13 +683,12 @@ mod cluster {
                 list(&first)
             )?;
             if wan == Wan::Tissec2002 {
-                const SITES: [&str; 3] = ["JHU", "UCI", "ICU"];
                 let sites: Vec<String> =
-                    (0..nodes).map(|i| format!("node {} {}", i + 1, SITES[place.site(i)])).collect();
+                    (0..nodes).map(|i| format!("node {} {}", i + 1, crate::scenario::SITES[place.site(i)])).collect();
                 let mut measured = Vec::new();
                 for (a, b) in [(0, nodes - 2), (0, nodes - 1), (nodes - 2, nodes - 1)] {
                     let rtt = c.rtt_ms(a, b)?;
-                    let profile = 2.0 * super::super::events::one_way(place.site(a), place.site(b));
+                    let profile = 2.0 * crate::scenario::one_way(place.site(a), place.site(b));
                     measured.push(format!("nodes {}–{} {rtt:.1} ms (profile {profile:.0})", a + 1, b + 1));
                 }
                 writeln!(

@@ -48,6 +48,8 @@ use crate::flood::{self, Conn, Flood, HEADER};
 #[cfg(feature = "cluster")]
 mod cluster;
 #[cfg(feature = "cluster")]
+pub mod floor;
+#[cfg(feature = "cluster")]
 use cluster::Cluster;
 #[cfg(feature = "cluster")]
 pub use cluster::{run_probe as run_cpg_floor, CpgFloorArgs};

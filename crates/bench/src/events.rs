@@ -38,7 +38,8 @@ use conclave_gka::{Costs, GroupId, ProtocolId, SignatureId};
 use conclave_secure::Policy;
 use serde::Serialize;
 
-use super::crypto;
+use crate::crypto;
+use crate::scenario::{odd_even, one_way, site, Placement, TimedEvent, Wan, MACHINES};
 
 /// Which per-operation costs to charge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -47,44 +48,6 @@ pub enum CostsFrom {
     Measured,
     /// The paper's 2002 testbed (667 MHz Pentium III, OpenSSL, Spread).
     Tissec2002,
-}
-
-/// Network profile.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Wan {
-    /// One site.
-    Lan,
-    /// Three sites: JHU (11 machines), UCI, ICU (§6.2.1).
-    Tissec2002,
-}
-
-/// Events of the §6.1.2 scenarios.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TimedEvent {
-    /// One member joins a group of n−1.
-    Join,
-    /// A random member of n leaves (STR: the middle member of the chain).
-    Leave,
-    /// A group of n splits into two halves.
-    Partition,
-    /// Two halves of n merge back.
-    Merge,
-    /// Fig. 13's first partition P1: the odd-numbered members (in join order:
-    /// 1st, 3rd, …, so the oldest) split from the even-numbered ones, which
-    /// cuts across every tree.
-    PartitionP1,
-    /// Fig. 13's second partition P2: the same split as P1, again, after the
-    /// two sides of P1 merged back. TGDH and STR gain from the clustering
-    /// of the merged tree (§6.1.5); the others pay about what P1 cost.
-    PartitionP2,
-}
-
-impl TimedEvent {
-    /// Whether the event splits or heals a group (a standalone daemon cannot).
-    pub fn needs_a_network(self) -> bool {
-        !matches!(self, TimedEvent::Join | TimedEvent::Leave)
-    }
 }
 
 /// Options of `conclave bench events`.
@@ -261,70 +224,7 @@ pub(super) fn one_round_network_ms(model: &CostModel, wan: Wan, n: usize) -> f64
     model.membership(n) + model.multicast + far + model.receive
 }
 
-const MACHINES: usize = 13;
 const CPUS: usize = 2;
-
-fn site(machine: usize, wan: Wan) -> usize {
-    Placement::sim(wan).site(machine)
-}
-
-/// Where a run's members sit: member i on machine i mod `machines`, the
-/// machines on the sites of `wan`, and which members a partition puts on
-/// its second side.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Placement {
-    /// Machines (the sim's 13, or a cluster's nodes).
-    pub machines: usize,
-    /// Network profile: on the WAN the last two machines are at the second
-    /// and third sites, the rest at the first.
-    pub wan: Wan,
-    /// A partition's second side is the members on machines from this one
-    /// on; `None`: the sim's halves (the first and last n/2 members).
-    pub second_side_from: Option<usize>,
-}
-
-impl Placement {
-    /// The simulator's testbed.
-    pub fn sim(wan: Wan) -> Self {
-        Placement { machines: MACHINES, wan, second_side_from: None }
-    }
-
-    /// The site of `machine`.
-    pub fn site(&self, machine: usize) -> usize {
-        match self.wan {
-            Wan::Lan => 0,
-            Wan::Tissec2002 => (machine + 3).saturating_sub(self.machines).min(2),
-        }
-    }
-
-    /// The two sides of a partition of `ids`.
-    fn sides(&self, ids: &[MemberId]) -> (Vec<MemberId>, Vec<MemberId>) {
-        match self.second_side_from {
-            None => (ids[..ids.len() / 2].to_vec(), ids[ids.len() / 2..].to_vec()),
-            Some(from) => {
-                let (second, first): (Vec<_>, Vec<_>) =
-                    ids.iter().enumerate().partition(|(i, _)| i % self.machines >= from);
-                (
-                    first.into_iter().map(|(_, m)| m.clone()).collect(),
-                    second.into_iter().map(|(_, m)| m.clone()).collect(),
-                )
-            }
-        }
-    }
-}
-
-/// Fig. 13's sides: the odd-numbered members (1st, 3rd, … in join order) and
-/// the even-numbered ones.
-fn odd_even(ids: &[MemberId]) -> (Vec<MemberId>, Vec<MemberId>) {
-    let (odd, even): (Vec<_>, Vec<_>) = ids.iter().cloned().enumerate().partition(|(i, _)| i % 2 == 0);
-    (odd.into_iter().map(|(_, m)| m).collect(), even.into_iter().map(|(_, m)| m).collect())
-}
-
-/// One-way delay between two sites of the WAN, in ms (half the round trip).
-pub(super) fn one_way(a: usize, b: usize) -> f64 {
-    const RTT: [[f64; 3]; 3] = [[0.0, 70.0, 300.0], [70.0, 0.0, 270.0], [300.0, 270.0, 0.0]];
-    RTT[a][b] / 2.0
-}
 
 /// One run's result.
 #[derive(Debug)]
@@ -639,9 +539,9 @@ fn write_over_membership(out: &mut impl Write, points: &[Point], protocols: &[Pr
 
 /// Runs the benchmark.
 pub fn run(args: EventsArgs) -> Result<()> {
-    let protocols = crate::names::protocols(&args.protocols)?;
-    let group = crate::names::group(&args.suite)?;
-    let scheme = crate::names::signature(&args.signature)?;
+    let protocols = conclave_testkit::names::protocols(&args.protocols)?;
+    let group = conclave_testkit::names::group(&args.suite)?;
+    let scheme = conclave_testkit::names::signature(&args.signature)?;
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }

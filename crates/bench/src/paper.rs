@@ -8,7 +8,7 @@
 
 use conclave_gka::ProtocolId;
 
-use super::counts::Event;
+use crate::scenario::Event;
 
 /// One row of the paper's tables; `None` where the paper's count is not exact.
 #[derive(Clone, Copy, Debug, Default)]

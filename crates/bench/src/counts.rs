@@ -12,23 +12,8 @@ use conclave_gka::harness::{EventCost, Harness};
 use conclave_gka::{GroupId, ProtocolId, SignatureId};
 use serde::Serialize;
 
-use super::paper::{self, PaperRow};
-
-/// Membership events.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Event {
-    /// One member joins a group of n.
-    Join,
-    /// One member (the middle one in view order) leaves a group of n.
-    Leave,
-    /// A keyed group of m merges with a keyed group of n.
-    Merge,
-    /// The p most recent members of a group of n are cut off (the n-p side is counted).
-    Partition,
-    /// The oldest member (CKD's controller) leaves a group of n.
-    ControllerLeave,
-}
+use crate::paper::{self, PaperRow};
+use crate::scenario::Event;
 
 /// Options of `conclave bench counts`.
 #[derive(Args)]
@@ -170,9 +155,9 @@ fn cell(measured: u64, paper: Option<u64>, matches: &mut (u32, u32)) -> String {
 
 /// Runs the benchmark.
 pub fn run(args: CountsArgs) -> Result<()> {
-    let protocols = crate::names::protocols(&args.protocol)?;
-    let group_id = crate::names::group(&args.suite)?;
-    let scheme = crate::names::signature(&args.signature)?;
+    let protocols = conclave_testkit::names::protocols(&args.protocol)?;
+    let group_id = conclave_testkit::names::group(&args.suite)?;
+    let scheme = conclave_testkit::names::signature(&args.signature)?;
     if args.sizes.iter().any(|&n| n == 0 || n > 2000) {
         bail!("group sizes must be between 1 and 2000");
     }

@@ -83,14 +83,14 @@ pub fn measure_suite(group: GroupId, scheme: SignatureId, iterations: usize) -> 
 pub fn measure(args: &CryptoArgs) -> Result<Vec<OpCost>> {
     let mut out = Vec::new();
     for name in &args.groups {
-        match crate::names::group(name)? {
+        match conclave_testkit::names::group(name)? {
             GroupId::Ristretto255 => group_ops(Ristretto255, args.iterations, &mut out),
             other => group_ops(Modp::new(other), args.iterations, &mut out),
         }
     }
     let msg = [7u8; 200];
     for name in &args.signatures {
-        let scheme = crate::names::signature(name)?;
+        let scheme = conclave_testkit::names::signature(name)?;
         let mut rng = ChaCha20Rng::seed_from_u64(2);
         let signer = generate_signer(scheme, &mut rng)?;
         let verifier = signer.verifier();

@@ -1,0 +1,82 @@
+//! `conclave-bench`: the benchmarks of Conclave, run as `conclave bench`
+//! (the binary passes its `bench` subcommand through to [`Command`] and
+//! [`run`]). Each command prints tables; some also write CSV, JSON and charts.
+//!
+//! * `bench counts` — rounds, messages and cryptographic operations per
+//!   protocol, membership event and group size, counted on the seeded
+//!   simulator beside the TISSEC paper's Tables I and II.
+//! * `bench crypto` — every cryptographic operation of every suite, timed on
+//!   this machine.
+//! * `bench events` — the time from a membership event until every member
+//!   holds the new key: on the simulator with virtual time and a cost model,
+//!   or over real daemons (one embedded, or a Corosync cluster in network
+//!   namespaces with the `cluster` feature), with MLS (mls-rs) as a peer.
+//! * `bench gcs` — group communication on real sockets: agreed-multicast
+//!   latency and throughput, join and leave latency; with the `cluster`
+//!   feature also over Corosync, with bare CPG's own delivery as the floor.
+//!
+//! The scenario vocabulary the commands share (membership events, sites and
+//! their round trips, where members sit) is in `scenario`, which depends on
+//! none of them; [`flood`] is the measuring round shared with `conclave flood`.
+//! With the `cluster` feature, `floor` holds the bare CPG probes that measure
+//! the floor under the cluster backbone.
+#![warn(missing_docs)]
+
+mod chart;
+mod counts;
+mod crypto;
+mod events;
+pub mod flood;
+mod gcs;
+mod live;
+mod mls;
+mod paper;
+mod scenario;
+
+#[cfg(feature = "cluster")]
+pub use gcs::floor;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+/// The benchmarks.
+#[derive(Subcommand)]
+pub enum Command {
+    /// One bare Corosync CPG process of `bench gcs --cluster`'s floor (run inside a node's namespace).
+    #[cfg(feature = "cluster")]
+    #[command(hide = true)]
+    CpgFloor(gcs::CpgFloorArgs),
+    /// Count rounds, messages and cryptographic operations per protocol,
+    /// membership event and group size on the seeded simulator, beside the
+    /// TISSEC paper's Tables I and II.
+    Counts(counts::CountsArgs),
+    /// Time every cryptographic operation of every suite on this machine.
+    Crypto(crypto::CryptoArgs),
+    /// Time from a membership event until every member has the new key, on
+    /// the simulator with virtual time (TISSEC §6 scenarios).
+    Events(events::EventsArgs),
+    /// Group communication on real sockets: agreed-multicast latency and throughput, join and leave
+    /// latency, against an embedded daemon or the daemons given (and over TLS with --tls).
+    Gcs(gcs::GcsArgs),
+}
+
+/// Runs a benchmark.
+pub fn run(cmd: Command) -> Result<()> {
+    match cmd {
+        #[cfg(feature = "cluster")]
+        Command::CpgFloor(args) => gcs::run_cpg_floor(args),
+        Command::Counts(args) => counts::run(args),
+        Command::Crypto(args) => crypto::run(args),
+        Command::Events(args) => events::run(args),
+        Command::Gcs(args) => gcs::run(args),
+    }
+}
+
+/// Runs a networked benchmark on a tokio runtime. The runtime does not wait
+/// for a read of stdin that is still pending when the benchmark ends.
+fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let r = rt.block_on(f);
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    r
+}
