@@ -170,6 +170,23 @@ struct GroupState {
     together: BTreeSet<MemberId>,
     #[cfg(feature = "test-hooks")]
     captured: Vec<(MemberId, Bytes)>,
+    /// Test hook: an insider's tampering with its own key agreement messages.
+    #[cfg(feature = "test-hooks")]
+    tamper: Option<Tamper>,
+}
+
+/// Test hook: see [`Session::tamper_key_agreement`].
+#[cfg(feature = "test-hooks")]
+type Rewrite = Box<dyn FnMut(u8, &mut Vec<u8>) -> bool + Send>;
+
+/// Test hook: rewrites this member's outgoing key agreement bodies (given the
+/// round), re-signed so that they verify; its own engine still sees the
+/// original, as an insider that lies to the others would arrange.
+#[cfg(feature = "test-hooks")]
+struct Tamper {
+    rewrite: Rewrite,
+    /// Tampered bytes as sent → the original, for when they come back.
+    sent: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
 /// A connection to a daemon with secure groups over it. See the module doc.
@@ -318,6 +335,8 @@ impl Session {
                 together: BTreeSet::new(),
                 #[cfg(feature = "test-hooks")]
                 captured: Vec::new(),
+                #[cfg(feature = "test-hooks")]
+                tamper: None,
             },
         );
         self.push(Outgoing::Join(name))
@@ -709,6 +728,8 @@ impl Session {
         for o in outputs {
             match o {
                 Output::Send { to, bytes } => {
+                    #[cfg(feature = "test-hooks")]
+                    let bytes = tampered(gs, self.signer.as_ref(), bytes);
                     let mut p = Vec::with_capacity(bytes.len() + 3);
                     p.extend_from_slice(&[tag::KA, gs.policy.protocol.code(), gs.policy.group_id.code()]);
                     p.extend_from_slice(&bytes);
@@ -870,6 +891,11 @@ impl Session {
                     gs.held_ka.push(sender, payload.slice_ref(body));
                     return Ok(());
                 }
+                #[cfg(feature = "test-hooks")]
+                let original =
+                    (sender == self.me).then(|| gs.tamper.as_mut().and_then(|t| t.sent.remove(body))).flatten();
+                #[cfg(feature = "test-hooks")]
+                let body = original.as_deref().unwrap_or(body);
                 let res = gs.engine.on_message(&sender, body, &mut OsRng);
                 self.engine_result(&group, Some(&sender), res)
             }
@@ -1148,10 +1174,66 @@ impl Session {
         GroupName::new(group).ok().and_then(|g| self.groups.get(&g)).map(|g| g.captured.clone()).unwrap_or_default()
     }
 
+    /// Test hook: from now on, `rewrite` may change the body of this
+    /// member's outgoing key agreement messages in `group` (it gets the round
+    /// and the body, and says whether it changed it); changed messages are
+    /// re-signed, and this member's own engine still sees the originals.
+    pub fn tamper_key_agreement(
+        &mut self,
+        group: &str,
+        rewrite: impl FnMut(u8, &mut Vec<u8>) -> bool + Send + 'static,
+    ) -> Result<(), SessionError> {
+        let name = GroupName::new(group)?;
+        let gs = self.groups.get_mut(&name).ok_or(SessionError::NotJoined(name))?;
+        gs.tamper = Some(Tamper { rewrite: Box::new(rewrite), sent: BTreeMap::new() });
+        Ok(())
+    }
+
     /// Test hook: multicasts a raw data message (`header ‖ ciphertext`) as is.
     pub fn send_raw_data(&mut self, group: &str, raw: &[u8]) -> Result<(), SessionError> {
         let mut p = vec![tag::DATA];
         p.extend_from_slice(raw);
         self.push(Outgoing::Multicast(GroupName::new(group)?, p.into()))
+    }
+}
+
+/// Test hook: applies the group's tampering, if any, to an engine message.
+#[cfg(feature = "test-hooks")]
+fn tampered(gs: &mut GroupState, signer: &dyn Signer, bytes: Vec<u8>) -> Vec<u8> {
+    let Some(t) = gs.tamper.as_mut() else { return bytes };
+    let Ok(mut env) = conclave_gka::message::Envelope::decode(&bytes) else { return bytes };
+    if !(t.rewrite)(env.round, &mut env.body) {
+        return bytes;
+    }
+    env.signature = signer.sign(&env.signed_bytes());
+    let forged = env.encode();
+    t.sent.insert(forged.clone(), bytes);
+    forged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_messages_are_bounded_in_bytes_per_sender_and_in_total() {
+        let m = |s: &str| MemberId::new(s).unwrap();
+        let mut held = Held::default();
+        let chunk = Bytes::from(vec![0u8; 64 << 10]);
+        let per_sender = MAX_HELD_BYTES_PER_SENDER / chunk.len();
+        for _ in 0..per_sender {
+            assert!(held.push(m("mallory"), chunk.clone()));
+        }
+        assert!(!held.push(m("mallory"), chunk.clone()), "one sender past its share");
+        assert_eq!(held.dropped, 1);
+        // Others still get in, until the total budget is spent.
+        let mut others = 0;
+        while held.push(m(&format!("m{}", others / per_sender)), chunk.clone()) {
+            others += 1;
+        }
+        assert_eq!(held.bytes, MAX_HELD_BYTES);
+        assert_eq!((per_sender + others) * chunk.len(), MAX_HELD_BYTES);
+        assert_eq!(held.take().len(), per_sender + others);
+        assert_eq!((held.bytes, held.per_sender.len()), (0, 0));
     }
 }

@@ -466,3 +466,115 @@ async fn cascaded_views_never_show_a_view_without_its_key() {
         check_logs(&[a, b, c, d, e]);
     }
 }
+
+/// An insider sends a tampered but validly signed BD round-2 value (another
+/// valid element in place of its X): the honest members compute different
+/// keys. Key confirmation catches it: every honest member reports the run
+/// and who did not confirm its key, no key of that run reaches any
+/// application, and the view is rekeyed to one key that everyone confirms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_split_by_a_tampered_bd_value_is_caught_and_healed() {
+    let names = ["alice", "bob", "carol", "dave", "mallory"];
+    let w = world(&names, 41).await;
+    let policy = Policy { protocol: ProtocolId::Bd, group_id: GroupId::Ristretto255 };
+    let mut ms = Vec::new();
+    for n in &names[..4] {
+        let m = w.member(n).await;
+        m.join(policy);
+        ms.push(m);
+    }
+    let honest: Vec<&str> = names[..4].to_vec();
+    for m in &ms {
+        m.until_view(&honest).await;
+    }
+    let mallory = w.member("mallory").await;
+    mallory
+        .ask(move |s| {
+            s.join(GROUP, policy).unwrap();
+            // Once: replace the round-2 value X by the round-1 value Z (a
+            // valid element, so nothing but the keys tells it apart).
+            let (mut z, mut done) = (Vec::new(), false);
+            s.tamper_key_agreement(GROUP, move |round, body| match round {
+                1 => {
+                    z = body.clone();
+                    false
+                }
+                2 if !done && body.len() == 1 + z.len() => {
+                    body.truncate(1);
+                    body.extend_from_slice(&z);
+                    done = true;
+                    true
+                }
+                _ => false,
+            })
+            .unwrap();
+        })
+        .await;
+    let all: Vec<&str> = names.to_vec();
+    let mut fingerprints = BTreeSet::new();
+    for m in &ms {
+        let (epoch, unconfirmed) = m
+            .until("a key mismatch", |log| {
+                log.iter().find_map(|e| match e {
+                    SecureEvent::KeyMismatch { epoch, unconfirmed, .. } => Some((*epoch, unconfirmed.clone())),
+                    _ => None,
+                })
+            })
+            .await;
+        assert_eq!(epoch.run, 0, "{}: the view's own run failed", m.name);
+        assert!(!unconfirmed.is_empty() && !unconfirmed.contains(&m.id()), "{}: {unconfirmed:?}", m.name);
+        let (healed, fp) = m.until_view(&all).await;
+        assert_eq!((healed.view, healed.run), (epoch.view, 1), "{}: rekeyed in the same view", m.name);
+        fingerprints.insert(fp);
+        let leaked = m.events().into_iter().any(|e| matches!(e, SecureEvent::View(v) if v.epoch == epoch));
+        assert!(!leaked, "{}: an unconfirmed key reached the application", m.name);
+    }
+    assert_eq!(fingerprints.len(), 1, "the healed key differs: {fingerprints:?}");
+    ms[0].send("after the split");
+    for m in ms.iter().chain([&mallory]) {
+        m.until_msg("after the split").await;
+    }
+}
+
+/// A policy notice talks a newcomer out of a group only if the member that
+/// sends it signed it and is known: an outsider's notice — the old unsigned
+/// three bytes, or one signed with a key nobody trusts — is ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_policy_notices_do_not_evict_a_newcomer() {
+    let w = world(&["alice", "bob"], 43).await;
+    let path = w.daemon.unix_path().unwrap().to_path_buf();
+    let policy = Policy::default();
+    let alice = w.member("alice").await;
+    alice.join(policy);
+    alice.until_view(&["alice"]).await;
+    // An outsider in the group, older than the newcomer.
+    let (tx, mut rx) = conclave_gcs_net::Client::connect_unix(&path, "mallory").await.unwrap().split();
+    tx.join(GROUP).await.unwrap();
+    let bob = w.member("bob").await;
+    bob.join(policy);
+    // Wait until mallory sees bob in the view, then send both notices.
+    let view = loop {
+        if let conclave_gcs_net::Event::View { view, .. } = rx.recv().await.unwrap() {
+            if view.members.len() == 3 {
+                break view.id;
+            }
+        }
+    };
+    let other = Policy { protocol: ProtocolId::Gdh, group_id: GroupId::Modp1024 };
+    let codes = [other.protocol.code(), other.group_id.code()];
+    let unsigned = Bytes::copy_from_slice(&[3, codes[0], codes[1]]);
+    tx.unicast(GROUP, "bob", unsigned).await.unwrap();
+    let stranger = generate_signer(SignatureId::Ed25519, &mut ChaCha20Rng::seed_from_u64(99)).unwrap();
+    let mut signed = vec![3];
+    signed.extend_from_slice(&view.to_bytes());
+    signed.extend_from_slice(&codes);
+    signed.extend_from_slice(&stranger.sign(b"whatever it signs, nobody knows its key"));
+    tx.unicast(GROUP, "bob", Bytes::from(signed)).await.unwrap();
+    // Bob stays: mallory leaves, and alice and bob key the group together.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    tx.leave(GROUP).await.unwrap();
+    bob.until_view(&["alice", "bob"]).await;
+    let evicted =
+        bob.events().into_iter().any(|e| matches!(e, SecureEvent::PolicyMismatch { .. } | SecureEvent::Left { .. }));
+    assert!(!evicted, "bob was talked out of the group: {:#?}", bob.events());
+}

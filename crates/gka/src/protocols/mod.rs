@@ -72,4 +72,21 @@ mod tests {
             assert!(matches!(net.refuse("a", &old), Error::WrongRun { got: 0, current: 1 }), "{p}");
         }
     }
+
+    #[test]
+    fn messages_recorded_in_one_daemon_lifetime_are_refused_in_the_next() {
+        // The same members, view counter and run in two daemon lifetimes:
+        // only the incarnation differs, and it is enough.
+        let names = ["a", "b", "c"];
+        for p in ProtocolId::ALL {
+            let mut first = Net::new(p, &names, 5);
+            let recorded = first.install_in(1, 1, &names.map(|n| (n, None)));
+            let mut second = Net::new(p, &names, 5);
+            second.install_in(2, 1, &names.map(|n| (n, None)));
+            for packet in recorded.iter().filter(|pk| pk.from.as_str() != "a") {
+                let err = second.refuse("a", packet);
+                assert!(matches!(err, Error::WrongView { .. }), "{p}: {err}");
+            }
+        }
+    }
 }

@@ -110,9 +110,14 @@ impl Net {
     /// Installs view `vid` of `(member, previous view)` in view order,
     /// dropping anything still queued; returns what the view triggers.
     pub fn install(&mut self, vid: u64, members: &[(&str, Option<u64>)]) -> Vec<Packet> {
+        self.install_in(0, vid, members)
+    }
+
+    /// [`Net::install`] in a given daemon incarnation.
+    pub fn install_in(&mut self, incarnation: u64, vid: u64, members: &[(&str, Option<u64>)]) -> Vec<Packet> {
         self.queue.clear();
         let view = View {
-            id: ViewId::new(0, vid),
+            id: ViewId::new(incarnation, vid),
             members: members
                 .iter()
                 .map(|(m, p)| ViewMember { id: id(m), prev: p.map(|p| ViewId::new(0, p)) })
