@@ -21,6 +21,7 @@ mod demo;
 #[cfg(feature = "bench")]
 mod flood;
 mod keys;
+mod sim;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -52,6 +53,8 @@ enum Command {
     /// Load test: several connections flood one group with agreed messages.
     #[cfg(feature = "bench")]
     Flood(flood::FloodArgs),
+    /// The secure stack from seeds, with an attacker: checks that no key splits, nobody is stuck and nothing forged is accepted.
+    Sim(sim::SimArgs),
     /// Certified identities: the group authority, member certificates and revocation.
     Keys {
         #[command(subcommand)]
@@ -70,6 +73,7 @@ fn main() {
         Command::Chat(args) => chat::run(args),
         #[cfg(feature = "bench")]
         Command::Flood(args) => flood::run(args),
+        Command::Sim(args) => sim::run(args),
         Command::Keys { which } => keys::run(which),
     };
     if let Err(e) = r {

@@ -319,8 +319,8 @@ mod tests {
     #[test]
     fn versions_and_kinds_are_checked() {
         assert_eq!(decode_op(Bytes::new()), Err(OpError::Empty));
-        assert_eq!(decode_op(Bytes::from_static(&[2, DISCONNECT])), Err(OpError::UnsupportedVersion(2)));
-        assert_eq!(decode_op(Bytes::from_static(&[1, 0x7f])), Err(OpError::Malformed(WireError::UnknownKind(0x7f))));
+        assert_eq!(decode_op(Bytes::from_static(&[1, DISCONNECT])), Err(OpError::UnsupportedVersion(1)));
+        assert_eq!(decode_op(Bytes::from_static(&[2, 0x7f])), Err(OpError::Malformed(WireError::UnknownKind(0x7f))));
         let mut msg = op_bytes(&Op::Disconnect { conn: ConnId { daemon: DaemonId(3), local: 9 } }).to_vec();
         msg.push(0);
         assert_eq!(decode_op(Bytes::from(msg)), Err(OpError::Malformed(WireError::Trailing(1))));
@@ -329,7 +329,7 @@ mod tests {
     #[test]
     fn a_huge_count_is_refused_without_allocating_for_it() {
         let mut msg = vec![OP_VERSION, STATE];
-        msg.extend_from_slice(&[0; 8 + 2 + 8]);
+        msg.extend_from_slice(&[0; 8 + 2 + 8 + 8]);
         msg.extend_from_slice(&u32::MAX.to_be_bytes());
         assert!(matches!(decode_op(Bytes::from(msg)), Err(OpError::Malformed(WireError::Truncated(_)))));
     }

@@ -113,18 +113,23 @@
 #![warn(missing_docs)]
 
 mod confirm;
+pub mod core;
 pub mod data;
 pub mod payload;
 mod session;
+pub mod sim;
 pub mod trust;
 
 use std::time::Duration;
 
+pub use crate::core::{
+    SessionCore, SystemClock, Transmit, WallClock, DEFAULT_CERT_TIMEOUT, MAX_HELD_BYTES, MAX_HELD_BYTES_PER_SENDER,
+};
 pub use conclave_gcs::{GroupName, MemberId};
 pub use conclave_gcs_net::ErrorCode;
 pub use conclave_gka::{Epoch, GroupId, ProtocolId, ViewId};
 pub use data::{DataError, DataHeader, EpochKeys};
-pub use session::{Session, DEFAULT_CERT_TIMEOUT, MAX_HELD_BYTES, MAX_HELD_BYTES_PER_SENDER};
+pub use session::Session;
 pub use trust::Refusal;
 
 /// How a group agrees on its keys; fixed by the group's first member.

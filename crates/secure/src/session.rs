@@ -1,220 +1,46 @@
-//! The session: one daemon connection, any number of secure groups.
+//! The session: a [`SessionCore`] driven over one daemon connection.
 //!
-//! [`Session::recv`] is the engine room: it reads the daemon's deliveries,
-//! feeds views and key agreement messages to each group's [`Engine`], sends
-//! what the engines ask for, installs keys, decrypts data messages and turns
-//! all of that into [`SecureEvent`]s. Nothing happens while nobody calls
-//! `recv`, so an application keeps calling it (it is cancel-safe: use it in
-//! `tokio::select!`). Outgoing traffic goes through an internal writer task,
-//! so [`Session::join`], [`Session::send`] and [`Session::leave`] never block.
+//! This is the tokio shell and nothing more: it hands the core what the
+//! daemon delivers and what the application asks, with the current time,
+//! sends what the core wants sent through a writer task, sleeps until the
+//! core's next deadline, and draws randomness from the operating system for
+//! it. [`Session::recv`] must be called for anything to happen (it is
+//! cancel-safe: use it in `tokio::select!`); [`Session::join`],
+//! [`Session::send`] and [`Session::leave`] never block.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use conclave_gcs::{GroupName, MemberId, View};
-use conclave_gcs_net::{Client, ClientSender, ErrorCode, Event, Service};
-use conclave_gka::suite::{Signer, Verifier};
-use conclave_gka::{Config, Directory, Engine, Epoch, Output, SecureView, ViewId};
+use conclave_gcs_net::{Client, ClientSender, Service};
+use conclave_gka::suite::Signer;
+use conclave_gka::Directory;
 use rand_core::OsRng;
-use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use crate::confirm::{confirm_signed, policy_signed, Confirmer};
-use crate::data::{DataError, DataHeader, EpochKeys, TAG_LEN};
-use crate::payload::{decode_policy, split_cert, tag, timeout_names, Frame, TrustKind};
-use crate::trust::{Authority, Identity, Refusal};
-use crate::{Policy, RejectReason, SecureEvent, SecureViewInfo, SessionError};
-
-/// How long a view waits by default for certificates before the members
-/// that presented none are refused.
-pub const DEFAULT_CERT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Certified mode: who this member is and whom it trusts.
-struct Certified {
-    identity: Identity,
-    authority: Arc<Authority>,
-    timeout: Duration,
-}
-
-/// A member's standing in the current view (certified mode).
-#[derive(Clone)]
-enum Verdict {
-    Accepted(Arc<dyn Verifier>),
-    Refused(Refusal),
-}
-
-/// The engine's directory in certified mode: the identity keys of the
-/// members accepted in the current view, and nobody else.
-#[derive(Default)]
-struct Accepted(Mutex<BTreeMap<MemberId, Arc<dyn Verifier>>>);
-
-impl Directory for Accepted {
-    fn verifier(&self, member: &MemberId) -> Option<Arc<dyn Verifier>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).get(member).cloned()
-    }
-}
-
-/// Largest number of messages held for a view whose key (or, certified, whose
-/// verdicts) are not there yet: data that came before its key, and key
-/// agreement messages that came while the view waits for certificates.
-const MAX_EARLY: usize = 4096;
-/// Largest number of bytes so held per group, from all senders together.
-pub const MAX_HELD_BYTES: usize = 8 << 20;
-/// Largest number of bytes so held per group from one sender, so that one
-/// member (certified or not) cannot take the whole budget.
-pub const MAX_HELD_BYTES_PER_SENDER: usize = 2 << 20;
-
-/// Messages held for later, bounded in count, in bytes and per sender.
-#[derive(Default)]
-struct Held {
-    items: Vec<(MemberId, Bytes)>,
-    bytes: usize,
-    per_sender: BTreeMap<MemberId, usize>,
-    /// Messages dropped because a bound was reached, since the group was joined.
-    dropped: u64,
-}
-
-impl Held {
-    /// Holds `payload` from `sender` if the bounds allow; says whether it did.
-    fn push(&mut self, sender: MemberId, payload: Bytes) -> bool {
-        let mine = self.per_sender.get(&sender).copied().unwrap_or(0);
-        if self.items.len() >= MAX_EARLY
-            || self.bytes + payload.len() > MAX_HELD_BYTES
-            || mine + payload.len() > MAX_HELD_BYTES_PER_SENDER
-        {
-            self.dropped += 1;
-            tracing::warn!(%sender, len = payload.len(), held = self.bytes, "held-message budget exhausted; message dropped");
-            return false;
-        }
-        self.bytes += payload.len();
-        self.per_sender.insert(sender.clone(), mine + payload.len());
-        self.items.push((sender, payload));
-        true
-    }
-
-    fn take(&mut self) -> Vec<(MemberId, Bytes)> {
-        self.bytes = 0;
-        self.per_sender.clear();
-        std::mem::take(&mut self.items)
-    }
-
-    fn clear(&mut self) {
-        self.take();
-    }
-}
-
-/// A key installed by the engine, waiting for every member's confirmation.
-struct Confirming {
-    view: SecureView,
-    confirmer: Confirmer,
-}
-
-enum Outgoing {
-    Join(GroupName),
-    Leave(GroupName),
-    Multicast(GroupName, Bytes),
-    Unicast(GroupName, MemberId, Bytes),
-}
-
-struct GroupState {
-    policy: Policy,
-    engine: Box<dyn Engine>,
-    /// The daemon's current view of the group.
-    view: Option<View>,
-    /// When the first view not yet secured arrived.
-    rekey_since: Option<Instant>,
-    /// Keys of the current secure view; `None` while a rekey runs.
-    keys: Option<EpochKeys>,
-    members: Vec<MemberId>,
-    next_seq: u64,
-    /// Plaintexts waiting for a key, in send order.
-    queue: VecDeque<Vec<u8>>,
-    /// Own messages sent whose delivery back to us is pending: (epoch, seq, plaintext).
-    in_flight: VecDeque<(Epoch, u64, Vec<u8>)>,
-    /// Own messages that must go out again under the next key, in send order.
-    resend: VecDeque<Vec<u8>>,
-    /// Data messages of the current epoch that came before its key was confirmed.
-    early: Held,
-    /// The installed key of the current run, until every member confirmed it.
-    confirming: Option<Confirming>,
-    /// Key confirmations received for the current run, by sender.
-    confirms: BTreeMap<MemberId, [u8; 32]>,
-    /// Next acceptable sequence number per sender, in the current epoch.
-    next_from: BTreeMap<MemberId, u64>,
-    /// Whether this member has ever installed a key in the group.
-    established: bool,
-    /// Asked to leave: no more sends. Until the leave takes effect the
-    /// member still takes part in key agreement (so nobody waits for it) and
-    /// receives what is sent in its views.
-    leaving: bool,
-    /// Taken out for a policy mismatch: every input is ignored.
-    ousted: bool,
-    /// Certified mode: the directory the engine reads.
-    accepted: Option<Arc<Accepted>>,
-    /// Certified mode: each member's standing in the current view.
-    verdicts: BTreeMap<MemberId, Verdict>,
-    /// The current view waits for verdicts before its key agreement starts.
-    held: bool,
-    /// When to give up on members that presented no certificate.
-    deadline: Option<Instant>,
-    /// Key agreement messages that came while the view was held.
-    held_ka: Held,
-    /// This member takes no part in key agreement in the current view
-    /// (refused, or told that it was).
-    aside: bool,
-    /// The last view fed to the engine (views held and superseded are not).
-    engine_view: Option<conclave_gcs::ViewId>,
-    /// Members continuously in this member's views since `engine_view`.
-    together: BTreeSet<MemberId>,
-    #[cfg(feature = "test-hooks")]
-    captured: Vec<(MemberId, Bytes)>,
-    /// Test hook: an insider's tampering with its own key agreement messages.
-    #[cfg(feature = "test-hooks")]
-    tamper: Option<Tamper>,
-}
-
-/// Test hook: see [`Session::tamper_key_agreement`].
-#[cfg(feature = "test-hooks")]
-type Rewrite = Box<dyn FnMut(u8, &mut Vec<u8>) -> bool + Send>;
-
-/// Test hook: rewrites this member's outgoing key agreement bodies (given the
-/// round), re-signed so that they verify; its own engine still sees the
-/// original, as an insider that lies to the others would arrange.
-#[cfg(feature = "test-hooks")]
-struct Tamper {
-    rewrite: Rewrite,
-    /// Tampered bytes as sent → the original, for when they come back.
-    sent: BTreeMap<Vec<u8>, Vec<u8>>,
-}
+use crate::core::{SessionCore, SystemClock, Transmit};
+use crate::trust::{Authority, Identity};
+use crate::{MemberId, Policy, SecureEvent, SessionError};
 
 /// A connection to a daemon with secure groups over it. See the module doc.
 pub struct Session {
-    me: MemberId,
-    signer: Arc<dyn Signer>,
-    directory: Arc<dyn Directory>,
-    certified: Option<Certified>,
-    out: mpsc::UnboundedSender<Outgoing>,
+    core: SessionCore,
+    out: mpsc::UnboundedSender<Transmit>,
     rx: conclave_gcs_net::ClientReceiver,
-    groups: BTreeMap<GroupName, GroupState>,
-    events: VecDeque<SecureEvent>,
-    max_payload: usize,
 }
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session").field("me", &self.me).field("groups", &self.groups.keys()).finish()
+        self.core.fmt(f)
     }
 }
 
-async fn writer(tx: ClientSender, mut rx: mpsc::UnboundedReceiver<Outgoing>) {
-    while let Some(o) = rx.recv().await {
-        let res = match o {
-            Outgoing::Join(g) => tx.join(g.as_str()).await,
-            Outgoing::Leave(g) => tx.leave(g.as_str()).await,
-            Outgoing::Multicast(g, b) => tx.multicast(g.as_str(), Service::Agreed, b).await,
-            Outgoing::Unicast(g, to, b) => tx.unicast(g.as_str(), to.as_str(), b).await,
+async fn writer(tx: ClientSender, mut rx: mpsc::UnboundedReceiver<Transmit>) {
+    while let Some(t) = rx.recv().await {
+        let res = match t {
+            Transmit::Join(g) => tx.join(g.as_str()).await,
+            Transmit::Leave(g) => tx.leave(g.as_str()).await,
+            Transmit::Multicast(g, b) => tx.multicast(g.as_str(), Service::Agreed, b).await,
+            Transmit::Unicast(g, to, b) => tx.unicast(g.as_str(), to.as_str(), b).await,
         };
         if let Err(e) = res {
             tracing::warn!(error = %e, "secure session: sending to the daemon failed; writer stops");
@@ -224,25 +50,19 @@ async fn writer(tx: ClientSender, mut rx: mpsc::UnboundedReceiver<Outgoing>) {
 }
 
 impl Session {
-    /// Wraps a connected client. `me` must be the name the client connected
-    /// with; `identity` signs this member's key agreement messages and
-    /// `directory` says whose messages to trust. Must be called inside a
-    /// tokio runtime (it spawns the writer task).
-    pub fn connect(client: Client, me: MemberId, identity: Arc<dyn Signer>, directory: Arc<dyn Directory>) -> Session {
+    fn over(client: Client, core: SessionCore) -> Session {
         let (tx, rx) = client.split();
         let (out, out_rx) = mpsc::unbounded_channel();
         tokio::spawn(writer(tx, out_rx));
-        Session {
-            me,
-            signer: identity,
-            directory,
-            certified: None,
-            out,
-            rx,
-            groups: BTreeMap::new(),
-            events: VecDeque::new(),
-            max_payload: conclave_gcs::wire::DEFAULT_MAX_PAYLOAD,
-        }
+        Session { core, out, rx }
+    }
+
+    /// Wraps a connected client. `me` must be the name the client connected
+    /// with; `identity` signs this member's messages and `directory` says
+    /// whose messages to trust. Must be called inside a tokio runtime (it
+    /// spawns the writer task).
+    pub fn connect(client: Client, me: MemberId, identity: Arc<dyn Signer>, directory: Arc<dyn Directory>) -> Session {
+        Self::over(client, SessionCore::new(me, identity, directory, Box::new(OsRng), Instant::now()))
     }
 
     /// Wraps a connected client in *certified mode*: this member presents
@@ -251,18 +71,15 @@ impl Session {
     /// accepts (see the crate doc, "Certified identities"). `me` must be the
     /// name the client connected with.
     pub fn connect_certified(client: Client, me: MemberId, identity: Identity, authority: Arc<Authority>) -> Session {
-        let signer = identity.signer();
-        let mut s = Self::connect(client, me, signer, Arc::new(conclave_gka::StaticDirectory::new()));
-        s.certified = Some(Certified { identity, authority, timeout: DEFAULT_CERT_TIMEOUT });
-        s
+        let clock = Arc::new(SystemClock);
+        let core = SessionCore::new_certified(me, identity, authority, clock, Box::new(OsRng), Instant::now());
+        Self::over(client, core)
     }
 
     /// Certified mode: how long a view waits for a member's certificate
     /// before it is refused for presenting none (default 10 s).
     pub fn set_certificate_timeout(&mut self, timeout: Duration) {
-        if let Some(c) = self.certified.as_mut() {
-            c.timeout = timeout;
-        }
+        self.core.set_certificate_timeout(timeout);
     }
 
     /// Connects to a daemon's Unix socket as `name`, then [`Session::connect`].
@@ -279,961 +96,93 @@ impl Session {
 
     /// This member.
     pub fn me(&self) -> &MemberId {
-        &self.me
+        self.core.me()
     }
 
-    /// Joins `group` with `policy`. The group's first member fixes the
-    /// policy; a joiner whose policy differs gets
-    /// [`SecureEvent::PolicyMismatch`] and is taken out of the group.
+    /// Joins `group` with `policy` (see [`SessionCore::join`]).
     pub fn join(&mut self, group: &str, policy: Policy) -> Result<(), SessionError> {
-        let name = GroupName::new(group)?;
-        match self.groups.get(&name) {
-            Some(g) if g.leaving => return Err(SessionError::StillLeaving(name)),
-            Some(_) => return Err(SessionError::AlreadyJoined(name)),
-            None => {}
-        }
-        let accepted = self.certified.as_ref().map(|_| Arc::new(Accepted::default()));
-        let directory = match &accepted {
-            Some(a) => a.clone() as Arc<dyn Directory>,
-            None => self.directory.clone(),
-        };
-        let engine = conclave_gka::new_engine(Config {
-            protocol: policy.protocol,
-            group_id: policy.group_id,
-            group: name.as_str().to_owned(),
-            me: self.me.clone(),
-            signer: self.signer.clone(),
-            directory,
-        });
-        self.groups.insert(
-            name.clone(),
-            GroupState {
-                policy,
-                engine,
-                view: None,
-                rekey_since: None,
-                keys: None,
-                members: Vec::new(),
-                next_seq: 0,
-                queue: VecDeque::new(),
-                in_flight: VecDeque::new(),
-                resend: VecDeque::new(),
-                early: Held::default(),
-                confirming: None,
-                confirms: BTreeMap::new(),
-                next_from: BTreeMap::new(),
-                established: false,
-                leaving: false,
-                ousted: false,
-                accepted,
-                verdicts: BTreeMap::new(),
-                held: false,
-                deadline: None,
-                held_ka: Held::default(),
-                aside: false,
-                engine_view: None,
-                together: BTreeSet::new(),
-                #[cfg(feature = "test-hooks")]
-                captured: Vec::new(),
-                #[cfg(feature = "test-hooks")]
-                tamper: None,
-            },
-        );
-        self.push(Outgoing::Join(name))
+        let res = self.core.join(Instant::now(), group, policy);
+        self.flush()?;
+        res
     }
 
-    /// Sends `data` to the group, encrypted under the current key. During a
-    /// rekey (or before the first secure view) the message waits and goes
-    /// out under the next key; it is not lost.
+    /// Sends `data` to the group (see [`SessionCore::send`]).
     pub fn send(&mut self, group: &str, data: &[u8]) -> Result<(), SessionError> {
-        let name = GroupName::new(group)?;
-        // tag + header (at most 1 + 128 + 20 + 1 + 255 + 8) + signature
-        // (length and at most an RSA-2048 signature) + AEAD tag.
-        let overhead = 1 + 413 + 2 + 256 + TAG_LEN;
-        if data.len() + overhead > self.max_payload {
-            return Err(SessionError::TooLarge { len: data.len(), max: self.max_payload.saturating_sub(overhead) });
-        }
-        let gs = self.groups.get_mut(&name).filter(|g| !g.leaving).ok_or(SessionError::NotJoined(name.clone()))?;
-        gs.queue.push_back(data.to_vec());
-        let sends = flush(&self.me, self.signer.as_ref(), &name, gs);
-        self.push_all(sends)
+        let res = self.core.send(Instant::now(), group, data);
+        self.flush()?;
+        res
     }
 
-    /// Messages dropped in `group` because a bound on held messages was
-    /// reached (see [`MAX_HELD_BYTES`]); each is also logged.
-    pub fn dropped(&self, group: &str) -> u64 {
-        GroupName::new(group).ok().and_then(|g| self.groups.get(&g)).map_or(0, |g| g.early.dropped + g.held_ka.dropped)
-    }
-
-    /// Leaves the group; [`SecureEvent::Left`] confirms it. Messages still
-    /// waiting for a key are dropped.
+    /// Leaves the group (see [`SessionCore::leave`]).
     pub fn leave(&mut self, group: &str) -> Result<(), SessionError> {
-        let name = GroupName::new(group)?;
-        let gs = self.groups.get_mut(&name).filter(|g| !g.leaving).ok_or(SessionError::NotJoined(name.clone()))?;
-        leave_group(gs);
-        self.push(Outgoing::Leave(name))
+        let res = self.core.leave(Instant::now(), group);
+        self.flush()?;
+        res
     }
 
-    /// The current secure view of a group (`None` before the first one and
-    /// while a rekey runs).
+    /// See [`SessionCore::dropped`].
+    pub fn dropped(&self, group: &str) -> u64 {
+        self.core.dropped(group)
+    }
+
+    /// See [`SessionCore::secure_members`].
     pub fn secure_members(&self, group: &str) -> Option<&[MemberId]> {
-        let gs = self.groups.get(&GroupName::new(group).ok()?)?;
-        gs.keys.as_ref().map(|_| gs.members.as_slice())
+        self.core.secure_members(group)
     }
 
     /// The next event. Cancel-safe: nothing is lost if the future is dropped.
     pub async fn recv(&mut self) -> Result<SecureEvent, SessionError> {
         loop {
-            if let Some(ev) = self.events.pop_front() {
+            self.flush()?;
+            if let Some(ev) = self.core.poll_event() {
                 return Ok(ev);
             }
-            let deadline = self.groups.values().filter_map(|g| g.deadline).min();
+            let deadline = self.core.poll_timeout();
             tokio::select! {
                 d = self.rx.recv() => {
                     let d = d?;
-                    self.handle(d)?;
+                    self.core.handle_delivery(Instant::now(), d)?;
                 }
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()), if deadline.is_some() => {
-                    self.on_deadline(Instant::now())?;
+                    self.core.handle_timeout(Instant::now())?;
                 }
             }
         }
     }
 
-    fn push(&self, o: Outgoing) -> Result<(), SessionError> {
-        self.out.send(o).map_err(|_| SessionError::Closed)
-    }
-
-    fn push_all(&self, os: Vec<Outgoing>) -> Result<(), SessionError> {
-        os.into_iter().try_for_each(|o| self.push(o))
-    }
-
-    fn handle(&mut self, d: Event) -> Result<(), SessionError> {
-        match d {
-            Event::View { group, view } => self.on_view(group, view),
-            Event::Message { group, sender, view, payload, .. } => self.on_payload(group, sender, view, payload, false),
-            Event::Unicast { group, sender, view, payload } => self.on_payload(group, sender, view, payload, true),
-            Event::Left { group } => {
-                if self.groups.remove(&group).is_some() {
-                    self.events.push_back(SecureEvent::Left { group });
-                }
-                Ok(())
-            }
-            Event::Error {
-                code: ErrorCode::NotMember | ErrorCode::UnknownRecipient | ErrorCode::UnknownGroup,
-                text,
-            } => {
-                // Only key agreement traffic can cause these: data is sent only
-                // while the daemon counts us a member, but a key agreement
-                // message may race with our own leave, or be a unicast to a
-                // member who just left. The next view restarts the run.
-                tracing::debug!(%text, "key agreement message refused by the daemon");
-                Ok(())
-            }
-            Event::Error { code, text } => {
-                self.events.push_back(SecureEvent::DaemonError { code, text });
-                Ok(())
-            }
-            Event::Welcome { .. } | Event::ViewChangeBegins { .. } => Ok(()),
-        }
-    }
-
-    fn on_view(&mut self, group: GroupName, view: View) -> Result<(), SessionError> {
-        let Some(gs) = self.groups.get_mut(&group).filter(|g| !g.ousted) else { return Ok(()) };
-        // A new view ends the epoch: its keys are erased now (messages
-        // delivered from here on are of the new view), and sends wait.
-        gs.keys = None;
-        gs.early.clear();
-        gs.confirming = None;
-        gs.confirms.clear();
-        gs.next_from.clear();
-        gs.rekey_since.get_or_insert_with(Instant::now);
-        let previous = gs.view.replace(view.clone());
-        tracing::debug!(%group, view = %view.id, n = view.members.len(), "view; rekeying");
-        let my_prev = view.member(&self.me).and_then(|m| m.prev);
-        let came_with_me = view.came_from(my_prev);
-        gs.together.retain(|m| came_with_me.contains(m));
-        gs.held_ka.clear();
-        gs.aside = false;
-        gs.deadline = None;
-        let Some(cert) = self.certified.as_ref() else {
-            let members = view.members.clone();
-            return self.start_engine(&group, members);
-        };
-        // Verdicts carry over only into a view that every member entered
-        // from this member's previous view, all of them decided there: all
-        // members then hold the same verdicts. Any other view (a join or a
-        // merge) is decided afresh from the certificates presented in it.
-        let shrink = previous.is_some_and(|p| view.members.iter().all(|m| m.prev == Some(p.id)))
-            && view.ids().all(|m| gs.verdicts.contains_key(m));
-        gs.held = true;
-        if shrink {
-            let members: BTreeSet<&MemberId> = view.ids().collect();
-            gs.verdicts.retain(|m, _| members.contains(m));
-        } else {
-            gs.verdicts.clear();
-            gs.deadline = Some(Instant::now() + cert.timeout);
-            let cert_der = cert.identity.cert_der();
-            let sig = self.signer.sign(&proof_transcript(&group, view.id, &self.me, cert_der));
-            let mut p = Vec::with_capacity(19 + cert_der.len() + sig.len());
-            p.push(tag::CERT);
-            p.extend_from_slice(&view.id.to_bytes());
-            p.extend_from_slice(&(cert_der.len() as u16).to_be_bytes());
-            p.extend_from_slice(cert_der);
-            p.extend_from_slice(&sig);
-            self.push(Outgoing::Multicast(group.clone(), p.into()))?;
-        }
-        self.try_start(&group)
-    }
-
-    /// Starts key agreement on the current view once every member has a
-    /// verdict: refused members are reported, told (by the oldest accepted
-    /// member) and left out of the engine's view.
-    fn try_start(&mut self, group: &GroupName) -> Result<(), SessionError> {
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let Some(view) = gs.view.clone() else { return Ok(()) };
-        if !gs.held || !view.ids().all(|m| gs.verdicts.contains_key(m)) {
-            return Ok(());
-        }
-        gs.held = false;
-        gs.deadline = None;
-        let refused: Vec<(MemberId, Refusal)> = view
-            .ids()
-            .filter_map(|m| match &gs.verdicts[m] {
-                Verdict::Refused(r) => Some((m.clone(), r.clone())),
-                Verdict::Accepted(_) => None,
-            })
-            .collect();
-        let oldest = &view.members[0].id;
-        // The oldest member fixes the group's authority (as it fixes the
-        // policy): a member whose authority does not know the oldest
-        // member's issuer is the odd one out, and stands aside.
-        let foreign = oldest != &self.me && matches!(gs.verdicts[oldest], Verdict::Refused(Refusal::UnknownIssuer));
-        let me_ok = matches!(gs.verdicts.get(&self.me), Some(Verdict::Accepted(_)));
-        let oldest_accepted = view.ids().find(|m| matches!(gs.verdicts[*m], Verdict::Accepted(_))).cloned();
-        for (member, reason) in &refused {
-            if member != &self.me {
-                tracing::info!(%group, %member, %reason, "member refused");
-                self.events.push_back(SecureEvent::Refused {
-                    group: group.clone(),
-                    member: member.clone(),
-                    reason: reason.clone(),
-                });
-            }
-        }
-        let gs = self.groups.get_mut(group).expect("checked above");
-        // Already told that it is refused in this view: it stays aside.
-        if !me_ok || foreign || gs.aside {
-            gs.aside = true;
-            gs.held_ka.clear();
-            if foreign {
-                self.events.push_back(SecureEvent::Excluded {
-                    group: group.clone(),
-                    by: oldest.clone(),
-                    reason: Refusal::UnknownIssuer,
-                });
-            }
-            return Ok(());
-        }
-        if oldest_accepted.as_ref() == Some(&self.me) {
-            for (member, reason) in &refused {
-                let mut p = vec![tag::REFUSED];
-                p.extend_from_slice(&view.id.to_bytes());
-                reason.encode(&mut p);
-                self.push(Outgoing::Unicast(group.clone(), member.clone(), p.into()))?;
-            }
-        }
-        let gs = self.groups.get_mut(group).expect("checked above");
-        let mut keys = BTreeMap::new();
-        for (m, v) in &gs.verdicts {
-            if let Verdict::Accepted(k) = v {
-                keys.insert(m.clone(), k.clone());
-            }
-        }
-        if let Some(a) = &gs.accepted {
-            *a.0.lock().unwrap_or_else(|e| e.into_inner()) = keys;
-        }
-        let members = view.members.iter().filter(|m| matches!(gs.verdicts[&m.id], Verdict::Accepted(_))).cloned();
-        let members: Vec<_> = members.collect();
-        let held = gs.held_ka.take();
-        self.start_engine(group, members)?;
-        for (sender, bytes) in held {
-            let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-            if gs.aside || !matches!(gs.verdicts.get(&sender), Some(Verdict::Accepted(_))) {
-                continue;
-            }
-            let res = gs.engine.on_message(&sender, &bytes, &mut OsRng);
-            self.engine_result(group, Some(&sender), res)?;
+    /// Hands the writer what the core wants sent.
+    fn flush(&mut self) -> Result<(), SessionError> {
+        while let Some(t) = self.core.poll_transmit() {
+            self.out.send(t).map_err(|_| SessionError::Closed)?;
         }
         Ok(())
     }
-
-    /// Feeds the engine the current view, restricted to `members`. The
-    /// engine tells who shares its state by `prev`; since views held and
-    /// superseded never reach it, `prev` is rewritten to say "continuously
-    /// with me since the engine's last view".
-    fn start_engine(
-        &mut self,
-        group: &GroupName,
-        members: Vec<conclave_gcs::view::ViewMember>,
-    ) -> Result<(), SessionError> {
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let Some(view) = gs.view.as_ref() else { return Ok(()) };
-        let members: Vec<_> = members
-            .into_iter()
-            .map(|mut m| {
-                m.prev = if m.id == self.me || gs.together.contains(&m.id) { gs.engine_view } else { None };
-                m
-            })
-            .collect();
-        let engine_view = View { id: view.id, members, cause: view.cause };
-        gs.engine_view = Some(view.id);
-        gs.together = engine_view.ids().cloned().collect();
-        let res = gs.engine.on_view(&engine_view, &mut OsRng);
-        self.engine_result(group, None, res)
-    }
-
-    /// A certificate deadline passed: an accepted member names the members
-    /// still without a verdict; the first such notice in the agreed order
-    /// refuses them at every member.
-    fn on_deadline(&mut self, now: Instant) -> Result<(), SessionError> {
-        let due: Vec<GroupName> =
-            self.groups.iter().filter(|(_, g)| g.deadline.is_some_and(|d| d <= now)).map(|(n, _)| n.clone()).collect();
-        for group in due {
-            let gs = self.groups.get_mut(&group).expect("listed above");
-            gs.deadline = None;
-            let Some(view) = gs.view.as_ref().filter(|_| gs.held) else { continue };
-            if !matches!(gs.verdicts.get(&self.me), Some(Verdict::Accepted(_))) {
-                continue;
-            }
-            let mut p = vec![tag::TIMEOUT];
-            p.extend_from_slice(&view.id.to_bytes());
-            for m in view.ids().filter(|m| !gs.verdicts.contains_key(*m)) {
-                p.push(m.as_str().len() as u8);
-                p.extend_from_slice(m.as_str().as_bytes());
-            }
-            if p.len() > 17 {
-                tracing::info!(%group, "certificates missing at the deadline");
-                self.push(Outgoing::Multicast(group.clone(), p.into()))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// A member's certificate, presented in the current view.
-    fn on_cert(
-        &mut self,
-        group: &GroupName,
-        sender: MemberId,
-        view: ViewId,
-        payload: &[u8],
-    ) -> Result<(), SessionError> {
-        let Some(cert) = self.certified.as_ref() else { return Ok(()) };
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        if !gs.held || gs.view.as_ref().map(|v| v.id) != Some(view) || gs.verdicts.contains_key(&sender) {
-            return Ok(());
-        }
-        let verdict = match split_cert(payload) {
-            Err(r) => Verdict::Refused(r),
-            Ok((der, sig)) => match cert.authority.verify(der, &sender, SystemTime::now()) {
-                Err(r) => Verdict::Refused(r),
-                Ok(c) => match c.verifier.verify(&proof_transcript(group, view, &sender, der), sig) {
-                    Ok(()) => Verdict::Accepted(c.verifier),
-                    Err(_) => Verdict::Refused(Refusal::BadProof),
-                },
-            },
-        };
-        gs.verdicts.insert(sender, verdict);
-        self.try_start(group)
-    }
-
-    /// An accepted member's notice that some members presented no certificate.
-    fn on_timeout(
-        &mut self,
-        group: &GroupName,
-        sender: &MemberId,
-        view: ViewId,
-        names: &[u8],
-    ) -> Result<(), SessionError> {
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        if self.certified.is_none() || !gs.held || gs.view.as_ref().map(|v| v.id) != Some(view) {
-            return Ok(());
-        }
-        if !matches!(gs.verdicts.get(sender), Some(Verdict::Accepted(_))) {
-            return Ok(());
-        }
-        let Some(view) = gs.view.as_ref() else { return Ok(()) };
-        for name in timeout_names(names) {
-            if let Some(m) = view.ids().find(|m| m.as_str().as_bytes() == name) {
-                gs.verdicts.entry(m.clone()).or_insert(Verdict::Refused(Refusal::NoCertificate));
-            }
-        }
-        self.try_start(group)
-    }
-
-    /// A notice that this member was refused in the current view. Believed
-    /// only from a member this member accepts (certified mode) or from a
-    /// member of the view (otherwise).
-    fn on_refused(
-        &mut self,
-        group: &GroupName,
-        sender: MemberId,
-        view: ViewId,
-        body: &[u8],
-    ) -> Result<(), SessionError> {
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let Some(v) = gs.view.as_ref().filter(|v| v.id == view) else { return Ok(()) };
-        let believed = match &self.certified {
-            Some(_) => matches!(gs.verdicts.get(&sender), Some(Verdict::Accepted(_))),
-            None => v.contains(&sender),
-        };
-        let Some(reason) = Refusal::decode(body).filter(|_| believed && sender != self.me) else {
-            tracing::debug!(%group, %sender, "refusal notice ignored");
-            return Ok(());
-        };
-        tracing::warn!(%group, by = %sender, %reason, "refused by the group");
-        gs.aside = true;
-        gs.keys = None;
-        gs.held_ka.clear();
-        self.events.push_back(SecureEvent::Excluded { group: group.clone(), by: sender, reason });
-        Ok(())
-    }
-
-    fn engine_result(
-        &mut self,
-        group: &GroupName,
-        from: Option<&MemberId>,
-        res: Result<Vec<Output>, conclave_gka::Error>,
-    ) -> Result<(), SessionError> {
-        let outputs = match res {
-            Ok(o) => o,
-            Err(e) => {
-                use conclave_gka::Error as E;
-                match (&e, from) {
-                    (E::BadSignature(_) | E::UnknownSender(_) | E::Decode(_) | E::NotAMember(_), Some(from)) => {
-                        self.events.push_back(SecureEvent::Rejected {
-                            group: group.clone(),
-                            sender: from.clone(),
-                            reason: RejectReason::KeyAgreement(e.to_string()),
-                        })
-                    }
-                    _ => tracing::debug!(%group, error = %e, "key agreement input dropped"),
-                }
-                return Ok(());
-            }
-        };
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let mut sends = Vec::new();
-        let mut installed = None;
-        for o in outputs {
-            match o {
-                Output::Send { to, bytes } => {
-                    #[cfg(feature = "test-hooks")]
-                    let bytes = tampered(gs, self.signer.as_ref(), bytes);
-                    let mut p = Vec::with_capacity(bytes.len() + 3);
-                    p.extend_from_slice(&[tag::KA, gs.policy.protocol.code(), gs.policy.group_id.code()]);
-                    p.extend_from_slice(&bytes);
-                    sends.push(match to {
-                        None => Outgoing::Multicast(group.clone(), p.into()),
-                        Some(to) => Outgoing::Unicast(group.clone(), to, p.into()),
-                    });
-                }
-                Output::Installed(sv) => installed = Some(sv),
-            }
-        }
-        self.push_all(sends)?;
-        if let Some(sv) = installed {
-            self.install(group, sv)?;
-        }
-        Ok(())
-    }
-
-    /// The engine installed a key: hold it until every member confirms it
-    /// (see [`crate::confirm`]), and send this member's confirmation.
-    fn install(&mut self, group: &GroupName, sv: SecureView) -> Result<(), SessionError> {
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        if gs.engine.current_epoch() != Some(sv.epoch) {
-            tracing::debug!(%group, "key for a superseded run dropped");
-            return Ok(());
-        }
-        let confirmer = Confirmer::new(sv.key.expose_secret(), group, sv.epoch, sv.protocol, &sv.members);
-        let mac = confirmer.mac(&self.me);
-        let sig = self.signer.sign(&confirm_signed(group, &self.me, sv.epoch, &mac));
-        let mut p = Vec::with_capacity(1 + conclave_gka::key::EPOCH_LEN + 32 + sig.len());
-        p.push(tag::CONFIRM);
-        p.extend_from_slice(&sv.epoch.to_bytes());
-        p.extend_from_slice(&mac);
-        p.extend_from_slice(&sig);
-        gs.confirming = Some(Confirming { view: sv, confirmer });
-        self.push(Outgoing::Multicast(group.clone(), p.into()))?;
-        self.check_confirmed(group)
-    }
-
-    /// A member's key confirmation for the current run.
-    fn on_confirm(
-        &mut self,
-        group: &GroupName,
-        sender: MemberId,
-        epoch: Epoch,
-        mac: &[u8; 32],
-        signature: &[u8],
-    ) -> Result<(), SessionError> {
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        if gs.aside || gs.engine.current_epoch() != Some(epoch) || gs.confirms.contains_key(&sender) {
-            tracing::debug!(%group, %sender, %epoch, "confirmation of another run, or a second one, dropped");
-            return Ok(());
-        }
-        if !gs.view.as_ref().is_some_and(|v| v.contains(&sender)) {
-            return Ok(());
-        }
-        if sender != self.me {
-            let Some(key) = sender_key(&self.certified, self.directory.as_ref(), gs, &sender) else {
-                return Ok(()); // refused, or no identity: takes no part in this run
-            };
-            if key.verify(&confirm_signed(group, &sender, epoch, mac), signature).is_err() {
-                self.events.push_back(SecureEvent::Rejected {
-                    group: group.clone(),
-                    sender,
-                    reason: RejectReason::BadSignature,
-                });
-                return Ok(());
-            }
-        }
-        gs.confirms.insert(sender, *mac);
-        self.check_confirmed(group)
-    }
-
-    /// Once the key is installed and every member of its view confirmed:
-    /// deliver the secure view if every confirmation matches this member's
-    /// key; otherwise report the mismatch and rekey the view from scratch
-    /// (every member decides on the same, last, confirmation).
-    fn check_confirmed(&mut self, group: &GroupName) -> Result<(), SessionError> {
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let Some(c) = gs.confirming.as_ref() else { return Ok(()) };
-        if !c.view.members.iter().all(|m| gs.confirms.contains_key(m)) {
-            return Ok(());
-        }
-        let unconfirmed: Vec<MemberId> =
-            c.view.members.iter().filter(|m| !c.confirmer.matches(m, &gs.confirms[*m])).cloned().collect();
-        let c = gs.confirming.take().expect("checked above");
-        gs.confirms.clear();
-        if unconfirmed.is_empty() {
-            return self.deliver_secure_view(group, c.view);
-        }
-        tracing::warn!(%group, epoch = %c.view.epoch, ?unconfirmed, "key confirmation failed; rekeying");
-        self.events.push_back(SecureEvent::KeyMismatch { group: group.clone(), epoch: c.view.epoch, unconfirmed });
-        gs.early.clear();
-        let res = gs.engine.rekey(&mut OsRng);
-        self.engine_result(group, None, res)
-    }
-
-    /// The key is confirmed: the application gets the secure view, and what
-    /// waited for the key (data received early, own sends) goes on.
-    fn deliver_secure_view(&mut self, group: &GroupName, sv: SecureView) -> Result<(), SessionError> {
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let epoch = sv.epoch;
-        gs.keys = Some(EpochKeys::new(group.clone(), epoch, &sv.key));
-        gs.members = sv.members.clone();
-        gs.next_seq = 0;
-        gs.next_from.clear();
-        gs.established = true;
-        let rekey_time = gs.rekey_since.take().map(|t| t.elapsed()).unwrap_or(Duration::ZERO);
-        tracing::debug!(%group, %epoch, fp = %sv.key.fingerprint(), ?rekey_time, "secure view confirmed");
-        self.events.push_back(SecureEvent::View(SecureViewInfo {
-            group: group.clone(),
-            members: sv.members,
-            epoch,
-            protocol: sv.protocol,
-            fingerprint: sv.key.fingerprint(),
-            rekey_time,
-        }));
-        let early = gs.early.take();
-        for (sender, payload) in early {
-            self.on_data(group, sender, payload)?;
-        }
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let sends = flush(&self.me, self.signer.as_ref(), group, gs);
-        self.push_all(sends)
-    }
-
-    /// A payload from the daemon (wire format in [`crate::payload`]):
-    /// framing, then the handler of its kind, which decodes the body.
-    fn on_payload(
-        &mut self,
-        group: GroupName,
-        sender: MemberId,
-        view: ViewId,
-        payload: Bytes,
-        unicast: bool,
-    ) -> Result<(), SessionError> {
-        let Some(gs) = self.groups.get_mut(&group) else { return Ok(()) };
-        if gs.ousted {
-            return Ok(());
-        }
-        // The framing step, shared with `payload::parse_payload`.
-        let frame = match Frame::parse(&payload) {
-            Ok(frame) => frame,
-            Err(e) => {
-                tracing::debug!(%group, %sender, error = %e, "malformed payload");
-                self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::Malformed });
-                return Ok(());
-            }
-        };
-        match frame {
-            Frame::KeyAgreement { policy, body } => {
-                if policy != (gs.policy.protocol.code(), gs.policy.group_id.code()) {
-                    return self.on_foreign_key_agreement(group, sender, view, policy, body);
-                }
-                if gs.aside || matches!(gs.verdicts.get(&sender), Some(Verdict::Refused(_))) {
-                    return Ok(()); // from a refused member, or while standing aside
-                }
-                if gs.held {
-                    gs.held_ka.push(sender, payload.slice_ref(body));
-                    return Ok(());
-                }
-                #[cfg(feature = "test-hooks")]
-                let original =
-                    (sender == self.me).then(|| gs.tamper.as_mut().and_then(|t| t.sent.remove(body))).flatten();
-                #[cfg(feature = "test-hooks")]
-                let body = original.as_deref().unwrap_or(body);
-                let res = gs.engine.on_message(&sender, body, &mut OsRng);
-                self.engine_result(&group, Some(&sender), res)
-            }
-            Frame::Policy { view: made_for, policy, signature } if unicast => {
-                let Some(gs) = self.groups.get(&group) else { return Ok(()) };
-                let verified = made_for == view
-                    && gs.view.as_ref().is_some_and(|v| v.id == view)
-                    && sender_key(&self.certified, self.directory.as_ref(), gs, &sender).is_some_and(|k| {
-                        k.verify(&policy_signed(&group, view, &sender, &self.me, policy), signature).is_ok()
-                    });
-                if !verified {
-                    tracing::debug!(%group, %sender, "policy notice not signed by a known member of this view; ignored");
-                    return Ok(());
-                }
-                self.on_foreign_policy(group, sender, policy)
-            }
-            Frame::Confirm { epoch, mac, signature } if !unicast => {
-                self.on_confirm(&group, sender, epoch, mac, signature)
-            }
-            Frame::Trust { kind, view: made_for, body } => {
-                if made_for != view {
-                    tracing::debug!(%group, %sender, %made_for, %view, "trust message of an earlier view dropped");
-                    return Ok(());
-                }
-                match (kind, unicast) {
-                    (TrustKind::Cert, false) => self.on_cert(&group, sender, view, body),
-                    (TrustKind::Timeout, false) => self.on_timeout(&group, &sender, view, body),
-                    (TrustKind::Refused, true) => self.on_refused(&group, sender, view, body),
-                    _ => {
-                        self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::Malformed });
-                        Ok(())
-                    }
-                }
-            }
-            Frame::Data(_) if !unicast => {
-                #[cfg(feature = "test-hooks")]
-                gs.captured.push((sender.clone(), payload.slice(1..)));
-                let _ = view; // data names its epoch itself
-                self.on_data(&group, sender, payload)
-            }
-            // On the wrong channel.
-            Frame::Policy { .. } | Frame::Data(_) | Frame::Confirm { .. } => {
-                self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::Malformed });
-                Ok(())
-            }
-        }
-    }
-
-    /// A key agreement message made under another policy. Acted on only if
-    /// it is a well-formed engine message of this view, signed by the member
-    /// the daemon names, whose identity this member knows: anyone else's
-    /// claim about the group's policy is ignored.
-    fn on_foreign_key_agreement(
-        &mut self,
-        group: GroupName,
-        sender: MemberId,
-        view: ViewId,
-        policy: (u8, u8),
-        body: &[u8],
-    ) -> Result<(), SessionError> {
-        let Some(gs) = self.groups.get(&group) else { return Ok(()) };
-        let genuine = conclave_gka::message::Envelope::decode(body).is_ok_and(|env| {
-            env.sender == sender
-                && env.view == view
-                && env.group == group.as_str()
-                && (env.protocol.code(), env.group_id.code()) == policy
-                && gs.view.as_ref().is_some_and(|v| v.id == view)
-                && sender_key(&self.certified, self.directory.as_ref(), gs, &sender)
-                    .is_some_and(|k| k.verify(&env.signed_bytes(), &env.signature).is_ok())
-        });
-        if !genuine {
-            tracing::debug!(%group, %sender, "unverifiable key agreement message under another policy; ignored");
-            return Ok(());
-        }
-        self.on_foreign_policy(group, sender, policy)
-    }
-
-    /// A member's verified claim that the group runs another policy. The
-    /// older member's policy wins: a newcomer that hears from an older
-    /// member learns that it is the odd one out and leaves; the oldest
-    /// member tells a newer member with another policy so, signed.
-    fn on_foreign_policy(&mut self, group: GroupName, sender: MemberId, theirs: (u8, u8)) -> Result<(), SessionError> {
-        let Some(gs) = self.groups.get_mut(&group) else { return Ok(()) };
-        let Some(view) = gs.view.as_ref() else { return Ok(()) };
-        let view_id = view.id;
-        let pos = |m: &MemberId| view.members.iter().position(|v| &v.id == m);
-        let (Some(me), Some(them)) = (pos(&self.me), pos(&sender)) else { return Ok(()) };
-        if them < me && !gs.established {
-            let theirs = decode_policy(theirs);
-            tracing::warn!(%group, %sender, "the group runs another key agreement policy; leaving");
-            let ours = gs.policy;
-            leave_group(gs);
-            gs.ousted = true;
-            gs.keys = None;
-            self.events.push_back(SecureEvent::PolicyMismatch { group: group.clone(), ours, theirs, from: sender });
-            return self.push(Outgoing::Leave(group));
-        }
-        if me == 0 {
-            let ours = (gs.policy.protocol.code(), gs.policy.group_id.code());
-            let sig = self.signer.sign(&policy_signed(&group, view_id, &self.me, &sender, ours));
-            let mut p = Vec::with_capacity(19 + sig.len());
-            p.push(tag::POLICY);
-            p.extend_from_slice(&view_id.to_bytes());
-            p.extend_from_slice(&[ours.0, ours.1]);
-            p.extend_from_slice(&sig);
-            self.push(Outgoing::Unicast(group.clone(), sender.clone(), p.into()))?;
-        }
-        self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::PolicyMismatch });
-        Ok(())
-    }
-
-    fn on_data(&mut self, group: &GroupName, sender: MemberId, payload: Bytes) -> Result<(), SessionError> {
-        let res = self.open_data(group, &sender, payload);
-        match res {
-            Ok(Some(ev)) => self.events.push_back(ev),
-            Ok(None) => {}
-            Err(reason) => self.events.push_back(SecureEvent::Rejected { group: group.clone(), sender, reason }),
-        }
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let sends = flush(&self.me, self.signer.as_ref(), group, gs);
-        self.push_all(sends)
-    }
-
-    /// The checks on a data message, in order: well formed, our own coming
-    /// back, group and sender match what the daemon says, epoch, key,
-    /// membership, authenticity (AEAD, then the sender's signature), replay.
-    fn open_data(
-        &mut self,
-        group: &GroupName,
-        sender: &MemberId,
-        payload: Bytes,
-    ) -> Result<Option<SecureEvent>, RejectReason> {
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(None) };
-        let (header, _, _) = DataHeader::decode(&payload[1..]).map_err(|_| RejectReason::Malformed)?;
-        let current = current_epoch(gs);
-        let own = *sender == self.me && header.sender == self.me;
-        if own && gs.in_flight.front().is_some_and(|f| (f.0, f.1) == (header.epoch, header.seq)) {
-            // Our own message coming back (in send order).
-            let (epoch, _, pt) = gs.in_flight.pop_front().expect("front exists");
-            if Some(epoch) != current {
-                // Sent just before a view change (or a rekey) and delivered
-                // after it, where nobody accepts it: send it again under the
-                // next key, before anything sent later.
-                gs.resend.push_back(pt);
-                return Ok(None);
-            }
-        }
-        if matches!(gs.verdicts.get(sender), Some(Verdict::Refused(_))) {
-            return Ok(None); // a refused member's data is ignored
-        }
-        if header.group != *group || header.sender != *sender {
-            return Err(RejectReason::UnknownSender);
-        }
-        let Some(current) = current else { return Err(RejectReason::UnknownEpoch(header.epoch)) };
-        if header.epoch != current {
-            // Earlier: an earlier run of this view, or an earlier view of this
-            // daemon incarnation (ids of one incarnation count up).
-            let (h, c) = (header.epoch, current);
-            let earlier_run = h.view == c.view && h.run < c.run;
-            let earlier_view = h.view.incarnation == c.view.incarnation && h.view.seq < c.view.seq;
-            let was_here = gs.view.as_ref().and_then(|v| v.member(sender)).is_some_and(|m| m.prev.is_some());
-            if earlier_run || (earlier_view && was_here) {
-                // Sent under an earlier key, delivered after a view change or
-                // rekey: its sender sends it again under the new key.
-                tracing::debug!(%group, %sender, "message of an earlier epoch dropped");
-                return Ok(None);
-            }
-            return Err(RejectReason::UnknownEpoch(header.epoch));
-        }
-        let Some(keys) = gs.keys.as_ref() else {
-            // Of this epoch, but its key is not confirmed here yet.
-            if !gs.early.push(sender.clone(), payload) {
-                return Err(RejectReason::HeldBudget);
-            }
-            return Ok(None);
-        };
-        if !gs.members.contains(sender) {
-            return Err(RejectReason::UnknownSender);
-        }
-        let key = if own { None } else { sender_key(&self.certified, self.directory.as_ref(), gs, sender) };
-        if !own && key.is_none() {
-            return Err(RejectReason::UnknownSender);
-        }
-        let (_, data) = keys.open(&payload[1..], key.as_deref()).map_err(|e| match e {
-            DataError::Malformed => RejectReason::Malformed,
-            DataError::AuthFailed => RejectReason::AuthFailed,
-            DataError::BadSignature => RejectReason::BadSignature,
-        })?;
-        let next = gs.next_from.entry(sender.clone()).or_insert(0);
-        if header.seq < *next {
-            return Err(RejectReason::Replay(header.seq));
-        }
-        *next = header.seq + 1;
-        Ok(Some(SecureEvent::Message { group: group.clone(), sender: sender.clone(), epoch: header.epoch, data }))
-    }
-}
-
-/// The epoch of the group's current view: the engine's run, or (while the
-/// view is held for certificates, before the engine has it) its first run.
-fn current_epoch(gs: &GroupState) -> Option<Epoch> {
-    let view = gs.view.as_ref()?.id;
-    Some(match gs.engine.current_epoch() {
-        Some(e) if e.view == view => e,
-        _ => Epoch::new(view, 0),
-    })
-}
-
-/// The identity key that signs `member`'s messages in `gs`'s current view:
-/// its accepted certificate's (certified mode), or the directory's.
-fn sender_key(
-    certified: &Option<Certified>,
-    directory: &dyn Directory,
-    gs: &GroupState,
-    member: &MemberId,
-) -> Option<Arc<dyn Verifier>> {
-    match certified {
-        Some(_) => match gs.verdicts.get(member) {
-            Some(Verdict::Accepted(k)) => Some(k.clone()),
-            _ => None,
-        },
-        None => directory.verifier(member),
-    }
-}
-
-/// Sends what waits, if the group has a key and no older message of ours is
-/// still on its way back (so resent messages keep their place in the order).
-fn flush(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut GroupState) -> Vec<Outgoing> {
-    let Some(keys) = gs.keys.as_ref() else { return Vec::new() };
-    if gs.leaving || gs.in_flight.iter().any(|f| f.0 != keys.epoch()) {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    while let Some(pt) = gs.resend.pop_front().or_else(|| gs.queue.pop_front()) {
-        let mut p = vec![tag::DATA];
-        p.extend_from_slice(&keys.seal(me, gs.next_seq, &pt, signer));
-        gs.in_flight.push_back((keys.epoch(), gs.next_seq, pt));
-        gs.next_seq += 1;
-        out.push(Outgoing::Multicast(group.clone(), p.into()));
-    }
-    out
-}
-
-/// Stops sending (see [`GroupState::leaving`]).
-fn leave_group(gs: &mut GroupState) {
-    gs.leaving = true;
-    gs.queue.clear();
-    gs.in_flight.clear();
-    gs.resend.clear();
-    gs.early.clear();
-}
-
-/// What a member signs to bind its certificate to a group and view, so a
-/// certificate (public) cannot be presented by anyone but its holder.
-pub(crate) fn proof_transcript(group: &GroupName, view: ViewId, member: &MemberId, cert_der: &[u8]) -> Vec<u8> {
-    let mut t = b"conclave/secure/v1/cert\0".to_vec();
-    for part in [group.as_str().as_bytes(), member.as_str().as_bytes()] {
-        t.extend_from_slice(&(part.len() as u16).to_be_bytes());
-        t.extend_from_slice(part);
-    }
-    t.extend_from_slice(&view.to_bytes());
-    t.extend_from_slice(&Sha256::digest(cert_der));
-    t
 }
 
 #[cfg(feature = "test-hooks")]
 impl Session {
-    /// Test hook: a copy of the current epoch's data keys (to model a member
-    /// that kept them after leaving).
-    pub fn epoch_keys(&self, group: &str) -> Option<EpochKeys> {
-        self.groups.get(&GroupName::new(group).ok()?)?.keys.clone()
+    /// Test hook: see [`SessionCore::epoch_keys`].
+    pub fn epoch_keys(&self, group: &str) -> Option<crate::EpochKeys> {
+        self.core.epoch_keys(group)
     }
 
-    /// Test hook: every data message received, raw (`header ‖ ciphertext`),
-    /// with the sender the daemon named.
-    pub fn captured(&self, group: &str) -> Vec<(MemberId, Bytes)> {
-        GroupName::new(group).ok().and_then(|g| self.groups.get(&g)).map(|g| g.captured.clone()).unwrap_or_default()
+    /// Test hook: see [`SessionCore::captured`].
+    pub fn captured(&self, group: &str) -> Vec<(MemberId, bytes::Bytes)> {
+        self.core.captured(group)
     }
 
-    /// Test hook: from now on, `rewrite` may change the body of this
-    /// member's outgoing key agreement messages in `group` (it gets the round
-    /// and the body, and says whether it changed it); changed messages are
-    /// re-signed, and this member's own engine still sees the originals.
+    /// Test hook: see [`SessionCore::send_raw_data`].
+    pub fn send_raw_data(&mut self, group: &str, raw: &[u8]) -> Result<(), SessionError> {
+        self.core.send_raw_data(group, raw)?;
+        self.flush()
+    }
+
+    /// Test hook: see [`SessionCore::tamper_key_agreement`].
     pub fn tamper_key_agreement(
         &mut self,
         group: &str,
         rewrite: impl FnMut(u8, &mut Vec<u8>) -> bool + Send + 'static,
     ) -> Result<(), SessionError> {
-        let name = GroupName::new(group)?;
-        let gs = self.groups.get_mut(&name).ok_or(SessionError::NotJoined(name))?;
-        gs.tamper = Some(Tamper { rewrite: Box::new(rewrite), sent: BTreeMap::new() });
-        Ok(())
-    }
-
-    /// Test hook: multicasts a raw data message (`header ‖ ciphertext`) as is.
-    pub fn send_raw_data(&mut self, group: &str, raw: &[u8]) -> Result<(), SessionError> {
-        let mut p = vec![tag::DATA];
-        p.extend_from_slice(raw);
-        self.push(Outgoing::Multicast(GroupName::new(group)?, p.into()))
-    }
-}
-
-/// Test hook: applies the group's tampering, if any, to an engine message.
-#[cfg(feature = "test-hooks")]
-fn tampered(gs: &mut GroupState, signer: &dyn Signer, bytes: Vec<u8>) -> Vec<u8> {
-    let Some(t) = gs.tamper.as_mut() else { return bytes };
-    let Ok(mut env) = conclave_gka::message::Envelope::decode(&bytes) else { return bytes };
-    if !(t.rewrite)(env.round, &mut env.body) {
-        return bytes;
-    }
-    env.signature = signer.sign(&env.signed_bytes());
-    let forged = env.encode();
-    t.sent.insert(forged.clone(), bytes);
-    forged
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn held_messages_are_bounded_in_bytes_per_sender_and_in_total() {
-        let m = |s: &str| MemberId::new(s).unwrap();
-        let mut held = Held::default();
-        let chunk = Bytes::from(vec![0u8; 64 << 10]);
-        let per_sender = MAX_HELD_BYTES_PER_SENDER / chunk.len();
-        for _ in 0..per_sender {
-            assert!(held.push(m("mallory"), chunk.clone()));
-        }
-        assert!(!held.push(m("mallory"), chunk.clone()), "one sender past its share");
-        assert_eq!(held.dropped, 1);
-        // Others still get in, until the total budget is spent.
-        let mut others = 0;
-        while held.push(m(&format!("m{}", others / per_sender)), chunk.clone()) {
-            others += 1;
-        }
-        assert_eq!(held.bytes, MAX_HELD_BYTES);
-        assert_eq!((per_sender + others) * chunk.len(), MAX_HELD_BYTES);
-        assert_eq!(held.take().len(), per_sender + others);
-        assert_eq!((held.bytes, held.per_sender.len()), (0, 0));
+        self.core.tamper_key_agreement(group, rewrite)
     }
 }
