@@ -158,6 +158,13 @@ pub trait Engine: Send {
     /// singletons, under the next [`Epoch`]. Every member of the view must be
     /// given it at the same point of the agreed stream (the driver's job).
     fn rekey(&mut self, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
+    /// Starts run `run` of `view` from scratch, as [`Engine::rekey`] does,
+    /// but with the member list `view` gives: the current view with members
+    /// admitted or set aside since, or a view this engine was never given (a
+    /// member admitted late). For the current view, `run` must be later than
+    /// its current run. Every member must be given the same input at the
+    /// same point of the agreed stream.
+    fn restart(&mut self, view: &View, run: u32, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
     /// The epoch the current run will install (the current view and run).
     fn current_epoch(&self) -> Option<Epoch>;
     /// A message delivered in the current view by `from`.
@@ -510,6 +517,26 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
         self.st.seen.clear();
         self.st.own.clear();
         self.with_ctx(rng, |p, cx| p.on_view(cx, &change))
+    }
+
+    fn restart(&mut self, view: &View, run: u32, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+        if !view.contains(&self.me) {
+            return Err(Error::BadView("view does not contain this member"));
+        }
+        let mut ids = BTreeSet::new();
+        if !view.ids().all(|m| ids.insert(m)) {
+            return Err(Error::BadView("duplicate member"));
+        }
+        if run == 0 {
+            return Err(Error::BadView("a restart is a later run than the view's own"));
+        }
+        if self.st.view.as_ref().is_some_and(|current| current.id == view.id && run <= self.st.run) {
+            return Err(Error::BadView("a restart of the current view goes to a later run"));
+        }
+        self.st.view = Some(view.clone());
+        self.st.positions = view.ids().enumerate().map(|(i, m)| (m.clone(), i)).collect();
+        self.st.run = run - 1;
+        self.rekey(rng)
     }
 
     fn rekey(&mut self, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {

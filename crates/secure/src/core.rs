@@ -33,8 +33,11 @@ use crate::trust::{Authority, Identity, Refusal};
 use crate::{Policy, RejectReason, SecureEvent, SecureViewInfo, SessionError};
 
 /// How long a view waits by default for certificates before the members
-/// that presented none are refused.
-pub const DEFAULT_CERT_TIMEOUT: Duration = Duration::from_secs(10);
+/// that presented none are refused — provisionally: a certificate that comes
+/// later readmits its member with one rekey. Honest members present theirs
+/// as soon as the view arrives, so one second is plenty, and it bounds what a
+/// joiner without a certificate can hold up.
+pub const DEFAULT_CERT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Certified mode: who this member is and whom it trusts.
 struct Certified {
@@ -196,6 +199,11 @@ struct GroupState {
     /// This member takes no part in key agreement in the current view
     /// (refused, or told that it was).
     aside: bool,
+    /// The run of the current view that the engine runs (0 for the view's own;
+    /// one more at each rekey or readmission, decided by the agreed stream).
+    run: u32,
+    /// Members readmitted in the current view (see `readmit`).
+    readmissions: u32,
     /// The last view fed to the engine (views held and superseded are not).
     engine_view: Option<conclave_gcs::ViewId>,
     /// Members continuously in this member's views since `engine_view`.
@@ -352,6 +360,8 @@ impl SessionCore {
                 deadline: None,
                 held_ka: Held::default(),
                 aside: false,
+                run: 0,
+                readmissions: 0,
                 engine_view: None,
                 together: BTreeSet::new(),
                 #[cfg(feature = "test-hooks")]
@@ -486,6 +496,7 @@ impl SessionCore {
         let my_prev = view.member(&self.me).and_then(|m| m.prev);
         let came_with_me = view.came_from(my_prev);
         gs.together.retain(|m| came_with_me.contains(m));
+        gs.readmissions = 0;
         gs.held_ka.clear();
         gs.aside = false;
         gs.deadline = None;
@@ -622,6 +633,7 @@ impl SessionCore {
         let engine_view = View { id: view.id, members, cause: view.cause };
         gs.engine_view = Some(view.id);
         gs.together = engine_view.ids().cloned().collect();
+        gs.run = 0;
         let res = gs.engine.on_view(&engine_view, &mut *self.rng);
         self.engine_result(group, None, res)
     }
@@ -663,7 +675,11 @@ impl SessionCore {
     ) -> Result<(), SessionError> {
         let Some(cert) = self.certified.as_ref() else { return Ok(()) };
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        if !gs.held || gs.view.as_ref().map(|v| v.id) != Some(view) || gs.verdicts.contains_key(&sender) {
+        // A `NoCertificate` verdict is provisional: the certificate, coming
+        // late (or after an early timeout notice), still counts.
+        let provisional = matches!(gs.verdicts.get(&sender), Some(Verdict::Refused(Refusal::NoCertificate)));
+        let wanted = provisional || (gs.held && !gs.verdicts.contains_key(&sender));
+        if gs.view.as_ref().map(|v| v.id) != Some(view) || !wanted {
             return Ok(());
         }
         let verdict = match split_cert(payload) {
@@ -676,8 +692,62 @@ impl SessionCore {
                 },
             },
         };
-        gs.verdicts.insert(sender, verdict);
-        self.try_start(group)
+        let admitted = matches!(verdict, Verdict::Accepted(_));
+        gs.verdicts.insert(sender.clone(), verdict);
+        if gs.held {
+            return self.try_start(group);
+        }
+        if admitted {
+            tracing::info!(%group, member = %sender, "certificate came after the member was refused for none; readmitted");
+            return self.readmit(group);
+        }
+        Ok(())
+    }
+
+    /// A member refused for presenting no certificate presented a valid one
+    /// after key agreement started: every member (all see the certificate at
+    /// the same point of the agreed stream) runs the view again, from
+    /// scratch, with it. So an early or malicious timeout notice costs a
+    /// member one extra rekey, never its place in the group.
+    fn readmit(&mut self, group: &GroupName) -> Result<(), SessionError> {
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+        let Some(view) = gs.view.clone() else { return Ok(()) };
+        // Every member counts readmissions alike, standing aside or not (the
+        // certificates are in the agreed stream); the k-th starts run k·2^16,
+        // above any rekeys after a failed confirmation (which only the
+        // members taking part see), so members set aside until now start
+        // the same run as the others.
+        gs.readmissions += 1;
+        let accepted = |m: &MemberId| matches!(gs.verdicts.get(m), Some(Verdict::Accepted(_)));
+        let oldest = &view.members[0].id;
+        let foreign =
+            oldest != &self.me && matches!(gs.verdicts.get(oldest), Some(Verdict::Refused(Refusal::UnknownIssuer)));
+        if !accepted(&self.me) || foreign {
+            return Ok(()); // still refused here: stays aside
+        }
+        let members: Vec<conclave_gcs::view::ViewMember> =
+            view.members.iter().filter(|m| accepted(&m.id)).cloned().collect();
+        let mut keys = BTreeMap::new();
+        for m in &members {
+            if let Some(Verdict::Accepted(k)) = gs.verdicts.get(&m.id) {
+                keys.insert(m.id.clone(), k.clone());
+            }
+        }
+        if let Some(a) = &gs.accepted {
+            *a.0.lock().unwrap_or_else(|e| e.into_inner()) = keys;
+        }
+        gs.aside = false;
+        gs.keys = None;
+        gs.confirming = None;
+        gs.confirms.clear();
+        gs.early.clear();
+        gs.rekey_since.get_or_insert(self.now);
+        gs.run = gs.readmissions << 16;
+        let restarted = View { id: view.id, members, cause: view.cause };
+        gs.engine_view = Some(view.id);
+        gs.together = restarted.ids().cloned().collect();
+        let res = gs.engine.restart(&restarted, gs.run, &mut *self.rng);
+        self.engine_result(group, None, res)
     }
 
     /// An accepted member's notice that some members presented no certificate.
@@ -720,7 +790,13 @@ impl SessionCore {
             Some(_) => matches!(gs.verdicts.get(&sender), Some(Verdict::Accepted(_))),
             None => v.contains(&sender),
         };
-        let Some(reason) = Refusal::decode(body).filter(|_| believed && sender != self.me) else {
+        // A refusal for presenting no certificate is stale once this member's
+        // own certificate was seen (everyone saw it at the same point, and
+        // readmitted it).
+        let stale = |r: &Refusal| {
+            *r == Refusal::NoCertificate && matches!(gs.verdicts.get(&self.me), Some(Verdict::Accepted(_)))
+        };
+        let Some(reason) = Refusal::decode(body).filter(|r| believed && sender != self.me && !stale(r)) else {
             tracing::debug!(%group, %sender, "refusal notice ignored");
             return Ok(());
         };
@@ -864,6 +940,7 @@ impl SessionCore {
         tracing::warn!(%group, epoch = %c.view.epoch, ?unconfirmed, "key confirmation failed; rekeying");
         self.events.push_back(SecureEvent::KeyMismatch { group: group.clone(), epoch: c.view.epoch, unconfirmed });
         gs.early.clear();
+        gs.run += 1;
         let res = gs.engine.rekey(&mut *self.rng);
         self.engine_result(group, None, res)
     }
@@ -1238,6 +1315,26 @@ impl SessionCore {
         let gs = self.groups.get_mut(&name).ok_or(SessionError::NotJoined(name))?;
         gs.tamper = Some(Tamper { rewrite: Box::new(rewrite), sent: BTreeMap::new() });
         Ok(())
+    }
+
+    /// Test hook: multicasts any payload as is.
+    pub fn send_raw(&mut self, group: &str, payload: &[u8]) -> Result<(), SessionError> {
+        self.push(Transmit::Multicast(GroupName::new(group)?, Bytes::copy_from_slice(payload)))
+    }
+
+    /// Test hook: this member's certificate message for `view` of `group`
+    /// (certified mode), as it would present it there.
+    pub fn cert_message(&self, group: &str, view: ViewId) -> Option<Vec<u8>> {
+        let cert = self.certified.as_ref()?;
+        let group = GroupName::new(group).ok()?;
+        let cert_der = cert.identity.cert_der();
+        let sig = self.signer.sign(&proof_transcript(&group, view, &self.me, cert_der));
+        let mut p = vec![tag::CERT];
+        p.extend_from_slice(&view.to_bytes());
+        p.extend_from_slice(&(cert_der.len() as u16).to_be_bytes());
+        p.extend_from_slice(cert_der);
+        p.extend_from_slice(&sig);
+        Some(p)
     }
 
     /// Test hook: multicasts a raw data message (`header ‖ ciphertext`) as is.

@@ -54,12 +54,17 @@
 //!   proof of possession) or *refused* with a [`trust::Refusal`]. Key
 //!   agreement messages that arrive meanwhile wait.
 //! * **No certificate.** A member that presents none would hold the view
-//!   forever, so each member has a deadline (10 s by default,
+//!   forever, so each member has a deadline (1 s by default,
 //!   [`Session::set_certificate_timeout`]). When an accepted member's
 //!   deadline passes it multicasts a notice naming the members still
-//!   without a certificate; whichever comes first in the agreed order — the
-//!   certificate or the first notice from an accepted member — decides, at
-//!   every member. Only *when* the notice is sent is a local decision.
+//!   without a certificate; the first notice from an accepted member in the
+//!   agreed order refuses them at every member, *provisionally*: a valid
+//!   certificate that comes later in the same view readmits its member, and
+//!   every member (all see it at the same point) runs the view again with
+//!   it. So an outsider without a certificate holds a view for at most the
+//!   deadline, and an early (even malicious) notice costs an honest member
+//!   one extra rekey, never its place. Only *when* the notice is sent is a
+//!   local decision.
 //! * **Running without the refused.** The engine runs on the view without
 //!   the refused members (same view id and order), and verifies key agreement
 //!   messages against the accepted certificates only; the refused members'

@@ -177,6 +177,17 @@ impl Session {
         self.flush()
     }
 
+    /// Test hook: see [`SessionCore::send_raw`].
+    pub fn send_raw(&mut self, group: &str, payload: &[u8]) -> Result<(), SessionError> {
+        self.core.send_raw(group, payload)?;
+        self.flush()
+    }
+
+    /// Test hook: see [`SessionCore::cert_message`].
+    pub fn cert_message(&self, group: &str, view: crate::ViewId) -> Option<Vec<u8>> {
+        self.core.cert_message(group, view)
+    }
+
     /// Test hook: see [`SessionCore::tamper_key_agreement`].
     pub fn tamper_key_agreement(
         &mut self,

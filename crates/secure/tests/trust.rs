@@ -303,3 +303,130 @@ fn verification_refuses_what_it_must() {
     assert!(matches!(Identity::from_pem(&good, &foreign_key), Err(TrustError::KeyMismatch)));
     assert!(matches!(Authority::from_pem("not pem", None), Err(TrustError::Pem(_))));
 }
+
+/// A certified insider pipelines, right behind its own join, its certificate
+/// and a "no certificate in time" notice naming the honest members, so that
+/// the notice can be ordered before their certificates. The refusals it
+/// causes are provisional: each honest certificate, arriving later, readmits
+/// its member with a rekey, and all three end in one secure view with one
+/// key. (On a real daemon the honest certificates can still win the race;
+/// the attack is repeated until it has taken effect, at most 10 times.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_timeout_notice_refuses_nobody_for_good() {
+    let (d, _dir) = daemon().await;
+    let mut ca = Ca::new("conclave test authority", 7);
+    let authority = Arc::new(Authority::from_pem(ca.issuer.ca_pem(), Some(&ca.crl(&[]))).unwrap());
+    let policy = Policy::default();
+    let names = ["alice", "bob", "mallory"];
+    let mut ms = Vec::new();
+    for n in names {
+        let (c, k, _) = ca.issue(n);
+        let m = certified(&d, n, (&c, &k), &authority, Duration::from_secs(10)).await;
+        m.join(policy);
+        ms.push(m);
+    }
+    for m in &ms {
+        m.until_view(&names).await;
+    }
+    let mallory = &ms[2];
+    let mut took_effect = false;
+    for attempt in 0..10 {
+        let (epoch, _) = mallory.until_view(&names).await;
+        let lefts = mallory.events().iter().filter(|e| matches!(e, SecureEvent::Left { .. })).count();
+        mallory.leave();
+        mallory
+            .until("left", |log| {
+                (log.iter().filter(|e| matches!(e, SecureEvent::Left { .. })).count() > lefts).then_some(())
+            })
+            .await;
+        for m in &ms[..2] {
+            m.until_view_after(&["alice", "bob"], epoch).await;
+        }
+        let seen = ms[0].events().len();
+        // The leave was view seq + 1; the rejoin will be seq + 2.
+        let rejoin = conclave_secure::ViewId::new(epoch.view.incarnation, epoch.view.seq + 2);
+        mallory
+            .ask(move |s| {
+                s.join(common::GROUP, policy).unwrap();
+                let cert = s.cert_message(common::GROUP, rejoin).unwrap();
+                s.send_raw(common::GROUP, &cert).unwrap();
+                let mut notice = vec![conclave_secure::payload::tag::TIMEOUT];
+                notice.extend_from_slice(&rejoin.to_bytes());
+                for n in ["alice", "bob"] {
+                    notice.push(n.len() as u8);
+                    notice.extend_from_slice(n.as_bytes());
+                }
+                s.send_raw(common::GROUP, &notice).unwrap();
+            })
+            .await;
+        // Everyone ends in the rejoin view with one key, whatever the race.
+        let mut fps = Vec::new();
+        for m in &ms {
+            let (e, fp) = m.until_view_after(&names, epoch).await;
+            assert_eq!(e.view, rejoin, "{}: attempt {attempt}", m.name);
+            fps.push(fp);
+        }
+        assert!(fps.iter().all(|f| f == &fps[0]), "members disagree on the key: {fps:?}");
+        let refused_bob = ms[0].events()[seen..].iter().any(|e| {
+            matches!(e, SecureEvent::Refused { member, reason: Refusal::NoCertificate, .. } if member.as_str() == "bob")
+        });
+        if refused_bob {
+            took_effect = true;
+            break;
+        }
+    }
+    assert!(took_effect, "the pipelined notice never came before the honest certificates");
+    ms[0].send("nobody refused for good");
+    for m in &ms {
+        m.until_msg("nobody refused for good").await;
+    }
+}
+
+/// Two outsiders without certificates take turns joining and leaving, so
+/// that some member of every view has presented nothing. Each such view is
+/// held for at most the certificate deadline (1 s by default), then runs
+/// without them: the honest members get a key after every churn event
+/// instead of never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outsiders_churning_cannot_keep_a_certified_group_keyless() {
+    let (d, _dir) = daemon().await;
+    let mut ca = Ca::new("conclave test authority", 8);
+    let authority = Arc::new(Authority::from_pem(ca.issuer.ca_pem(), Some(&ca.crl(&[]))).unwrap());
+    let policy = Policy::default();
+    let mut ms = Vec::new();
+    for n in ["alice", "bob"] {
+        let (c, k, _) = ca.issue(n);
+        let m = certified(&d, n, (&c, &k), &authority, conclave_secure::DEFAULT_CERT_TIMEOUT).await;
+        m.join(policy);
+        ms.push(m);
+    }
+    for m in &ms {
+        m.until_view(&["alice", "bob"]).await;
+    }
+    let path = d.unix_path().unwrap().to_path_buf();
+    let mut eves = Vec::new();
+    for n in ["eve1", "eve2"] {
+        let (tx, rx) = conclave_gcs_net::Client::connect_unix(&path, n).await.unwrap().split();
+        eves.push((tx, rx));
+    }
+    let before = ms[0].events().len();
+    let started = std::time::Instant::now();
+    // eve1 joins; then, every 1.3 s, the other eve joins and this one leaves.
+    eves[0].0.join(common::GROUP).await.unwrap();
+    for turn in 0..4 {
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        let (a, b) = (turn % 2, 1 - turn % 2);
+        eves[b].0.join(common::GROUP).await.unwrap();
+        eves[a].0.leave(common::GROUP).await.unwrap();
+    }
+    let churn = started.elapsed();
+    let views: Vec<Duration> = ms[0].events()[before..]
+        .iter()
+        .filter_map(|e| match e {
+            SecureEvent::View(v) if v.members.iter().map(|m| m.as_str()).eq(["alice", "bob"]) => Some(v.rekey_time),
+            _ => None,
+        })
+        .collect();
+    assert!(views.len() >= 3, "only {} secure views in {churn:?} of churn: {views:?}", views.len());
+    assert!(views.iter().all(|t| *t < Duration::from_millis(2500)), "a rekey waited too long: {views:?}");
+}
