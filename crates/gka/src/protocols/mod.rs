@@ -3,6 +3,29 @@
 //! Each is a [`crate::engine::Protocol`] driven by the shared runner; see each
 //! module for the protocol, its messages and how it recovers from cascaded
 //! membership events.
+//!
+//! # Adding a protocol
+//!
+//! 1. A module here with a type implementing [`crate::engine::Protocol`]:
+//!    `on_view` starts a run from the last secure state ([`crate::engine`]'s
+//!    `Change` says who shares it), `on_message` validates a whole body
+//!    before changing anything, and the final message of a run calls
+//!    `Ctx::install` at every member on the same delivery. `reset` must
+//!    forget everything: [`crate::Engine::rekey`] and `restart` rely on it to
+//!    run a view again as a merge of singletons. Use `Ctx`'s metered
+//!    `exp`/`exp_g` and `broadcast`/`unicast` only (the meter and the
+//!    signatures live there), and the injected RNG through `Ctx::random`.
+//! 2. A [`crate::ProtocolId`] variant with its name and wire code (and in
+//!    `ProtocolId::ALL`), and an arm in `engine_in` (`lib.rs`).
+//! 3. The module doc: rounds, messages, how it differs from Tables I and II,
+//!    its cascade behaviour and its validation rules; unit tests of the table
+//!    counts through `testnet`.
+//! 4. Everything that iterates `ProtocolId::ALL` covers it at once: the
+//!    property tests, the rekey and cross-lifetime tests below, the secure
+//!    layer's end-to-end tests, `conclave sim`, `bench counts`. Places that
+//!    name protocols one by one: the hash domains in `testing.rs`, the
+//!    adversarial and independence tests, and the paper's tables in
+//!    `conclave-bench` (`paper.rs`).
 
 pub mod bd;
 pub mod ckd;
