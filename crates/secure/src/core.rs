@@ -44,6 +44,8 @@ struct Certified {
     identity: Identity,
     authority: Arc<Authority>,
     timeout: Duration,
+    /// Wall-clock time for certificate validity (injected).
+    clock: Arc<dyn WallClock>,
 }
 
 /// A member's standing in the current view (certified mode).
@@ -142,16 +144,6 @@ pub trait WallClock: Send + Sync {
     fn now(&self) -> SystemTime;
 }
 
-/// The operating system's clock.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SystemClock;
-
-impl WallClock for SystemClock {
-    fn now(&self) -> SystemTime {
-        SystemTime::now()
-    }
-}
-
 struct GroupState {
     policy: Policy,
     engine: Box<dyn Engine>,
@@ -238,7 +230,6 @@ pub struct SessionCore {
     certified: Option<Certified>,
     transmits: VecDeque<Transmit>,
     rng: Box<dyn CryptoRngCore + Send>,
-    clock: Arc<dyn WallClock>,
     /// The `now` of the input being handled.
     now: Instant,
     groups: BTreeMap<GroupName, GroupState>,
@@ -270,7 +261,6 @@ impl SessionCore {
             certified: None,
             transmits: VecDeque::new(),
             rng,
-            clock: Arc::new(SystemClock),
             now,
             groups: BTreeMap::new(),
             events: VecDeque::new(),
@@ -292,8 +282,7 @@ impl SessionCore {
     ) -> SessionCore {
         let signer = identity.signer();
         let mut s = Self::new(me, signer, Arc::new(conclave_gka::StaticDirectory::new()), rng, now);
-        s.certified = Some(Certified { identity, authority, timeout: DEFAULT_CERT_TIMEOUT });
-        s.clock = clock;
+        s.certified = Some(Certified { identity, authority, timeout: DEFAULT_CERT_TIMEOUT, clock });
         s
     }
 
@@ -684,7 +673,7 @@ impl SessionCore {
         }
         let verdict = match split_cert(payload) {
             Err(r) => Verdict::Refused(r),
-            Ok((der, sig)) => match cert.authority.verify(der, &sender, self.clock.now()) {
+            Ok((der, sig)) => match cert.authority.verify(der, &sender, cert.clock.now()) {
                 Err(r) => Verdict::Refused(r),
                 Ok(c) => match c.verifier.verify(&proof_transcript(group, view, &sender, der), sig) {
                     Ok(()) => Verdict::Accepted(c.verifier),

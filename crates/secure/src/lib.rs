@@ -8,14 +8,25 @@
 //! decrypted messages sent in them. The session API follows SEAL's
 //! (join / send / recv / leave).
 //!
+//! Everything a session decides is in [`SessionCore`] ([`core`]), a sans-IO
+//! state machine (inputs with `now`, outputs polled, injected randomness and
+//! wall clock); [`Session`] is its tokio shell, and [`sim`] runs cores on a
+//! real daemon core from one seed, with an attacker (`conclave sim`).
+//!
 //! This is the *layered* architecture (Secure Spread): the daemon knows
 //! nothing about keys. Each group's key agreement messages (from the sans-IO
 //! engines of `conclave-gka`) and its encrypted data messages share the
 //! daemon group; a one-byte tag in front of each payload tells them apart.
 //!
 //! * **Rekey on every view.** Every daemon view is fed to the group's engine;
-//!   the view is shown to the application only once its key is installed, so
-//!   the application never sees a view without its key. A view that arrives
+//!   the view is shown to the application only once its key is installed
+//!   and confirmed by every member (a signed MAC
+//!   per member; a mismatch is reported as [`SecureEvent::KeyMismatch`] and
+//!   the view is agreed again), so the application never sees a view without
+//!   its key, nor a key its group does not share.
+//! * **Fresh.** View ids carry the daemon's random per-boot incarnation and
+//!   keys are bound to an [`Epoch`] (view and run), so nothing recorded in
+//!   one daemon lifetime, view or run is accepted in another. A view that arrives
 //!   during a rekey restarts it; the superseded view is never shown.
 //! * **No message lost to a rekey.** Sends made while a key is being agreed
 //!   wait and go out under the new key. A message sent just before a view
@@ -24,7 +35,8 @@
 //! * **Data messages** ([`data`]): ChaCha20-Poly1305 under a key per epoch
 //!   and sender, derived with HKDF-SHA256 from the group key; the header
 //!   (group, epoch, sender, sequence number) is the associated data and the
-//!   sequence number the nonce. Receivers reject altered messages, unknown
+//!   sequence number the nonce; the sender signs header and ciphertext with
+//!   its identity key. Receivers reject altered messages, bad signatures, unknown
 //!   epochs, replays and senders outside the secure view with
 //!   [`SecureEvent::Rejected`]; the session goes on. By virtual synchrony a
 //!   message is delivered in the view it was sent in, so only the current
@@ -128,13 +140,13 @@ pub mod trust;
 use std::time::Duration;
 
 pub use crate::core::{
-    SessionCore, SystemClock, Transmit, WallClock, DEFAULT_CERT_TIMEOUT, MAX_HELD_BYTES, MAX_HELD_BYTES_PER_SENDER,
+    SessionCore, Transmit, WallClock, DEFAULT_CERT_TIMEOUT, MAX_HELD_BYTES, MAX_HELD_BYTES_PER_SENDER,
 };
 pub use conclave_gcs::{GroupName, MemberId};
 pub use conclave_gcs_net::ErrorCode;
 pub use conclave_gka::{Epoch, GroupId, ProtocolId, ViewId};
 pub use data::{DataError, DataHeader, EpochKeys};
-pub use session::Session;
+pub use session::{Session, SystemClock};
 pub use trust::Refusal;
 
 /// How a group agrees on its keys; fixed by the group's first member.

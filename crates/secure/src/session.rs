@@ -17,9 +17,19 @@ use conclave_gka::Directory;
 use rand_core::OsRng;
 use tokio::sync::mpsc;
 
-use crate::core::{SessionCore, SystemClock, Transmit};
+use crate::core::{SessionCore, Transmit, WallClock};
 use crate::trust::{Authority, Identity};
 use crate::{MemberId, Policy, SecureEvent, SessionError};
+
+/// The operating system's clock, for certificate validity.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl WallClock for SystemClock {
+    fn now(&self) -> std::time::SystemTime {
+        std::time::SystemTime::now()
+    }
+}
 
 /// A connection to a daemon with secure groups over it. See the module doc.
 pub struct Session {

@@ -135,6 +135,8 @@ pub fn run(seed: u64, cfg: SimConfig) -> Outcome {
     let mut w = World {
         cfg,
         rng,
+        // Virtual time starts at an arbitrary instant; only differences
+        // reach the sessions and the trace.
         base: Instant::now(),
         now: Duration::ZERO,
         core,
