@@ -386,7 +386,7 @@ async fn a_flood_from_one_address_evicts_only_its_own_handshakes() {
     assert!(read.is_err(), "the other address's handshake is still pending: {read:?}");
     // The flood's oldest were evicted (closed), long before the handshake timeout.
     let mut oldest = flood.into_iter().next().unwrap();
-    let read = within("eviction", oldest.read(&mut byte)).await;
+    let read = tokio::time::timeout(Duration::from_secs(1), oldest.read(&mut byte)).await.expect("evicted at once");
     assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
     // And a valid client still gets in at once.
     let options = s.options(Some(("alice", 2)));
