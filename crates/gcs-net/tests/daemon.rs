@@ -431,14 +431,15 @@ async fn drain_until_cut_off(
 
 /// Sends `n` messages of `size` bytes (numbered in their first 8 bytes) to
 /// `g`, keeping at most `window` of them unreceived by each reader whose
-/// drain returns permits to one of the returned semaphores.
+/// drain returns permits to one of the returned semaphores. The task returns
+/// `tx`: dropping it would end the sender's connection.
 fn send_windowed(
     tx: ClientSender,
     n: usize,
     size: usize,
     window: usize,
     readers: usize,
-) -> (tokio::task::JoinHandle<()>, Vec<Arc<Semaphore>>) {
+) -> (tokio::task::JoinHandle<ClientSender>, Vec<Arc<Semaphore>>) {
     let windows: Vec<_> = (0..readers).map(|_| Arc::new(Semaphore::new(window))).collect();
     let permits = windows.clone();
     let sending = tokio::spawn(async move {
@@ -450,6 +451,7 @@ fn send_windowed(
             p[..8].copy_from_slice(&(k as u64).to_be_bytes());
             tx.multicast("g", Service::Agreed, p).await.unwrap();
         }
+        tx
     });
     (sending, windows)
 }
@@ -513,7 +515,7 @@ async fn a_slow_client_is_disconnected_and_the_others_keep_going() {
         }
         (got, last)
     });
-    within("sending", sending).await.unwrap();
+    let _tx = within("sending", sending).await.unwrap();
     got_everything("fast", N, within("fast", fast_task).await.unwrap(), "slow");
     got_everything("sender", N, within("sender", sender_task).await.unwrap(), "slow");
     let (got, last) = within("slow", slow_task).await.unwrap();
@@ -554,7 +556,7 @@ async fn a_client_that_never_reads_is_cut_off_at_its_byte_budget() {
         mute_may_read.await.unwrap();
         read_all(mute).await
     });
-    within("sending", sending).await.unwrap();
+    let _tx = within("sending", sending).await.unwrap();
     got_everything("reader", N, within("reader", reader_task).await.unwrap(), "mute");
     got_everything("sender", N, within("sender", sender_task).await.unwrap(), "mute");
     let got = within("mute", mute_task).await.unwrap();
