@@ -16,10 +16,23 @@
 //! nothing else changes. If a backbone fails, the daemon tells its clients why,
 //! closes their connections and reports the failure ([`Daemon::failed`]).
 //!
-//! A client whose queue is full is cut off ([`ErrorCode::QueueOverflow`]) so
-//! it cannot stall anyone else; a client that sends a malformed frame gets an
+//! A client whose queue is full — [`DaemonConfig::queue_depth`] frames or
+//! [`DaemonConfig::queue_bytes`] bytes not yet written to its socket — is cut
+//! off ([`ErrorCode::QueueOverflow`]) so it cannot stall anyone else or grow
+//! the daemon without bound; a client that sends a malformed frame gets an
 //! error frame and is disconnected; a frame over the size limit is answered
 //! with [`ErrorCode::TooLarge`] and skipped, and the connection goes on.
+//!
+//! Time limits: a new connection must say Hello within
+//! [`DaemonConfig::hello_timeout`]; after that, a frame it has begun must be
+//! complete within [`DaemonConfig::frame_timeout`] ([`ErrorCode::Timeout`]),
+//! while a client that sends nothing at all may stay as long as it likes. TLS
+//! handshakes must finish within [`DaemonConfig::handshake_timeout`]; at most
+//! [`DaemonConfig::max_handshakes`] are under way at once, at most
+//! [`DaemonConfig::max_handshakes_per_ip`] from one address, and a newcomer
+//! over either bound evicts the oldest pending handshake (of its address, or
+//! of all) rather than being refused, so idle sockets cannot keep valid
+//! clients out.
 //!
 //! A TLS client that showed a certificate is bound to the member name the
 //! certificate certifies: a Hello with another name ends the connection with

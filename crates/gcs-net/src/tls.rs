@@ -15,7 +15,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use conclave_gcs::MemberId;
 use rustls::crypto::CryptoProvider;
@@ -232,7 +232,14 @@ pub(crate) struct TlsListener {
     /// Pending handshakes per peer address.
     per_ip: HashMap<IpAddr, usize>,
     next: u64,
+    /// Evictions not yet reported, and when they last were: a flood is
+    /// reported every [`EVICTION_REPORT`], not once per connection.
+    evicted: u64,
+    reported: Option<Instant>,
 }
+
+/// How often evictions are reported while they go on.
+const EVICTION_REPORT: Duration = Duration::from_secs(10);
 
 /// A connection whose handshake succeeded, and the member name its client
 /// certificate certifies, if it showed one.
@@ -250,6 +257,8 @@ impl TlsListener {
             arrival: HashMap::new(),
             per_ip: HashMap::new(),
             next: 0,
+            evicted: 0,
+            reported: None,
         })
     }
 
@@ -277,6 +286,18 @@ impl TlsListener {
         let oldest = self.pending.iter().find(|(_, (from, _))| ip.is_none_or(|ip| *from == ip)).map(|(&id, _)| id);
         if let Some(abort) = oldest.and_then(|id| self.forget(id)) {
             abort.abort();
+            self.evicted += 1;
+            if self.reported.is_none_or(|at| at.elapsed() >= EVICTION_REPORT) {
+                tracing::warn!(
+                    "too many TLS handshakes under way (at most {} in all, {} per address): {} pending handshakes \
+                     evicted, oldest first",
+                    self.limits.max,
+                    self.limits.per_ip,
+                    self.evicted
+                );
+                self.evicted = 0;
+                self.reported = Some(Instant::now());
+            }
         }
     }
 
@@ -289,11 +310,11 @@ impl TlsListener {
         }
         let ip = peer.ip();
         if self.per_ip.get(&ip).copied().unwrap_or(0) >= self.limits.per_ip {
-            tracing::info!(%peer, "too many TLS handshakes under way from {ip}: its oldest is dropped");
+            tracing::debug!(%peer, "too many TLS handshakes under way from {ip}: its oldest is evicted");
             self.evict_oldest(Some(ip));
         }
         if self.pending.len() >= self.limits.max {
-            tracing::warn!(%peer, "too many TLS handshakes under way: the oldest is dropped");
+            tracing::debug!(%peer, "too many TLS handshakes under way: the oldest is evicted");
             self.evict_oldest(None);
         }
         let id = self.next;

@@ -628,6 +628,24 @@ async fn shutting_down_tells_clients_why_and_removes_the_socket() {
     assert!(!path.exists());
 }
 
+#[tokio::test]
+async fn limits_out_of_range_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = DaemonConfig { unix: Some(dir.path().join("conclave.sock")), ..DaemonConfig::default() };
+    for (tune, why) in [
+        (DaemonConfig { queue_bytes: base.max_payload, ..base.clone() }, "largest size"),
+        (DaemonConfig { queue_depth: 0, ..base.clone() }, "queue depth"),
+        (DaemonConfig { max_handshakes: 0, ..base.clone() }, "handshake"),
+        (DaemonConfig { max_handshakes_per_ip: 0, ..base.clone() }, "handshake"),
+    ] {
+        match Daemon::start(tune).await {
+            Err(e @ conclave_gcs_net::DaemonError::Config(_)) => assert!(e.to_string().contains(why), "{e}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("accepted a configuration without {why}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_daemon_closes_every_connection() {
     let s = start(|_| {}).await;
