@@ -17,7 +17,12 @@
 //! max_message_size = 1048576    # bytes of payload
 //! groups_per_client = 1024
 //! queue_depth = 4096            # frames queued per client before it is cut off
-//! hello_timeout_secs = 10
+//! queue_bytes = 67108864        # bytes queued per client before it is cut off
+//! hello_timeout_secs = 10       # time a new connection has to say Hello
+//! frame_timeout_secs = 30       # time a client has to complete a frame it began
+//! handshake_timeout_secs = 3    # time a TLS client has to complete its handshake
+//! max_handshakes = 1024         # TLS handshakes under way at once (the oldest is evicted)
+//! max_handshakes_per_ip = 64    # the same, per client IP address
 //!
 //! [tls]                         # no TLS unless `listen` is given
 //! listen = "0.0.0.0:4804"
@@ -29,7 +34,7 @@
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -42,7 +47,8 @@ use serde::Deserialize;
 #[derive(Args, Debug)]
 #[command(after_help = "The configuration file is TOML with the keys backbone (\"standalone\" or \"cluster\") and \
 cpg_group, and the sections [listen] (unix = \"PATH\" or false, tcp = \"ADDR\"), [limits] (max_message_size, \
-groups_per_client, queue_depth, hello_timeout_secs) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
+groups_per_client, queue_depth, queue_bytes, hello_timeout_secs, frame_timeout_secs, handshake_timeout_secs, \
+max_handshakes, max_handshakes_per_ip) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
 client_crl = [...]); command-line options override it. Without either, the daemon listens on \
 $XDG_RUNTIME_DIR/conclave.sock (or /tmp/conclave-$UID.sock) and not on TCP.
 
@@ -65,15 +71,37 @@ pub struct DaemonArgs {
     /// TCP address to listen on, e.g. 127.0.0.1:4803 (off unless given).
     #[arg(long, value_name = "ADDR")]
     tcp: Option<SocketAddr>,
-    /// Largest message payload accepted, in bytes.
+    /// Largest message payload accepted, in bytes [default: 1048576].
     #[arg(long, value_name = "BYTES")]
     max_message_size: Option<usize>,
-    /// Groups one client may be a member of at once.
+    /// Groups one client may be a member of at once [default: 1024].
     #[arg(long, value_name = "N")]
     groups_per_client: Option<usize>,
-    /// Frames queued for one client before it is disconnected as too slow.
+    /// Frames queued for one client before it is disconnected as too slow [default: 4096].
     #[arg(long, value_name = "N")]
     queue_depth: Option<usize>,
+    /// Bytes queued for one client (not yet written to its socket) before it is disconnected as too slow
+    /// [default: 67108864 (64 MiB)].
+    #[arg(long, value_name = "BYTES")]
+    queue_bytes: Option<usize>,
+    /// Seconds a new connection has to say Hello [default: 10].
+    #[arg(long, value_name = "SECS")]
+    hello_timeout: Option<u64>,
+    /// Seconds a client has to complete a frame it began sending; a client that sends nothing is never timed
+    /// out [default: 30].
+    #[arg(long, value_name = "SECS")]
+    frame_timeout: Option<u64>,
+    /// Seconds a new TLS connection has to complete its handshake [default: 3].
+    #[arg(long, value_name = "SECS")]
+    handshake_timeout: Option<u64>,
+    /// TLS handshakes under way at once; a new connection beyond that evicts the oldest pending handshake
+    /// [default: 1024].
+    #[arg(long, value_name = "N")]
+    max_handshakes: Option<usize>,
+    /// TLS handshakes under way at once from one IP address; a new connection beyond that evicts that
+    /// address's oldest pending handshake [default: 64].
+    #[arg(long, value_name = "N")]
+    max_handshakes_per_ip: Option<usize>,
     /// TCP address to listen on for TLS clients, e.g. 0.0.0.0:4804 (off unless given).
     #[arg(long, value_name = "ADDR")]
     tls_listen: Option<SocketAddr>,
@@ -161,7 +189,12 @@ struct FileLimits {
     max_message_size: Option<usize>,
     groups_per_client: Option<usize>,
     queue_depth: Option<usize>,
+    queue_bytes: Option<usize>,
     hello_timeout_secs: Option<u64>,
+    frame_timeout_secs: Option<u64>,
+    handshake_timeout_secs: Option<u64>,
+    max_handshakes: Option<usize>,
+    max_handshakes_per_ip: Option<usize>,
 }
 
 /// Where the daemon listens and clients connect by default:
@@ -208,8 +241,23 @@ fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, bool
     if let Some(n) = args.queue_depth.or(limits.queue_depth) {
         config.queue_depth = n;
     }
-    if let Some(s) = limits.hello_timeout_secs {
+    if let Some(n) = args.queue_bytes.or(limits.queue_bytes) {
+        config.queue_bytes = n;
+    }
+    if let Some(s) = args.hello_timeout.or(limits.hello_timeout_secs) {
         config.hello_timeout = Duration::from_secs(s);
+    }
+    if let Some(s) = args.frame_timeout.or(limits.frame_timeout_secs) {
+        config.frame_timeout = Duration::from_secs(s);
+    }
+    if let Some(s) = args.handshake_timeout.or(limits.handshake_timeout_secs) {
+        config.handshake_timeout = Duration::from_secs(s);
+    }
+    if let Some(n) = args.max_handshakes.or(limits.max_handshakes) {
+        config.max_handshakes = n;
+    }
+    if let Some(n) = args.max_handshakes_per_ip.or(limits.max_handshakes_per_ip) {
+        config.max_handshakes_per_ip = n;
     }
     let client_certs = file.tls.client_ca.is_some() || args.client_ca.is_some();
     config.tls = tls_config(args, file.tls)?;
@@ -273,19 +321,32 @@ fn join_backbone(choice: &BackboneChoice) -> Result<Backbone> {
     }
 }
 
-/// Refuses to start over an existing file at the socket path, saying why.
-fn check_socket_path(path: &Path) -> Result<()> {
-    if std::fs::symlink_metadata(path).is_err() {
-        return Ok(());
+/// Makes way for the daemon's socket at `path`: refuses a live daemon's
+/// socket and any file that is not a socket, and removes a stale socket (one
+/// nothing listens on: a crashed daemon's). Says whether it removed one.
+fn check_socket_path(path: &Path) -> Result<bool> {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(false);
+    };
+    if !meta.file_type().is_socket() {
+        bail!(
+            "{} already exists and is not a socket; remove it (rm {}) or choose another path",
+            path.display(),
+            path.display()
+        );
     }
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        bail!("another daemon is already listening on {}", path.display());
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => bail!("another daemon is already listening on {}", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            std::fs::remove_file(path).with_context(|| format!("cannot remove the stale socket {}", path.display()))?;
+            Ok(true)
+        }
+        Err(e) => bail!(
+            "{} already exists and cannot be checked ({e}); if no daemon uses it, remove it (rm {}) and try again",
+            path.display(),
+            path.display()
+        ),
     }
-    bail!(
-        "{} already exists (left over from a daemon that did not stop cleanly?); remove it (rm {}) and try again",
-        path.display(),
-        path.display()
-    )
 }
 
 fn init_logging() {
@@ -304,10 +365,14 @@ fn init_logging() {
 /// Runs the daemon until Ctrl-C or SIGTERM.
 pub fn run(args: DaemonArgs) -> Result<()> {
     let (config, choice, client_certs) = build_config(&args)?;
-    if let Some(path) = &config.unix {
-        check_socket_path(path)?;
-    }
+    let stale = match &config.unix {
+        Some(path) => check_socket_path(path)?,
+        None => false,
+    };
     init_logging();
+    if let (true, Some(path)) = (stale, &config.unix) {
+        tracing::info!("removed the stale socket {} (nothing was listening on it)", path.display());
+    }
     let backbone = join_backbone(&choice)?;
     if choice.kind == BackboneKind::Cluster {
         tracing::info!("cluster backbone: daemon {} of CPG group {:?}", backbone.daemon_id().0, choice.cpg_group);
@@ -325,20 +390,41 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             tracing::info!("listening on tls {addr} ({who})");
         }
         tracing::info!(
-            "limits: max message size {} bytes, {} groups per client, queue depth {}",
+            "limits: max message size {} bytes, {} groups per client, queue depth {} frames or {} bytes, \
+             hello timeout {:?}, frame timeout {:?}",
             config.max_payload,
             config.max_groups_per_client,
-            config.queue_depth
+            config.queue_depth,
+            config.queue_bytes,
+            config.hello_timeout,
+            config.frame_timeout,
         );
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("cannot install the SIGTERM handler")?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r.context("cannot wait for Ctrl-C")?,
-            _ = term.recv() => {}
-            reason = daemon.failed() => {
-                // The clients were told; let their connections take the news.
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                bail!("the daemon stopped: {reason}");
+        if config.tls.is_some() {
+            tracing::info!(
+                "TLS handshakes: timeout {:?}, at most {} under way, {} per IP address",
+                config.handshake_timeout,
+                config.max_handshakes,
+                config.max_handshakes_per_ip
+            );
+        }
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
+        let mut hup = signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?;
+        loop {
+            tokio::select! {
+                _ = int.recv() => break,
+                _ = term.recv() => break,
+                _ = hup.recv() => {
+                    tracing::warn!("SIGHUP: reloading the configuration is not supported yet; nothing changed");
+                }
+                reason = daemon.failed() => {
+                    // The clients were told; let their connections take the news.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    // Dropping the daemon removes its socket.
+                    drop(daemon);
+                    bail!("the daemon stopped: {reason}");
+                }
             }
         }
         tracing::info!("shutting down");

@@ -128,6 +128,11 @@ fn help_texts() {
         ("flood", "--sizes"),
         ("client", "--tls"),
         ("daemon", "--client-ca"),
+        ("daemon", "--queue-bytes"),
+        ("daemon", "67108864"),
+        ("daemon", "--frame-timeout"),
+        ("daemon", "--handshake-timeout"),
+        ("daemon", "--max-handshakes-per-ip"),
         ("bench", "gcs"),
     ] {
         let (status, out, _) = run(conclave().args([cmd, "--help"]));
@@ -210,7 +215,7 @@ fn daemon_errors_and_shutdown() {
     std::fs::write(&stale, b"").unwrap();
     let (status, _, err) = run(conclave().arg("daemon").arg("--unix").arg(&stale));
     assert!(!status.success());
-    assert!(err.contains("already exists") && err.contains("rm "), "{err}");
+    assert!(err.contains("already exists") && err.contains("not a socket") && err.contains("rm "), "{err}");
     // No listener at all.
     let (status, _, err) = run(conclave().args(["daemon", "--no-unix"]));
     assert!(!status.success());
@@ -236,6 +241,49 @@ fn daemon_errors_and_shutdown() {
     assert!(d.log().contains("shutting down"));
 }
 
+/// SIGHUP does not stop the daemon; SIGINT does, and removes the socket; a
+/// socket left behind by a daemon that crashed (nothing listens on it) is
+/// replaced at start, while a live daemon's socket is refused.
+#[test]
+fn daemon_survives_sighup_and_replaces_a_stale_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("conclave.sock");
+    // What a crashed daemon leaves: a socket file nothing listens on.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    assert!(socket.exists());
+    let log = File::create(dir.path().join("daemon.log")).unwrap();
+    let proc = Proc::spawn(conclave().arg("daemon").arg("--unix").arg(&socket).stderr(log).stdout(Stdio::null()));
+    let mut d = TestDaemon { proc, dir, socket };
+    let deadline = Instant::now() + LIMIT;
+    while !d.log().contains("listening on unix socket") {
+        assert!(d.proc.child.try_wait().unwrap().is_none(), "the daemon exited:\n{}", d.log());
+        assert!(Instant::now() < deadline, "the daemon did not start:\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(d.log().contains("removed the stale socket"), "{}", d.log());
+    // A second daemon is refused: this one is alive.
+    let (status, _, err) = run(conclave().arg("daemon").arg("--unix").arg(&d.socket));
+    assert!(!status.success());
+    assert!(err.contains("already listening"), "{err}");
+
+    let pid = d.proc.child.id().to_string();
+    assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    let deadline = Instant::now() + LIMIT;
+    while !d.log().contains("SIGHUP") {
+        assert!(d.proc.child.try_wait().unwrap().is_none(), "SIGHUP stopped the daemon:\n{}", d.log());
+        assert!(Instant::now() < deadline, "the daemon did not log the SIGHUP:\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(d.log().contains("not supported yet"), "{}", d.log());
+    let (status, out, _) = d.client("hal", "join g\nwait g 1\nsend g after the hangup\n").finish();
+    assert!(status.success() && has_line(&out, |l| l.ends_with("] hal: after the hangup")), "{out}");
+
+    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    assert!(d.proc.wait().success());
+    assert!(!d.socket.exists(), "socket left behind");
+    assert!(d.log().contains("shutting down"));
+}
+
 #[test]
 fn daemon_reads_config_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -244,7 +292,8 @@ fn daemon_reads_config_file() {
     std::fs::write(
         &config,
         format!(
-            "[listen]\nunix = {:?}\n\n[limits]\nmax_message_size = 100\nqueue_depth = 64\n",
+            "[listen]\nunix = {:?}\n\n[limits]\nmax_message_size = 100\nqueue_depth = 64\nqueue_bytes = 100000\n\
+             frame_timeout_secs = 7\nhandshake_timeout_secs = 2\nmax_handshakes = 10\nmax_handshakes_per_ip = 5\n",
             socket.display().to_string()
         ),
     )
@@ -259,6 +308,8 @@ fn daemon_reads_config_file() {
     assert!(has_line(&out, |l| l.starts_with("error (TooLarge)")), "{out}");
     assert!(has_line(&out, |l| l.ends_with("] erin: small")), "{out}");
     assert!(d.log().contains("max message size 100 bytes"), "{}", d.log());
+    assert!(d.log().contains("queue depth 64 frames or 100000 bytes"), "{}", d.log());
+    assert!(d.log().contains("frame timeout 7s"), "{}", d.log());
 }
 
 #[test]

@@ -16,10 +16,23 @@
 //! nothing else changes. If a backbone fails, the daemon tells its clients why,
 //! closes their connections and reports the failure ([`Daemon::failed`]).
 //!
-//! A client whose queue is full is cut off ([`ErrorCode::QueueOverflow`]) so
-//! it cannot stall anyone else; a client that sends a malformed frame gets an
+//! A client whose queue is full — [`DaemonConfig::queue_depth`] frames or
+//! [`DaemonConfig::queue_bytes`] bytes not yet written to its socket — is cut
+//! off ([`ErrorCode::QueueOverflow`]) so it cannot stall anyone else or grow
+//! the daemon without bound; a client that sends a malformed frame gets an
 //! error frame and is disconnected; a frame over the size limit is answered
 //! with [`ErrorCode::TooLarge`] and skipped, and the connection goes on.
+//!
+//! Time limits: a new connection must say Hello within
+//! [`DaemonConfig::hello_timeout`]; after that, a frame it has begun must be
+//! complete within [`DaemonConfig::frame_timeout`] ([`ErrorCode::Timeout`]),
+//! while a client that sends nothing at all may stay as long as it likes. TLS
+//! handshakes must finish within [`DaemonConfig::handshake_timeout`]; at most
+//! [`DaemonConfig::max_handshakes`] are under way at once, at most
+//! [`DaemonConfig::max_handshakes_per_ip`] from one address, and a newcomer
+//! over either bound evicts the oldest pending handshake (of its address, or
+//! of all) rather than being refused, so idle sockets cannot keep valid
+//! clients out.
 //!
 //! A TLS client that showed a certificate is bound to the member name the
 //! certificate certifies: a Hello with another name ends the connection with
@@ -30,7 +43,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,7 +56,7 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::tls::{TlsListen, TlsListener};
+use crate::tls::{HandshakeLimits, TlsListen, TlsListener};
 
 /// How a daemon is set up.
 #[derive(Clone, Debug)]
@@ -59,10 +72,27 @@ pub struct DaemonConfig {
     pub max_payload: usize,
     /// Groups one client may be a member of at once.
     pub max_groups_per_client: usize,
-    /// Frames queued for one client before it is cut off as too slow.
+    /// Frames queued for one client before it is cut off as too slow
+    /// (default 4096).
     pub queue_depth: usize,
-    /// Time a new connection has to say Hello.
+    /// Bytes queued for one client before it is cut off as too slow, counted
+    /// from when the daemon queues a frame until it is written to the socket
+    /// (default 64 MiB). Must hold at least one largest message.
+    pub queue_bytes: usize,
+    /// Time a new connection has to say Hello (default 10 s).
     pub hello_timeout: Duration,
+    /// Time a connection that said Hello has to complete a frame it began
+    /// (default 30 s); a connection that sends nothing is never timed out.
+    pub frame_timeout: Duration,
+    /// Time a new TLS connection has to complete its handshake (default 3 s).
+    pub handshake_timeout: Duration,
+    /// TLS handshakes under way at once (default 1024); a new connection
+    /// beyond that evicts the oldest pending handshake.
+    pub max_handshakes: usize,
+    /// TLS handshakes under way at once from one IP address (default 64); a
+    /// new connection beyond that evicts the oldest pending handshake of the
+    /// same address.
+    pub max_handshakes_per_ip: usize,
 }
 
 impl Default for DaemonConfig {
@@ -74,7 +104,12 @@ impl Default for DaemonConfig {
             max_payload: wire::DEFAULT_MAX_PAYLOAD,
             max_groups_per_client: Limits::default().max_groups_per_client,
             queue_depth: 4096,
+            queue_bytes: 64 << 20,
             hello_timeout: Duration::from_secs(10),
+            frame_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(3),
+            max_handshakes: 1024,
+            max_handshakes_per_ip: 64,
         }
     }
 }
@@ -133,6 +168,11 @@ impl Backbone {
 struct ConnHandle {
     queue: mpsc::Sender<Bytes>,
     kill: mpsc::Sender<Bytes>,
+    /// Bytes queued and not yet written to the socket: added here on
+    /// enqueue, subtracted by the writer as it writes them.
+    queued: Arc<AtomicUsize>,
+    /// Most bytes `queued` may hold ([`DaemonConfig::queue_bytes`]).
+    budget: usize,
 }
 
 /// Closes a connection after one last error frame, dropping what is queued.
@@ -210,6 +250,14 @@ impl Daemon {
         if config.max_payload > 1 << 30 {
             return Err(DaemonError::Config("payloads are limited to 1 GiB"));
         }
+        if config.queue_bytes < config.max_payload + wire::FRAME_OVERHEAD {
+            return Err(DaemonError::Config(
+                "the per-client queue (bytes) must hold at least one message of the largest size",
+            ));
+        }
+        if config.max_handshakes == 0 || config.max_handshakes_per_ip == 0 {
+            return Err(DaemonError::Config("TLS handshake limits must be at least 1"));
+        }
         let unix = match &config.unix {
             Some(path) => {
                 let l = UnixListener::bind(path)
@@ -231,9 +279,16 @@ impl Daemon {
             .map_err(|source| DaemonError::Bind { what: "tcp".into(), source })?;
         let tls = match &config.tls {
             Some(listen) => Some(
-                TlsListener::bind(listen, config.hello_timeout)
-                    .await
-                    .map_err(|source| DaemonError::Bind { what: format!("tls {}", listen.addr), source })?,
+                TlsListener::bind(
+                    listen,
+                    HandshakeLimits {
+                        timeout: config.handshake_timeout,
+                        max: config.max_handshakes,
+                        per_ip: config.max_handshakes_per_ip,
+                    },
+                )
+                .await
+                .map_err(|source| DaemonError::Bind { what: format!("tls {}", listen.addr), source })?,
             ),
             None => None,
         };
@@ -479,19 +534,29 @@ fn deliver(table: &mut HashMap<ConnId, ConnHandle>, c: ConnId, bytes: Bytes, fat
         table.remove(&c);
         return;
     }
-    match handle.queue.try_send(bytes) {
-        Ok(()) => {}
-        Err(mpsc::error::TrySendError::Full(_)) => {
-            tracing::info!(conn = %c, "client too slow: disconnecting");
-            kill(&handle.kill, ErrorCode::QueueOverflow, "you did not read fast enough: disconnected");
-            table.remove(&c);
-            resubmit(submit, Op::Disconnect { conn: c });
-        }
-        // The connection is gone; its reader submits the disconnect.
-        Err(mpsc::error::TrySendError::Closed(_)) => {
-            table.remove(&c);
+    let len = bytes.len();
+    // One frame alone always fits, whatever its size.
+    let queued = handle.queued.load(Ordering::Acquire);
+    let fits = queued == 0 || queued + len <= handle.budget;
+    if fits {
+        handle.queued.fetch_add(len, Ordering::AcqRel);
+        match handle.queue.try_send(bytes) {
+            Ok(()) => return,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                handle.queued.fetch_sub(len, Ordering::AcqRel);
+            }
+            // The connection is gone; its reader submits the disconnect.
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                table.remove(&c);
+                return;
+            }
         }
     }
+    // Too many frames or too many bytes queued.
+    tracing::info!(conn = %c, queued_bytes = queued, "client too slow: disconnecting");
+    kill(&handle.kill, ErrorCode::QueueOverflow, "you did not read fast enough: disconnected");
+    table.remove(&c);
+    resubmit(submit, Op::Disconnect { conn: c });
 }
 
 fn spawn_conn<S>(stream: S, certified: Option<MemberId>, shared: Arc<Shared>)
@@ -502,8 +567,10 @@ where
     let (rd, wr) = tokio::io::split(stream);
     let (queue, queue_rx) = mpsc::channel(shared.config.queue_depth);
     let (kill, kill_rx) = mpsc::channel(1);
-    shared.conns.lock().expect("connection table").insert(conn, ConnHandle { queue, kill: kill.clone() });
-    let writer = tokio::spawn(write_loop(wr, queue_rx, kill_rx));
+    let queued = Arc::new(AtomicUsize::new(0));
+    let handle = ConnHandle { queue, kill: kill.clone(), queued: queued.clone(), budget: shared.config.queue_bytes };
+    shared.conns.lock().expect("connection table").insert(conn, handle);
+    let writer = tokio::spawn(write_loop(wr, queue_rx, kill_rx, queued));
     tokio::spawn(async move {
         read_loop(rd, conn, certified.as_ref(), &shared, &kill, writer).await;
         tracing::info!(conn = %conn, "client disconnected");
@@ -528,7 +595,12 @@ async fn read_loop<R: AsyncRead>(
     let hello_deadline = tokio::time::sleep(cfg.hello_timeout);
     tokio::pin!(hello_deadline);
     let mut said_hello = false;
+    // When the frame being received must be complete; armed while one is.
+    let frame_deadline = tokio::time::sleep(cfg.frame_timeout);
+    tokio::pin!(frame_deadline);
+    let mut in_frame = false;
     loop {
+        let mut progressed = false;
         loop {
             let op = match frames.next_frame(&mut buf).and_then(|f| f.map(wire::decode_request).transpose()) {
                 Ok(Some(req)) => match to_op(conn, req, cfg.max_payload) {
@@ -544,6 +616,7 @@ async fn read_loop<R: AsyncRead>(
                     return;
                 }
             };
+            progressed = true;
             if let Op::Connect { name, .. } = &op {
                 if let Some(certified) = certified.filter(|&c| c != name) {
                     let text = format!("certificate is for {certified}, Hello says {name}");
@@ -558,11 +631,24 @@ async fn read_loop<R: AsyncRead>(
                 return;
             }
         }
+        // Time a frame from its first byte (or from the end of the one before).
+        if buf.is_empty() && !frames.skipping() {
+            in_frame = false;
+        } else if progressed || !in_frame {
+            frame_deadline.as_mut().reset(tokio::time::Instant::now() + cfg.frame_timeout);
+            in_frame = true;
+        }
         tokio::select! {
             biased;
             _ = &mut writer => return,
             _ = &mut hello_deadline, if !said_hello => {
                 kill(killer, ErrorCode::Timeout, "no Hello in time");
+                return;
+            }
+            _ = &mut frame_deadline, if said_hello && in_frame => {
+                tracing::info!(conn = %conn, "incomplete frame: disconnecting");
+                let text = format!("a frame was not completed within {:?}: disconnected", cfg.frame_timeout);
+                kill(killer, ErrorCode::Timeout, text);
                 return;
             }
             r = rd.read_buf(&mut buf) => match r {
@@ -589,10 +675,15 @@ fn to_op(conn: ConnId, req: Request, max_payload: usize) -> Option<Op> {
     })
 }
 
-/// Writes queued frames until the queue closes or the connection is killed;
-/// a kill gets the frame being written and the last words out if the client
-/// takes them within [`LAST_WORDS`].
-async fn write_loop<W: AsyncWrite>(wr: W, mut queue: mpsc::Receiver<Bytes>, mut kill: mpsc::Receiver<Bytes>) {
+/// Writes queued frames until the queue closes or the connection is killed,
+/// taking what it writes off `queued`; a kill gets the frame being written and
+/// the last words out if the client takes them within [`LAST_WORDS`].
+async fn write_loop<W: AsyncWrite>(
+    wr: W,
+    mut queue: mpsc::Receiver<Bytes>,
+    mut kill: mpsc::Receiver<Bytes>,
+    queued: Arc<AtomicUsize>,
+) {
     tokio::pin!(wr);
     let mut pending = BytesMut::new();
     let last = loop {
@@ -618,7 +709,9 @@ async fn write_loop<W: AsyncWrite>(wr: W, mut queue: mpsc::Receiver<Bytes>, mut 
             Some(last) = kill.recv() => break Some(last),
             r = wr.write_buf(&mut pending) => match r {
                 Ok(0) | Err(_) => return,
-                Ok(_) => {}
+                Ok(n) => {
+                    queued.fetch_sub(n, Ordering::AcqRel);
+                }
             },
         }
         // A TLS stream may hold written bytes back until flushed; for a

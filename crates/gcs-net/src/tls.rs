@@ -10,11 +10,12 @@
 //! Everything is loaded from PEM: certificate chains, PKCS#8 (or PKCS#1 /
 //! SEC1) private keys and CRLs, as `conclave keys` writes them.
 
+use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use conclave_gcs::MemberId;
 use rustls::crypto::CryptoProvider;
@@ -23,7 +24,7 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::{self, PemObject};
 use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
+use tokio::task::{self, AbortHandle, JoinSet};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 /// Errors setting up TLS.
@@ -198,19 +199,47 @@ impl TlsClientOptions {
     }
 }
 
-/// Handshakes under way at once; connections beyond are dropped at once so a
-/// flood of idle sockets cannot pile up.
-const MAX_HANDSHAKES: usize = 1024;
+/// Bounds on TLS handshakes under way, so that idle or slow sockets cannot
+/// keep valid clients out.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HandshakeLimits {
+    /// Time a new connection has to complete its handshake.
+    pub(crate) timeout: Duration,
+    /// Handshakes under way at once; a new connection beyond that evicts the
+    /// oldest pending handshake.
+    pub(crate) max: usize,
+    /// Handshakes under way at once from one peer IP address; a new connection
+    /// beyond that evicts the oldest pending handshake of the same address.
+    pub(crate) per_ip: usize,
+}
 
 /// The daemon's TLS listener: accepts TCP connections and runs their
 /// handshakes concurrently, each bounded by a timeout, so one slow client
-/// never holds up the next.
+/// never holds up the next. Pending handshakes are bounded in all and per
+/// peer address; a newcomer over a bound evicts the oldest pending handshake
+/// (of its own address, or of all) instead of being refused, so a flood of
+/// idle sockets delays valid clients by at most one accept, never starves them.
 pub(crate) struct TlsListener {
     tcp: TcpListener,
     acceptor: TlsAcceptor,
-    timeout: Duration,
+    limits: HandshakeLimits,
     handshakes: JoinSet<io::Result<Handshaken>>,
+    /// Pending handshakes by arrival number (oldest first): peer address and
+    /// the handle that evicts it.
+    pending: BTreeMap<u64, (IpAddr, AbortHandle)>,
+    /// The arrival number of each pending handshake's task.
+    arrival: HashMap<task::Id, u64>,
+    /// Pending handshakes per peer address.
+    per_ip: HashMap<IpAddr, usize>,
+    next: u64,
+    /// Evictions not yet reported, and when they last were: a flood is
+    /// reported every [`EVICTION_REPORT`], not once per connection.
+    evicted: u64,
+    reported: Option<Instant>,
 }
+
+/// How often evictions are reported while they go on.
+const EVICTION_REPORT: Duration = Duration::from_secs(10);
 
 /// A connection whose handshake succeeded, and the member name its client
 /// certificate certifies, if it showed one.
@@ -218,18 +247,96 @@ pub(crate) type Handshaken = (tokio_rustls::server::TlsStream<TcpStream>, Option
 
 impl TlsListener {
     /// Binds the listener.
-    pub(crate) async fn bind(listen: &TlsListen, timeout: Duration) -> io::Result<Self> {
+    pub(crate) async fn bind(listen: &TlsListen, limits: HandshakeLimits) -> io::Result<Self> {
         Ok(Self {
             tcp: TcpListener::bind(listen.addr).await?,
             acceptor: TlsAcceptor::from(listen.config.clone()),
-            timeout,
+            limits,
             handshakes: JoinSet::new(),
+            pending: BTreeMap::new(),
+            arrival: HashMap::new(),
+            per_ip: HashMap::new(),
+            next: 0,
+            evicted: 0,
+            reported: None,
         })
     }
 
     /// The bound address.
     pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
         self.tcp.local_addr()
+    }
+
+    /// Forgets pending handshake `id`, returning its handle unless it was
+    /// forgotten already (evicted).
+    fn forget(&mut self, id: u64) -> Option<AbortHandle> {
+        let (ip, abort) = self.pending.remove(&id)?;
+        self.arrival.remove(&abort.id());
+        if let Some(n) = self.per_ip.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_ip.remove(&ip);
+            }
+        }
+        Some(abort)
+    }
+
+    /// Evicts the oldest pending handshake, of peer address `ip` if given.
+    fn evict_oldest(&mut self, ip: Option<IpAddr>) {
+        let oldest = self.pending.iter().find(|(_, (from, _))| ip.is_none_or(|ip| *from == ip)).map(|(&id, _)| id);
+        if let Some(abort) = oldest.and_then(|id| self.forget(id)) {
+            abort.abort();
+            self.evicted += 1;
+            if self.reported.is_none_or(|at| at.elapsed() >= EVICTION_REPORT) {
+                tracing::warn!(
+                    "too many TLS handshakes under way (at most {} in all, {} per address): {} pending handshakes \
+                     evicted, oldest first",
+                    self.limits.max,
+                    self.limits.per_ip,
+                    self.evicted
+                );
+                self.evicted = 0;
+                self.reported = Some(Instant::now());
+            }
+        }
+    }
+
+    /// Starts the handshake of a newly accepted connection, evicting the
+    /// oldest pending ones as the limits demand.
+    fn start_handshake(&mut self, stream: TcpStream, peer: SocketAddr) {
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::info!(%peer, "connection dropped: {e}");
+            return;
+        }
+        let ip = peer.ip();
+        if self.per_ip.get(&ip).copied().unwrap_or(0) >= self.limits.per_ip {
+            tracing::debug!(%peer, "too many TLS handshakes under way from {ip}: its oldest is evicted");
+            self.evict_oldest(Some(ip));
+        }
+        if self.pending.len() >= self.limits.max {
+            tracing::debug!(%peer, "too many TLS handshakes under way: the oldest is evicted");
+            self.evict_oldest(None);
+        }
+        let id = self.next;
+        self.next += 1;
+        let acceptor = self.acceptor.clone();
+        let timeout = self.limits.timeout;
+        let abort = self.handshakes.spawn(async move {
+            let handshake = tokio::time::timeout(timeout, acceptor.accept(stream))
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("{peer}: TLS handshake timed out")))?
+                .map_err(|e| io::Error::new(e.kind(), format!("{peer}: TLS handshake failed: {e}")))?;
+            let certified = match handshake.get_ref().1.peer_certificates() {
+                Some([cert, ..]) => Some(certified_name(cert).map_err(|e| {
+                    io::Error::new(io::ErrorKind::InvalidData, format!("{peer}: client certificate: {e}"))
+                })?),
+                _ => None,
+            };
+            Ok((handshake, certified))
+        });
+        self.arrival.insert(abort.id(), id);
+        self.pending.insert(id, (ip, abort));
+        *self.per_ip.entry(ip).or_default() += 1;
     }
 
     /// The next connection whose handshake succeeded. Failed handshakes are
@@ -239,32 +346,22 @@ impl TlsListener {
             tokio::select! {
                 accepted = self.tcp.accept() => {
                     let (stream, peer) = accepted?;
-                    if self.handshakes.len() >= MAX_HANDSHAKES {
-                        tracing::warn!(%peer, "too many TLS handshakes under way: connection dropped");
-                        continue;
-                    }
-                    stream.set_nodelay(true)?;
-                    let acceptor = self.acceptor.clone();
-                    let timeout = self.timeout;
-                    self.handshakes.spawn(async move {
-                        let handshake = tokio::time::timeout(timeout, acceptor.accept(stream))
-                            .await
-                            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("{peer}: TLS handshake timed out")))?
-                            .map_err(|e| io::Error::new(e.kind(), format!("{peer}: TLS handshake failed: {e}")))?;
-                        let certified = match handshake.get_ref().1.peer_certificates() {
-                            Some([cert, ..]) => Some(certified_name(cert).map_err(|e| {
-                                io::Error::new(io::ErrorKind::InvalidData, format!("{peer}: client certificate: {e}"))
-                            })?),
-                            _ => None,
-                        };
-                        Ok((handshake, certified))
-                    });
+                    self.start_handshake(stream, peer);
                 }
-                Some(done) = self.handshakes.join_next() => match done {
-                    Ok(Ok(conn)) => return Ok(conn),
-                    Ok(Err(e)) => tracing::info!("{e}"),
-                    Err(e) => tracing::warn!("TLS handshake task failed: {e}"),
-                },
+                Some(done) = self.handshakes.join_next_with_id() => {
+                    let task = match &done {
+                        Ok((task, _)) => *task,
+                        Err(e) => e.id(),
+                    };
+                    // An evicted handshake (aborted, or finished all the same) is dropped.
+                    let Some(id) = self.arrival.get(&task).copied() else { continue };
+                    self.forget(id);
+                    match done {
+                        Ok((_, Ok(conn))) => return Ok(conn),
+                        Ok((_, Err(e))) => tracing::info!("{e}"),
+                        Err(e) => tracing::warn!("TLS handshake task failed: {e}"),
+                    }
+                }
             }
         }
     }

@@ -12,10 +12,12 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use conclave_gcs::wire::{self, FrameReader, Request};
 use conclave_gcs::{Cause, GroupName, MemberId, View, ViewId};
-use conclave_gcs_net::{Client, ClientError, ClientReceiver, Daemon, DaemonConfig, ErrorCode, Event, Service};
+use conclave_gcs_net::{
+    Client, ClientError, ClientReceiver, ClientSender, Daemon, DaemonConfig, ErrorCode, Event, Service,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio::sync::Semaphore;
+use tokio::sync::{oneshot, Semaphore};
 
 struct Setup {
     daemon: Daemon,
@@ -399,38 +401,87 @@ async fn bad_input_gets_clear_errors_and_disturbs_no_one() {
 
 /// Receives until `n` messages and one view have arrived; returns the
 /// messages' numbers and the views. Each message returns a permit to
-/// `window`, if given.
+/// `window`; `cut` is told when the view arrives.
 async fn drain_until_cut_off(
     mut rx: ClientReceiver,
     n: usize,
-    window: Option<Arc<Semaphore>>,
+    window: Arc<Semaphore>,
+    cut: Option<oneshot::Sender<()>>,
 ) -> (Vec<u64>, Vec<View>) {
+    let mut cut = cut;
     let mut ks = Vec::new();
     let mut views = Vec::new();
     while ks.len() < n || views.is_empty() {
         match rx.recv().await.unwrap() {
             Event::Message { payload, .. } => {
                 ks.push(u64::from_be_bytes(payload[..8].try_into().unwrap()));
-                if let Some(w) = &window {
-                    w.add_permits(1);
+                window.add_permits(1);
+            }
+            Event::View { view, .. } => {
+                views.push(view);
+                if let Some(cut) = cut.take() {
+                    let _ = cut.send(());
                 }
             }
-            Event::View { view, .. } => views.push(view),
             other => panic!("unexpected {other:?}"),
         }
     }
     (ks, views)
 }
 
-/// A member that stops reading is cut off; the others get everything. The
-/// sender keeps at most `WINDOW` of its messages in flight (it receives its
-/// own), as a well-behaved client does, so only the reader that stopped can
-/// fall behind.
+/// Sends `n` messages of `size` bytes (numbered in their first 8 bytes) to
+/// `g`, keeping at most `window` of them unreceived by each reader whose
+/// drain returns permits to one of the returned semaphores. The task returns
+/// `tx`: dropping it would end the sender's connection.
+fn send_windowed(
+    tx: ClientSender,
+    n: usize,
+    size: usize,
+    window: usize,
+    readers: usize,
+) -> (tokio::task::JoinHandle<ClientSender>, Vec<Arc<Semaphore>>) {
+    let windows: Vec<_> = (0..readers).map(|_| Arc::new(Semaphore::new(window))).collect();
+    let permits = windows.clone();
+    let sending = tokio::spawn(async move {
+        for k in 0..n {
+            for w in &permits {
+                w.acquire().await.unwrap().forget();
+            }
+            let mut p = vec![0u8; size];
+            p[..8].copy_from_slice(&(k as u64).to_be_bytes());
+            tx.multicast("g", Service::Agreed, p).await.unwrap();
+        }
+        tx
+    });
+    (sending, windows)
+}
+
+/// Checks what a member that kept up got: every message once, in order, and
+/// one view: the one without `gone`, who was disconnected.
+fn got_everything(name: &str, n: usize, (ks, views): (Vec<u64>, Vec<View>), gone: &str) {
+    assert_eq!(ks, (0..n as u64).collect::<Vec<_>>(), "{name} got every message once, in order");
+    assert_eq!(views.len(), 1, "{name}");
+    assert_eq!(views[0].cause, Cause::Disconnect);
+    assert!(!views[0].contains(&MemberId::new(gone).unwrap()));
+}
+
+/// A member that never reads is cut off; the others get everything. Its cut
+/// is deterministic: the daemon queues at most 16 KiB for it beyond what its
+/// socket takes, whatever the socket buffers hold, while the sender keeps at
+/// most `WINDOW` 1 KiB messages unreceived by itself and by the fast reader,
+/// so only the slow client can ever go over. (The daemon counts a frame as
+/// queued until its writer has seen its write return, so a reader's count
+/// may exceed what it has not received by one write of at most `WINDOW`
+/// frames: at most 2 × 4 frames, half the budget.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_client_is_disconnected_and_the_others_keep_going() {
     const N: usize = 3000;
-    const WINDOW: usize = 64;
-    let s = start(|c| c.queue_depth = 512).await;
+    const WINDOW: usize = 4;
+    let s = start(|c| {
+        c.max_payload = 4096;
+        c.queue_bytes = 16 << 10;
+    })
+    .await;
     let mut fast = s.unix("fast").await;
     let mut sender = s.tcp("sender").await;
     let mut slow = s.unix("slow").await;
@@ -442,42 +493,125 @@ async fn a_slow_client_is_disconnected_and_the_others_keep_going() {
     until_view(&mut slow, "g", 3).await;
 
     let (tx, sender_rx) = sender.split();
-    let window = Arc::new(Semaphore::new(WINDOW));
-    let permits = window.clone();
-    let sending = tokio::spawn(async move {
-        for k in 0..N {
-            permits.acquire().await.unwrap().forget();
-            let mut p = vec![0u8; 1024];
-            p[..8].copy_from_slice(&(k as u64).to_be_bytes());
-            tx.multicast("g", Service::Agreed, p).await.unwrap();
-        }
-    });
+    let (sending, windows) = send_windowed(tx, N, 1024, WINDOW, 2);
     let (_fast_tx, fast_rx) = fast.split();
-    let fast_task = tokio::spawn(drain_until_cut_off(fast_rx, N, None));
-    let sender_task = tokio::spawn(drain_until_cut_off(sender_rx, N, Some(window)));
-    within("sending", sending).await.unwrap();
-    for (name, task) in [("fast", fast_task), ("sender", sender_task)] {
-        let (ks, views) = within(name, task).await.unwrap();
-        assert_eq!(ks, (0..N as u64).collect::<Vec<_>>(), "{name} got every message once, in order");
-        assert_eq!(views.len(), 1, "{name}");
-        assert_eq!(views[0].cause, Cause::Disconnect);
-        assert!(!views[0].contains(&MemberId::new("slow").unwrap()));
-    }
-
-    // The slow client reads at last: what was queued, then why it was cut off.
-    let mut last = None;
-    let mut got = 0;
-    loop {
-        match within("slow", slow.recv()).await {
-            Ok(Event::Message { .. }) => got += 1,
-            Ok(e @ Event::Error { .. }) => last = Some(e),
-            Ok(other) => panic!("{other:?}"),
-            Err(ClientError::Closed) => break,
-            Err(e) => panic!("{e}"),
+    let (cut, slow_may_read) = oneshot::channel();
+    let fast_task = tokio::spawn(drain_until_cut_off(fast_rx, N, windows[0].clone(), Some(cut)));
+    let sender_task = tokio::spawn(drain_until_cut_off(sender_rx, N, windows[1].clone(), None));
+    // The slow client reads once the others have seen it go: what was
+    // queued, then why it was cut off.
+    let slow_task = tokio::spawn(async move {
+        slow_may_read.await.unwrap();
+        let mut last = None;
+        let mut got = 0;
+        loop {
+            match slow.recv().await {
+                Ok(Event::Message { .. }) => got += 1,
+                Ok(e @ Event::Error { .. }) => last = Some(e),
+                Ok(other) => panic!("{other:?}"),
+                Err(ClientError::Closed) => break,
+                Err(e) => panic!("{e}"),
+            }
         }
-    }
+        (got, last)
+    });
+    let _tx = within("sending", sending).await.unwrap();
+    got_everything("fast", N, within("fast", fast_task).await.unwrap(), "slow");
+    got_everything("sender", N, within("sender", sender_task).await.unwrap(), "slow");
+    let (got, last) = within("slow", slow_task).await.unwrap();
     assert!(got < N, "cut off before the end");
     assert_eq!(last.as_ref().and_then(code), Some(ErrorCode::QueueOverflow));
+}
+
+/// Large messages to a member that never reads: once more than the byte
+/// budget (4 MiB here) is queued for it, it is cut off as a slow client,
+/// long before its frame queue (4096 frames) is full; the sender and a
+/// member that reads go on and get everything (each has at most `WINDOW`
+/// 512 KiB messages outstanding, and one more being written: 2.5 MiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_cut_off_at_its_byte_budget() {
+    const N: usize = 64;
+    const SIZE: usize = 512 << 10;
+    const WINDOW: usize = 4;
+    let s = start(|c| c.queue_bytes = 4 << 20).await;
+    let mut reader = s.unix("reader").await;
+    let mut sender = s.unix("sender").await;
+    let mut mute = s.raw().await;
+    let mut hello_join = hello("mute");
+    hello_join.extend_from_slice(&frame(&Request::Join { group: GroupName::new("g").unwrap(), open: false }));
+    mute.write_all(&hello_join).await.unwrap();
+    for c in [&reader, &sender] {
+        c.join("g").await.unwrap();
+    }
+    until_view(&mut reader, "g", 3).await;
+    until_view(&mut sender, "g", 3).await;
+
+    let (tx, sender_rx) = sender.split();
+    let (sending, windows) = send_windowed(tx, N, SIZE, WINDOW, 2);
+    let (_reader_tx, reader_rx) = reader.split();
+    let (cut, mute_may_read) = oneshot::channel();
+    let reader_task = tokio::spawn(drain_until_cut_off(reader_rx, N, windows[0].clone(), Some(cut)));
+    let sender_task = tokio::spawn(drain_until_cut_off(sender_rx, N, windows[1].clone(), None));
+    let mute_task = tokio::spawn(async move {
+        mute_may_read.await.unwrap();
+        read_all(mute).await
+    });
+    let _tx = within("sending", sending).await.unwrap();
+    got_everything("reader", N, within("reader", reader_task).await.unwrap(), "mute");
+    got_everything("sender", N, within("sender", sender_task).await.unwrap(), "mute");
+    let got = within("mute", mute_task).await.unwrap();
+    let messages = got.iter().filter(|e| matches!(e, Event::Message { .. })).count();
+    assert!(messages < N, "cut off before the end ({messages} messages)");
+    assert_eq!(got.last().and_then(code), Some(ErrorCode::QueueOverflow));
+}
+
+/// A client that said Hello and then leaves a frame incomplete is
+/// disconnected once the frame timeout (300 ms here) has passed; a frame
+/// sent in pieces within it is fine, and a member that sends nothing at all
+/// for longer stays connected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incomplete_frame_is_timed_out_and_a_quiet_client_is_not() {
+    let s = start(|c| c.frame_timeout = Duration::from_millis(300)).await;
+    let mut quiet = s.unix("quiet").await;
+    quiet.join("g").await.unwrap();
+    until_view(&mut quiet, "g", 1).await;
+
+    // Hello, then the first kilobyte of a 1 MiB frame, and nothing more.
+    let mut stuck = s.raw().await;
+    let mut partial = hello("stuck");
+    partial.put_u32(1 << 20);
+    partial.put_bytes(0x04, 1024);
+    stuck.write_all(&partial).await.unwrap();
+    let started = std::time::Instant::now();
+    let got = read_all(stuck).await;
+    assert!(matches!(got[0], Event::Welcome { .. }), "{got:?}");
+    assert!(
+        matches!(got.last(), Some(Event::Error { code: ErrorCode::Timeout, text }) if text.contains("not completed")),
+        "{got:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(300));
+
+    // A Join in two pieces, 100 ms apart.
+    let mut slow = s.raw().await;
+    let join = frame(&Request::Join { group: GroupName::new("g").unwrap(), open: false });
+    let mut first = hello("slowpoke");
+    first.extend_from_slice(&join[..3]);
+    slow.write_all(&first).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    slow.write_all(&join[3..]).await.unwrap();
+    until_view(&mut quiet, "g", 2).await;
+
+    // Quiet for three frame timeouts, the member is still there.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    slow.write_all(&frame(&Request::Multicast {
+        group: GroupName::new("g").unwrap(),
+        service: Service::Agreed,
+        payload: Bytes::from_static(b"still there?"),
+    }))
+    .await
+    .unwrap();
+    let e = next_event(&mut quiet).await;
+    assert!(matches!(&e, Event::Message { payload, .. } if payload == "still there?"), "{e:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -492,6 +626,24 @@ async fn shutting_down_tells_clients_why_and_removes_the_socket() {
         assert!(matches!(within("close", c.recv()).await, Err(ClientError::Closed)));
     }
     assert!(!path.exists());
+}
+
+#[tokio::test]
+async fn limits_out_of_range_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = DaemonConfig { unix: Some(dir.path().join("conclave.sock")), ..DaemonConfig::default() };
+    for (tune, why) in [
+        (DaemonConfig { queue_bytes: base.max_payload, ..base.clone() }, "largest size"),
+        (DaemonConfig { queue_depth: 0, ..base.clone() }, "queue depth"),
+        (DaemonConfig { max_handshakes: 0, ..base.clone() }, "handshake"),
+        (DaemonConfig { max_handshakes_per_ip: 0, ..base.clone() }, "handshake"),
+    ] {
+        match Daemon::start(tune).await {
+            Err(e @ conclave_gcs_net::DaemonError::Config(_)) => assert!(e.to_string().contains(why), "{e}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("accepted a configuration without {why}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

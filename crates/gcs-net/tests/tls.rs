@@ -10,6 +10,9 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpSocket, TcpStream};
+
 use conclave_gcs_net::{
     tls, Client, ClientAuth, ClientError, Daemon, DaemonConfig, ErrorCode, Event, Identity, Service, TlsClientOptions,
     TlsError, TlsListen,
@@ -99,6 +102,11 @@ struct Setup {
 /// authority issued for localhost and 127.0.0.1; with `client_auth`, it
 /// demands client certificates of the same authority, revoking `revoked`.
 async fn start(client_auth: bool, revoked: &[u64]) -> Setup {
+    start_with(client_auth, revoked, |_| {}).await
+}
+
+/// [`start`], with the daemon's configuration tuned by `tune`.
+async fn start_with(client_auth: bool, revoked: &[u64], tune: impl FnOnce(&mut DaemonConfig)) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let authority = Authority::new(dir.path(), "group");
     let (crt, key) = authority.issue("daemon", "conclave daemon", &["localhost", "127.0.0.1"], 1);
@@ -107,13 +115,13 @@ async fn start(client_auth: bool, revoked: &[u64]) -> Setup {
         ClientAuth::from_pem_files(&authority.ca_path(), &crls).unwrap()
     });
     let config = tls::server_config(Identity::from_pem_files(&crt, &key).unwrap(), auth).unwrap();
-    let daemon = Daemon::start(DaemonConfig {
+    let mut config = DaemonConfig {
         unix: Some(dir.path().join("conclave.sock")),
         tls: Some(TlsListen { addr: "127.0.0.1:0".parse().unwrap(), config }),
         ..DaemonConfig::default()
-    })
-    .await
-    .unwrap();
+    };
+    tune(&mut config);
+    let daemon = Daemon::start(config).await.unwrap();
     Setup { daemon, dir, authority }
 }
 
@@ -297,4 +305,93 @@ fn the_certified_name_is_the_subject_common_name() {
     let (crt, _) = a.issue("bad", "not a member name", &[], 3);
     let cert = tls::load_certs(&crt).unwrap().remove(0);
     assert!(tls::certified_name(&cert).is_err());
+}
+
+/// The soft limit on open files of this process, from /proc/self/limits.
+fn open_files_limit() -> usize {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1024)
+}
+
+/// Opens `n` TCP connections to `addr` that never send anything, from the
+/// loopback addresses `127.0.0.<first>` onwards, `per_source` from each.
+async fn idle_sockets(addr: std::net::SocketAddr, n: usize, first: u8, per_source: usize) -> Vec<TcpStream> {
+    let mut idle = Vec::with_capacity(n);
+    for i in 0..n {
+        let socket = TcpSocket::new_v4().unwrap();
+        let source = std::net::Ipv4Addr::new(127, 0, 0, first + (i / per_source) as u8);
+        socket.bind((source, 0).into()).unwrap();
+        idle.push(within("idle connect", socket.connect(addr)).await.unwrap());
+    }
+    idle
+}
+
+/// How many idle sockets a flood test may open, and the handshake cap that
+/// this many fills: the default cap (1024) under the default flood of 1100
+/// sockets if this process may open the files, else proportionally fewer.
+fn flood_size() -> (usize, usize) {
+    // Both ends of every socket are in this process, plus some to spare.
+    let room = open_files_limit().saturating_sub(256) / 2;
+    let default_cap = DaemonConfig::default().max_handshakes;
+    if room >= 1100 {
+        (1100, default_cap)
+    } else {
+        (room, room * 9 / 10)
+    }
+}
+
+/// Idle TCP connections that never send a ClientHello fill the cap on
+/// handshakes under way (from many addresses, each under the per-address
+/// cap); a valid client still connects and says Hello within a second,
+/// because a newcomer evicts the oldest pending handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_idle_handshakes_does_not_keep_a_valid_client_out() {
+    let (n, cap) = flood_size();
+    let s = start_with(true, &[], |c| c.max_handshakes = cap).await;
+    let options = s.options(Some(("alice", 2)));
+    let addr = s.daemon.tls_addr().unwrap();
+    // 50 per source address, under the per-address cap of 64.
+    let idle = idle_sockets(addr, n, 2, 50).await;
+    // Let the daemon accept them all: the cap is full of idle handshakes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    let a = tokio::time::timeout(Duration::from_secs(1), Client::connect_tls(addr, "localhost", &options, "alice"))
+        .await
+        .expect("a valid client connects and says Hello within 1 s")
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(1));
+    drop(idle);
+    round_trip(&s, a).await;
+}
+
+/// One address cannot evict the pending handshakes of others: its flood only
+/// evicts its own oldest ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_from_one_address_evicts_only_its_own_handshakes() {
+    let (n, cap) = flood_size();
+    let s = start_with(true, &[], |c| c.max_handshakes = cap).await;
+    let addr = s.daemon.tls_addr().unwrap();
+    // A slow client of another address, pending since before the flood.
+    let mut victim = idle_sockets(addr, 1, 200, 1).await.remove(0);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let flood = idle_sockets(addr, n - 1, 2, n).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_millis(300), victim.read(&mut byte)).await;
+    assert!(read.is_err(), "the other address's handshake is still pending: {read:?}");
+    // The flood's oldest were evicted (closed), long before the handshake timeout.
+    let mut oldest = flood.into_iter().next().unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(1), oldest.read(&mut byte)).await.expect("evicted at once");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    // And a valid client still gets in at once.
+    let options = s.options(Some(("alice", 2)));
+    tokio::time::timeout(Duration::from_secs(1), Client::connect_tls(addr, "localhost", &options, "alice"))
+        .await
+        .expect("a valid client connects within 1 s")
+        .unwrap();
 }

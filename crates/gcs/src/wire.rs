@@ -187,6 +187,11 @@ impl FrameReader {
         buf.advance(4);
         Ok(Some(buf.split_to(len).freeze()))
     }
+
+    /// Whether the reader is dropping the rest of a frame over the limit.
+    pub fn skipping(&self) -> bool {
+        self.skip > 0
+    }
 }
 
 /// Field-by-field reading of one frame.
