@@ -477,15 +477,16 @@ async fn a_key_split_by_a_tampered_bd_value_is_caught_and_healed() {
     let names = ["alice", "bob", "carol", "dave", "mallory"];
     let w = world(&names, 41).await;
     let policy = Policy { protocol: ProtocolId::Bd, group_id: GroupId::Ristretto255 };
-    let mut ms = Vec::new();
+    // One at a time, so that the view lists them in this order.
+    let mut ms: Vec<Member> = Vec::new();
     for n in &names[..4] {
         let m = w.member(n).await;
         m.join(policy);
         ms.push(m);
-    }
-    let honest: Vec<&str> = names[..4].to_vec();
-    for m in &ms {
-        m.until_view(&honest).await;
+        let so_far: Vec<&str> = ms.iter().map(|m| m.name.as_str()).collect();
+        for m in &ms {
+            m.until_view(&so_far).await;
+        }
     }
     let mallory = w.member("mallory").await;
     mallory

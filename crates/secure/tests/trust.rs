@@ -318,15 +318,17 @@ async fn a_pipelined_timeout_notice_refuses_nobody_for_good() {
     let authority = Arc::new(Authority::from_pem(ca.issuer.ca_pem(), Some(&ca.crl(&[]))).unwrap());
     let policy = Policy::default();
     let names = ["alice", "bob", "mallory"];
-    let mut ms = Vec::new();
+    // One at a time, so that the view lists them in this order.
+    let mut ms: Vec<Member> = Vec::new();
     for n in names {
         let (c, k, _) = ca.issue(n);
         let m = certified(&d, n, (&c, &k), &authority, Duration::from_secs(10)).await;
         m.join(policy);
         ms.push(m);
-    }
-    for m in &ms {
-        m.until_view(&names).await;
+        let so_far: Vec<&str> = ms.iter().map(|m| m.name.as_str()).collect();
+        for m in &ms {
+            m.until_view(&so_far).await;
+        }
     }
     let mallory = &ms[2];
     let mut took_effect = false;
@@ -393,15 +395,17 @@ async fn outsiders_churning_cannot_keep_a_certified_group_keyless() {
     let mut ca = Ca::new("conclave test authority", 8);
     let authority = Arc::new(Authority::from_pem(ca.issuer.ca_pem(), Some(&ca.crl(&[]))).unwrap());
     let policy = Policy::default();
-    let mut ms = Vec::new();
+    // One at a time, so that the view lists them in this order.
+    let mut ms: Vec<Member> = Vec::new();
     for n in ["alice", "bob"] {
         let (c, k, _) = ca.issue(n);
         let m = certified(&d, n, (&c, &k), &authority, conclave_secure::DEFAULT_CERT_TIMEOUT).await;
         m.join(policy);
         ms.push(m);
-    }
-    for m in &ms {
-        m.until_view(&["alice", "bob"]).await;
+        let so_far: Vec<&str> = ms.iter().map(|m| m.name.as_str()).collect();
+        for m in &ms {
+            m.until_view(&so_far).await;
+        }
     }
     let path = d.unix_path().unwrap().to_path_buf();
     let mut eves = Vec::new();
