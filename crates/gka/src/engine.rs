@@ -442,6 +442,33 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         Ok(std::mem::take(&mut self.st.out))
     }
 
+    /// The checks every view given to the engine passes: it contains this
+    /// member (whose entry is returned), once.
+    fn check_view<'v>(&self, view: &'v View) -> Result<&'v conclave_gcs::ViewMember, Error> {
+        let me = view.member(&self.me).ok_or(Error::BadView("view does not contain this member"))?;
+        let mut ids = BTreeSet::new();
+        if !view.ids().all(|m| ids.insert(m)) {
+            return Err(Error::BadView("duplicate member"));
+        }
+        Ok(me)
+    }
+
+    /// Makes `view` (checked) the current view, at `run`.
+    fn enter(&mut self, view: &View, run: u32) {
+        self.st.view = Some(view.clone());
+        self.st.positions = view.ids().enumerate().map(|(i, m)| (m.clone(), i)).collect();
+        self.begin_run(run);
+    }
+
+    /// Starts counting messages afresh for `run`: sequence numbers, replays
+    /// and own broadcasts are per run.
+    fn begin_run(&mut self, run: u32) {
+        self.st.run = run;
+        self.st.next_seq = 0;
+        self.st.seen.clear();
+        self.st.own.clear();
+    }
+
     /// All checks on an incoming message, before anything changes.
     fn open(&mut self, from: &MemberId, bytes: &[u8]) -> Result<Envelope, Error> {
         let env = Envelope::decode(bytes)?;
@@ -493,11 +520,7 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
     }
 
     fn on_view(&mut self, view: &View, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
-        let me = view.member(&self.me).ok_or(Error::BadView("view does not contain this member"))?;
-        let mut ids = BTreeSet::new();
-        if !view.ids().all(|m| ids.insert(m)) {
-            return Err(Error::BadView("duplicate member"));
-        }
+        let me = self.check_view(view)?;
         let current = self.st.view.as_ref().map(|v| v.id);
         if me.prev.is_none() || me.prev != current {
             // A newcomer (or a member whose history we did not see): start over.
@@ -510,32 +533,19 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
         let my_tag = self.st.known[&self.me];
         let mine: Vec<MemberId> = view.ids().filter(|m| self.st.known.get(*m) == Some(&my_tag)).cloned().collect();
         let change = Change { single: mine.len() == view.members.len(), mine };
-        self.st.view = Some(view.clone());
-        self.st.run = 0;
-        self.st.positions = view.ids().enumerate().map(|(i, m)| (m.clone(), i)).collect();
-        self.st.next_seq = 0;
-        self.st.seen.clear();
-        self.st.own.clear();
+        self.enter(view, 0);
         self.with_ctx(rng, |p, cx| p.on_view(cx, &change))
     }
 
     fn restart(&mut self, view: &View, run: u32, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
-        if !view.contains(&self.me) {
-            return Err(Error::BadView("view does not contain this member"));
-        }
-        let mut ids = BTreeSet::new();
-        if !view.ids().all(|m| ids.insert(m)) {
-            return Err(Error::BadView("duplicate member"));
-        }
+        self.check_view(view)?;
         if run == 0 {
             return Err(Error::BadView("a restart is a later run than the view's own"));
         }
         if self.st.view.as_ref().is_some_and(|current| current.id == view.id && run <= self.st.run) {
             return Err(Error::BadView("a restart of the current view goes to a later run"));
         }
-        self.st.view = Some(view.clone());
-        self.st.positions = view.ids().enumerate().map(|(i, m)| (m.clone(), i)).collect();
-        self.st.run = run - 1;
+        self.enter(view, run - 1);
         self.rekey(rng)
     }
 
@@ -543,10 +553,8 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
         let n = self.st.view.as_ref().ok_or(Error::BadView("no view yet"))?.members.len();
         self.proto.reset();
         self.st.known = BTreeMap::from([(self.me.clone(), Tag::Fresh)]);
-        self.st.run = self.st.run.checked_add(1).ok_or(Error::Unexpected("run counter exhausted"))?;
-        self.st.next_seq = 0;
-        self.st.seen.clear();
-        self.st.own.clear();
+        let run = self.st.run.checked_add(1).ok_or(Error::Unexpected("run counter exhausted"))?;
+        self.begin_run(run);
         let change = Change { mine: vec![self.me.clone()], single: n == 1 };
         self.with_ctx(rng, |p, cx| p.on_view(cx, &change))
     }

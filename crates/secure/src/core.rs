@@ -577,15 +577,7 @@ impl SessionCore {
             }
         }
         let gs = self.groups.get_mut(group).expect("checked above");
-        let mut keys = BTreeMap::new();
-        for (m, v) in &gs.verdicts {
-            if let Verdict::Accepted(k) = v {
-                keys.insert(m.clone(), k.clone());
-            }
-        }
-        if let Some(a) = &gs.accepted {
-            *a.0.lock().unwrap_or_else(|e| e.into_inner()) = keys;
-        }
+        publish_accepted(gs);
         let members = view.members.iter().filter(|m| matches!(gs.verdicts[&m.id], Verdict::Accepted(_))).cloned();
         let members: Vec<_> = members.collect();
         let held = gs.held_ka.take();
@@ -716,15 +708,7 @@ impl SessionCore {
         }
         let members: Vec<conclave_gcs::view::ViewMember> =
             view.members.iter().filter(|m| accepted(&m.id)).cloned().collect();
-        let mut keys = BTreeMap::new();
-        for m in &members {
-            if let Some(Verdict::Accepted(k)) = gs.verdicts.get(&m.id) {
-                keys.insert(m.id.clone(), k.clone());
-            }
-        }
-        if let Some(a) = &gs.accepted {
-            *a.0.lock().unwrap_or_else(|e| e.into_inner()) = keys;
-        }
+        publish_accepted(gs);
         gs.aside = false;
         gs.keys = None;
         gs.confirming = None;
@@ -1207,6 +1191,21 @@ impl SessionCore {
         *next = header.seq + 1;
         Ok(Some(SecureEvent::Message { group: group.clone(), sender: sender.clone(), epoch: header.epoch, data }))
     }
+}
+
+/// Certified mode: hands the engine's directory the identity keys of the
+/// members accepted in the current view, and nobody else's.
+fn publish_accepted(gs: &GroupState) {
+    let Some(a) = &gs.accepted else { return };
+    let keys = gs
+        .verdicts
+        .iter()
+        .filter_map(|(m, v)| match v {
+            Verdict::Accepted(k) => Some((m.clone(), k.clone())),
+            Verdict::Refused(_) => None,
+        })
+        .collect();
+    *a.0.lock().unwrap_or_else(|e| e.into_inner()) = keys;
 }
 
 /// The epoch of the group's current view: the engine's run, or (while the
