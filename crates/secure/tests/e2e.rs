@@ -483,10 +483,7 @@ async fn a_key_split_by_a_tampered_bd_value_is_caught_and_healed() {
         let m = w.member(n).await;
         m.join(policy);
         ms.push(m);
-        let so_far: Vec<&str> = ms.iter().map(|m| m.name.as_str()).collect();
-        for m in &ms {
-            m.until_view(&so_far).await;
-        }
+        common::all_see_each_other(&ms).await;
     }
     let mallory = w.member("mallory").await;
     mallory

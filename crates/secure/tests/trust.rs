@@ -325,10 +325,7 @@ async fn a_pipelined_timeout_notice_refuses_nobody_for_good() {
         let m = certified(&d, n, (&c, &k), &authority, Duration::from_secs(10)).await;
         m.join(policy);
         ms.push(m);
-        let so_far: Vec<&str> = ms.iter().map(|m| m.name.as_str()).collect();
-        for m in &ms {
-            m.until_view(&so_far).await;
-        }
+        common::all_see_each_other(&ms).await;
     }
     let mallory = &ms[2];
     let mut took_effect = false;
@@ -402,10 +399,7 @@ async fn outsiders_churning_cannot_keep_a_certified_group_keyless() {
         let m = certified(&d, n, (&c, &k), &authority, conclave_secure::DEFAULT_CERT_TIMEOUT).await;
         m.join(policy);
         ms.push(m);
-        let so_far: Vec<&str> = ms.iter().map(|m| m.name.as_str()).collect();
-        for m in &ms {
-            m.until_view(&so_far).await;
-        }
+        common::all_see_each_other(&ms).await;
     }
     let path = d.unix_path().unwrap().to_path_buf();
     let mut eves = Vec::new();

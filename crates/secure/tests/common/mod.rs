@@ -153,3 +153,11 @@ impl Member {
             .collect()
     }
 }
+
+/// Waits until every one of `ms` has a secure view of exactly `ms`, in order.
+pub async fn all_see_each_other(ms: &[Member]) {
+    let names: Vec<&str> = ms.iter().map(|m| m.name.as_str()).collect();
+    for m in ms {
+        m.until_view(&names).await;
+    }
+}
