@@ -1,0 +1,264 @@
+//! Key splits by an insider, for every protocol, on the sans-IO core: real
+//! [`SessionCore`]s as clients of a real daemon [`Core`], in memory and in
+//! virtual time (nothing sleeps; every run is the same).
+//!
+//! The insider, mallory, is a member with a valid identity. Once, she
+//! replaces one group element of one of her key agreement messages by
+//! another valid element (the group's generator) and signs the result, so
+//! that the message passes every check the engines make on their own: the
+//! members then compute different keys. Key confirmation must catch it:
+//! every honest member reports the run and members whose key differs from
+//! its own (never itself), no key of that run reaches any application, and
+//! the view is rekeyed to one key that every member confirms.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, Limits, Op, Output, Service};
+use conclave_gcs::MemberId;
+use conclave_gka::suite::{generate_signer, SignatureId};
+use conclave_gka::{GroupId, ProtocolId, StaticDirectory};
+use conclave_secure::core::{SessionCore, Transmit};
+use conclave_secure::{Policy, SecureEvent};
+use rand_chacha::ChaCha20Rng;
+use rand_core::SeedableRng;
+
+const GROUP: &str = "split";
+
+/// The compressed Ristretto255 generator: a valid element that differs from
+/// every honest member's value.
+const GENERATOR: [u8; 32] = curve25519_dalek::constants::RISTRETTO_BASEPOINT_COMPRESSED.0;
+
+struct Member {
+    name: MemberId,
+    conn: ConnId,
+    session: SessionCore,
+    inbox: VecDeque<Delivery>,
+    log: Vec<SecureEvent>,
+}
+
+/// One daemon core and its members, delivering in memory.
+struct Net {
+    core: Core,
+    members: Vec<Member>,
+    base: Instant,
+    now: Duration,
+}
+
+impl Net {
+    fn new(names: &[&str], seed: u64) -> Net {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        let mut directory = StaticDirectory::new();
+        let signers: Vec<_> = names
+            .iter()
+            .map(|n| {
+                let s = generate_signer(SignatureId::Ed25519, &mut rng).unwrap();
+                directory.insert(MemberId::new(*n).unwrap(), s.verifier());
+                s
+            })
+            .collect();
+        let directory = Arc::new(directory);
+        let base = Instant::now();
+        let mut net = Net { core: Core::new(DaemonId(0), Limits::default(), 7), members: Vec::new(), base, now: Duration::ZERO };
+        for (i, (n, signer)) in names.iter().zip(signers).enumerate() {
+            let name = MemberId::new(*n).unwrap();
+            let conn = ConnId { daemon: DaemonId(0), local: i as u64 + 1 };
+            let rng = Box::new(ChaCha20Rng::seed_from_u64(seed * 100 + i as u64));
+            let session = SessionCore::new(name.clone(), signer, directory.clone(), rng, base);
+            net.members.push(Member { name: name.clone(), conn, session, inbox: VecDeque::new(), log: Vec::new() });
+            net.submit(Op::Connect { conn, name });
+        }
+        net
+    }
+
+    fn now(&self) -> Instant {
+        self.base + self.now
+    }
+
+    fn submit(&mut self, op: Op) {
+        let mut out = Vec::new();
+        self.core.handle(op, &mut out);
+        for o in out {
+            let Output::Deliver { to, delivery } = o else { continue };
+            for c in to {
+                if let Some(m) = self.members.iter_mut().find(|m| m.conn == c) {
+                    m.inbox.push_back(delivery.clone());
+                }
+            }
+        }
+    }
+
+    /// Moves member `i`'s transmits to the daemon and its events to its log.
+    fn drain(&mut self, i: usize) {
+        let m = &mut self.members[i];
+        let conn = m.conn;
+        let mut ops = Vec::new();
+        while let Some(t) = m.session.poll_transmit() {
+            ops.push(match t {
+                Transmit::Join(group) => Op::Join { conn, group, open: false },
+                Transmit::Leave(group) => Op::Leave { conn, group },
+                Transmit::Multicast(group, payload) => Op::Multicast { conn, group, service: Service::Agreed, payload },
+                Transmit::Unicast(group, to, payload) => Op::Unicast { conn, group, to, payload },
+            });
+        }
+        while let Some(e) = m.session.poll_event() {
+            m.log.push(e);
+        }
+        for op in ops {
+            self.submit(op);
+        }
+    }
+
+    /// Delivers everything, round-robin, until nothing is left.
+    fn settle(&mut self) {
+        for _ in 0..100_000 {
+            self.now += Duration::from_millis(1);
+            let now = self.now();
+            let mut idle = true;
+            for i in 0..self.members.len() {
+                if let Some(d) = self.members[i].inbox.pop_front() {
+                    idle = false;
+                    self.members[i].session.handle_delivery(now, d).unwrap();
+                    self.drain(i);
+                }
+            }
+            if idle {
+                return;
+            }
+        }
+        panic!("deliveries never ran out");
+    }
+
+    fn join(&mut self, i: usize, policy: Policy) {
+        let now = self.now();
+        self.members[i].session.join(now, GROUP, policy).unwrap();
+        self.drain(i);
+        self.settle();
+    }
+
+    /// The last secure view member `i` delivered: its epoch and fingerprint,
+    /// and how many members it has.
+    fn last_view(&self, i: usize) -> Option<(conclave_gka::Epoch, String, usize)> {
+        self.members[i].log.iter().rev().find_map(|e| match e {
+            SecureEvent::View(v) => Some((v.epoch, v.fingerprint.clone(), v.members.len())),
+            _ => None,
+        })
+    }
+}
+
+/// How the insider lies, per protocol: in which round, and where the element
+/// she replaces sits in the body (`at` bytes from the start, or the last one).
+struct Lie {
+    round: u8,
+    /// The body's first two bytes (a count) must say this, if set, so that
+    /// the lie hits the run of the five-member view.
+    count: Option<u16>,
+    at: Option<usize>,
+}
+
+/// Mallory joins at `position` (0 = first) among five; `lie` says what she
+/// tampers, once. Returns the honest members' mismatch reports.
+fn split_and_heal(protocol: ProtocolId, position: usize, lie: Lie) {
+    let honest = ["alice", "bob", "carol", "dave"];
+    let mut names: Vec<&str> = honest.to_vec();
+    names.insert(position, "mallory");
+    let mut net = Net::new(&names, 17 + protocol.code() as u64);
+    let policy = Policy { protocol, group_id: GroupId::Ristretto255 };
+    let mallory = position;
+    // Mallory arms her lie as she joins.
+    for i in 0..names.len() {
+        let now = net.now();
+        net.members[i].session.join(now, GROUP, policy).unwrap();
+        if i == mallory {
+            let Lie { round, count, at } = lie;
+            let mut done = false;
+            net.members[i]
+                .session
+                .tamper_key_agreement(GROUP, move |r, body| {
+                    let counted = count.is_none_or(|c| body.len() >= 2 && body[..2] == c.to_be_bytes());
+                    if done || r != round || !counted || body.len() < 32 {
+                        return false;
+                    }
+                    let start = at.unwrap_or(body.len() - 32);
+                    let Some(elem) = body.get_mut(start..start + 32) else { return false };
+                    if elem == GENERATOR {
+                        return false;
+                    }
+                    elem.copy_from_slice(&GENERATOR);
+                    done = true;
+                    true
+                })
+                .unwrap();
+        }
+        net.drain(i);
+        net.settle();
+    }
+    let mut healed = BTreeSet::new();
+    for (i, m) in net.members.iter().enumerate() {
+        if i == mallory {
+            continue;
+        }
+        let mismatch = m.log.iter().find_map(|e| match e {
+            SecureEvent::KeyMismatch { epoch, unconfirmed, .. } => Some((*epoch, unconfirmed.clone())),
+            _ => None,
+        });
+        let Some((epoch, unconfirmed)) = mismatch else {
+            panic!("{protocol}: {} noticed nothing: {:?}", m.name, m.log);
+        };
+        assert!(!unconfirmed.is_empty() && !unconfirmed.contains(&m.name), "{protocol}: {}: {unconfirmed:?}", m.name);
+        let leaked = m.log.iter().any(|e| matches!(e, SecureEvent::View(v) if v.epoch == epoch));
+        assert!(!leaked, "{protocol}: {}: the unconfirmed key of {epoch} reached the application", m.name);
+        let (last, fp, n) = net.last_view(i).expect("a secure view");
+        assert_eq!(n, 5, "{protocol}: {} is not in the five-member view", m.name);
+        assert_eq!(last.view, epoch.view, "{protocol}: {} was rekeyed in the same view", m.name);
+        assert!(last.run > epoch.run, "{protocol}: {}: a later run", m.name);
+        healed.insert(fp);
+    }
+    assert_eq!(healed.len(), 1, "{protocol}: the healed key differs: {healed:?}");
+    // The healed group works, mallory included.
+    let now = net.now();
+    net.members[(mallory + 1) % 5].session.send(now, GROUP, b"after the split").unwrap();
+    net.drain((mallory + 1) % 5);
+    net.settle();
+    for m in &net.members {
+        let got = m.log.iter().any(|e| matches!(e, SecureEvent::Message { data, .. } if &data[..] == b"after the split"));
+        assert!(got, "{protocol}: {} missed the message after the split", m.name);
+    }
+}
+
+/// BD: mallory, last, sends her round-1 value Z again as her round-2 value X.
+/// Every honest member computes another key.
+#[test]
+fn a_tampered_bd_round_2_value_is_caught_and_healed() {
+    split_and_heal(ProtocolId::Bd, 4, Lie { round: 2, count: None, at: None });
+}
+
+/// GDH: mallory joins last and so controls the run; in her list of partial
+/// keys (round 4, `count ‖ (name ‖ element)*`) she replaces alice's.
+#[test]
+fn a_tampered_gdh_partial_key_is_caught_and_healed() {
+    let at = 2 + 1 + "alice".len();
+    split_and_heal(ProtocolId::Gdh, 4, Lie { round: 4, count: Some(5), at: Some(at) });
+}
+
+/// CKD: mallory joins first and so is the controller; in the key message of
+/// the five-member view (round 3) she replaces the last member's token.
+#[test]
+fn a_tampered_ckd_key_message_is_caught_and_healed() {
+    split_and_heal(ProtocolId::Ckd, 0, Lie { round: 3, count: Some(4), at: None });
+}
+
+/// TGDH: mallory joins last; her tree announcement (round 1) carries another
+/// blinded key than her leaf's, so the others compute a root she does not.
+#[test]
+fn a_tampered_tgdh_blinded_key_is_caught_and_healed() {
+    split_and_heal(ProtocolId::Tgdh, 4, Lie { round: 1, count: None, at: None });
+}
+
+/// STR: mallory joins last; her chain (round 2) carries another blinded key
+/// than hers.
+#[test]
+fn a_tampered_str_blinded_key_is_caught_and_healed() {
+    split_and_heal(ProtocolId::Str, 4, Lie { round: 2, count: None, at: None });
+}
