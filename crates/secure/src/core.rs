@@ -115,6 +115,57 @@ impl Held {
     }
 }
 
+/// Key confirmations received for the current run: those whose signature
+/// was checked, and at most one unchecked per sender, checked together in
+/// one batch when every member's is in (n−1 verifications per member per
+/// run are what full confirmation costs; a batch halves them).
+#[derive(Default)]
+struct Confirmations {
+    checked: BTreeMap<MemberId, [u8; 32]>,
+    unchecked: BTreeMap<MemberId, Unchecked>,
+}
+
+/// A confirmation whose signature is not checked yet.
+struct Unchecked {
+    mac: [u8; 32],
+    signature: Vec<u8>,
+    /// What the sender signed.
+    signed: Vec<u8>,
+    key: Arc<dyn Verifier>,
+}
+
+impl Unchecked {
+    fn verify(&self) -> bool {
+        self.key.verify(&self.signed, &self.signature).is_ok()
+    }
+}
+
+impl Confirmations {
+    /// Checks every unchecked signature (together, then one by one if the
+    /// batch fails): the valid ones count, and the forged ones are dropped
+    /// and returned.
+    fn check_signatures(&mut self) -> Vec<MemberId> {
+        let unchecked = std::mem::take(&mut self.unchecked);
+        let items: Vec<(&dyn Verifier, &[u8], &[u8])> =
+            unchecked.values().map(|u| (u.key.as_ref(), u.signed.as_slice(), u.signature.as_slice())).collect();
+        let all_valid = conclave_gka::suite::verify_batch(&items).is_ok();
+        let mut forged = Vec::new();
+        for (sender, u) in unchecked {
+            if all_valid || u.verify() {
+                self.checked.insert(sender, u.mac);
+            } else {
+                forged.push(sender);
+            }
+        }
+        forged
+    }
+
+    fn clear(&mut self) {
+        self.checked.clear();
+        self.unchecked.clear();
+    }
+}
+
 /// A key installed by the engine, waiting for every member's confirmation.
 struct Confirming {
     view: SecureView,
@@ -166,8 +217,8 @@ struct GroupState {
     early: Held,
     /// The installed key of the current run, until every member confirmed it.
     confirming: Option<Confirming>,
-    /// Key confirmations received for the current run, by sender.
-    confirms: BTreeMap<MemberId, [u8; 32]>,
+    /// Key confirmations received for the current run.
+    confirms: Confirmations,
     /// Next acceptable sequence number per sender, in the current epoch.
     next_from: BTreeMap<MemberId, u64>,
     /// Whether this member has ever installed a key in the group.
@@ -338,7 +389,7 @@ impl SessionCore {
                 resend: VecDeque::new(),
                 early: Held::default(),
                 confirming: None,
-                confirms: BTreeMap::new(),
+                confirms: Confirmations::default(),
                 next_from: BTreeMap::new(),
                 established: false,
                 leaving: false,
@@ -861,7 +912,7 @@ impl SessionCore {
         signature: &[u8],
     ) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        if gs.aside || gs.engine.current_epoch() != Some(epoch) || gs.confirms.contains_key(&sender) {
+        if gs.aside || gs.engine.current_epoch() != Some(epoch) || gs.confirms.checked.contains_key(&sender) {
             tracing::debug!(%group, %sender, %epoch, "confirmation of another run, or a second one, dropped");
             return Ok(());
         }
@@ -876,20 +927,28 @@ impl SessionCore {
                 tracing::debug!(%group, "a confirmation in this member's name that it did not send; dropped");
                 return Ok(());
             }
-        } else {
-            let Some(key) = sender_key(&self.certified, self.directory.as_ref(), gs, &sender) else {
-                return Ok(()); // refused, or no identity: takes no part in this run
-            };
-            if key.verify(&confirm_signed(group, &sender, epoch, mac), signature).is_err() {
-                self.events.push_back(SecureEvent::Rejected {
-                    group: group.clone(),
-                    sender,
-                    reason: RejectReason::BadSignature,
-                });
+            gs.confirms.checked.insert(sender, *mac);
+            return self.check_confirmed(group);
+        }
+        let Some(key) = sender_key(&self.certified, self.directory.as_ref(), gs, &sender) else {
+            return Ok(()); // refused, or no identity: takes no part in this run
+        };
+        // Signatures are checked in one batch once every member's
+        // confirmation is in. A second one in the same name means one of
+        // them is forged: the first is checked now, and counts if valid.
+        if let Some(first) = gs.confirms.unchecked.remove(&sender) {
+            if first.verify() {
+                gs.confirms.checked.insert(sender, first.mac);
                 return Ok(());
             }
+            self.events.push_back(SecureEvent::Rejected {
+                group: group.clone(),
+                sender: sender.clone(),
+                reason: RejectReason::BadSignature,
+            });
         }
-        gs.confirms.insert(sender, *mac);
+        let signed = confirm_signed(group, &sender, epoch, mac);
+        gs.confirms.unchecked.insert(sender, Unchecked { mac: *mac, signature: signature.to_vec(), signed, key });
         self.check_confirmed(group)
     }
 
@@ -900,11 +959,25 @@ impl SessionCore {
     fn check_confirmed(&mut self, group: &GroupName) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let Some(c) = gs.confirming.as_ref() else { return Ok(()) };
-        if !c.view.members.iter().all(|m| gs.confirms.contains_key(m)) {
+        let has = |m: &MemberId| gs.confirms.checked.contains_key(m) || gs.confirms.unchecked.contains_key(m);
+        if !c.view.members.iter().all(has) {
             return Ok(());
         }
+        for forged in gs.confirms.check_signatures() {
+            self.events.push_back(SecureEvent::Rejected {
+                group: group.clone(),
+                sender: forged,
+                reason: RejectReason::BadSignature,
+            });
+        }
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+        let Some(c) = gs.confirming.as_ref() else { return Ok(()) };
+        let checked = &gs.confirms.checked;
+        if !c.view.members.iter().all(|m| checked.contains_key(m)) {
+            return Ok(()); // a forged one was dropped: wait for the real one
+        }
         let unconfirmed: Vec<MemberId> =
-            c.view.members.iter().filter(|m| !c.confirmer.matches(m, &gs.confirms[*m])).cloned().collect();
+            c.view.members.iter().filter(|m| !c.confirmer.matches(m, &checked[*m])).cloned().collect();
         let c = gs.confirming.take().expect("checked above");
         gs.confirms.clear();
         if unconfirmed.is_empty() {
@@ -1371,5 +1444,39 @@ mod tests {
         assert_eq!((per_sender + others) * chunk.len(), MAX_HELD_BYTES);
         assert_eq!(held.take().len(), per_sender + others);
         assert_eq!((held.bytes, held.per_sender.len()), (0, 0));
+    }
+
+    #[test]
+    fn a_batch_of_confirmations_counts_the_valid_and_returns_the_forged() {
+        use conclave_gka::suite::{generate_signer, SignatureId};
+        use rand_core::SeedableRng;
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(9);
+        let group = GroupName::new("g").unwrap();
+        let epoch = Epoch { view: ViewId { incarnation: 1, seq: 2 }, run: 0 };
+        let mut confirms = Confirmations::default();
+        for (i, forged) in [false, true, false, false, true].into_iter().enumerate() {
+            let sender = MemberId::new(format!("m{i}")).unwrap();
+            let signer = generate_signer(SignatureId::Ed25519, &mut rng).unwrap();
+            let mac = [i as u8; 32];
+            let signed = confirm_signed(&group, &sender, epoch, &mac);
+            let mut signature = signer.sign(&signed);
+            if forged {
+                signature[7] ^= 0x20;
+            }
+            confirms.unchecked.insert(sender, Unchecked { mac, signature, signed, key: signer.verifier() });
+        }
+        let forged: Vec<String> = confirms.check_signatures().iter().map(|m| m.to_string()).collect();
+        assert_eq!(forged, ["m1", "m4"]);
+        let checked: Vec<(String, u8)> = confirms.checked.iter().map(|(m, mac)| (m.to_string(), mac[0])).collect();
+        assert_eq!(checked, [("m0".into(), 0), ("m2".into(), 2), ("m3".into(), 3)]);
+        assert!(confirms.unchecked.is_empty());
+        // All valid: all counted, nothing returned.
+        let signer = generate_signer(SignatureId::Ed25519, &mut rng).unwrap();
+        let sender = MemberId::new("m1").unwrap();
+        let signed = confirm_signed(&group, &sender, epoch, &[1; 32]);
+        let signature = signer.sign(&signed);
+        confirms.unchecked.insert(sender, Unchecked { mac: [1; 32], signature, signed, key: signer.verifier() });
+        assert!(confirms.check_signatures().is_empty());
+        assert_eq!(confirms.checked.len(), 4);
     }
 }

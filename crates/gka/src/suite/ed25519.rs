@@ -68,6 +68,23 @@ impl Verifier for Ed25519Verifier {
     fn public_bytes(&self) -> Vec<u8> {
         self.key.to_bytes().to_vec()
     }
+    fn as_ed25519(&self) -> Option<&Ed25519Verifier> {
+        Some(self)
+    }
+}
+
+/// [`super::verify_batch`] when every key is Ed25519.
+pub(super) fn verify_batch(items: &[(&dyn Verifier, &[u8], &[u8])]) -> Result<(), CryptoError> {
+    let mut msgs = Vec::with_capacity(items.len());
+    let mut sigs = Vec::with_capacity(items.len());
+    let mut keys = Vec::with_capacity(items.len());
+    for (k, msg, sig) in items {
+        let key = k.as_ed25519().ok_or(CryptoError::BadSignature)?;
+        msgs.push(*msg);
+        sigs.push(Signature::from_slice(sig).map_err(|_| CryptoError::BadSignature)?);
+        keys.push(key.key);
+    }
+    ed25519_dalek::verify_batch(&msgs, &sigs, &keys).map_err(|_| CryptoError::BadSignature)
 }
 
 #[cfg(test)]
@@ -106,5 +123,44 @@ mod tests {
             bad[0] ^= 1;
             assert_eq!(v.verify(&unhex(msg), &bad), Err(CryptoError::BadSignature));
         }
+    }
+
+    /// A batch passes only if every signature in it is valid, whichever one
+    /// is bad (message, signature or key swapped), and a mixed batch falls
+    /// back to one-by-one checks.
+    #[test]
+    fn a_batch_fails_if_any_signature_is_bad() {
+        use rand_core::SeedableRng;
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(5);
+        let signers: Vec<_> = (0..8).map(|_| Ed25519Signer::generate(&mut rng)).collect();
+        let keys: Vec<_> = signers.iter().map(|s| s.verifier()).collect();
+        let msgs: Vec<Vec<u8>> = (0..8u8).map(|i| vec![i; 1 + i as usize]).collect();
+        let sigs: Vec<Vec<u8>> = signers.iter().zip(&msgs).map(|(s, m)| s.sign(m)).collect();
+        let items = |sigs: &[Vec<u8>], keys: &[Arc<dyn Verifier>]| -> Vec<(Arc<dyn Verifier>, Vec<u8>, Vec<u8>)> {
+            (0..8).map(|i| (keys[i].clone(), msgs[i].clone(), sigs[i].clone())).collect()
+        };
+        let check = |it: &[(Arc<dyn Verifier>, Vec<u8>, Vec<u8>)]| {
+            let refs: Vec<(&dyn Verifier, &[u8], &[u8])> =
+                it.iter().map(|(k, m, s)| (k.as_ref(), m.as_slice(), s.as_slice())).collect();
+            super::super::verify_batch(&refs)
+        };
+        assert_eq!(check(&items(&sigs, &keys)), Ok(()));
+        for bad in 0..8 {
+            let mut s = sigs.clone();
+            s[bad][10] ^= 4;
+            assert_eq!(check(&items(&s, &keys)), Err(CryptoError::BadSignature), "signature {bad}");
+            let mut k = keys.clone();
+            k.swap(bad, (bad + 1) % 8);
+            assert_eq!(check(&items(&sigs, &k)), Err(CryptoError::BadSignature), "keys {bad}");
+            let mut s = sigs.clone();
+            s[bad].truncate(63);
+            assert_eq!(check(&items(&s, &keys)), Err(CryptoError::BadSignature), "short signature {bad}");
+        }
+        let rsa = crate::suite::generate_signer(SignatureId::Rsa { bits: 1024, e: 65537 }, &mut rng).unwrap();
+        let mut mixed = items(&sigs, &keys);
+        mixed[3] = (rsa.verifier(), b"rsa".to_vec(), rsa.sign(b"rsa"));
+        assert_eq!(check(&mixed), Ok(()));
+        mixed[3].2[0] ^= 1;
+        assert_eq!(check(&mixed), Err(CryptoError::BadSignature));
     }
 }

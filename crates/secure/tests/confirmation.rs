@@ -1,8 +1,8 @@
-//! Key splits by an insider, for every protocol, on the sans-IO core: real
+//! Key confirmation on the sans-IO core: real
 //! [`SessionCore`]s as clients of a real daemon [`Core`], in memory and in
 //! virtual time (nothing sleeps; every run is the same).
 //!
-//! The insider, mallory, is a member with a valid identity. Once, she
+//! Key splits by an insider, for every protocol: the insider, mallory, is a member with a valid identity. Once, she
 //! replaces one group element of one of her key agreement messages by
 //! another valid element (the group's generator) and signs the result, so
 //! that the message passes every check the engines make on their own: the
@@ -20,7 +20,8 @@ use conclave_gcs::MemberId;
 use conclave_gka::suite::{generate_signer, SignatureId};
 use conclave_gka::{GroupId, ProtocolId, StaticDirectory};
 use conclave_secure::core::{SessionCore, Transmit};
-use conclave_secure::{Policy, SecureEvent};
+use conclave_secure::payload::tag;
+use conclave_secure::{Policy, RejectReason, SecureEvent};
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
 
@@ -44,6 +45,9 @@ struct Net {
     members: Vec<Member>,
     base: Instant,
     now: Duration,
+    /// A compromised link: ahead of every key confirmation this member
+    /// sends, it sends a copy with a broken signature.
+    forge_confirmations_of: Option<usize>,
 }
 
 impl Net {
@@ -60,7 +64,13 @@ impl Net {
             .collect();
         let directory = Arc::new(directory);
         let base = Instant::now();
-        let mut net = Net { core: Core::new(DaemonId(0), Limits::default(), 7), members: Vec::new(), base, now: Duration::ZERO };
+        let mut net = Net {
+            core: Core::new(DaemonId(0), Limits::default(), 7),
+            members: Vec::new(),
+            base,
+            now: Duration::ZERO,
+            forge_confirmations_of: None,
+        };
         for (i, (n, signer)) in names.iter().zip(signers).enumerate() {
             let name = MemberId::new(*n).unwrap();
             let conn = ConnId { daemon: DaemonId(0), local: i as u64 + 1 };
@@ -77,6 +87,17 @@ impl Net {
     }
 
     fn submit(&mut self, op: Op) {
+        if let Op::Multicast { conn, group, service, payload } = &op {
+            let forger = self.forge_confirmations_of.map(|i| self.members[i].conn);
+            if forger == Some(*conn) && payload.first() == Some(&tag::CONFIRM) {
+                let mut forged = payload.to_vec();
+                *forged.last_mut().expect("a signature") ^= 1;
+                let op = Op::Multicast { conn: *conn, group: group.clone(), service: *service, payload: forged.into() };
+                self.forge_confirmations_of = None;
+                self.submit(op);
+                self.forge_confirmations_of = forger.and_then(|c| self.members.iter().position(|m| m.conn == c));
+            }
+        }
         let mut out = Vec::new();
         self.core.handle(op, &mut out);
         for o in out {
@@ -222,7 +243,8 @@ fn split_and_heal(protocol: ProtocolId, position: usize, lie: Lie) {
     net.drain((mallory + 1) % 5);
     net.settle();
     for m in &net.members {
-        let got = m.log.iter().any(|e| matches!(e, SecureEvent::Message { data, .. } if &data[..] == b"after the split"));
+        let got =
+            m.log.iter().any(|e| matches!(e, SecureEvent::Message { data, .. } if &data[..] == b"after the split"));
         assert!(got, "{protocol}: {} missed the message after the split", m.name);
     }
 }
@@ -261,4 +283,35 @@ fn a_tampered_tgdh_blinded_key_is_caught_and_healed() {
 #[test]
 fn a_tampered_str_blinded_key_is_caught_and_healed() {
     split_and_heal(ProtocolId::Str, 4, Lie { round: 2, count: None, at: None });
+}
+
+/// Confirmations are checked in one batch when all are in; a forged one in
+/// a member's name (a broken signature, ahead of the real one) is found,
+/// rejected, and the real one counts: every member still gets the key, with
+/// no extra run.
+#[test]
+fn a_forged_confirmation_is_rejected_and_the_real_one_counts() {
+    for protocol in ProtocolId::ALL {
+        let names = ["alice", "bob", "carol", "dave"];
+        let mut net = Net::new(&names, 23);
+        let policy = Policy { protocol, group_id: GroupId::Ristretto255 };
+        for i in 0..3 {
+            net.join(i, policy);
+        }
+        net.forge_confirmations_of = Some(1);
+        net.join(3, policy);
+        let mut fingerprints = BTreeSet::new();
+        for (i, m) in net.members.iter().enumerate() {
+            let (epoch, fp, n) = net.last_view(i).expect("a secure view");
+            assert_eq!((n, epoch.run), (4, 0), "{protocol}: {} holds {epoch} of {n}", m.name);
+            fingerprints.insert(fp);
+            let mismatch = m.log.iter().any(|e| matches!(e, SecureEvent::KeyMismatch { .. }));
+            assert!(!mismatch, "{protocol}: {} saw a mismatch", m.name);
+            let rejected = m.log.iter().any(|e| {
+                matches!(e, SecureEvent::Rejected { sender, reason: RejectReason::BadSignature, .. } if sender.as_str() == "bob")
+            });
+            assert_eq!(rejected, i != 1, "{protocol}: {} and the forgery in bob's name", m.name);
+        }
+        assert_eq!(fingerprints.len(), 1, "{protocol}: {fingerprints:?}");
+    }
 }
