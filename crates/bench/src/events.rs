@@ -750,7 +750,7 @@ fn daemon_points(
         for &protocol in protocols {
             for &n in sizes {
                 progress.set_message(format!("{} {} n={n} (daemon)", protocol.name(), event_name(event)));
-                let policy = Policy { protocol, group_id: group };
+                let policy = Policy::new(protocol, group);
                 let times = target.time(policy, scheme, event, n, args.runs, args.seed)?;
                 let bound = run_once(protocol, event, n, group, scheme, model, target.placement(), args.seed)?.bound_ms;
                 let p = Point::new(protocol, event, n, times, bound);

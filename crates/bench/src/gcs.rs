@@ -49,6 +49,7 @@ use crate::flood::{self, Conn, Flood, HEADER};
 mod cluster;
 #[cfg(feature = "cluster")]
 pub mod floor;
+mod secure;
 #[cfg(feature = "cluster")]
 use cluster::Cluster;
 #[cfg(feature = "cluster")]
@@ -130,6 +131,10 @@ pub struct GcsArgs {
     /// A smoke run for CI: 20 latency and 200 flood messages, group sizes 2 and 4, 2 repetitions.
     #[arg(long)]
     quick: bool,
+    /// Skip the secure data rounds (the throughput rounds again, through secure sessions with sender
+    /// signatures on and off).
+    #[arg(long)]
+    no_secure: bool,
 }
 
 /// How the clients of a target reach their daemon(s).
@@ -225,6 +230,8 @@ struct Report {
     membership: Vec<MembershipRow>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     floor: Vec<FloorRow>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    secure: Vec<secure::SecureRow>,
 }
 
 /// Runs the benchmark.
@@ -362,6 +369,46 @@ async fn bench(args: GcsArgs, cluster: Option<&Cluster>) -> Result<()> {
         println!();
         print_floor(&floor);
     }
+    let mut secure_rows = Vec::new();
+    if !args.no_secure {
+        let socket = match &targets[0].reach {
+            Reach::Unix(paths) => paths[0].clone(),
+            Reach::Tls { .. } => unreachable!("the first target is a Unix socket"),
+        };
+        for plain in multicast.iter().filter(|r| r.target == targets[0].name) {
+            let (per_sender, window) = flood_shape(&args, plain.senders, plain.size);
+            let mut flood = secure::SecureFlood {
+                socket: &socket,
+                group: String::new(),
+                receivers: args.receivers,
+                senders: plain.senders,
+                per_sender,
+                size: plain.size,
+                window,
+                sender_signatures: true,
+            };
+            let mut rates = [0.0; 2];
+            for (rate, on) in rates.iter_mut().zip([true, false]) {
+                flood.sender_signatures = on;
+                let signed = if on { "signed" } else { "unsigned" };
+                flood.group = format!("{prefix}-sec-{}-{}-{signed}", plain.senders, plain.size);
+                eprintln!("secure round: {} senders, {} bytes, {signed}", plain.senders, plain.size);
+                *rate = secure::round(&flood).await?;
+            }
+            let [signed_messages_per_s, unsigned_messages_per_s] = rates;
+            secure_rows.push(secure::SecureRow {
+                senders: plain.senders,
+                receivers: args.receivers,
+                size: plain.size,
+                messages: per_sender * plain.senders,
+                plain_messages_per_s: plain.messages_per_s,
+                signed_messages_per_s,
+                unsigned_messages_per_s,
+            });
+        }
+        println!();
+        secure::print(&secure_rows);
+    }
     let mut membership = Vec::new();
     for t in &targets {
         for &n in &args.group_sizes {
@@ -372,7 +419,7 @@ async fn bench(args: GcsArgs, cluster: Option<&Cluster>) -> Result<()> {
     print_membership(&targets, &membership);
 
     if let Some(path) = &args.json {
-        let report = Report { multicast, membership, floor };
+        let report = Report { multicast, membership, floor, secure: secure_rows };
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("wrote {}", path.display());

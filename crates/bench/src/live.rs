@@ -783,7 +783,7 @@ mod tests {
         let target = Target::start(None, Wan::Lan, &mut std::io::sink()).unwrap();
         for protocol in [ProtocolId::Tgdh, ProtocolId::Gdh] {
             for event in [TimedEvent::Join, TimedEvent::Leave] {
-                let policy = Policy { protocol, group_id: GroupId::Ristretto255 };
+                let policy = Policy::new(protocol, GroupId::Ristretto255);
                 let times = target.time(policy, SignatureId::Ed25519, event, 3, 2, 9).unwrap();
                 assert_eq!(times.len(), 2);
                 assert!(times.iter().all(|&t| t > 0.0 && t < WAIT.as_secs_f64() * 1e3), "{times:?}");

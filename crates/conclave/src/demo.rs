@@ -56,7 +56,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         println!("embedded daemon on {}", socket.display());
         let mut result = Ok(());
         for protocol in protocols {
-            result = script(&socket, Policy { protocol, group_id }, args.seed).await;
+            result = script(&socket, Policy::new(protocol, group_id), args.seed).await;
             if result.is_err() {
                 break;
             }

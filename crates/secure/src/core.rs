@@ -864,7 +864,8 @@ impl SessionCore {
                     #[cfg(feature = "test-hooks")]
                     let bytes = tampered(gs, self.signer.as_ref(), bytes);
                     let mut p = Vec::with_capacity(bytes.len() + 3);
-                    p.extend_from_slice(&[tag::KA, gs.policy.protocol.code(), gs.policy.group_id.code()]);
+                    let (pc, gc) = gs.policy.codes();
+                    p.extend_from_slice(&[tag::KA, pc, gc]);
                     p.extend_from_slice(&bytes);
                     sends.push(match to {
                         None => Transmit::Multicast(group.clone(), p.into()),
@@ -1045,7 +1046,7 @@ impl SessionCore {
         };
         match frame {
             Frame::KeyAgreement { policy, body } => {
-                if policy != (gs.policy.protocol.code(), gs.policy.group_id.code()) {
+                if policy != gs.policy.codes() {
                     return self.on_foreign_key_agreement(group, sender, view, policy, body);
                 }
                 if gs.aside || matches!(gs.verdicts.get(&sender), Some(Verdict::Refused(_))) {
@@ -1125,7 +1126,7 @@ impl SessionCore {
             env.sender == sender
                 && env.view == view
                 && env.group == group.as_str()
-                && (env.protocol.code(), env.group_id.code()) == policy
+                && decode_policy(policy).is_some_and(|p| (p.protocol, p.group_id) == (env.protocol, env.group_id))
                 && gs.view.as_ref().is_some_and(|v| v.id == view)
                 && sender_key(&self.certified, self.directory.as_ref(), gs, &sender)
                     .is_some_and(|k| k.verify(&env.signed_bytes(), &env.signature).is_ok())
@@ -1158,7 +1159,7 @@ impl SessionCore {
             return self.push(Transmit::Leave(group));
         }
         if me == 0 {
-            let ours = (gs.policy.protocol.code(), gs.policy.group_id.code());
+            let ours = gs.policy.codes();
             let sig = self.signer.sign(&policy_signed(&group, view_id, &self.me, &sender, ours));
             let mut p = Vec::with_capacity(19 + sig.len());
             p.push(tag::POLICY);
@@ -1252,6 +1253,9 @@ impl SessionCore {
         if !own && key.is_none() {
             return Err(RejectReason::UnknownSender);
         }
+        // Without sender signatures (the group's policy), the key alone
+        // authenticates: signatures are neither made nor checked.
+        let key = key.filter(|_| gs.policy.sender_signatures);
         let (_, data) = keys.open(&payload[1..], key.as_deref()).map_err(|e| match e {
             DataError::Malformed => RejectReason::Malformed,
             DataError::AuthFailed => RejectReason::AuthFailed,
@@ -1318,7 +1322,7 @@ fn flush(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut GroupSt
     let mut out = Vec::new();
     while let Some(pt) = gs.resend.pop_front().or_else(|| gs.queue.pop_front()) {
         let mut p = vec![tag::DATA];
-        p.extend_from_slice(&keys.seal(me, gs.next_seq, &pt, signer));
+        p.extend_from_slice(&keys.seal(me, gs.next_seq, &pt, gs.policy.sender_signatures.then_some(signer)));
         let digest = Sha256::digest(&p).into();
         gs.in_flight.push_back((keys.epoch(), gs.next_seq, pt, digest));
         gs.next_seq += 1;

@@ -149,19 +149,40 @@ pub use data::{DataError, DataHeader, EpochKeys};
 pub use session::{Session, SystemClock};
 pub use trust::Refusal;
 
-/// How a group agrees on its keys; fixed by the group's first member.
+/// How a group agrees on its keys and protects its data; fixed by the
+/// group's first member.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Policy {
     /// The key agreement protocol.
     pub protocol: ProtocolId,
     /// The group the protocol computes in.
     pub group_id: GroupId,
+    /// Whether every data message carries its sender's signature (the
+    /// default). Without, the group key only proves that *a member* wrote a
+    /// message: any member can write in another's name. Turn it off only
+    /// where every member trusts every other and throughput matters more.
+    pub sender_signatures: bool,
+}
+
+impl Policy {
+    /// `protocol` over `group_id`, data messages signed by their senders.
+    pub fn new(protocol: ProtocolId, group_id: GroupId) -> Self {
+        Self { protocol, group_id, sender_signatures: true }
+    }
+
+    /// The policy's two wire codes (see [`payload::tag::KA`]): the
+    /// protocol's code, with [`payload::UNSIGNED_DATA`] set if data messages
+    /// are not signed, and the group's code.
+    pub fn codes(&self) -> (u8, u8) {
+        let unsigned = if self.sender_signatures { 0 } else { payload::UNSIGNED_DATA };
+        (self.protocol.code() | unsigned, self.group_id.code())
+    }
 }
 
 impl Default for Policy {
-    /// TGDH over ristretto255.
+    /// TGDH over ristretto255, data messages signed.
     fn default() -> Self {
-        Self { protocol: ProtocolId::Tgdh, group_id: GroupId::Ristretto255 }
+        Self::new(ProtocolId::Tgdh, GroupId::Ristretto255)
     }
 }
 

@@ -50,9 +50,14 @@ use crate::Policy;
 
 /// Payload tags: the first byte of every payload this layer puts on a daemon group.
 pub mod tag {
-    /// A key agreement message: `tag ‖ protocol code ‖ group code ‖ engine bytes`.
+    /// A key agreement message: `tag ‖ protocol code ‖ group code ‖ engine
+    /// bytes`; the codes are the group's policy ([`crate::Policy::codes`]:
+    /// the protocol code has [`super::UNSIGNED_DATA`] set if data messages
+    /// are not signed).
     pub const KA: u8 = 1;
-    /// A data message: `tag ‖ header ‖ ciphertext`.
+    /// A data message: `tag ‖ header ‖ u16 signature length ‖ signature ‖
+    /// ciphertext` (see [`crate::data`]; length 0 and no signature if the
+    /// group's policy has sender signatures off).
     pub const DATA: u8 = 2;
     /// The oldest member telling a newcomer the group's policy differs from
     /// its own (unicast): `tag ‖ view ‖ protocol code ‖ group code ‖
@@ -166,9 +171,16 @@ impl<'a> Frame<'a> {
     }
 }
 
+/// The bit of a policy's protocol code that says data messages are not
+/// signed by their senders ([`Policy::sender_signatures`] off).
+pub const UNSIGNED_DATA: u8 = 0x80;
+
 /// The policy named by a pair of codes, if both are known.
 pub(crate) fn decode_policy((p, g): (u8, u8)) -> Option<Policy> {
-    Some(Policy { protocol: ProtocolId::from_code(p)?, group_id: GroupId::ALL.into_iter().find(|x| x.code() == g)? })
+    let mut policy =
+        Policy::new(ProtocolId::from_code(p & !UNSIGNED_DATA)?, GroupId::ALL.into_iter().find(|x| x.code() == g)?);
+    policy.sender_signatures = p & UNSIGNED_DATA == 0;
+    Some(policy)
 }
 
 /// Splits a certificate message's body into the certificate (DER) and the

@@ -171,7 +171,7 @@ impl World {
     }
 
     fn policy(&self) -> Policy {
-        Policy { protocol: self.cfg.protocol, group_id: GroupId::Ristretto255 }
+        Policy::new(self.cfg.protocol, GroupId::Ristretto255)
     }
 
     fn step(&mut self) {

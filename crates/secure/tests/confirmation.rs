@@ -11,162 +11,17 @@
 //! its own (never itself), no key of that run reaches any application, and
 //! the view is rekeyed to one key that every member confirms.
 
-use std::collections::{BTreeSet, VecDeque};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::collections::BTreeSet;
 
-use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, Limits, Op, Output, Service};
-use conclave_gcs::MemberId;
-use conclave_gka::suite::{generate_signer, SignatureId};
-use conclave_gka::{GroupId, ProtocolId, StaticDirectory};
-use conclave_secure::core::{SessionCore, Transmit};
-use conclave_secure::payload::tag;
+use conclave_gka::{GroupId, ProtocolId};
 use conclave_secure::{Policy, RejectReason, SecureEvent};
-use rand_chacha::ChaCha20Rng;
-use rand_core::SeedableRng;
 
-const GROUP: &str = "split";
+mod vnet;
+use vnet::{Net, GROUP};
 
 /// The compressed Ristretto255 generator: a valid element that differs from
 /// every honest member's value.
 const GENERATOR: [u8; 32] = curve25519_dalek::constants::RISTRETTO_BASEPOINT_COMPRESSED.0;
-
-struct Member {
-    name: MemberId,
-    conn: ConnId,
-    session: SessionCore,
-    inbox: VecDeque<Delivery>,
-    log: Vec<SecureEvent>,
-}
-
-/// One daemon core and its members, delivering in memory.
-struct Net {
-    core: Core,
-    members: Vec<Member>,
-    base: Instant,
-    now: Duration,
-    /// A compromised link: ahead of every key confirmation this member
-    /// sends, it sends a copy with a broken signature.
-    forge_confirmations_of: Option<usize>,
-}
-
-impl Net {
-    fn new(names: &[&str], seed: u64) -> Net {
-        let mut rng = ChaCha20Rng::seed_from_u64(seed);
-        let mut directory = StaticDirectory::new();
-        let signers: Vec<_> = names
-            .iter()
-            .map(|n| {
-                let s = generate_signer(SignatureId::Ed25519, &mut rng).unwrap();
-                directory.insert(MemberId::new(*n).unwrap(), s.verifier());
-                s
-            })
-            .collect();
-        let directory = Arc::new(directory);
-        let base = Instant::now();
-        let mut net = Net {
-            core: Core::new(DaemonId(0), Limits::default(), 7),
-            members: Vec::new(),
-            base,
-            now: Duration::ZERO,
-            forge_confirmations_of: None,
-        };
-        for (i, (n, signer)) in names.iter().zip(signers).enumerate() {
-            let name = MemberId::new(*n).unwrap();
-            let conn = ConnId { daemon: DaemonId(0), local: i as u64 + 1 };
-            let rng = Box::new(ChaCha20Rng::seed_from_u64(seed * 100 + i as u64));
-            let session = SessionCore::new(name.clone(), signer, directory.clone(), rng, base);
-            net.members.push(Member { name: name.clone(), conn, session, inbox: VecDeque::new(), log: Vec::new() });
-            net.submit(Op::Connect { conn, name });
-        }
-        net
-    }
-
-    fn now(&self) -> Instant {
-        self.base + self.now
-    }
-
-    fn submit(&mut self, op: Op) {
-        if let Op::Multicast { conn, group, service, payload } = &op {
-            let forger = self.forge_confirmations_of.map(|i| self.members[i].conn);
-            if forger == Some(*conn) && payload.first() == Some(&tag::CONFIRM) {
-                let mut forged = payload.to_vec();
-                *forged.last_mut().expect("a signature") ^= 1;
-                let op = Op::Multicast { conn: *conn, group: group.clone(), service: *service, payload: forged.into() };
-                self.forge_confirmations_of = None;
-                self.submit(op);
-                self.forge_confirmations_of = forger.and_then(|c| self.members.iter().position(|m| m.conn == c));
-            }
-        }
-        let mut out = Vec::new();
-        self.core.handle(op, &mut out);
-        for o in out {
-            let Output::Deliver { to, delivery } = o else { continue };
-            for c in to {
-                if let Some(m) = self.members.iter_mut().find(|m| m.conn == c) {
-                    m.inbox.push_back(delivery.clone());
-                }
-            }
-        }
-    }
-
-    /// Moves member `i`'s transmits to the daemon and its events to its log.
-    fn drain(&mut self, i: usize) {
-        let m = &mut self.members[i];
-        let conn = m.conn;
-        let mut ops = Vec::new();
-        while let Some(t) = m.session.poll_transmit() {
-            ops.push(match t {
-                Transmit::Join(group) => Op::Join { conn, group, open: false },
-                Transmit::Leave(group) => Op::Leave { conn, group },
-                Transmit::Multicast(group, payload) => Op::Multicast { conn, group, service: Service::Agreed, payload },
-                Transmit::Unicast(group, to, payload) => Op::Unicast { conn, group, to, payload },
-            });
-        }
-        while let Some(e) = m.session.poll_event() {
-            m.log.push(e);
-        }
-        for op in ops {
-            self.submit(op);
-        }
-    }
-
-    /// Delivers everything, round-robin, until nothing is left.
-    fn settle(&mut self) {
-        for _ in 0..100_000 {
-            self.now += Duration::from_millis(1);
-            let now = self.now();
-            let mut idle = true;
-            for i in 0..self.members.len() {
-                if let Some(d) = self.members[i].inbox.pop_front() {
-                    idle = false;
-                    self.members[i].session.handle_delivery(now, d).unwrap();
-                    self.drain(i);
-                }
-            }
-            if idle {
-                return;
-            }
-        }
-        panic!("deliveries never ran out");
-    }
-
-    fn join(&mut self, i: usize, policy: Policy) {
-        let now = self.now();
-        self.members[i].session.join(now, GROUP, policy).unwrap();
-        self.drain(i);
-        self.settle();
-    }
-
-    /// The last secure view member `i` delivered: its epoch and fingerprint,
-    /// and how many members it has.
-    fn last_view(&self, i: usize) -> Option<(conclave_gka::Epoch, String, usize)> {
-        self.members[i].log.iter().rev().find_map(|e| match e {
-            SecureEvent::View(v) => Some((v.epoch, v.fingerprint.clone(), v.members.len())),
-            _ => None,
-        })
-    }
-}
 
 /// How the insider lies, per protocol: in which round, and where the element
 /// she replaces sits in the body (`at` bytes from the start, or the last one).
@@ -185,7 +40,7 @@ fn split_and_heal(protocol: ProtocolId, position: usize, lie: Lie) {
     let mut names: Vec<&str> = honest.to_vec();
     names.insert(position, "mallory");
     let mut net = Net::new(&names, 17 + protocol.code() as u64);
-    let policy = Policy { protocol, group_id: GroupId::Ristretto255 };
+    let policy = Policy::new(protocol, GroupId::Ristretto255);
     let mallory = position;
     // Mallory arms her lie as she joins.
     for i in 0..names.len() {
@@ -294,7 +149,7 @@ fn a_forged_confirmation_is_rejected_and_the_real_one_counts() {
     for protocol in ProtocolId::ALL {
         let names = ["alice", "bob", "carol", "dave"];
         let mut net = Net::new(&names, 23);
-        let policy = Policy { protocol, group_id: GroupId::Ristretto255 };
+        let policy = Policy::new(protocol, GroupId::Ristretto255);
         for i in 0..3 {
             net.join(i, policy);
         }

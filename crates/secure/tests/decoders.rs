@@ -64,8 +64,11 @@ fn header() -> impl Strategy<Value = DataHeader> {
 }
 
 fn policy() -> impl Strategy<Value = Policy> {
-    (prop::sample::select(ProtocolId::ALL.to_vec()), prop::sample::select(GroupId::ALL.to_vec()))
-        .prop_map(|(protocol, group_id)| Policy { protocol, group_id })
+    (prop::sample::select(ProtocolId::ALL.to_vec()), prop::sample::select(GroupId::ALL.to_vec()), any::<bool>())
+        .prop_map(|(protocol, group_id, sender_signatures)| Policy {
+            sender_signatures,
+            ..Policy::new(protocol, group_id)
+        })
 }
 
 fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
@@ -88,7 +91,8 @@ fn key_agreement() -> impl Strategy<Value = Valid> {
                 body,
                 signature,
             };
-            let mut bytes = vec![tag::KA, p.protocol.code(), p.group_id.code()];
+            let (pc, gc) = p.codes();
+            let mut bytes = vec![tag::KA, pc, gc];
             bytes.extend_from_slice(&env.encode());
             Valid {
                 bytes,
@@ -103,7 +107,7 @@ fn data() -> impl Strategy<Value = Valid> {
     (header(), bytes(200)).prop_map(|(h, plaintext)| {
         let keys = EpochKeys::fixed_public_for_tests(h.group.clone(), h.epoch);
         let mut bytes = vec![tag::DATA];
-        bytes.extend_from_slice(&keys.seal(&h.sender, h.seq, &plaintext, test_signer().as_ref()));
+        bytes.extend_from_slice(&keys.seal(&h.sender, h.seq, &plaintext, Some(test_signer().as_ref())));
         let glen = h.group.as_str().len();
         let slen = h.sender.as_str().len();
         let lengths = vec![(1, 1), (1 + 1 + glen + 20, 1), (1 + 1 + glen + 20 + 1 + slen + 8, 2)];
@@ -114,7 +118,7 @@ fn data() -> impl Strategy<Value = Valid> {
 fn policy_notice() -> impl Strategy<Value = Valid> {
     (policy(), any::<(u64, u64)>(), prop::collection::vec(any::<u8>(), 1..80)).prop_map(|(p, v, sig)| {
         let view = ViewId::new(v.0, v.1);
-        let bytes = [&[tag::POLICY][..], &view.to_bytes(), &[p.protocol.code(), p.group_id.code()], &sig].concat();
+        let bytes = [&[tag::POLICY][..], &view.to_bytes(), &<[u8; 2]>::from(p.codes()), &sig].concat();
         Valid { bytes, expected: ParsedPayload::Policy { view, policy: Some(p) }, lengths: vec![] }
     })
 }

@@ -166,7 +166,7 @@ fn raw_of(captured: &[(MemberId, Bytes)], sender: &str, epoch: Epoch) -> Vec<Byt
 async fn scenario(protocol: ProtocolId) {
     let names = ["alice", "bob", "carol", "dave"];
     let w = world(&names, protocol.code() as u64).await;
-    let policy = Policy { protocol, group_id: GroupId::Ristretto255 };
+    let policy = Policy::new(protocol, GroupId::Ristretto255);
     let (a, b, c, d) =
         (w.member("alice").await, w.member("bob").await, w.member("carol").await, w.member("dave").await);
     let (a, b, c, d) = (&a, &b, &c, &d);
@@ -341,8 +341,8 @@ async fn bd_group_lifecycle() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn joiner_with_another_policy_is_told_and_removed() {
     let w = world(&["alice", "bob", "carol"], 99).await;
-    let tgdh = Policy { protocol: ProtocolId::Tgdh, group_id: GroupId::Ristretto255 };
-    let gdh = Policy { protocol: ProtocolId::Gdh, group_id: GroupId::Ristretto255 };
+    let tgdh = Policy::new(ProtocolId::Tgdh, GroupId::Ristretto255);
+    let gdh = Policy::new(ProtocolId::Gdh, GroupId::Ristretto255);
     let a = w.member("alice").await;
     let b = w.member("bob").await;
     let c = w.member("carol").await;
@@ -378,7 +378,7 @@ async fn joiner_with_another_policy_is_told_and_removed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejoining_waits_for_the_leave_to_finish() {
     let w = world(&["alice", "bob"], 7).await;
-    let policy = Policy { protocol: ProtocolId::Tgdh, group_id: GroupId::Ristretto255 };
+    let policy = Policy::new(ProtocolId::Tgdh, GroupId::Ristretto255);
     let a = w.member("alice").await;
     let b = w.member("bob").await;
     a.join(policy);
@@ -409,7 +409,7 @@ async fn cascaded_views_never_show_a_view_without_its_key() {
     for protocol in ProtocolId::ALL {
         let names = ["alice", "bob", "carol", "dave", "erin"];
         let w = world(&names, 7 + protocol.code() as u64).await;
-        let policy = Policy { protocol, group_id: GroupId::Ristretto255 };
+        let policy = Policy::new(protocol, GroupId::Ristretto255);
         let mut ms = Vec::new();
         for n in names {
             ms.push(w.member(n).await);
@@ -476,7 +476,7 @@ async fn cascaded_views_never_show_a_view_without_its_key() {
 async fn a_key_split_by_a_tampered_bd_value_is_caught_and_healed() {
     let names = ["alice", "bob", "carol", "dave", "mallory"];
     let w = world(&names, 41).await;
-    let policy = Policy { protocol: ProtocolId::Bd, group_id: GroupId::Ristretto255 };
+    let policy = Policy::new(ProtocolId::Bd, GroupId::Ristretto255);
     // One at a time, so that the view lists them in this order.
     let mut ms: Vec<Member> = Vec::new();
     for n in &names[..4] {
@@ -558,7 +558,7 @@ async fn forged_policy_notices_do_not_evict_a_newcomer() {
             }
         }
     };
-    let other = Policy { protocol: ProtocolId::Gdh, group_id: GroupId::Modp1024 };
+    let other = Policy::new(ProtocolId::Gdh, GroupId::Modp1024);
     let codes = [other.protocol.code(), other.group_id.code()];
     let unsigned = Bytes::copy_from_slice(&[3, codes[0], codes[1]]);
     tx.unicast(GROUP, "bob", unsigned).await.unwrap();

@@ -83,7 +83,7 @@ async fn three_members_agree(protocol: ProtocolId) {
     let (d, _dir) = daemon().await;
     let mut ca = Ca::new("conclave test authority", 1);
     let authority = Arc::new(Authority::from_pem(ca.issuer.ca_pem(), Some(&ca.crl(&[]))).unwrap());
-    let policy = Policy { protocol, group_id: GroupId::Ristretto255 };
+    let policy = Policy::new(protocol, GroupId::Ristretto255);
     let mut ms = Vec::new();
     for n in ["alice", "bob", "carol"] {
         let (c, k, _) = ca.issue(n);
@@ -127,7 +127,7 @@ async fn intruders_are_refused(protocol: ProtocolId) {
     let trudy = ca.issue("trudy");
     let authority =
         Arc::new(Authority::from_pem(ca.issuer.ca_pem(), Some(&ca.crl(std::slice::from_ref(&trudy.2)))).unwrap());
-    let policy = Policy { protocol, group_id: GroupId::Ristretto255 };
+    let policy = Policy::new(protocol, GroupId::Ristretto255);
     let mut ms = Vec::new();
     for (n, (c, k, _)) in honest.iter().zip(&certs) {
         // Long enough for a loaded machine; zed, with no certificate, is refused after it.

@@ -1,0 +1,160 @@
+//! The in-memory harness of the sans-IO tests: real [`SessionCore`]s as
+//! clients of one real daemon [`Core`], delivering in memory, in virtual
+//! time (nothing sleeps; every run is the same).
+
+// Each test binary uses a part of it.
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, Limits, Op, Output, Service};
+use conclave_gcs::MemberId;
+use conclave_gka::suite::{generate_signer, SignatureId};
+use conclave_gka::StaticDirectory;
+use conclave_secure::core::{SessionCore, Transmit};
+use conclave_secure::payload::tag;
+use conclave_secure::{Policy, SecureEvent};
+use rand_chacha::ChaCha20Rng;
+use rand_core::SeedableRng;
+
+/// The group every test uses.
+pub const GROUP: &str = "vnet";
+
+pub struct Member {
+    pub name: MemberId,
+    pub conn: ConnId,
+    pub session: SessionCore,
+    pub inbox: VecDeque<Delivery>,
+    pub log: Vec<SecureEvent>,
+}
+
+/// One daemon core and its members, delivering in memory.
+pub struct Net {
+    pub core: Core,
+    pub members: Vec<Member>,
+    base: Instant,
+    now: Duration,
+    /// A compromised link: ahead of every key confirmation this member
+    /// sends, it sends a copy with a broken signature.
+    pub forge_confirmations_of: Option<usize>,
+}
+
+impl Net {
+    pub fn new(names: &[&str], seed: u64) -> Net {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        let mut directory = StaticDirectory::new();
+        let signers: Vec<_> = names
+            .iter()
+            .map(|n| {
+                let s = generate_signer(SignatureId::Ed25519, &mut rng).unwrap();
+                directory.insert(MemberId::new(*n).unwrap(), s.verifier());
+                s
+            })
+            .collect();
+        let directory = Arc::new(directory);
+        let base = Instant::now();
+        let mut net = Net {
+            core: Core::new(DaemonId(0), Limits::default(), 7),
+            members: Vec::new(),
+            base,
+            now: Duration::ZERO,
+            forge_confirmations_of: None,
+        };
+        for (i, (n, signer)) in names.iter().zip(signers).enumerate() {
+            let name = MemberId::new(*n).unwrap();
+            let conn = ConnId { daemon: DaemonId(0), local: i as u64 + 1 };
+            let rng = Box::new(ChaCha20Rng::seed_from_u64(seed * 100 + i as u64));
+            let session = SessionCore::new(name.clone(), signer, directory.clone(), rng, base);
+            net.members.push(Member { name: name.clone(), conn, session, inbox: VecDeque::new(), log: Vec::new() });
+            net.submit(Op::Connect { conn, name });
+        }
+        net
+    }
+
+    pub fn now(&self) -> Instant {
+        self.base + self.now
+    }
+
+    pub fn submit(&mut self, op: Op) {
+        if let Op::Multicast { conn, group, service, payload } = &op {
+            let forger = self.forge_confirmations_of.map(|i| self.members[i].conn);
+            if forger == Some(*conn) && payload.first() == Some(&tag::CONFIRM) {
+                let mut forged = payload.to_vec();
+                *forged.last_mut().expect("a signature") ^= 1;
+                let op = Op::Multicast { conn: *conn, group: group.clone(), service: *service, payload: forged.into() };
+                self.forge_confirmations_of = None;
+                self.submit(op);
+                self.forge_confirmations_of = forger.and_then(|c| self.members.iter().position(|m| m.conn == c));
+            }
+        }
+        let mut out = Vec::new();
+        self.core.handle(op, &mut out);
+        for o in out {
+            let Output::Deliver { to, delivery } = o else { continue };
+            for c in to {
+                if let Some(m) = self.members.iter_mut().find(|m| m.conn == c) {
+                    m.inbox.push_back(delivery.clone());
+                }
+            }
+        }
+    }
+
+    /// Moves member `i`'s transmits to the daemon and its events to its log.
+    pub fn drain(&mut self, i: usize) {
+        let m = &mut self.members[i];
+        let conn = m.conn;
+        let mut ops = Vec::new();
+        while let Some(t) = m.session.poll_transmit() {
+            ops.push(match t {
+                Transmit::Join(group) => Op::Join { conn, group, open: false },
+                Transmit::Leave(group) => Op::Leave { conn, group },
+                Transmit::Multicast(group, payload) => Op::Multicast { conn, group, service: Service::Agreed, payload },
+                Transmit::Unicast(group, to, payload) => Op::Unicast { conn, group, to, payload },
+            });
+        }
+        while let Some(e) = m.session.poll_event() {
+            m.log.push(e);
+        }
+        for op in ops {
+            self.submit(op);
+        }
+    }
+
+    /// Delivers everything, round-robin, until nothing is left.
+    pub fn settle(&mut self) {
+        for _ in 0..100_000 {
+            self.now += Duration::from_millis(1);
+            let now = self.now();
+            let mut idle = true;
+            for i in 0..self.members.len() {
+                if let Some(d) = self.members[i].inbox.pop_front() {
+                    idle = false;
+                    self.members[i].session.handle_delivery(now, d).unwrap();
+                    self.drain(i);
+                }
+            }
+            if idle {
+                return;
+            }
+        }
+        panic!("deliveries never ran out");
+    }
+
+    pub fn join(&mut self, i: usize, policy: Policy) {
+        let now = self.now();
+        self.members[i].session.join(now, GROUP, policy).unwrap();
+        self.drain(i);
+        self.settle();
+    }
+
+    /// The last secure view member `i` delivered: its epoch and fingerprint,
+    /// and how many members it has.
+    pub fn last_view(&self, i: usize) -> Option<(conclave_gka::Epoch, String, usize)> {
+        self.members[i].log.iter().rev().find_map(|e| match e {
+            SecureEvent::View(v) => Some((v.epoch, v.fingerprint.clone(), v.members.len())),
+            _ => None,
+        })
+    }
+}
