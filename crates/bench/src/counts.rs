@@ -12,6 +12,8 @@ use conclave_gka::harness::{EventCost, Harness};
 use conclave_gka::{GroupId, ProtocolId, SignatureId};
 use serde::Serialize;
 
+use conclave_secure::{confirmation_cost, ConfirmCost};
+
 use crate::paper::{self, PaperRow};
 use crate::scenario::Event;
 
@@ -66,6 +68,16 @@ pub struct Row {
     pub verifs_total: u64,
     pub small_exps_total: u64,
     pub bytes: u64,
+    /// Key confirmation after the event (the secure layer's, not the
+    /// protocol's; `conclave_secure::confirmation_cost` for the views the
+    /// event ends with): serial counts for the view of the member timed.
+    pub confirm_rounds: u64,
+    pub confirm_broadcasts: u64,
+    pub confirm_sigs_serial: u64,
+    pub confirm_verifs_serial: u64,
+    pub confirm_sigs_total: u64,
+    pub confirm_verifs_total: u64,
+    pub confirm_bytes: u64,
 }
 
 /// One measurement: a protocol, an event and its sizes.
@@ -79,7 +91,7 @@ pub struct Job {
 }
 
 /// Runs one event on a fresh simulated group and counts it.
-pub fn measure(job: Job, group_id: GroupId, scheme: SignatureId, seed: u64) -> Result<Row> {
+pub fn measure(job: Job, group_id: GroupId, scheme: SignatureId, signature_len: usize, seed: u64) -> Result<Row> {
     let Job { protocol, event, n, m, p } = job;
     let mut h = Harness::new(protocol, group_id, scheme, seed, Flush::All);
     let extra = match event {
@@ -114,7 +126,23 @@ pub fn measure(job: Job, group_id: GroupId, scheme: SignatureId, seed: u64) -> R
     if !errors.is_empty() {
         bail!("{protocol} {event:?} n={n}: engines reported errors: {errors:?}");
     }
+    // The views the event ends with: the timed member's first.
+    let views = match event {
+        Event::Join => vec![n + 1],
+        Event::Leave | Event::ControllerLeave => vec![n - 1],
+        Event::Merge => vec![n + m],
+        Event::Partition => vec![n - p, p],
+    };
+    let confirm: Vec<ConfirmCost> = views.iter().map(|&v| confirmation_cost(v, signature_len)).collect();
+    let sum = |f: fn(&ConfirmCost) -> u64| confirm.iter().map(f).sum::<u64>();
     Ok(Row {
+        confirm_rounds: confirm[0].rounds,
+        confirm_broadcasts: sum(|c| c.broadcasts),
+        confirm_sigs_serial: confirm[0].sigs_serial,
+        confirm_verifs_serial: confirm[0].verifs_serial,
+        confirm_sigs_total: sum(|c| c.sigs_total),
+        confirm_verifs_total: sum(|c| c.verifs_total),
+        confirm_bytes: sum(|c| c.bytes),
         protocol: protocol.name().into(),
         event,
         n,
@@ -189,20 +217,26 @@ pub fn run(args: CountsArgs) -> Result<()> {
             }
         }
     }
+    // The scheme's signature length, as a signature of it measures.
+    let mut rng = <rand_chacha::ChaCha20Rng as rand_core::SeedableRng>::seed_from_u64(args.seed);
+    let signer = conclave_gka::suite::generate_signer(scheme, &mut rng).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let signature_len = signer.sign(b"").len();
     let mut rows = Vec::new();
     let mut out = std::io::stdout().lock();
     if !args.json {
         writeln!(
             out,
             "Counts per membership event on the simulator ({} / {}, seed {}).\n\
-             Serial = critical path (Table II); totals over all members. A≠B: measured A, paper B; A~: the paper gives no exact count.",
+             Serial = critical path (Table II); totals over all members. A≠B: measured A, paper B; A~: the paper gives no exact count.\n\
+             confirm: what key confirmation adds after the event (secure layer, not in the paper's counts): \
+             rounds, broadcasts, verifications serial and total.",
             group_id.name(),
             scheme.name(),
             args.seed
         )?;
         writeln!(
             out,
-            "{:<5} {:<16} {:>4} {:>3} {:>3} | {:>7} {:>9} {:>9} | {:>11} {:>8} {:>11} | {:>7} {:>6} {:>7} {:>9}",
+            "{:<5} {:<16} {:>4} {:>3} {:>3} | {:>7} {:>9} {:>9} | {:>11} {:>8} {:>11} | {:>7} {:>6} {:>7} {:>9} | {:>7}",
             "proto",
             "event",
             "n",
@@ -217,18 +251,19 @@ pub fn run(args: CountsArgs) -> Result<()> {
             "exps/Σ",
             "sigs/Σ",
             "verifs/Σ",
-            "bytes"
+            "bytes",
+            "confirm r/b/v/Σv"
         )?;
     }
     let mut matches = (0u32, 0u32);
     for (i, job) in jobs.iter().copied().enumerate() {
         let Job { protocol, event, n, m, p } = job;
-        let row = measure(job, group_id, scheme, args.seed.wrapping_add(i as u64))?;
+        let row = measure(job, group_id, scheme, signature_len, args.seed.wrapping_add(i as u64))?;
         if !args.json {
             let pr: PaperRow = paper::counts(protocol, event, n as u64, m as u64, p as u64);
             writeln!(
                 out,
-                "{:<5} {:<16} {:>4} {:>3} {:>3} | {:>7} {:>9} {:>9} | {:>11} {:>8} {:>11} | {:>7} {:>6} {:>7} {:>9}",
+                "{:<5} {:<16} {:>4} {:>3} {:>3} | {:>7} {:>9} {:>9} | {:>11} {:>8} {:>11} | {:>7} {:>6} {:>7} {:>9} | {}",
                 row.protocol,
                 event.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default(),
                 n,
@@ -243,7 +278,11 @@ pub fn run(args: CountsArgs) -> Result<()> {
                 row.exps_total,
                 row.sigs_total,
                 row.verifs_total,
-                row.bytes
+                row.bytes,
+                format!(
+                    "{}/{}/{}/{}",
+                    row.confirm_rounds, row.confirm_broadcasts, row.confirm_verifs_serial, row.confirm_verifs_total
+                )
             )?;
         }
         rows.push(row);

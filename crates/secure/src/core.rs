@@ -843,13 +843,18 @@ impl SessionCore {
             Err(e) => {
                 use conclave_gka::Error as E;
                 match (&e, from) {
-                    (E::BadSignature(_) | E::UnknownSender(_) | E::Decode(_) | E::NotAMember(_), Some(from)) => {
-                        self.events.push_back(SecureEvent::Rejected {
-                            group: group.clone(),
-                            sender: from.clone(),
-                            reason: RejectReason::KeyAgreement(e.to_string()),
-                        })
-                    }
+                    // Errors that name who sent the message; an invalid
+                    // element (Crypto) in a validly signed message is an
+                    // insider's, and the run cannot end without it: the
+                    // application must hear of it.
+                    (
+                        E::BadSignature(_) | E::UnknownSender(_) | E::Decode(_) | E::NotAMember(_) | E::Crypto(_),
+                        Some(from),
+                    ) => self.events.push_back(SecureEvent::Rejected {
+                        group: group.clone(),
+                        sender: from.clone(),
+                        reason: RejectReason::KeyAgreement(e.to_string()),
+                    }),
                     _ => tracing::debug!(%group, error = %e, "key agreement input dropped"),
                 }
                 return Ok(());
@@ -893,7 +898,7 @@ impl SessionCore {
         let confirmer = Confirmer::new(sv.key.expose_secret(), group, sv.epoch, sv.protocol, &sv.members);
         let mac = confirmer.mac(&self.me);
         let sig = self.signer.sign(&confirm_signed(group, &self.me, sv.epoch, &mac));
-        let mut p = Vec::with_capacity(1 + conclave_gka::key::EPOCH_LEN + 32 + sig.len());
+        let mut p = Vec::with_capacity(crate::confirm::confirmation_len(sig.len()));
         p.push(tag::CONFIRM);
         p.extend_from_slice(&sv.epoch.to_bytes());
         p.extend_from_slice(&mac);

@@ -145,6 +145,7 @@ pub use crate::core::{
 pub use conclave_gcs::{GroupName, MemberId};
 pub use conclave_gcs_net::ErrorCode;
 pub use conclave_gka::{Epoch, GroupId, ProtocolId, ViewId};
+pub use confirm::{confirmation_cost, ConfirmCost};
 pub use data::{DataError, DataHeader, EpochKeys};
 pub use session::{Session, SystemClock};
 pub use trust::Refusal;

@@ -6,12 +6,13 @@
 #![allow(dead_code)]
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, Limits, Op, Output, Service};
 use conclave_gcs::MemberId;
-use conclave_gka::suite::{generate_signer, SignatureId};
+use conclave_gka::suite::{generate_signer, CryptoError, SignatureId, Verifier};
 use conclave_gka::StaticDirectory;
 use conclave_secure::core::{SessionCore, Transmit};
 use conclave_secure::payload::tag;
@@ -24,6 +25,8 @@ pub const GROUP: &str = "vnet";
 
 pub struct Member {
     pub name: MemberId,
+    /// Key confirmation signatures this member checked.
+    pub confirm_checks: Arc<AtomicU64>,
     pub conn: ConnId,
     pub session: SessionCore,
     pub inbox: VecDeque<Delivery>,
@@ -39,21 +42,36 @@ pub struct Net {
     /// A compromised link: ahead of every key confirmation this member
     /// sends, it sends a copy with a broken signature.
     pub forge_confirmations_of: Option<usize>,
+    /// Every key confirmation multicast: (sender's index, payload length).
+    pub confirmations_sent: Vec<(usize, usize)>,
+}
+
+/// A member's view of another's identity key that counts the key
+/// confirmation signatures checked with it.
+struct Counting {
+    key: Arc<dyn Verifier>,
+    confirm_checks: Arc<AtomicU64>,
+}
+
+impl Verifier for Counting {
+    fn scheme(&self) -> SignatureId {
+        self.key.scheme()
+    }
+    fn verify(&self, msg: &[u8], sig: &[u8]) -> Result<(), CryptoError> {
+        if msg.starts_with(b"conclave/secure/v1/confirm-signature\0") {
+            self.confirm_checks.fetch_add(1, Ordering::Relaxed);
+        }
+        self.key.verify(msg, sig)
+    }
+    fn public_bytes(&self) -> Vec<u8> {
+        self.key.public_bytes()
+    }
 }
 
 impl Net {
     pub fn new(names: &[&str], seed: u64) -> Net {
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
-        let mut directory = StaticDirectory::new();
-        let signers: Vec<_> = names
-            .iter()
-            .map(|n| {
-                let s = generate_signer(SignatureId::Ed25519, &mut rng).unwrap();
-                directory.insert(MemberId::new(*n).unwrap(), s.verifier());
-                s
-            })
-            .collect();
-        let directory = Arc::new(directory);
+        let signers: Vec<_> = names.iter().map(|_| generate_signer(SignatureId::Ed25519, &mut rng).unwrap()).collect();
         let base = Instant::now();
         let mut net = Net {
             core: Core::new(DaemonId(0), Limits::default(), 7),
@@ -61,13 +79,22 @@ impl Net {
             base,
             now: Duration::ZERO,
             forge_confirmations_of: None,
+            confirmations_sent: Vec::new(),
         };
-        for (i, (n, signer)) in names.iter().zip(signers).enumerate() {
+        for (i, (n, signer)) in names.iter().zip(&signers).enumerate() {
             let name = MemberId::new(*n).unwrap();
             let conn = ConnId { daemon: DaemonId(0), local: i as u64 + 1 };
             let rng = Box::new(ChaCha20Rng::seed_from_u64(seed * 100 + i as u64));
-            let session = SessionCore::new(name.clone(), signer, directory.clone(), rng, base);
-            net.members.push(Member { name: name.clone(), conn, session, inbox: VecDeque::new(), log: Vec::new() });
+            // Each member its own directory, so that each counts its own checks.
+            let confirm_checks = Arc::new(AtomicU64::new(0));
+            let mut directory = StaticDirectory::new();
+            for (other, s) in names.iter().zip(&signers) {
+                let key = Arc::new(Counting { key: s.verifier(), confirm_checks: confirm_checks.clone() });
+                directory.insert(MemberId::new(*other).unwrap(), key);
+            }
+            let session = SessionCore::new(name.clone(), signer.clone(), Arc::new(directory), rng, base);
+            let (inbox, log) = (VecDeque::new(), Vec::new());
+            net.members.push(Member { name: name.clone(), confirm_checks, conn, session, inbox, log });
             net.submit(Op::Connect { conn, name });
         }
         net
@@ -78,6 +105,12 @@ impl Net {
     }
 
     pub fn submit(&mut self, op: Op) {
+        if let Op::Multicast { conn, payload, .. } = &op {
+            if payload.first() == Some(&tag::CONFIRM) {
+                let i = self.members.iter().position(|m| m.conn == *conn).expect("a member's connection");
+                self.confirmations_sent.push((i, payload.len()));
+            }
+        }
         if let Op::Multicast { conn, group, service, payload } = &op {
             let forger = self.forge_confirmations_of.map(|i| self.members[i].conn);
             if forger == Some(*conn) && payload.first() == Some(&tag::CONFIRM) {
