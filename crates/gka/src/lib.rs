@@ -32,7 +32,7 @@ pub mod testing;
 use std::sync::Arc;
 
 pub use conclave_gcs::{Cause, MemberId, View, ViewId, ViewMember};
-pub use engine::{Directory, Engine, Error, Output, StaticDirectory};
+pub use engine::{Directory, Engine, Error, Misbehaved, Output, StaticDirectory};
 pub use key::{Epoch, GroupKey, SecureView};
 pub use meter::Costs;
 pub use suite::{GroupId, SignatureId};

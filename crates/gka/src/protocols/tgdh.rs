@@ -84,7 +84,7 @@ use self::tree::Tree;
 use super::{get_elem, put_elem, MAX_MEMBERS};
 use crate::codec::{DecodeError, Reader, Writer};
 use crate::domains;
-use crate::engine::{Change, Ctx, Error, Protocol};
+use crate::engine::{Change, Ctx, Error, Misbehaved, Protocol};
 use crate::suite::Group;
 use crate::ProtocolId;
 
@@ -167,19 +167,19 @@ impl<G: Group> Tgdh<G> {
     /// A view whose members all share this member's state: remove the
     /// departed, let the shallowest-rightmost removal sponsor refresh.
     fn start_rekey(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
-        let saved = self.saved.as_ref().ok_or(Error::Unexpected("TGDH rekey without a key tree"))?;
+        let saved = self.saved.as_ref().ok_or(Error::Internal("TGDH rekey without a key tree"))?;
         let view: BTreeSet<&MemberId> = cx.view.ids().collect();
         let leaves = saved.leaf_index();
         if view.iter().any(|m| !leaves.contains_key(*m)) {
-            return Err(Error::Unexpected("TGDH key tree lacks a member of the view"));
+            return Err(Error::Internal("TGDH key tree lacks a member of the view"));
         }
-        let (mut t, sponsors) = saved.prune(|m| view.contains(m)).ok_or(Error::Unexpected("empty TGDH tree"))?;
+        let (mut t, sponsors) = saved.prune(|m| view.contains(m)).ok_or(Error::Internal("empty TGDH tree"))?;
         let sponsors = if sponsors.is_empty() { vec![t.rightmost(t.root)] } else { sponsors };
         let leaves = t.leaves();
         let refresher = sponsors
             .into_iter()
             .min_by_key(|&s| (t.depth(s), Reverse(leaves.iter().position(|&l| l == s))))
-            .ok_or(Error::Unexpected("no TGDH sponsor"))?;
+            .ok_or(Error::Internal("no TGDH sponsor"))?;
         t.invalidate_path(refresher);
         if t.member(refresher) == Some(cx.me) {
             t.nodes[refresher].key = Some(cx.random());
@@ -199,10 +199,10 @@ impl<G: Group> Tgdh<G> {
                     mine.iter().all(|m| leaves.contains_key(m))
                 } =>
             {
-                s.prune(|m| mine.contains(m)).ok_or(Error::Unexpected("empty TGDH tree"))?.0
+                s.prune(|m| mine.contains(m)).ok_or(Error::Internal("empty TGDH tree"))?.0
             }
             _ if change.mine.len() == 1 && &change.mine[0] == cx.me => Tree::leaf(cx.me.clone(), None, None),
-            _ => return Err(Error::Unexpected("TGDH key tree lacks a member of the subgroup")),
+            _ => return Err(Error::Internal("TGDH key tree lacks a member of the subgroup")),
         };
         let sponsor = t.rightmost(t.root);
         t.invalidate_path(sponsor);
@@ -226,19 +226,27 @@ impl<G: Group> Tgdh<G> {
 
     /// A subgroup's announced tree.
     fn on_tree(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
+        let round = ROUND_TREE;
+        let bad = |what: Misbehaved| Err(what.by(from));
         let Run::Collect(co) = &mut self.run else {
-            return Err(Error::Unexpected("TGDH tree outside a merge"));
+            return bad(Misbehaved::OutsideItsRun { round });
         };
         let mut r = Reader::new(body);
         let b = Tree::decode(&mut r, cx.g)?;
         r.finish()?;
         let members = b.members();
-        if members.iter().any(|m| !cx.contains(m) || co.covered.contains(m)) {
-            return Err(Error::Unexpected("TGDH tree with a member outside the view or announced twice"));
+        if members.iter().any(|m| !cx.contains(m)) {
+            return bad(Misbehaved::WrongShape { round });
         }
-        let s = b.find(from).ok_or(Error::Unexpected("TGDH tree announced by a non-member"))?;
+        if members.iter().any(|m| co.covered.contains(m)) {
+            return bad(Misbehaved::AlreadyAnnounced { round });
+        }
+        let Some(s) = b.find(from) else {
+            // A subgroup's tree is announced by a member of it.
+            return bad(Misbehaved::WrongShape { round });
+        };
         if b.rightmost(b.root) != s {
-            return Err(Error::Unexpected("TGDH tree not announced by its sponsor"));
+            return bad(Misbehaved::NotSponsor { round });
         }
         for v in 0..b.nodes.len() {
             if let Some([l, r]) = b.nodes[v].kids {
@@ -249,13 +257,16 @@ impl<G: Group> Tgdh<G> {
         }
         let spath = b.path(s);
         if !b.has_bk(s) || spath[1..].iter().any(|&u| b.has_bk(u) != b.ready(u)) {
-            return Err(Error::Unexpected("TGDH sponsor's path not fully computed"));
+            return bad(Misbehaved::WrongShape { round });
         }
         if co.mine_members.contains(from) {
-            let pairs = co.mine.correspondence(&b).ok_or(Error::Unexpected("TGDH tree differs from the subgroup's"))?;
+            // Our own subgroup's: our tree, but for the sponsor's new path.
+            let Some(pairs) = co.mine.correspondence(&b) else {
+                return bad(Misbehaved::Inconsistent { round });
+            };
             let on_path: BTreeSet<usize> = spath.into_iter().collect();
             if pairs.iter().any(|&(x, y)| !on_path.contains(&y) && co.mine.nodes[x].bk != b.nodes[y].bk) {
-                return Err(Error::Unexpected("TGDH tree contradicts known blinded keys"));
+                return bad(Misbehaved::Inconsistent { round });
             }
             for (x, y) in pairs {
                 if on_path.contains(&y) {
@@ -264,7 +275,7 @@ impl<G: Group> Tgdh<G> {
             }
         } else {
             if members.iter().any(|m| co.mine_members.contains(m)) {
-                return Err(Error::Unexpected("TGDH tree of another subgroup holds a member of ours"));
+                return bad(Misbehaved::Inconsistent { round });
             }
             co.others.push(b);
         }
@@ -274,14 +285,14 @@ impl<G: Group> Tgdh<G> {
         }
         // Every subgroup has announced: merge.
         let Run::Collect(co) = std::mem::replace(&mut self.run, Run::Idle) else {
-            return Err(Error::Unexpected("TGDH merge state lost"));
+            return Err(Error::Internal("TGDH merge state lost"));
         };
         let mut trees = co.others;
         trees.push(co.mine);
         let first = |t: &Tree<G>| t.members().iter().filter_map(|m| cx.position(m)).min();
         trees.sort_by_cached_key(|t| (Reverse(t.leaves().len()), first(t)));
         let mut trees = trees.into_iter();
-        let mut acc = trees.next().ok_or(Error::Unexpected("TGDH merge of nothing"))?;
+        let mut acc = trees.next().ok_or(Error::Internal("TGDH merge of nothing"))?;
         let rest: Vec<Tree<G>> = trees.collect();
         acc.insert_all(&rest);
         self.run = Run::Rounds(Rounds::new(acc));
@@ -290,19 +301,20 @@ impl<G: Group> Tgdh<G> {
 
     /// A sponsor's new blinded keys.
     fn on_keys(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
+        let round = ROUND_KEYS;
         let Run::Rounds(rd) = &mut self.run else {
-            return Err(Error::Unexpected("TGDH blinded keys outside the sponsor rounds"));
+            return Err(Misbehaved::OutsideItsRun { round }.by(from));
         };
         let t = &mut rd.tree;
-        let s = *rd.leaf.get(from).ok_or(Error::Unexpected("TGDH blinded keys from a non-member"))?;
+        // The rounds' tree holds every member of the view.
+        let s = *rd.leaf.get(from).ok_or(Error::Internal("TGDH blinded keys from a member not in the tree"))?;
         let path = t.path(s);
         let top = path.len() - 1;
-        let i = path[..top]
-            .iter()
-            .position(|&v| !t.has_bk(v))
-            .ok_or(Error::Unexpected("TGDH blinded keys from a member whose path is complete"))?;
+        // A member whose path is complete is the sponsor of nothing.
+        let i =
+            path[..top].iter().position(|&v| !t.has_bk(v)).ok_or_else(|| Misbehaved::NotSponsor { round }.by(from))?;
         if !t.ready(path[i]) || t.rightmost(path[i]) != s {
-            return Err(Error::Unexpected("TGDH blinded keys from a member that is not the sponsor"));
+            return Err(Misbehaved::NotSponsor { round }.by(from));
         }
         let mut r = Reader::new(body);
         let k = r.count(MAX_MEMBERS, cx.g.element_len(), "TGDH blinded keys")?;
@@ -310,7 +322,7 @@ impl<G: Group> Tgdh<G> {
             return Err(DecodeError::Bad("TGDH blinded key count").into());
         }
         if (i + 1..i + k).any(|j| !t.sibling(path[j - 1]).is_some_and(|u| t.has_bk(u))) {
-            return Err(Error::Unexpected("TGDH blinded key the sponsor cannot compute"));
+            return Err(Misbehaved::WrongShape { round }.by(from));
         }
         let mut bks = Vec::with_capacity(k);
         for _ in 0..k {
@@ -328,12 +340,12 @@ impl<G: Group> Tgdh<G> {
     fn advance(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
         let Run::Rounds(rd) = &mut self.run else { return Ok(()) };
         let t = &mut rd.tree;
-        let me = *rd.leaf.get(cx.me).ok_or(Error::Unexpected("TGDH tree lacks this member"))?;
+        let me = *rd.leaf.get(cx.me).ok_or(Error::Internal("TGDH tree lacks this member"))?;
         climb(cx, t, me, false);
         let path = t.path(me);
         let top = path.len() - 1;
         if top == 0 {
-            return Err(Error::Unexpected("TGDH tree of one member in a run"));
+            return Err(Error::Internal("TGDH tree of one member in a run"));
         }
         if let Some(i) = path[..top].iter().position(|&v| !t.has_bk(v)) {
             let v = path[i];
@@ -358,10 +370,10 @@ impl<G: Group> Tgdh<G> {
             return Ok(());
         }
         let c = path[top - 1];
-        let s = t.sibling(c).ok_or(Error::Unexpected("TGDH tree shape"))?;
+        let s = t.sibling(c).ok_or(Error::Internal("TGDH tree shape"))?;
         let mut secret = match (&t.nodes[c].key, &t.nodes[s].bk) {
             (Some(k), Some(b)) => cx.exp(b, k),
-            _ => return Err(Error::Unexpected("TGDH key path incomplete")),
+            _ => return Err(Error::Internal("TGDH key path incomplete")),
         };
         cx.install(&secret);
         secret.zeroize();
@@ -406,7 +418,7 @@ impl<G: Group> Protocol<G> for Tgdh<G> {
         match round {
             ROUND_TREE => self.on_tree(cx, from, body),
             ROUND_KEYS => self.on_keys(cx, from, body),
-            _ => Err(Error::Unexpected("unknown TGDH round")),
+            _ => Err(Misbehaved::UnknownRound { round }.by(from)),
         }
     }
 
@@ -443,7 +455,7 @@ mod tests {
     use super::tree::{Node, Tree};
     use super::{ROUND_KEYS, ROUND_TREE};
     use crate::codec::{Reader, Writer};
-    use crate::engine::Error;
+    use crate::engine::{Error, Misbehaved};
     use crate::harness::{EventCost, Harness};
     use crate::protocols::testnet::Net;
     use crate::suite::ristretto::Ristretto255;
@@ -883,6 +895,58 @@ mod tests {
         // View 3: m5 (fresh) joins; its leaf must not be announced by another.
         net.view(3, &[m[0], m[1], m[2], m[3], m[5]], &[m[5]]);
         net.reject_all(m[0], ROUND_TREE, leaf_tree(5, true), "the joiner's tree from an old member");
+        net.run();
+        net.agreed();
+    }
+
+    #[test]
+    fn misbehaviour_names_the_sender_and_what_it_proves() {
+        let g = Ristretto255;
+        let elem = g.encode(&g.exp_generator(&g.scalar_from_u64(3)));
+        let names: Vec<String> = (0..6).map(name).collect();
+        let mut net = Net::new(ProtocolId::Tgdh, &names, 98);
+        let m: Vec<&str> = names.iter().map(String::as_str).collect();
+        let by = |i: usize, what: Misbehaved| what.by(&id(i));
+        // View 1: a merge of five one-leaf trees.
+        net.view(1, &m[..5], &m[..5]);
+        let pair = encode(&full_bks(singletons(2))); // (m0, m1): m1 is its sponsor
+        let (tree, keys) = (ROUND_TREE, ROUND_KEYS);
+        assert_eq!(net.reject(m[2], m[0], None, tree, pair.clone()), by(0, Misbehaved::NotSponsor { round: tree }));
+        assert_eq!(
+            net.reject(m[2], m[0], None, tree, leaf_tree(5, true)),
+            by(0, Misbehaved::WrongShape { round: tree })
+        );
+        assert_eq!(
+            net.reject(m[2], m[0], None, tree, leaf_tree(1, true)),
+            by(0, Misbehaved::WrongShape { round: tree })
+        );
+        let outside = Misbehaved::OutsideItsRun { round: keys };
+        assert_eq!(net.reject(m[2], m[0], None, keys, keys_body(1, &elem)), by(0, outside));
+        assert_eq!(net.reject(m[2], m[3], None, 9, Vec::new()), by(3, Misbehaved::UnknownRound { round: 9 }));
+        net.step(); // m0's leaf
+        let announced = Misbehaved::AlreadyAnnounced { round: tree };
+        assert_eq!(net.reject(m[2], m[1], None, tree, pair), by(1, announced));
+        net.run();
+        net.agreed();
+        assert_eq!(net.reject(m[2], m[0], None, keys, keys_body(1, &elem)), by(0, outside));
+
+        // View 2: m4 leaves; one sponsor, and no tree in a leave.
+        net.view(2, &m[..4], &[]);
+        let sponsor: usize = net.queue[0].from.as_str()[1..].parse().unwrap();
+        let (other, at) = ((sponsor + 1) % 4, (sponsor + 2) % 4);
+        let not_sponsor = Misbehaved::NotSponsor { round: keys };
+        assert_eq!(net.reject(m[at], m[other], None, keys, keys_body(1, &elem)), by(other, not_sponsor));
+        let outside = Misbehaved::OutsideItsRun { round: tree };
+        assert_eq!(net.reject(m[at], m[sponsor], None, tree, leaf_tree(sponsor, true)), by(sponsor, outside));
+        net.run();
+        net.agreed();
+
+        // View 3: m5 joins; its tree must not hold a member of the old group.
+        net.view(3, &[m[0], m[1], m[2], m[3], m[5]], &[m[5]]);
+        let mut claim = Tree::leaf(id(0), None, None);
+        claim.insert(&Tree::leaf(id(5), None, None));
+        let claim = encode(&full_bks(claim));
+        assert_eq!(net.reject(m[1], m[5], None, tree, claim), by(5, Misbehaved::Inconsistent { round: tree }));
         net.run();
         net.agreed();
     }
