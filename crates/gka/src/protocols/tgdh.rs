@@ -72,20 +72,16 @@
 //! A blinded-key broadcast must come from the sponsor of the lowest unknown
 //! node on its path, and may only fill unknown nodes it can compute.
 
-mod tree;
-
-use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
 
 use conclave_gcs::MemberId;
 use zeroize::Zeroize;
 
-use self::tree::Tree;
 use super::{get_elem, put_elem, MAX_MEMBERS};
 use crate::codec::{DecodeError, Reader, Writer};
-use crate::domains;
 use crate::engine::{Change, Ctx, Error, Misbehaved, Protocol};
 use crate::suite::Group;
+use crate::tree::Tree;
 use crate::ProtocolId;
 
 /// A subgroup's tree, announced by its sponsor at a merge.
@@ -136,33 +132,6 @@ impl<G: Group> Rounds<G> {
     }
 }
 
-/// H(b^k): the key of a parent from one child's key and the other's blinded key.
-fn node_key<G: Group>(cx: &mut Ctx<'_, G>, k: &G::Scalar, b: &G::Element) -> G::Scalar {
-    let mut s = cx.exp(b, k);
-    let key = cx.g.hash_to_scalar(domains::TGDH_NODE, &s);
-    s.zeroize();
-    key
-}
-
-/// Computes the keys on `leaf`'s path as far up as the known blinded keys
-/// allow, the root's too if `with_root` (a subgroup's root at a merge).
-fn climb<G: Group>(cx: &mut Ctx<'_, G>, t: &mut Tree<G>, leaf: usize, with_root: bool) {
-    let path = t.path(leaf);
-    let end = if with_root { path.len() } else { path.len() - 1 };
-    for i in 1..end {
-        let (c, p) = (path[i - 1], path[i]);
-        if t.nodes[p].key.is_some() {
-            continue;
-        }
-        let Some(s) = t.sibling(c) else { break };
-        let key = match (&t.nodes[c].key, &t.nodes[s].bk) {
-            (Some(k), Some(b)) => node_key(cx, k, b),
-            _ => break,
-        };
-        t.nodes[p].key = Some(key);
-    }
-}
-
 impl<G: Group> Tgdh<G> {
     /// A view whose members all share this member's state: remove the
     /// departed, let the shallowest-rightmost removal sponsor refresh.
@@ -174,12 +143,7 @@ impl<G: Group> Tgdh<G> {
             return Err(Error::Internal("TGDH key tree lacks a member of the view"));
         }
         let (mut t, sponsors) = saved.prune(|m| view.contains(m)).ok_or(Error::Internal("empty TGDH tree"))?;
-        let sponsors = if sponsors.is_empty() { vec![t.rightmost(t.root)] } else { sponsors };
-        let leaves = t.leaves();
-        let refresher = sponsors
-            .into_iter()
-            .min_by_key(|&s| (t.depth(s), Reverse(leaves.iter().position(|&l| l == s))))
-            .ok_or(Error::Internal("no TGDH sponsor"))?;
+        let refresher = t.refresher(sponsors);
         t.invalidate_path(refresher);
         if t.member(refresher) == Some(cx.me) {
             t.nodes[refresher].key = Some(cx.random());
@@ -208,13 +172,11 @@ impl<G: Group> Tgdh<G> {
         t.invalidate_path(sponsor);
         if t.member(sponsor) == Some(cx.me) {
             t.nodes[sponsor].key = Some(cx.random());
-            climb(cx, &mut t, sponsor, true);
+            t.climb(cx, sponsor, true);
             let mut ann = t.public();
-            for u in t.path(sponsor) {
-                match &t.nodes[u].key {
-                    Some(k) => ann.nodes[u].bk = Some(cx.exp_g(k)),
-                    None => break,
-                }
+            let path = t.path(sponsor);
+            for (u, bk) in path.iter().zip(t.blind(cx, &path)) {
+                ann.nodes[*u].bk = Some(bk);
             }
             let mut w = Writer::new();
             ann.encode(&mut w, cx.g);
@@ -290,11 +252,7 @@ impl<G: Group> Tgdh<G> {
         let mut trees = co.others;
         trees.push(co.mine);
         let first = |t: &Tree<G>| t.members().iter().filter_map(|m| cx.position(m)).min();
-        trees.sort_by_cached_key(|t| (Reverse(t.leaves().len()), first(t)));
-        let mut trees = trees.into_iter();
-        let mut acc = trees.next().ok_or(Error::Internal("TGDH merge of nothing"))?;
-        let rest: Vec<Tree<G>> = trees.collect();
-        acc.insert_all(&rest);
+        let acc = Tree::merge(trees, first).ok_or(Error::Internal("TGDH merge of nothing"))?;
         self.run = Run::Rounds(Rounds::new(acc));
         self.advance(cx)
     }
@@ -311,9 +269,8 @@ impl<G: Group> Tgdh<G> {
         let path = t.path(s);
         let top = path.len() - 1;
         // A member whose path is complete is the sponsor of nothing.
-        let i =
-            path[..top].iter().position(|&v| !t.has_bk(v)).ok_or_else(|| Misbehaved::NotSponsor { round }.by(from))?;
-        if !t.ready(path[i]) || t.rightmost(path[i]) != s {
+        let i = t.lowest_unknown(&path).ok_or_else(|| Misbehaved::NotSponsor { round }.by(from))?;
+        if !t.sponsors(s, path[i]) {
             return Err(Misbehaved::NotSponsor { round }.by(from));
         }
         let mut r = Reader::new(body);
@@ -341,22 +298,16 @@ impl<G: Group> Tgdh<G> {
         let Run::Rounds(rd) = &mut self.run else { return Ok(()) };
         let t = &mut rd.tree;
         let me = *rd.leaf.get(cx.me).ok_or(Error::Internal("TGDH tree lacks this member"))?;
-        climb(cx, t, me, false);
+        t.climb(cx, me, false);
         let path = t.path(me);
         let top = path.len() - 1;
         if top == 0 {
             return Err(Error::Internal("TGDH tree of one member in a run"));
         }
-        if let Some(i) = path[..top].iter().position(|&v| !t.has_bk(v)) {
+        if let Some(i) = t.lowest_unknown(&path) {
             let v = path[i];
-            if t.ready(v) && t.rightmost(v) == me && rd.sent.insert(v) {
-                let mut bks = Vec::new();
-                for &u in &path[i..top] {
-                    match &t.nodes[u].key {
-                        Some(k) => bks.push(cx.exp_g(k)),
-                        None => break,
-                    }
-                }
+            if t.sponsors(me, v) && rd.sent.insert(v) {
+                let bks = t.blind(cx, &path[i..top]);
                 let mut w = Writer::new();
                 w.count(bks.len());
                 for bk in &bks {
@@ -369,12 +320,7 @@ impl<G: Group> Tgdh<G> {
         if !t.complete() {
             return Ok(());
         }
-        let c = path[top - 1];
-        let s = t.sibling(c).ok_or(Error::Internal("TGDH tree shape"))?;
-        let mut secret = match (&t.nodes[c].key, &t.nodes[s].bk) {
-            (Some(k), Some(b)) => cx.exp(b, k),
-            _ => return Err(Error::Internal("TGDH key path incomplete")),
-        };
+        let mut secret = t.group_secret(cx, me).ok_or(Error::Internal("TGDH key path incomplete"))?;
         cx.install(&secret);
         secret.zeroize();
         if let Run::Rounds(rd) = std::mem::replace(&mut self.run, Run::Idle) {
@@ -449,22 +395,17 @@ impl<G: Group> Protocol<G> for Tgdh<G> {
 mod tests {
     use conclave_gcs::sim::Flush;
     use conclave_gcs::MemberId;
-    use rand_chacha::ChaCha20Rng;
-    use rand_core::{RngCore, SeedableRng};
 
-    use super::tree::{Node, Tree};
     use super::{ROUND_KEYS, ROUND_TREE};
-    use crate::codec::{Reader, Writer};
-    use crate::engine::{Error, Misbehaved};
+    use crate::codec::Writer;
+    use crate::engine::Misbehaved;
     use crate::harness::{EventCost, Harness};
     use crate::protocols::testnet::Net;
     use crate::suite::ristretto::Ristretto255;
     use crate::suite::Group;
+    use crate::tree::tests::{encode, full_bks, id, singletons};
+    use crate::tree::Tree;
     use crate::{GroupId, ProtocolId, SignatureId};
-
-    fn id(i: usize) -> MemberId {
-        MemberId::new(format!("m{i:04}")).unwrap()
-    }
 
     // ---- Costs against Tables I and II ------------------------------------
 
@@ -645,186 +586,6 @@ mod tests {
         assert_eq!(counts(Ev::Alternate, 8), [1, 4, 0, 5, 1, 2]);
         assert_eq!(counts(Ev::Alternate, 16), [2, 12, 0, 6, 2, 6]);
         assert_eq!(counts(Ev::Alternate, 32), [3, 28, 0, 8, 3, 14]);
-    }
-
-    // ---- The key tree -------------------------------------------------------
-
-    fn singletons(n: usize) -> Tree<Ristretto255> {
-        let mut t = Tree::leaf(id(0), None, None);
-        for i in 1..n {
-            t.insert(&Tree::leaf(id(i), None, None));
-        }
-        t
-    }
-
-    fn order(t: &Tree<Ristretto255>) -> Vec<usize> {
-        t.members().iter().map(|m| m.as_str()[1..].parse().unwrap()).collect()
-    }
-
-    #[test]
-    fn insertion_keeps_the_tree_low() {
-        for n in 1..=64usize {
-            let t = singletons(n);
-            let h = t.heights()[t.root];
-            assert_eq!(h, n.next_power_of_two().trailing_zeros() as usize, "n = {n}");
-            assert_eq!(t.leaves().len(), n);
-        }
-        assert_eq!(order(&singletons(8)), (0..8).collect::<Vec<_>>());
-        assert_eq!(order(&singletons(16)), [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15, 11, 12, 13, 14]);
-        // A tree as high as the accumulated one goes in at the root.
-        let mut a = singletons(4);
-        a.insert(&singletons(3));
-        assert_eq!(a.heights()[a.root], 3);
-    }
-
-    /// The insertion point as a scan of every node (the definition): the
-    /// shallowest, then rightmost in preorder, node x where a new parent of x
-    /// and a tree of height `hb` keeps the height; the root if none.
-    fn insertion_point_by_scan(t: &Tree<Ristretto255>, hb: usize) -> usize {
-        let h = t.heights();
-        let ha = h[t.root];
-        let mut best: Option<(usize, usize)> = None;
-        for v in t.preorder(t.root) {
-            let d = t.depth(v);
-            if best.is_none_or(|(bd, _)| d <= bd) && d + 1 + h[v].max(hb) <= ha {
-                best = Some((d, v));
-            }
-        }
-        best.map_or(t.root, |(_, v)| v)
-    }
-
-    #[test]
-    fn level_search_finds_the_insertion_point_of_the_scan() {
-        // Trees of every shape that merges build: subgroups of random sizes
-        // inserted in turn, each checked against the scan before it goes in.
-        let mut rng = ChaCha20Rng::seed_from_u64(11);
-        for _ in 0..40 {
-            let mut acc = singletons(1 + (rng.next_u32() % 9) as usize);
-            for _ in 0..12 {
-                let other = singletons(1 + (rng.next_u32() % 20) as usize);
-                let hb = other.heights()[other.root];
-                assert_eq!(acc.insertion_point(&other), insertion_point_by_scan(&acc, hb));
-                acc.insert(&other);
-            }
-        }
-        for n in 1..=300 {
-            let t = singletons(n);
-            for hb in 0..4 {
-                let other = singletons(1 << hb);
-                assert_eq!(t.insertion_point(&other), insertion_point_by_scan(&t, hb), "n = {n}, hb = {hb}");
-            }
-        }
-        // insert_all keeps its heights right: the same tree as one insert at a time.
-        let parts: Vec<_> = (1..30).map(|k| singletons(1 + k % 7)).collect();
-        let (mut one, mut all) = (singletons(5), singletons(5));
-        for p in &parts {
-            one.insert(p);
-        }
-        all.insert_all(&parts);
-        assert_eq!(one.heights(), all.heights());
-        assert!(one.correspondence(&all).is_some());
-    }
-
-    #[test]
-    fn pruning_names_the_sponsors() {
-        let t = singletons(8);
-        let (p, sponsors) = t.prune(|m| m != &id(7)).unwrap();
-        let s: Vec<&MemberId> = sponsors.iter().filter_map(|&v| p.member(v)).collect();
-        assert_eq!(s, [&id(6)]);
-        assert_eq!(p.depth(sponsors[0]), 2);
-        let (p, sponsors) = t.prune(|m| m.as_str()[1..].parse::<usize>().unwrap() % 2 == 1).unwrap();
-        let mut s: Vec<&MemberId> = sponsors.iter().filter_map(|&v| p.member(v)).collect();
-        s.sort();
-        assert_eq!(s, [&id(1), &id(3), &id(5), &id(7)]);
-        assert!(t.prune(|_| false).is_none());
-        let (_, none) = t.prune(|_| true).unwrap();
-        assert!(none.is_empty());
-    }
-
-    fn with_bks(mut t: Tree<Ristretto255>) -> Tree<Ristretto255> {
-        let g = Ristretto255;
-        let mut rng = ChaCha20Rng::seed_from_u64(7);
-        for (i, n) in t.nodes.iter_mut().enumerate() {
-            if i % 3 != 0 {
-                n.bk = Some(g.exp_generator(&g.random_scalar(&mut rng)));
-            }
-        }
-        t
-    }
-
-    fn full_bks(mut t: Tree<Ristretto255>) -> Tree<Ristretto255> {
-        let g = Ristretto255;
-        for (i, n) in t.nodes.iter_mut().enumerate() {
-            n.bk = Some(g.exp_generator(&g.scalar_from_u64(i as u64 + 2)));
-        }
-        t
-    }
-
-    fn encode(t: &Tree<Ristretto255>) -> Vec<u8> {
-        let mut w = Writer::new();
-        t.encode(&mut w, &Ristretto255);
-        w.buf
-    }
-
-    fn decode(b: &[u8]) -> Result<Tree<Ristretto255>, Error> {
-        let mut r = Reader::new(b);
-        let t = Tree::decode(&mut r, &Ristretto255)?;
-        r.finish()?;
-        Ok(t)
-    }
-
-    #[test]
-    fn tree_codec_round_trips_and_rejects_malformed_input() {
-        let t = with_bks(singletons(13));
-        let bytes = encode(&t);
-        let d = decode(&bytes).unwrap();
-        let pairs = t.correspondence(&d).unwrap();
-        assert!(pairs.iter().all(|&(x, y)| t.nodes[x].bk == d.nodes[y].bk));
-        for cut in 0..bytes.len() {
-            assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
-        }
-        let mut long = bytes.clone();
-        long.push(0);
-        assert!(decode(&long).is_err());
-        // A forged leaf count cannot make the decoder allocate.
-        assert!(decode(&[0xff, 0xff, 1, 1, b'a']).is_err());
-        assert!(decode(&[0x10, 0x00]).is_err());
-        assert!(decode(&[0, 0]).is_err());
-        // A bad tag, an invalid element, a member twice, a shape that ends early.
-        assert!(decode(&[0, 1, 4, 1, b'a']).is_err());
-        let mut bad = vec![0, 1, 3, 1, b'a'];
-        bad.extend([0xff; 32]);
-        assert!(decode(&bad).is_err());
-        assert!(decode(&[0, 2, 0, 1, 1, b'a', 1, 1, b'a']).is_err());
-        assert!(decode(&[0, 2, 1, 1, b'a', 1, 1, b'b', 0]).is_err());
-        // Flipping any byte never panics.
-        for i in 0..bytes.len() {
-            let mut b = bytes.clone();
-            b[i] ^= 0x41;
-            let _ = decode(&b);
-        }
-    }
-
-    #[test]
-    fn deep_trees_are_handled_without_recursion() {
-        // A caterpillar with MAX_MEMBERS leaves: as deep as a tree can be.
-        let n = super::MAX_MEMBERS;
-        let mut nodes: Vec<Node<Ristretto255>> = Vec::new();
-        let mut top = 0;
-        nodes.push(Node { parent: None, kids: None, member: Some(id(0)), bk: None, key: None });
-        for i in 1..n {
-            nodes.push(Node { parent: None, kids: None, member: Some(id(i)), bk: None, key: None });
-            nodes.push(Node { parent: None, kids: Some([top, 2 * i - 1]), member: None, bk: None, key: None });
-            nodes[top].parent = Some(2 * i);
-            nodes[2 * i - 1].parent = Some(2 * i);
-            top = 2 * i;
-        }
-        let t: Tree<Ristretto255> = Tree { nodes, root: top };
-        let d = decode(&encode(&t)).unwrap();
-        assert_eq!(d.heights()[d.root], n - 1);
-        assert_eq!(d.depth(d.find(&id(0)).unwrap()), n - 1);
-        let (p, _) = d.prune(|m| m != &id(1)).unwrap();
-        assert_eq!(p.leaves().len(), n - 1);
     }
 
     // ---- Rejection of forged or malformed messages -------------------------
