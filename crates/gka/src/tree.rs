@@ -807,7 +807,7 @@ pub(crate) mod tests {
             let key = match t.nodes[v].kids {
                 None => g.random_scalar(&mut rng),
                 Some([l, r]) => {
-                    let (k, b) = (t.nodes[l].key.clone().unwrap(), t.nodes[r].bk.clone().unwrap());
+                    let (k, b) = (t.nodes[l].key.unwrap(), t.nodes[r].bk.unwrap());
                     node_key(&mut g.clone(), &k, &b)
                 }
             };
@@ -827,7 +827,7 @@ pub(crate) mod tests {
             let mut secrets = Vec::new();
             for leaf in full.leaves() {
                 let mut t = full.public();
-                t.nodes[leaf].key = full.nodes[leaf].key.clone();
+                t.nodes[leaf].key = full.nodes[leaf].key;
                 assert!(t.group_secret(&mut g, leaf).is_none() || t.depth(leaf) == 1, "n = {n}");
                 t.climb(&mut g, leaf, false);
                 let path = t.path(leaf);
