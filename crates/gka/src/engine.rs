@@ -131,9 +131,22 @@ pub enum Error {
     /// A group element or key is invalid.
     #[error("crypto: {0}")]
     Crypto(#[from] CryptoError),
-    /// A valid message that the protocol does not expect now.
-    #[error("unexpected message: {0}")]
-    Unexpected(&'static str),
+    /// A validly signed, well-formed message that no honest member would have
+    /// sent: `sender` misbehaved (see [`Misbehaved`] for what that proves).
+    #[error("{sender} misbehaved: {what}")]
+    Misbehaved {
+        /// The authenticated sender.
+        sender: MemberId,
+        /// What its message proves.
+        what: Misbehaved,
+    },
+    /// The view's run counter is exhausted: no further rekey in this view
+    /// (see [`Engine::rekey`] and [`Engine::restart`]).
+    #[error("run counter exhausted in this view")]
+    RunsExhausted,
+    /// A broken invariant of this engine (a bug), not caused by the input.
+    #[error("internal error: {0}")]
+    Internal(&'static str),
     /// A message this member has no use for (e.g. a BD round-1 value from a
     /// non-neighbour). It was dropped before its signature was checked; a
     /// driver may ignore this error.
@@ -142,6 +155,106 @@ pub enum Error {
     /// A view that does not contain this member, or a message before any view.
     #[error("bad view: {0}")]
     BadView(&'static str),
+}
+
+/// What a message proves its sender did wrong ([`Error::Misbehaved`]).
+///
+/// Proven against the protocol and what this member holds: its own state and
+/// the messages it accepted earlier in the run. Given the guarantees of the
+/// group communication layer (virtual synchrony, agreed order, a sender's
+/// messages in the order sent) every member of a transitional set computes
+/// the same roles, so an honest member never sends such a message. (An
+/// insider whose lie was accepted earlier, e.g. claiming members first, can
+/// make a later honest message look wrong; the first message to contradict
+/// the accepted ones is the one refused.) `round` is the protocol's round tag
+/// of the refused message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Misbehaved {
+    /// A round tag the protocol does not have.
+    #[error("unknown round {round}")]
+    UnknownRound {
+        /// The round tag.
+        round: u8,
+    },
+    /// A second message of a round each member sends (or this member
+    /// receives) once per run.
+    #[error("second message of round {round}")]
+    Duplicate {
+        /// The round tag.
+        round: u8,
+    },
+    /// A message the current run never has: a round of another kind of run
+    /// (a leave message in a merge), or any message after the run's key was
+    /// installed (every honest message of a run precedes its final one).
+    #[error("round {round} outside its run")]
+    OutsideItsRun {
+        /// The round tag.
+        round: u8,
+    },
+    /// A message only the run's controller sends, from another member.
+    #[error("round {round} from a member that is not the controller")]
+    NotController {
+        /// The round tag.
+        round: u8,
+    },
+    /// A message only a sponsor sends (of that subgroup, node or run), from
+    /// a member that is not that sponsor.
+    #[error("round {round} from a member that is not the sponsor")]
+    NotSponsor {
+        /// The round tag.
+        round: u8,
+    },
+    /// A message sent before its sender could have had what it needs: out
+    /// of its turn in the order the protocol prescribes (e.g. a GDH token
+    /// not from the receiver's predecessor in the chain, a final message
+    /// before every announcement it depends on).
+    #[error("round {round} out of its turn")]
+    NotItsTurn {
+        /// The round tag.
+        round: u8,
+    },
+    /// A unicast to a member whose role never receives that round (e.g. a
+    /// share sent to a member that is not the controller).
+    #[error("round {round} sent to a member that does not take it")]
+    WrongRecipient {
+        /// The round tag.
+        round: u8,
+    },
+    /// A reply this member never asked the sender for.
+    #[error("round {round} not asked for")]
+    Unsolicited {
+        /// The round tag.
+        round: u8,
+    },
+    /// Counts, lists or positions that do not fit the view or the run: wrong
+    /// number of keys, members outside the view or out of order, a
+    /// sponsor's path not fully computed.
+    #[error("round {round} does not fit the view")]
+    WrongShape {
+        /// The round tag.
+        round: u8,
+    },
+    /// Claims members that an accepted message of this run already
+    /// announced.
+    #[error("round {round} announces members already announced")]
+    AlreadyAnnounced {
+        /// The round tag.
+        round: u8,
+    },
+    /// Contradicts this member's own state: its subgroup's tree or chain,
+    /// its blinded keys, its channels, who is in its subgroup.
+    #[error("round {round} contradicts this member's state")]
+    Inconsistent {
+        /// The round tag.
+        round: u8,
+    },
+}
+
+impl Misbehaved {
+    /// The error naming `sender` as the member that sent this.
+    pub fn by(self, sender: &MemberId) -> Error {
+        Error::Misbehaved { sender: sender.clone(), what: self }
+    }
 }
 
 /// One member's key agreement engine for one group.
@@ -424,7 +537,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         }
         if install.is_some() && self.secure_view().is_some() {
             self.st.out.clear();
-            return Err(Error::Unexpected("second key in one run"));
+            return Err(Error::Internal("second key in one run"));
         }
         if let Some(secret) = install {
             let enc = self.g.encode(&secret);
@@ -553,7 +666,7 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
         let n = self.st.view.as_ref().ok_or(Error::BadView("no view yet"))?.members.len();
         self.proto.reset();
         self.st.known = BTreeMap::from([(self.me.clone(), Tag::Fresh)]);
-        let run = self.st.run.checked_add(1).ok_or(Error::Unexpected("run counter exhausted"))?;
+        let run = self.st.run.checked_add(1).ok_or(Error::RunsExhausted)?;
         self.begin_run(run);
         let change = Change { mine: vec![self.me.clone()], single: n == 1 };
         self.with_ctx(rng, |p, cx| p.on_view(cx, &change))

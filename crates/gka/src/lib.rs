@@ -13,6 +13,8 @@
 //! * [`engine`]: the engine interface and the shared plumbing (signed
 //!   envelopes, replay and view checks, key installation, cascade handling).
 //! * [`protocols`]: the five protocols.
+//! * `tree`: the TGDH key tree, shared by the engines built on it (TGDH
+//!   today; SEAL's interval-based rekeying and the daemon-level TGDH next).
 //! * [`meter`]: the per-member cost meter that benchmarks and tests read.
 //! * [`message`], [`codec`]: wire formats, whose decoders never panic.
 #![forbid(unsafe_code)]
@@ -28,11 +30,12 @@ pub mod protocols;
 pub mod suite;
 #[cfg(feature = "test-hooks")]
 pub mod testing;
+pub(crate) mod tree;
 
 use std::sync::Arc;
 
 pub use conclave_gcs::{Cause, MemberId, View, ViewId, ViewMember};
-pub use engine::{Directory, Engine, Error, Output, StaticDirectory};
+pub use engine::{Directory, Engine, Error, Misbehaved, Output, StaticDirectory};
 pub use key::{Epoch, GroupKey, SecureView};
 pub use meter::Costs;
 pub use suite::{GroupId, SignatureId};

@@ -855,6 +855,11 @@ impl SessionCore {
                         sender: from.clone(),
                         reason: RejectReason::KeyAgreement(e.to_string()),
                     }),
+                    (E::Misbehaved { what, .. }, Some(from)) => self.events.push_back(SecureEvent::Rejected {
+                        group: group.clone(),
+                        sender: from.clone(),
+                        reason: RejectReason::Misbehaved(*what),
+                    }),
                     _ => tracing::debug!(%group, error = %e, "key agreement input dropped"),
                 }
                 return Ok(());

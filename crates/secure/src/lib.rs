@@ -237,6 +237,10 @@ pub enum RejectReason {
     /// A key agreement message that the engine refused.
     #[error("key agreement: {0}")]
     KeyAgreement(String),
+    /// A validly signed key agreement message that no honest member would
+    /// send: the sender misbehaved, as this proves.
+    #[error("key agreement: the sender misbehaved: {0}")]
+    Misbehaved(conclave_gka::Misbehaved),
 }
 
 /// What a [`Session`] delivers.

@@ -25,7 +25,7 @@ use zeroize::Zeroize;
 
 use super::{get_elem, put_elem};
 use crate::codec::{DecodeError, Reader, Writer};
-use crate::engine::{Change, Ctx, Error, Protocol};
+use crate::engine::{Change, Ctx, Error, Misbehaved, Protocol};
 use crate::suite::Group;
 use crate::ProtocolId;
 
@@ -133,7 +133,7 @@ impl<G: Group> Protocol<G> for Bd<G> {
                 let z = get_elem(&mut r, cx.g)?;
                 r.finish()?;
                 if self.z.contains_key(from) {
-                    return Err(Error::Unexpected("second BD round-1 value from one member"));
+                    return Err(Misbehaved::Duplicate { round }.by(from));
                 }
                 self.z.insert(from.clone(), z);
             }
@@ -145,11 +145,11 @@ impl<G: Group> Protocol<G> for Bd<G> {
                 };
                 r.finish()?;
                 if self.x.contains_key(from) {
-                    return Err(Error::Unexpected("second BD round-2 value from one member"));
+                    return Err(Misbehaved::Duplicate { round }.by(from));
                 }
                 self.x.insert(from.clone(), x);
             }
-            _ => return Err(Error::Unexpected("unknown BD round")),
+            _ => return Err(Misbehaved::UnknownRound { round }.by(from)),
         }
         self.progress(cx);
         Ok(())
@@ -175,5 +175,39 @@ impl<G: Group> Protocol<G> for Bd<G> {
             ROUND_X if r.u8("flag")? == 1 => Ok(vec![get_elem(&mut r, g)?]),
             _ => Ok(Vec::new()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ROUND_X, ROUND_Z};
+    use crate::codec::Writer;
+    use crate::engine::Misbehaved;
+    use crate::protocols::testnet::{id, Net};
+    use crate::suite::ristretto::Ristretto255;
+    use crate::suite::Group;
+    use crate::ProtocolId;
+
+    fn elem() -> Vec<u8> {
+        let g = Ristretto255;
+        g.encode(&g.exp_generator(&g.scalar_from_u64(7)))
+    }
+
+    #[test]
+    fn second_values_and_unknown_rounds_prove_misbehaviour() {
+        let mut net = Net::new(ProtocolId::Bd, &["a", "b", "c"], 4);
+        net.view(1, &["a", "b", "c"], &["a", "b", "c"]);
+        // a's round-1 value reaches its neighbours b and c; a second one is a proof.
+        let z = net.step().expect("a's round-1 value");
+        assert_eq!(z.from, id("a"));
+        let dup = Misbehaved::Duplicate { round: ROUND_Z };
+        assert_eq!(net.reject("b", "a", None, ROUND_Z, elem()), dup.by(&id("a")));
+        assert_eq!(net.reject("c", "b", None, 9, elem()), Misbehaved::UnknownRound { round: 9 }.by(&id("b")));
+        net.run();
+        net.agreed();
+        let mut x = Writer::new();
+        x.u8(1).raw(&elem());
+        let dup = Misbehaved::Duplicate { round: ROUND_X };
+        assert_eq!(net.reject("a", "c", None, ROUND_X, x.buf), dup.by(&id("c")));
     }
 }

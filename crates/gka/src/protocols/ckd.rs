@@ -64,9 +64,9 @@ use sha2::{Digest, Sha256};
 use zeroize::Zeroize;
 
 use super::{get_elem, get_member, put_elem, put_member, MAX_MEMBERS};
-use crate::codec::{Reader, Writer};
+use crate::codec::{DecodeError, Reader, Writer};
 use crate::domains;
-use crate::engine::{Change, Ctx, Error, Protocol};
+use crate::engine::{Change, Ctx, Error, Misbehaved, Protocol};
 use crate::suite::Group;
 use crate::ProtocolId;
 
@@ -120,6 +120,8 @@ impl<G: Group> Drop for CtrlShare<G> {
 struct Run<G: Group> {
     /// The round-1 message of this view was delivered.
     setup_seen: bool,
+    /// Controller: the members of N (asked for a share).
+    asked: BTreeSet<MemberId>,
     /// Controller: members of N whose share is still awaited.
     awaiting: BTreeSet<MemberId>,
     /// Controller: the exponent x of K_s = g^x, kept until the key message comes back.
@@ -132,7 +134,14 @@ struct Run<G: Group> {
 
 impl<G: Group> Run<G> {
     fn new() -> Self {
-        Self { setup_seen: false, awaiting: BTreeSet::new(), x: None, key_sent: false, done: false }
+        Self {
+            setup_seen: false,
+            asked: BTreeSet::new(),
+            awaiting: BTreeSet::new(),
+            x: None,
+            key_sent: false,
+            done: false,
+        }
     }
 }
 
@@ -206,7 +215,7 @@ impl<G: Group> Ckd<G> {
         for m in &others {
             let Some(ch) = self.channels.get(m).filter(|c| c.usable) else {
                 // Unreachable by construction (we only get here with usable channels).
-                return Err(Error::Unexpected("CKD controller lacks a channel"));
+                return Err(Error::Internal("CKD controller lacks a channel"));
             };
             let mut e = cx.g.scalar_mul(&x, &ch.k);
             let token = cx.exp_g(&e);
@@ -225,26 +234,26 @@ impl<G: Group> Ckd<G> {
         let setup = Self::decode_setup(cx.g, body)?;
         let ctrl = Self::controller(cx).clone();
         if *from != ctrl {
-            return Err(Error::Unexpected("CKD setup from a member that is not the controller"));
+            return Err(Misbehaved::NotController { round: ROUND_SETUP }.by(from));
         }
         if self.run.setup_seen {
-            return Err(Error::Unexpected("second CKD setup message in one view"));
+            return Err(Misbehaved::Duplicate { round: ROUND_SETUP }.by(from));
         }
         // N: non-empty, members of the view other than the controller, in view order.
         if setup.list.is_empty() {
-            return Err(Error::Unexpected("empty CKD setup list"));
+            return Err(Misbehaved::WrongShape { round: ROUND_SETUP }.by(from));
         }
         let mut last = 0usize;
         for m in &setup.list {
             match cx.position(m) {
                 Some(p) if p > last => last = p,
-                _ => return Err(Error::Unexpected("CKD setup list is not a list of other view members in view order")),
+                _ => return Err(Misbehaved::WrongShape { round: ROUND_SETUP }.by(from)),
             }
         }
         if from == cx.me {
             // Our own round 1 back: the shares are what we wait for.
             if self.ctrl.as_ref().map(|c| &c.share) != Some(&setup.ctrl_share) {
-                return Err(Error::Unexpected("CKD setup share is not ours"));
+                return Err(Error::Internal("CKD setup share is not ours"));
             }
             self.run.setup_seen = true;
             return Ok(());
@@ -273,13 +282,17 @@ impl<G: Group> Ckd<G> {
         let share = get_elem(&mut rd, cx.g)?;
         rd.finish()?;
         if Self::controller(cx) != cx.me {
-            return Err(Error::Unexpected("CKD share sent to a member that is not the controller"));
+            return Err(Misbehaved::WrongRecipient { round: ROUND_SHARE }.by(from));
         }
+        if !self.run.asked.contains(from) {
+            return Err(Misbehaved::Unsolicited { round: ROUND_SHARE }.by(from));
+        }
+        // Once the key is sent every asked member has answered.
         if self.run.key_sent || !self.run.awaiting.contains(from) {
-            return Err(Error::Unexpected("CKD share from a member not (or no longer) expected"));
+            return Err(Misbehaved::Duplicate { round: ROUND_SHARE }.by(from));
         }
         let Some(ctrl) = self.ctrl.as_ref() else {
-            return Err(Error::Unexpected("CKD controller without its share"));
+            return Err(Error::Internal("CKD controller without its share"));
         };
         let mut secret = cx.exp(&share, &ctrl.r);
         let ctrl_share = ctrl.share.clone();
@@ -298,19 +311,19 @@ impl<G: Group> Ckd<G> {
         let msg = Self::decode_key(cx.g, body)?;
         let ctrl = Self::controller(cx).clone();
         if *from != ctrl {
-            return Err(Error::Unexpected("CKD key message from a member that is not the controller"));
+            return Err(Misbehaved::NotController { round: ROUND_KEY }.by(from));
         }
         if self.run.done {
-            return Err(Error::Unexpected("second CKD key message in one view"));
+            return Err(Misbehaved::Duplicate { round: ROUND_KEY }.by(from));
         }
         if msg.entries.len() + 1 != cx.view.members.len()
             || !msg.entries.iter().zip(cx.view.ids().skip(1)).all(|((m, _, _), v)| m == v)
         {
-            return Err(Error::Unexpected("CKD key message does not list exactly the other view members"));
+            return Err(Misbehaved::WrongShape { round: ROUND_KEY }.by(from));
         }
         if from == cx.me {
             let Some(mut x) = self.run.x.take() else {
-                return Err(Error::Unexpected("CKD key message we did not send"));
+                return Err(Error::Internal("CKD key message we did not send"));
             };
             let mut ks = cx.exp_g(&x);
             x.zeroize();
@@ -320,10 +333,11 @@ impl<G: Group> Ckd<G> {
             return Ok(());
         }
         let Some((_, id, token)) = msg.entries.iter().find(|(m, _, _)| m == cx.me) else {
-            return Err(Error::Unexpected("CKD key message does not list this member"));
+            // Unreachable: the list was checked to hold every other member.
+            return Err(Error::Internal("CKD key message does not list this member"));
         };
         let Some(ch) = self.channels.get_mut(&ctrl).filter(|c| c.id == *id) else {
-            return Err(Error::Unexpected("CKD key message names a channel this member does not hold"));
+            return Err(Misbehaved::Inconsistent { round: ROUND_KEY }.by(from));
         };
         let mut inv = cx.g.scalar_invert(&ch.k);
         ch.usable = true;
@@ -387,7 +401,8 @@ impl<G: Group> Protocol<G> for Ckd<G> {
         for m in &need {
             put_member(&mut w, m);
         }
-        self.run.awaiting = need.into_iter().collect();
+        self.run.asked = need.into_iter().collect();
+        self.run.awaiting = self.run.asked.clone();
         cx.broadcast(ROUND_SETUP, w.buf);
         Ok(())
     }
@@ -397,7 +412,7 @@ impl<G: Group> Protocol<G> for Ckd<G> {
             ROUND_SETUP => self.on_setup(cx, from, body),
             ROUND_SHARE => self.on_share(cx, from, body),
             ROUND_KEY => self.on_key(cx, from, body),
-            _ => Err(Error::Unexpected("unknown CKD round")),
+            _ => Err(Misbehaved::UnknownRound { round }.by(from)),
         }
     }
 
@@ -418,7 +433,7 @@ impl<G: Group> Protocol<G> for Ckd<G> {
                 Ok(vec![e])
             }
             ROUND_KEY => Ok(Self::decode_key(g, body)?.entries.into_iter().map(|(_, _, t)| t).collect()),
-            _ => Err(Error::Unexpected("unknown CKD round")),
+            _ => Err(Error::Decode(DecodeError::Bad("unknown CKD round"))),
         }
     }
 }
@@ -461,7 +476,7 @@ mod tests {
 
     use super::{ID_LEN, ROUND_KEY, ROUND_SETUP, ROUND_SHARE};
     use crate::codec::{Reader, Writer};
-    use crate::engine::Error;
+    use crate::engine::{Error, Misbehaved};
     use crate::harness::{EventCost, Harness};
     use crate::protocols::testnet::{id, Net, Packet};
     use crate::suite::{GroupId, SignatureId};
@@ -689,7 +704,7 @@ mod tests {
         assert_eq!(setup.round, ROUND_SETUP);
         // Only the controller may send round 1.
         let forged = net.forge("b", None, ROUND_SETUP, setup_body.clone());
-        assert!(matches!(net.refuse("c", &forged), Error::Unexpected(_)));
+        assert_eq!(net.refuse("c", &forged), Misbehaved::NotController { round: ROUND_SETUP }.by(&id("b")));
         // Malformed bodies.
         let mut trailing = setup_body.clone();
         trailing.push(0);
@@ -699,10 +714,22 @@ mod tests {
         // A list naming the controller or a non-member.
         let mut w = Writer::new();
         w.raw(&setup_body[..32]).count(1).short_bytes(b"a");
-        assert!(matches!(net.reject("c", "a", None, ROUND_SETUP, w.buf), Error::Unexpected(_)));
+        assert_eq!(
+            net.reject("c", "a", None, ROUND_SETUP, w.buf),
+            Misbehaved::WrongShape { round: ROUND_SETUP }.by(&id("a"))
+        );
         let mut w = Writer::new();
         w.raw(&setup_body[..32]).count(1).short_bytes(b"zz");
-        assert!(matches!(net.reject("c", "a", None, ROUND_SETUP, w.buf), Error::Unexpected(_)));
+        assert_eq!(
+            net.reject("c", "a", None, ROUND_SETUP, w.buf),
+            Misbehaved::WrongShape { round: ROUND_SETUP }.by(&id("a"))
+        );
+        let mut w = Writer::new();
+        w.raw(&setup_body[..32]).count(0);
+        assert_eq!(
+            net.reject("c", "a", None, ROUND_SETUP, w.buf),
+            Misbehaved::WrongShape { round: ROUND_SETUP }.by(&id("a"))
+        );
 
         net.step();
         let shares: Vec<Packet> = net.queue.iter().cloned().collect();
@@ -710,15 +737,18 @@ mod tests {
         assert!(shares.iter().all(|s| s.to == Some(id("a"))));
         // A second round 1 in the same view is refused.
         let again = net.forge("a", None, ROUND_SETUP, setup_body.clone());
-        assert!(matches!(net.refuse("b", &again), Error::Unexpected(_)));
+        assert_eq!(net.refuse("b", &again), Misbehaved::Duplicate { round: ROUND_SETUP }.by(&id("a")));
         // A share sent to a non-controller is refused.
         let share_body = shares[0].body();
-        assert!(matches!(net.reject("c", "b", Some("c"), ROUND_SHARE, share_body.clone()), Error::Unexpected(_)));
+        assert_eq!(
+            net.reject("c", "b", Some("c"), ROUND_SHARE, share_body.clone()),
+            Misbehaved::WrongRecipient { round: ROUND_SHARE }.by(&id("b"))
+        );
         // First share accepted, a second share from the same member refused.
         assert_eq!(net.step().as_ref(), Some(&shares[0]));
         assert!(net.queue.len() == 1, "nothing sent on the first share");
         let m = net.forge("b", Some("a"), ROUND_SHARE, share_body.clone());
-        assert!(matches!(net.refuse("a", &m), Error::Unexpected(_)));
+        assert_eq!(net.refuse("a", &m), Misbehaved::Duplicate { round: ROUND_SHARE }.by(&id("b")));
         assert_eq!(net.step().as_ref(), Some(&shares[1]));
         assert_eq!(net.queue.len(), 1);
         let key = net.queue[0].clone();
@@ -727,7 +757,10 @@ mod tests {
 
         // Key messages: only from the controller, listing exactly the others in
         // view order, naming channels the members hold.
-        assert!(matches!(net.reject("c", "b", None, ROUND_KEY, key_body.clone()), Error::Unexpected(_)));
+        assert_eq!(
+            net.reject("c", "b", None, ROUND_KEY, key_body.clone()),
+            Misbehaved::NotController { round: ROUND_KEY }.by(&id("b"))
+        );
         let variants = [
             rewrite_key(&key_body, |e| {
                 e.pop();
@@ -740,9 +773,11 @@ mod tests {
             rewrite_key(&key_body, |e| e[0].0 = b"d".to_vec()),
             rewrite_key(&key_body, |e| e[0].1[0] ^= 1),
         ];
-        for (i, v) in variants.into_iter().enumerate() {
+        let (shape, channel) =
+            (Misbehaved::WrongShape { round: ROUND_KEY }, Misbehaved::Inconsistent { round: ROUND_KEY });
+        for (i, (v, what)) in variants.into_iter().zip([shape, shape, shape, shape, channel]).enumerate() {
             let e = net.reject("b", "a", None, ROUND_KEY, v);
-            assert!(matches!(e, Error::Unexpected(_)), "variant {i}: {e:?}");
+            assert_eq!(e, what.by(&id("a")), "variant {i}");
         }
         let e = net.reject("b", "a", None, ROUND_KEY, key_body[..key_body.len() - 1].to_vec());
         assert!(matches!(e, Error::Decode(_)), "{e:?}");
@@ -752,12 +787,18 @@ mod tests {
         net.agreed();
         // A second key message in the view is refused.
         let m = net.forge("a", None, ROUND_KEY, key_body.clone());
-        assert!(net.offer("b", &m).is_err());
+        assert_eq!(net.offer("b", &m).unwrap_err(), Misbehaved::Duplicate { round: ROUND_KEY }.by(&id("a")));
+        assert_eq!(net.refuse("c", &m), Misbehaved::Duplicate { round: ROUND_KEY }.by(&id("a")));
+        let m = net.forge("c", None, 9, Vec::new());
+        assert_eq!(net.refuse("a", &m), Misbehaved::UnknownRound { round: 9 }.by(&id("c")));
 
         // View 2: d joins; only d is in N. A share from a member outside N is refused.
         net.view(2, &["a", "b", "c", "d"], &["d"]);
         assert_eq!(net.queue.len(), 1);
-        assert!(matches!(net.reject("a", "b", Some("a"), ROUND_SHARE, share_body), Error::Unexpected(_)));
+        assert_eq!(
+            net.reject("a", "b", Some("a"), ROUND_SHARE, share_body),
+            Misbehaved::Unsolicited { round: ROUND_SHARE }.by(&id("b"))
+        );
         net.run();
         net.agreed();
 

@@ -53,8 +53,8 @@ use conclave_gcs::MemberId;
 use zeroize::Zeroize;
 
 use super::{get_elem, get_member, put_elem, put_member, MAX_MEMBERS};
-use crate::codec::{Reader, Writer};
-use crate::engine::{Change, Ctx, Error, Protocol};
+use crate::codec::{DecodeError, Reader, Writer};
+use crate::engine::{Change, Ctx, Error, Misbehaved, Protocol};
 use crate::suite::Group;
 use crate::ProtocolId;
 
@@ -155,8 +155,9 @@ pub struct Gdh<G: Group> {
     run: Run<G>,
 }
 
-fn unexpected(what: &'static str) -> Error {
-    Error::Unexpected(what)
+/// A broken invariant of this engine (see [`Error::Internal`]).
+fn internal(what: &'static str) -> Error {
+    Error::Internal(what)
 }
 
 impl<G: Group> Gdh<G> {
@@ -191,9 +192,9 @@ impl<G: Group> Gdh<G> {
         }
         if change.single {
             // Leave, partition or rekey: everybody holds the same list.
-            let saved = self.saved.as_ref().ok_or_else(|| unexpected("GDH refresh without a secure state"))?;
+            let saved = self.saved.as_ref().ok_or_else(|| internal("GDH refresh without a secure state"))?;
             if !cx.view.ids().all(|m| saved.partials.contains_key(m)) {
-                return Err(unexpected("GDH refresh: a member has no stored partial key"));
+                return Err(internal("GDH refresh: a member has no stored partial key"));
             }
             let controller = cx.view.members[n - 1].id.clone();
             let contrib = if controller == me {
@@ -232,7 +233,7 @@ impl<G: Group> Gdh<G> {
             return Ok(());
         }
         let chain: Vec<MemberId> = cx.view.ids().filter(|m| !change.mine.contains(m)).cloned().collect();
-        let last = chain.last().cloned().ok_or_else(|| unexpected("GDH merge without new members"))?;
+        let last = chain.last().cloned().ok_or_else(|| internal("GDH merge without new members"))?;
         let contrib = if me == first {
             let fresh = cx.random();
             let token = if change.mine.len() > 1 {
@@ -240,7 +241,7 @@ impl<G: Group> Gdh<G> {
                     .saved
                     .as_ref()
                     .and_then(|s| s.partials.get(&me))
-                    .ok_or_else(|| unexpected("GDH merge: no stored partial key"))?
+                    .ok_or_else(|| internal("GDH merge: no stored partial key"))?
                     .clone();
                 cx.exp(&s, &fresh)
             } else {
@@ -252,7 +253,7 @@ impl<G: Group> Gdh<G> {
             cx.unicast(&chain[0], ROUND_TOKEN, w.buf);
             fresh
         } else {
-            self.saved.as_ref().ok_or_else(|| unexpected("GDH merge: old member without state"))?.r.clone()
+            self.saved.as_ref().ok_or_else(|| internal("GDH merge: old member without state"))?.r.clone()
         };
         self.run.chain = Some(chain);
         self.run.controller = Some(last);
@@ -266,25 +267,38 @@ impl<G: Group> Gdh<G> {
         let chain = Self::get_members(&mut r)?;
         let token = get_elem(&mut r, cx.g)?;
         r.finish()?;
-        if self.run.mode != Mode::Merge || self.run.old || self.run.got_token {
-            return Err(unexpected("GDH token not expected"));
+        let bad = |what: Misbehaved| Err(what.by(from));
+        let round = ROUND_TOKEN;
+        if self.run.mode != Mode::Merge {
+            return bad(Misbehaved::OutsideItsRun { round });
+        }
+        if self.run.old {
+            // Old members know the chain; the token only goes to new ones.
+            return bad(Misbehaved::WrongRecipient { round });
+        }
+        if self.run.got_token {
+            return bad(Misbehaved::Duplicate { round });
         }
         let first = &cx.view.members[0].id;
         let mut prev_pos = None;
         for m in &chain {
-            let pos = cx.position(m).ok_or_else(|| unexpected("GDH chain names a non-member"))?;
-            if pos == 0 || prev_pos.is_some_and(|p| pos <= p) {
-                return Err(unexpected("GDH chain is not in view order after the first member"));
+            // Members of the view, in view order after the first member.
+            match cx.position(m) {
+                Some(pos) if pos > 0 && prev_pos.is_none_or(|p| pos > p) => prev_pos = Some(pos),
+                _ => return bad(Misbehaved::WrongShape { round }),
             }
-            prev_pos = Some(pos);
         }
         if !self.run.mine.iter().all(|m| chain.contains(m)) {
-            return Err(unexpected("GDH chain leaves out a member of my subgroup"));
+            // My subgroup is new as a whole: all of it is in the chain.
+            return bad(Misbehaved::Inconsistent { round });
         }
-        let k = chain.iter().position(|m| m == cx.me).ok_or_else(|| unexpected("GDH chain leaves me out"))?;
+        let Some(k) = chain.iter().position(|m| m == cx.me) else {
+            // (Unreachable: I am in my subgroup.)
+            return bad(Misbehaved::WrongShape { round });
+        };
         let expected = if k == 0 { first } else { &chain[k - 1] };
         if from != expected {
-            return Err(unexpected("GDH token from a member other than my predecessor"));
+            return bad(Misbehaved::NotItsTurn { round });
         }
         let fresh = cx.random();
         if k + 1 == chain.len() {
@@ -312,20 +326,25 @@ impl<G: Group> Gdh<G> {
         let mut r = Reader::new(body);
         let token = get_elem(&mut r, cx.g)?;
         r.finish()?;
-        if self.run.mode != Mode::Merge || self.run.got_bcast {
-            return Err(unexpected("GDH broadcast token not expected"));
+        let round = ROUND_BCAST;
+        if self.run.mode != Mode::Merge {
+            return Err(Misbehaved::OutsideItsRun { round }.by(from));
         }
-        let controller =
-            self.run.controller.clone().ok_or_else(|| unexpected("GDH broadcast token before the chain"))?;
+        // A new member learns the chain from the token, which passes it
+        // before the last chain member can have broadcast.
+        let controller = self.run.controller.clone().ok_or_else(|| Misbehaved::NotItsTurn { round }.by(from))?;
         if *from != controller {
-            return Err(unexpected("GDH broadcast token not from the last chain member"));
+            return Err(Misbehaved::NotController { round }.by(from));
+        }
+        if self.run.got_bcast {
+            return Err(Misbehaved::Duplicate { round }.by(from));
         }
         if controller == *cx.me {
             // My own broadcast coming back.
             self.run.got_bcast = true;
             return Ok(());
         }
-        let c = self.run.contrib.as_ref().ok_or_else(|| unexpected("GDH: no contribution to factor out"))?;
+        let c = self.run.contrib.as_ref().ok_or_else(|| internal("GDH: no contribution to factor out"))?;
         let mut inv = cx.g.scalar_invert(c);
         let f = cx.exp(&token, &inv);
         inv.zeroize();
@@ -343,16 +362,29 @@ impl<G: Group> Gdh<G> {
         let f = get_elem(&mut r, cx.g)?;
         r.finish()?;
         let run = &self.run;
-        if run.mode != Mode::Merge
-            || run.controller.as_ref() != Some(cx.me)
-            || run.list_sent
-            || from == cx.me
-            || run.partials.contains_key(from)
-        {
-            return Err(unexpected("GDH factor-out token not expected"));
+        let round = ROUND_FACTOR;
+        if run.mode != Mode::Merge {
+            return Err(Misbehaved::OutsideItsRun { round }.by(from));
+        }
+        match &run.controller {
+            // A new member learns that it is the controller from the token,
+            // which reaches it before anybody can factor out.
+            None => return Err(Misbehaved::NotItsTurn { round }.by(from)),
+            Some(c) if c != cx.me => return Err(Misbehaved::WrongRecipient { round }.by(from)),
+            Some(_) => {}
+        }
+        if from == cx.me {
+            // The runner accepts no unicast from oneself.
+            return Err(internal("GDH factor-out token from myself"));
+        }
+        // Once the list is sent, every other member's token is in.
+        if run.list_sent || run.partials.contains_key(from) {
+            return Err(Misbehaved::Duplicate { round }.by(from));
         }
         let (Some(token), Some(c)) = (run.token.clone(), run.contrib.as_ref()) else {
-            return Err(unexpected("GDH factor-out token before the token"));
+            // Factoring out needs the token I broadcast, which I hold from the
+            // moment I broadcast it.
+            return Err(Misbehaved::NotItsTurn { round }.by(from));
         };
         let p = cx.exp(&f, c);
         self.run.partials.insert(from.clone(), p);
@@ -376,17 +408,24 @@ impl<G: Group> Gdh<G> {
         let list = Self::get_list(&mut r, cx.g)?;
         r.finish()?;
         let run = &self.run;
-        if run.mode == Mode::Idle || run.controller.as_ref() != Some(from) {
-            return Err(unexpected("GDH partial key list not expected"));
+        let round = ROUND_LIST;
+        if run.mode == Mode::Idle {
+            return Err(Misbehaved::OutsideItsRun { round }.by(from));
         }
-        let ready = if from == cx.me { run.list_sent } else { run.mode == Mode::Refresh || run.sent_factor };
-        if !ready {
-            return Err(unexpected("GDH partial key list before my part of the run"));
+        if run.controller.as_ref() != Some(from) {
+            return Err(Misbehaved::NotController { round }.by(from));
+        }
+        if from == cx.me && !run.list_sent {
+            return Err(internal("GDH: my own list before I sent it"));
+        }
+        if from != cx.me && run.mode == Mode::Merge && !run.sent_factor {
+            // The controller lists after every factor-out token, mine too.
+            return Err(Misbehaved::NotItsTurn { round }.by(from));
         }
         if list.len() != cx.view.members.len() || !list.iter().zip(cx.view.ids()).all(|((m, _), v)| m == v) {
-            return Err(unexpected("GDH partial key list does not match the view"));
+            return Err(Misbehaved::WrongShape { round }.by(from));
         }
-        let c = run.contrib.clone().ok_or_else(|| unexpected("GDH: no contribution"))?;
+        let c = run.contrib.clone().ok_or_else(|| internal("GDH: no contribution"))?;
         let pos = cx.position(cx.me).ok_or(Error::BadView("not a member"))?;
         let key = cx.exp(&list[pos].1, &c);
         cx.install(&key);
@@ -423,7 +462,7 @@ impl<G: Group> Protocol<G> for Gdh<G> {
             ROUND_BCAST => self.on_bcast(cx, from, body),
             ROUND_FACTOR => self.on_factor(cx, from, body),
             ROUND_LIST => self.on_list(cx, from, body),
-            _ => Err(unexpected("unknown GDH round")),
+            _ => Err(Misbehaved::UnknownRound { round }.by(from)),
         }
     }
 
@@ -449,7 +488,7 @@ impl<G: Group> Protocol<G> for Gdh<G> {
             }
             ROUND_BCAST | ROUND_FACTOR => vec![get_elem(&mut r, g)?],
             ROUND_LIST => Self::get_list(&mut r, g)?.into_iter().map(|(_, e)| e).collect(),
-            _ => return Err(unexpected("unknown GDH round")),
+            _ => return Err(Error::Decode(DecodeError::Bad("unknown GDH round"))),
         };
         r.finish()?;
         Ok(out)
@@ -672,7 +711,7 @@ mod validation {
 
     use super::{ROUND_BCAST, ROUND_FACTOR, ROUND_LIST, ROUND_TOKEN};
     use crate::codec::Writer;
-    use crate::engine::Error;
+    use crate::engine::{Error, Misbehaved};
     use crate::protocols::testnet::{id, Net};
     use crate::suite::ristretto::Ristretto255;
     use crate::suite::Group;
@@ -708,8 +747,10 @@ mod validation {
         w.buf
     }
 
-    fn unexpected(e: Error) {
-        assert!(matches!(e, Error::Unexpected(_)), "{e:?}");
+    /// `e` is the proof `what` against `sender`.
+    #[track_caller]
+    fn proves(e: Error, what: Misbehaved, sender: &str) {
+        assert_eq!(e, what.by(&id(sender)));
     }
 
     #[test]
@@ -720,12 +761,36 @@ mod validation {
         net.agreed();
         // d joins: a sends the token to d; d is the chain and the controller.
         net.view(2, &["a", "b", "c", "d"], &["d"]);
-        unexpected(net.reject("d", "b", Some("d"), ROUND_TOKEN, token_body(&["d"])));
-        unexpected(net.reject("d", "a", Some("d"), ROUND_TOKEN, token_body(&["b", "d"])));
-        unexpected(net.reject("d", "a", Some("d"), ROUND_TOKEN, token_body(&[])));
-        unexpected(net.reject("d", "a", Some("d"), ROUND_TOKEN, token_body(&["a", "d"])));
-        unexpected(net.reject("d", "a", Some("d"), ROUND_TOKEN, token_body(&["d", "c"])));
-        unexpected(net.reject("b", "a", Some("b"), ROUND_TOKEN, token_body(&["b"])));
+        proves(
+            net.reject("d", "b", Some("d"), ROUND_TOKEN, token_body(&["d"])),
+            Misbehaved::NotItsTurn { round: ROUND_TOKEN },
+            "b",
+        );
+        proves(
+            net.reject("d", "a", Some("d"), ROUND_TOKEN, token_body(&["b", "d"])),
+            Misbehaved::NotItsTurn { round: ROUND_TOKEN },
+            "a",
+        );
+        proves(
+            net.reject("d", "a", Some("d"), ROUND_TOKEN, token_body(&[])),
+            Misbehaved::Inconsistent { round: ROUND_TOKEN },
+            "a",
+        );
+        proves(
+            net.reject("d", "a", Some("d"), ROUND_TOKEN, token_body(&["a", "d"])),
+            Misbehaved::WrongShape { round: ROUND_TOKEN },
+            "a",
+        );
+        proves(
+            net.reject("d", "a", Some("d"), ROUND_TOKEN, token_body(&["d", "c"])),
+            Misbehaved::WrongShape { round: ROUND_TOKEN },
+            "a",
+        );
+        proves(
+            net.reject("b", "a", Some("b"), ROUND_TOKEN, token_body(&["b"])),
+            Misbehaved::WrongRecipient { round: ROUND_TOKEN },
+            "a",
+        );
         let mut trailing = token_body(&["d"]);
         trailing.push(0);
         assert!(matches!(net.reject("d", "a", Some("d"), ROUND_TOKEN, trailing), Error::Decode(_)));
@@ -733,27 +798,71 @@ mod validation {
         let l = bad.len();
         bad[l - 32..].fill(0xff);
         assert!(matches!(net.reject("d", "a", Some("d"), ROUND_TOKEN, bad), Error::Crypto(_)));
-        unexpected(net.reject("b", "a", None, ROUND_BCAST, elem_body()));
+        proves(
+            net.reject("b", "a", None, ROUND_BCAST, elem_body()),
+            Misbehaved::NotController { round: ROUND_BCAST },
+            "a",
+        );
         // (A broadcast token from d, the last chain member, would be accepted
         // by b: b cannot know whether d received the token yet.)
-        unexpected(net.reject("d", "b", Some("d"), ROUND_FACTOR, elem_body()));
-        unexpected(net.reject("b", "d", None, ROUND_LIST, list_body(&["a", "b", "c", "d"])));
-        unexpected(net.reject("b", "d", None, 9, elem_body()));
+        proves(
+            net.reject("d", "b", Some("d"), ROUND_FACTOR, elem_body()),
+            Misbehaved::NotItsTurn { round: ROUND_FACTOR },
+            "b",
+        );
+        proves(
+            net.reject("b", "d", None, ROUND_LIST, list_body(&["a", "b", "c", "d"])),
+            Misbehaved::NotItsTurn { round: ROUND_LIST },
+            "d",
+        );
+        proves(net.reject("b", "d", None, 9, elem_body()), Misbehaved::UnknownRound { round: 9 }, "d");
         // The token reaches d, which broadcasts it; b factors out.
         net.run_until(|p| p.from == id("b") && p.round == ROUND_FACTOR);
-        unexpected(net.reject("b", "d", None, ROUND_BCAST, elem_body()));
-        unexpected(net.reject("d", "b", Some("d"), ROUND_FACTOR, elem_body()));
+        proves(net.reject("b", "d", None, ROUND_BCAST, elem_body()), Misbehaved::Duplicate { round: ROUND_BCAST }, "d");
+        proves(
+            net.reject("d", "b", Some("d"), ROUND_FACTOR, elem_body()),
+            Misbehaved::Duplicate { round: ROUND_FACTOR },
+            "b",
+        );
         net.reject("d", "d", Some("d"), ROUND_FACTOR, elem_body()); // the runner refuses it
-        unexpected(net.reject("c", "b", Some("c"), ROUND_FACTOR, elem_body()));
-        unexpected(net.reject("b", "c", None, ROUND_LIST, list_body(&["a", "b", "c", "d"])));
-        unexpected(net.reject("b", "d", None, ROUND_LIST, list_body(&["a", "b", "c"])));
-        unexpected(net.reject("b", "d", None, ROUND_LIST, list_body(&["a", "c", "b", "d"])));
-        unexpected(net.reject("b", "d", None, ROUND_LIST, list_body(&["a", "b", "c", "d", "d"])));
+        proves(
+            net.reject("c", "b", Some("c"), ROUND_FACTOR, elem_body()),
+            Misbehaved::WrongRecipient { round: ROUND_FACTOR },
+            "b",
+        );
+        proves(
+            net.reject("b", "c", None, ROUND_LIST, list_body(&["a", "b", "c", "d"])),
+            Misbehaved::NotController { round: ROUND_LIST },
+            "c",
+        );
+        proves(
+            net.reject("b", "d", None, ROUND_LIST, list_body(&["a", "b", "c"])),
+            Misbehaved::WrongShape { round: ROUND_LIST },
+            "d",
+        );
+        proves(
+            net.reject("b", "d", None, ROUND_LIST, list_body(&["a", "c", "b", "d"])),
+            Misbehaved::WrongShape { round: ROUND_LIST },
+            "d",
+        );
+        proves(
+            net.reject("b", "d", None, ROUND_LIST, list_body(&["a", "b", "c", "d", "d"])),
+            Misbehaved::WrongShape { round: ROUND_LIST },
+            "d",
+        );
         net.run();
         net.agreed();
         // After the install nothing more is accepted.
-        unexpected(net.reject("b", "d", None, ROUND_LIST, list_body(&["a", "b", "c", "d"])));
-        unexpected(net.reject("d", "b", Some("d"), ROUND_FACTOR, elem_body()));
+        proves(
+            net.reject("b", "d", None, ROUND_LIST, list_body(&["a", "b", "c", "d"])),
+            Misbehaved::OutsideItsRun { round: ROUND_LIST },
+            "d",
+        );
+        proves(
+            net.reject("d", "b", Some("d"), ROUND_FACTOR, elem_body()),
+            Misbehaved::OutsideItsRun { round: ROUND_FACTOR },
+            "b",
+        );
     }
 
     #[test]
@@ -764,12 +873,36 @@ mod validation {
         net.agreed();
         // d leaves: c is the controller.
         net.view(2, &["a", "b", "c"], &[]);
-        unexpected(net.reject("a", "b", None, ROUND_LIST, list_body(&["a", "b", "c"])));
-        unexpected(net.reject("a", "c", None, ROUND_LIST, list_body(&["a", "b", "c", "d"])));
-        unexpected(net.reject("a", "c", None, ROUND_LIST, list_body(&["a", "c"])));
-        unexpected(net.reject("a", "c", None, ROUND_BCAST, elem_body()));
-        unexpected(net.reject("c", "a", Some("c"), ROUND_FACTOR, elem_body()));
-        unexpected(net.reject("a", "b", Some("a"), ROUND_TOKEN, token_body(&["a"])));
+        proves(
+            net.reject("a", "b", None, ROUND_LIST, list_body(&["a", "b", "c"])),
+            Misbehaved::NotController { round: ROUND_LIST },
+            "b",
+        );
+        proves(
+            net.reject("a", "c", None, ROUND_LIST, list_body(&["a", "b", "c", "d"])),
+            Misbehaved::WrongShape { round: ROUND_LIST },
+            "c",
+        );
+        proves(
+            net.reject("a", "c", None, ROUND_LIST, list_body(&["a", "c"])),
+            Misbehaved::WrongShape { round: ROUND_LIST },
+            "c",
+        );
+        proves(
+            net.reject("a", "c", None, ROUND_BCAST, elem_body()),
+            Misbehaved::OutsideItsRun { round: ROUND_BCAST },
+            "c",
+        );
+        proves(
+            net.reject("c", "a", Some("c"), ROUND_FACTOR, elem_body()),
+            Misbehaved::OutsideItsRun { round: ROUND_FACTOR },
+            "a",
+        );
+        proves(
+            net.reject("a", "b", Some("a"), ROUND_TOKEN, token_body(&["a"])),
+            Misbehaved::OutsideItsRun { round: ROUND_TOKEN },
+            "b",
+        );
         net.run();
         net.agreed();
     }

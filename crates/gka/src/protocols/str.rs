@@ -62,7 +62,7 @@ use zeroize::Zeroize;
 use super::{get_elem, get_member, put_elem, put_member, MAX_MEMBERS};
 use crate::codec::{DecodeError, Reader, Writer};
 use crate::domains::STR_NODE;
-use crate::engine::{Change, Ctx, Error, Protocol};
+use crate::engine::{Change, Ctx, Error, Misbehaved, Protocol};
 use crate::suite::Group;
 use crate::ProtocolId;
 
@@ -181,7 +181,7 @@ impl<G: Group> Tree<G> {
     /// node `upto`, and the blinded keys of those nodes below `bk_below`.
     /// Returns node `upto`'s secret element (none for node 0).
     fn climb(&mut self, cx: &mut Ctx<'_, G>, upto: usize, bk_below: usize) -> Result<Option<G::Element>, Error> {
-        const MISSING: Error = Error::Unexpected("STR: a value needed for a node key is missing");
+        const MISSING: Error = Error::Internal("STR: a value needed for a node key is missing");
         if upto >= self.len() || self.pos > upto {
             return Err(MISSING);
         }
@@ -264,7 +264,7 @@ impl<G: Group> Chain<G> {
             put_elem(&mut w, g, br);
         }
         for bk in &t.bk[1..] {
-            put_elem(&mut w, g, bk.as_ref().ok_or(Error::Unexpected("STR: chain not computed"))?);
+            put_elem(&mut w, g, bk.as_ref().ok_or(Error::Internal("STR: chain not computed"))?);
         }
         Ok(w.buf)
     }
@@ -279,7 +279,7 @@ fn get_bks<G: Group>(r: &mut Reader<'_>, g: &G) -> Result<Vec<G::Element>, Error
 fn put_bks<G: Group>(w: &mut Writer, g: &G, bks: &[Option<G::Element>]) -> Result<(), Error> {
     w.count(bks.len());
     for bk in bks {
-        put_elem(w, g, bk.as_ref().ok_or(Error::Unexpected("STR: blinded key not computed"))?);
+        put_elem(w, g, bk.as_ref().ok_or(Error::Internal("STR: blinded key not computed"))?);
     }
     Ok(())
 }
@@ -319,7 +319,7 @@ pub struct Str<G: Group> {
 impl<G: Group> Str<G> {
     /// Installs the run's group secret and keeps its tree.
     fn commit(&mut self, cx: &mut Ctx<'_, G>, mut tree: Tree<G>) -> Result<(), Error> {
-        let mut secret = tree.seal().ok_or(Error::Unexpected("STR: no group secret"))?;
+        let mut secret = tree.seal().ok_or(Error::Internal("STR: no group secret"))?;
         cx.install(&secret);
         secret.zeroize();
         self.tree = Some(tree);
@@ -377,12 +377,13 @@ impl<G: Group> Str<G> {
     }
 
     fn on_leave(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
+        let round = ROUND_LEAVE;
         let Run::Leave { tree, sponsor } = &self.run else {
-            return Err(Error::Unexpected("STR leave message outside a leave run"));
+            return Err(Misbehaved::OutsideItsRun { round }.by(from));
         };
         let (s, n) = (*sponsor, tree.len());
         if from != &tree.members[s] {
-            return Err(Error::Unexpected("STR leave message from a member other than the sponsor"));
+            return Err(Misbehaved::NotSponsor { round }.by(from));
         }
         let mut r = Reader::new(body);
         let br = get_elem(&mut r, cx.g)?;
@@ -390,12 +391,12 @@ impl<G: Group> Str<G> {
         r.finish()?;
         let first = s.max(1);
         if bks.len() != (n - 1).saturating_sub(first) {
-            return Err(Error::Unexpected("STR leave message with the wrong number of blinded keys"));
+            return Err(Misbehaved::WrongShape { round }.by(from));
         }
         let mut tree = tree.clone();
         if from == cx.me {
             if tree.br[s] != br || tree.secret.is_none() {
-                return Err(Error::Unexpected("STR: own leave message does not match"));
+                return Err(Error::Internal("STR: own leave message does not match"));
             }
         } else {
             tree.br[s] = br;
@@ -411,34 +412,43 @@ impl<G: Group> Str<G> {
     }
 
     fn on_chain(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
+        let round = ROUND_CHAIN;
         let Run::Merge(m) = &mut self.run else {
-            return Err(Error::Unexpected("STR chain message outside a merge"));
+            return Err(Misbehaved::OutsideItsRun { round }.by(from));
         };
         if m.stacked.is_some() {
-            return Err(Error::Unexpected("STR chain message after every chain is in"));
+            // The announced chains cover the view already.
+            return Err(Misbehaved::AlreadyAnnounced { round }.by(from));
         }
         let chain = Chain::<G>::decode(cx.g, body)?;
         let n = cx.view.members.len();
         // Distinct members of the view, not announced yet, the sender among them.
         let covered = m.announced.len();
         let mut fresh: BTreeSet<&MemberId> = BTreeSet::new();
-        if chain.members.len() > n - covered
-            || !chain.members.iter().all(|x| cx.contains(x) && !m.announced.contains(x) && fresh.insert(x))
+        if chain.members.len() > n
+            || !chain.members.iter().all(|x| cx.contains(x) && fresh.insert(x))
             || !chain.members.contains(from)
         {
-            return Err(Error::Unexpected("STR chain does not fit the view"));
+            return Err(Misbehaved::WrongShape { round }.by(from));
+        }
+        if chain.members.len() > n - covered || chain.members.iter().any(|x| m.announced.contains(x)) {
+            return Err(Misbehaved::AlreadyAnnounced { round }.by(from));
         }
         let mut sub = m.sub.clone();
         if sub.members.contains(from) {
             // Our own subgroup: must come from its sponsor and agree with our tree.
             let s = m.sub_sponsor;
-            if from != &sub.members[s]
-                || chain.members != sub.members
+            if from != &sub.members[s] {
+                return Err(Misbehaved::NotSponsor { round }.by(from));
+            }
+            if chain.members != sub.members
                 || (0..sub.len()).any(|j| j != s && chain.br[j] != sub.br[j])
                 || (1..s).any(|j| sub.bk[j].as_ref() != Some(&chain.bk[j - 1]))
-                || (from == cx.me && chain.br[s] != sub.br[s])
             {
-                return Err(Error::Unexpected("STR chain of our subgroup does not match our tree"));
+                return Err(Misbehaved::Inconsistent { round }.by(from));
+            }
+            if from == cx.me && chain.br[s] != sub.br[s] {
+                return Err(Error::Internal("STR: own chain does not match"));
             }
             sub.br[s] = chain.br[s].clone();
             sub.bk[0] = Some(sub.br[0].clone());
@@ -446,7 +456,7 @@ impl<G: Group> Str<G> {
                 *bk = Some(new.clone());
             }
         } else if chain.members.iter().any(|x| sub.members.contains(x)) {
-            return Err(Error::Unexpected("STR chain claims members of our subgroup"));
+            return Err(Misbehaved::Inconsistent { round }.by(from));
         }
         let stacked = if covered + chain.members.len() == n {
             let all: Vec<&Chain<G>> = m.chains.iter().chain([&chain]).collect();
@@ -478,7 +488,7 @@ impl<G: Group> Str<G> {
         bk.push(Some(br[0].clone()));
         bk.extend(bottom.bk.iter().cloned().map(Some));
         bk.resize(n, None);
-        let pos = members.iter().position(|x| x == cx.me).ok_or(Error::Unexpected("STR: not in the stacked tree"))?;
+        let pos = members.iter().position(|x| x == cx.me).ok_or(Error::Internal("STR: not in the stacked tree"))?;
         let in_bottom = pos < b;
         // In the bottom chain, which is our subgroup's, our keys below its
         // sponsor (or all of them, if we are the sponsor) are still valid.
@@ -499,26 +509,29 @@ impl<G: Group> Str<G> {
     }
 
     fn on_final(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
+        let round = ROUND_FINAL;
         let Run::Merge(m) = &self.run else {
-            return Err(Error::Unexpected("STR final message outside a merge"));
+            return Err(Misbehaved::OutsideItsRun { round }.by(from));
         };
         let Some((tree, b)) = &m.stacked else {
-            return Err(Error::Unexpected("STR final message before every chain is in"));
+            // Its sponsor is known, and it can compute it, only once every
+            // chain is in.
+            return Err(Misbehaved::NotItsTurn { round }.by(from));
         };
         let (b, n) = (*b, tree.len());
         if from != &tree.members[b - 1] {
-            return Err(Error::Unexpected("STR final message from a member other than the sponsor"));
+            return Err(Misbehaved::NotSponsor { round }.by(from));
         }
         let mut r = Reader::new(body);
         let bks = get_bks(&mut r, cx.g)?;
         r.finish()?;
         if bks.len() != n - 1 - b {
-            return Err(Error::Unexpected("STR final message with the wrong number of blinded keys"));
+            return Err(Misbehaved::WrongShape { round }.by(from));
         }
         let mut tree = tree.clone();
         if from == cx.me {
             if tree.secret.is_none() || bks.iter().zip(&tree.bk[b..]).any(|(x, y)| y.as_ref() != Some(x)) {
-                return Err(Error::Unexpected("STR: own final message does not match"));
+                return Err(Error::Internal("STR: own final message does not match"));
             }
         } else {
             for (j, bk) in bks.into_iter().enumerate() {
@@ -563,7 +576,7 @@ impl<G: Group> Protocol<G> for Str<G> {
             ROUND_LEAVE => self.on_leave(cx, from, body),
             ROUND_CHAIN => self.on_chain(cx, from, body),
             ROUND_FINAL => self.on_final(cx, from, body),
-            _ => Err(Error::Unexpected("unknown STR round")),
+            _ => Err(Misbehaved::UnknownRound { round }.by(from)),
         }
     }
 
@@ -605,7 +618,7 @@ impl<G: Group> Protocol<G> for Str<G> {
                 r.finish()?;
                 v
             }
-            _ => return Err(Error::Unexpected("unknown STR round")),
+            _ => return Err(Error::Decode(DecodeError::Bad("unknown STR round"))),
         };
         Ok(out)
     }
@@ -616,7 +629,7 @@ mod tests {
     use conclave_gcs::sim::Flush;
 
     use super::{ROUND_CHAIN, ROUND_FINAL, ROUND_LEAVE};
-    use crate::engine::Error;
+    use crate::engine::{Error, Misbehaved};
     use crate::harness::{EventCost, Harness};
     use crate::protocols::testnet::{id, Net};
     use crate::suite::{Group, GroupId, SignatureId};
@@ -846,15 +859,16 @@ mod tests {
         assert_eq!(net.queue.len(), 4, "four fresh one-leaf chains");
         // A final message before every chain is in.
         let err = net.reject("a", "b", None, ROUND_FINAL, vec![0, 0]);
-        assert!(matches!(err, Error::Unexpected(_)), "{err:?}");
+        assert_eq!(err, Misbehaved::NotItsTurn { round: ROUND_FINAL }.by(&id("b")));
         // A chain naming a member outside the view, one claiming another
         // member's leaf, and a chain not containing its sender.
         let c_chain = net.queue[2].body();
         let mut outsider = c_chain.clone();
         assert_eq!(&outsider[..4], &[0, 1, 1, b'c'], "count, name length, name");
         outsider[3] = b'x';
-        net.reject("a", "c", None, ROUND_CHAIN, outsider);
-        net.reject("a", "d", None, ROUND_CHAIN, c_chain.clone());
+        let shape = Misbehaved::WrongShape { round: ROUND_CHAIN };
+        assert_eq!(net.reject("a", "c", None, ROUND_CHAIN, outsider), shape.by(&id("c")));
+        assert_eq!(net.reject("a", "d", None, ROUND_CHAIN, c_chain.clone()), shape.by(&id("d")));
         // Truncations and trailing bytes.
         for cut in 0..c_chain.len() {
             net.reject("a", "c", None, ROUND_CHAIN, c_chain[..cut].to_vec());
@@ -862,11 +876,12 @@ mod tests {
         let mut long = c_chain.clone();
         long.push(0);
         net.reject("a", "c", None, ROUND_CHAIN, long);
-        net.reject("a", "c", None, 9, c_chain.clone());
+        assert_eq!(net.reject("a", "c", None, 9, c_chain.clone()), Misbehaved::UnknownRound { round: 9 }.by(&id("c")));
         // A second chain for c, after its genuine one.
         let c = net.take(2);
         assert!(net.deliver(&c).is_empty());
-        net.reject("a", "c", None, ROUND_CHAIN, c_chain);
+        let announced = Misbehaved::AlreadyAnnounced { round: ROUND_CHAIN };
+        assert_eq!(net.reject("a", "c", None, ROUND_CHAIN, c_chain), announced.by(&id("c")));
         for _ in 0..3 {
             net.step();
         }
@@ -875,15 +890,21 @@ mod tests {
         assert_eq!(net.queue.len(), 1);
         assert_eq!(net.queue[0].from, id("a"));
         let fin = net.queue[0].body();
-        net.reject("c", "b", None, ROUND_FINAL, fin.clone());
-        net.reject("c", "a", None, ROUND_FINAL, vec![0, 1]);
-        net.reject("c", "a", None, ROUND_LEAVE, fin.clone());
-        net.reject("c", "a", None, ROUND_CHAIN, fin.clone());
+        assert_eq!(
+            net.reject("c", "b", None, ROUND_FINAL, fin.clone()),
+            Misbehaved::NotSponsor { round: ROUND_FINAL }.by(&id("b"))
+        );
+        assert!(matches!(net.reject("c", "a", None, ROUND_FINAL, vec![0, 1]), Error::Decode(_)));
+        assert_eq!(
+            net.reject("c", "a", None, ROUND_LEAVE, fin.clone()),
+            Misbehaved::OutsideItsRun { round: ROUND_LEAVE }.by(&id("a"))
+        );
+        assert_eq!(net.reject("c", "a", None, ROUND_CHAIN, fin.clone()), announced.by(&id("a")));
         net.run();
         let k1 = net.agreed();
         // Nothing is expected once the key is installed.
         let again = net.forge("a", None, ROUND_FINAL, fin);
-        assert!(net.offer("c", &again).is_err());
+        assert_eq!(net.refuse("c", &again), Misbehaved::OutsideItsRun { round: ROUND_FINAL }.by(&id("a")));
         assert_eq!(net.key("c"), Some(k1.clone()));
 
         // b leaves: the sponsor is a (the new bottom, as b was just above
@@ -895,8 +916,14 @@ mod tests {
         let leave = net.queue[0].body();
         let g = crate::suite::ristretto::Ristretto255;
         assert_eq!(leave.len(), g.element_len() + 2 + g.element_len());
-        net.reject("c", "d", None, ROUND_LEAVE, leave.clone());
-        net.reject("c", "a", None, ROUND_CHAIN, leave.clone());
+        assert_eq!(
+            net.reject("c", "d", None, ROUND_LEAVE, leave.clone()),
+            Misbehaved::NotSponsor { round: ROUND_LEAVE }.by(&id("d"))
+        );
+        assert_eq!(
+            net.reject("c", "a", None, ROUND_CHAIN, leave.clone()),
+            Misbehaved::OutsideItsRun { round: ROUND_CHAIN }.by(&id("a"))
+        );
         for cut in 0..leave.len() {
             net.reject("c", "a", None, ROUND_LEAVE, leave[..cut].to_vec());
         }
@@ -905,7 +932,10 @@ mod tests {
         bad.extend([0, 2]);
         bad.extend_from_slice(&leave[g.element_len() + 2..]);
         bad.extend_from_slice(&leave[g.element_len() + 2..]);
-        net.reject("c", "a", None, ROUND_LEAVE, bad);
+        assert_eq!(
+            net.reject("c", "a", None, ROUND_LEAVE, bad),
+            Misbehaved::WrongShape { round: ROUND_LEAVE }.by(&id("a"))
+        );
         // Not a group element.
         let mut bad = leave.clone();
         bad[..g.element_len()].fill(0xff);
@@ -922,20 +952,24 @@ mod tests {
         let d_chain = net.queue[0].body();
         let e_chain = net.queue[2].body();
         // Our subgroup's chain from a member that is not its sponsor.
-        net.reject("a", "c", None, ROUND_CHAIN, d_chain.clone());
+        assert_eq!(
+            net.reject("a", "c", None, ROUND_CHAIN, d_chain.clone()),
+            Misbehaved::NotSponsor { round: ROUND_CHAIN }.by(&id("c"))
+        );
         // Our subgroup's chain with a leaf blinded key that is not ours
         // (a's replaced by e's, a valid element).
         let el = g.element_len();
         let mut wrong = d_chain.clone();
         wrong[4..4 + el].copy_from_slice(&e_chain[4..4 + el]);
-        net.reject("a", "d", None, ROUND_CHAIN, wrong);
+        let inconsistent = Misbehaved::Inconsistent { round: ROUND_CHAIN };
+        assert_eq!(net.reject("a", "d", None, ROUND_CHAIN, wrong), inconsistent.by(&id("d")));
         // A foreign chain claiming a member of our subgroup.
         let mut claim = vec![0, 2];
         claim.extend_from_slice(&e_chain[2..]);
         claim.extend([1, b'c']);
         claim.extend_from_slice(&e_chain[4..4 + el]);
         claim.extend_from_slice(&e_chain[4..4 + el]);
-        net.reject("a", "e", None, ROUND_CHAIN, claim.clone());
+        assert_eq!(net.reject("a", "e", None, ROUND_CHAIN, claim.clone()), inconsistent.by(&id("e")));
         net.reject("b", "e", None, ROUND_CHAIN, claim[..claim.len() - 1].to_vec());
         net.run();
         net.agreed();

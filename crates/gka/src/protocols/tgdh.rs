@@ -72,20 +72,16 @@
 //! A blinded-key broadcast must come from the sponsor of the lowest unknown
 //! node on its path, and may only fill unknown nodes it can compute.
 
-mod tree;
-
-use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
 
 use conclave_gcs::MemberId;
 use zeroize::Zeroize;
 
-use self::tree::Tree;
 use super::{get_elem, put_elem, MAX_MEMBERS};
 use crate::codec::{DecodeError, Reader, Writer};
-use crate::domains;
-use crate::engine::{Change, Ctx, Error, Protocol};
+use crate::engine::{Change, Ctx, Error, Misbehaved, Protocol};
 use crate::suite::Group;
+use crate::tree::Tree;
 use crate::ProtocolId;
 
 /// A subgroup's tree, announced by its sponsor at a merge.
@@ -136,50 +132,18 @@ impl<G: Group> Rounds<G> {
     }
 }
 
-/// H(b^k): the key of a parent from one child's key and the other's blinded key.
-fn node_key<G: Group>(cx: &mut Ctx<'_, G>, k: &G::Scalar, b: &G::Element) -> G::Scalar {
-    let mut s = cx.exp(b, k);
-    let key = cx.g.hash_to_scalar(domains::TGDH_NODE, &s);
-    s.zeroize();
-    key
-}
-
-/// Computes the keys on `leaf`'s path as far up as the known blinded keys
-/// allow, the root's too if `with_root` (a subgroup's root at a merge).
-fn climb<G: Group>(cx: &mut Ctx<'_, G>, t: &mut Tree<G>, leaf: usize, with_root: bool) {
-    let path = t.path(leaf);
-    let end = if with_root { path.len() } else { path.len() - 1 };
-    for i in 1..end {
-        let (c, p) = (path[i - 1], path[i]);
-        if t.nodes[p].key.is_some() {
-            continue;
-        }
-        let Some(s) = t.sibling(c) else { break };
-        let key = match (&t.nodes[c].key, &t.nodes[s].bk) {
-            (Some(k), Some(b)) => node_key(cx, k, b),
-            _ => break,
-        };
-        t.nodes[p].key = Some(key);
-    }
-}
-
 impl<G: Group> Tgdh<G> {
     /// A view whose members all share this member's state: remove the
     /// departed, let the shallowest-rightmost removal sponsor refresh.
     fn start_rekey(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
-        let saved = self.saved.as_ref().ok_or(Error::Unexpected("TGDH rekey without a key tree"))?;
+        let saved = self.saved.as_ref().ok_or(Error::Internal("TGDH rekey without a key tree"))?;
         let view: BTreeSet<&MemberId> = cx.view.ids().collect();
         let leaves = saved.leaf_index();
         if view.iter().any(|m| !leaves.contains_key(*m)) {
-            return Err(Error::Unexpected("TGDH key tree lacks a member of the view"));
+            return Err(Error::Internal("TGDH key tree lacks a member of the view"));
         }
-        let (mut t, sponsors) = saved.prune(|m| view.contains(m)).ok_or(Error::Unexpected("empty TGDH tree"))?;
-        let sponsors = if sponsors.is_empty() { vec![t.rightmost(t.root)] } else { sponsors };
-        let leaves = t.leaves();
-        let refresher = sponsors
-            .into_iter()
-            .min_by_key(|&s| (t.depth(s), Reverse(leaves.iter().position(|&l| l == s))))
-            .ok_or(Error::Unexpected("no TGDH sponsor"))?;
+        let (mut t, sponsors) = saved.prune(|m| view.contains(m)).ok_or(Error::Internal("empty TGDH tree"))?;
+        let refresher = t.refresher(sponsors);
         t.invalidate_path(refresher);
         if t.member(refresher) == Some(cx.me) {
             t.nodes[refresher].key = Some(cx.random());
@@ -199,22 +163,20 @@ impl<G: Group> Tgdh<G> {
                     mine.iter().all(|m| leaves.contains_key(m))
                 } =>
             {
-                s.prune(|m| mine.contains(m)).ok_or(Error::Unexpected("empty TGDH tree"))?.0
+                s.prune(|m| mine.contains(m)).ok_or(Error::Internal("empty TGDH tree"))?.0
             }
             _ if change.mine.len() == 1 && &change.mine[0] == cx.me => Tree::leaf(cx.me.clone(), None, None),
-            _ => return Err(Error::Unexpected("TGDH key tree lacks a member of the subgroup")),
+            _ => return Err(Error::Internal("TGDH key tree lacks a member of the subgroup")),
         };
         let sponsor = t.rightmost(t.root);
         t.invalidate_path(sponsor);
         if t.member(sponsor) == Some(cx.me) {
             t.nodes[sponsor].key = Some(cx.random());
-            climb(cx, &mut t, sponsor, true);
+            t.climb(cx, sponsor, true);
             let mut ann = t.public();
-            for u in t.path(sponsor) {
-                match &t.nodes[u].key {
-                    Some(k) => ann.nodes[u].bk = Some(cx.exp_g(k)),
-                    None => break,
-                }
+            let path = t.path(sponsor);
+            for (u, bk) in path.iter().zip(t.blind(cx, &path)) {
+                ann.nodes[*u].bk = Some(bk);
             }
             let mut w = Writer::new();
             ann.encode(&mut w, cx.g);
@@ -226,19 +188,27 @@ impl<G: Group> Tgdh<G> {
 
     /// A subgroup's announced tree.
     fn on_tree(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
+        let round = ROUND_TREE;
+        let bad = |what: Misbehaved| Err(what.by(from));
         let Run::Collect(co) = &mut self.run else {
-            return Err(Error::Unexpected("TGDH tree outside a merge"));
+            return bad(Misbehaved::OutsideItsRun { round });
         };
         let mut r = Reader::new(body);
         let b = Tree::decode(&mut r, cx.g)?;
         r.finish()?;
         let members = b.members();
-        if members.iter().any(|m| !cx.contains(m) || co.covered.contains(m)) {
-            return Err(Error::Unexpected("TGDH tree with a member outside the view or announced twice"));
+        if members.iter().any(|m| !cx.contains(m)) {
+            return bad(Misbehaved::WrongShape { round });
         }
-        let s = b.find(from).ok_or(Error::Unexpected("TGDH tree announced by a non-member"))?;
+        if members.iter().any(|m| co.covered.contains(m)) {
+            return bad(Misbehaved::AlreadyAnnounced { round });
+        }
+        let Some(s) = b.find(from) else {
+            // A subgroup's tree is announced by a member of it.
+            return bad(Misbehaved::WrongShape { round });
+        };
         if b.rightmost(b.root) != s {
-            return Err(Error::Unexpected("TGDH tree not announced by its sponsor"));
+            return bad(Misbehaved::NotSponsor { round });
         }
         for v in 0..b.nodes.len() {
             if let Some([l, r]) = b.nodes[v].kids {
@@ -249,13 +219,16 @@ impl<G: Group> Tgdh<G> {
         }
         let spath = b.path(s);
         if !b.has_bk(s) || spath[1..].iter().any(|&u| b.has_bk(u) != b.ready(u)) {
-            return Err(Error::Unexpected("TGDH sponsor's path not fully computed"));
+            return bad(Misbehaved::WrongShape { round });
         }
         if co.mine_members.contains(from) {
-            let pairs = co.mine.correspondence(&b).ok_or(Error::Unexpected("TGDH tree differs from the subgroup's"))?;
+            // Our own subgroup's: our tree, but for the sponsor's new path.
+            let Some(pairs) = co.mine.correspondence(&b) else {
+                return bad(Misbehaved::Inconsistent { round });
+            };
             let on_path: BTreeSet<usize> = spath.into_iter().collect();
             if pairs.iter().any(|&(x, y)| !on_path.contains(&y) && co.mine.nodes[x].bk != b.nodes[y].bk) {
-                return Err(Error::Unexpected("TGDH tree contradicts known blinded keys"));
+                return bad(Misbehaved::Inconsistent { round });
             }
             for (x, y) in pairs {
                 if on_path.contains(&y) {
@@ -264,7 +237,7 @@ impl<G: Group> Tgdh<G> {
             }
         } else {
             if members.iter().any(|m| co.mine_members.contains(m)) {
-                return Err(Error::Unexpected("TGDH tree of another subgroup holds a member of ours"));
+                return bad(Misbehaved::Inconsistent { round });
             }
             co.others.push(b);
         }
@@ -274,35 +247,31 @@ impl<G: Group> Tgdh<G> {
         }
         // Every subgroup has announced: merge.
         let Run::Collect(co) = std::mem::replace(&mut self.run, Run::Idle) else {
-            return Err(Error::Unexpected("TGDH merge state lost"));
+            return Err(Error::Internal("TGDH merge state lost"));
         };
         let mut trees = co.others;
         trees.push(co.mine);
         let first = |t: &Tree<G>| t.members().iter().filter_map(|m| cx.position(m)).min();
-        trees.sort_by_cached_key(|t| (Reverse(t.leaves().len()), first(t)));
-        let mut trees = trees.into_iter();
-        let mut acc = trees.next().ok_or(Error::Unexpected("TGDH merge of nothing"))?;
-        let rest: Vec<Tree<G>> = trees.collect();
-        acc.insert_all(&rest);
+        let acc = Tree::merge(trees, first).ok_or(Error::Internal("TGDH merge of nothing"))?;
         self.run = Run::Rounds(Rounds::new(acc));
         self.advance(cx)
     }
 
     /// A sponsor's new blinded keys.
     fn on_keys(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
+        let round = ROUND_KEYS;
         let Run::Rounds(rd) = &mut self.run else {
-            return Err(Error::Unexpected("TGDH blinded keys outside the sponsor rounds"));
+            return Err(Misbehaved::OutsideItsRun { round }.by(from));
         };
         let t = &mut rd.tree;
-        let s = *rd.leaf.get(from).ok_or(Error::Unexpected("TGDH blinded keys from a non-member"))?;
+        // The rounds' tree holds every member of the view.
+        let s = *rd.leaf.get(from).ok_or(Error::Internal("TGDH blinded keys from a member not in the tree"))?;
         let path = t.path(s);
         let top = path.len() - 1;
-        let i = path[..top]
-            .iter()
-            .position(|&v| !t.has_bk(v))
-            .ok_or(Error::Unexpected("TGDH blinded keys from a member whose path is complete"))?;
-        if !t.ready(path[i]) || t.rightmost(path[i]) != s {
-            return Err(Error::Unexpected("TGDH blinded keys from a member that is not the sponsor"));
+        // A member whose path is complete is the sponsor of nothing.
+        let i = t.lowest_unknown(&path).ok_or_else(|| Misbehaved::NotSponsor { round }.by(from))?;
+        if !t.sponsors(s, path[i]) {
+            return Err(Misbehaved::NotSponsor { round }.by(from));
         }
         let mut r = Reader::new(body);
         let k = r.count(MAX_MEMBERS, cx.g.element_len(), "TGDH blinded keys")?;
@@ -310,7 +279,7 @@ impl<G: Group> Tgdh<G> {
             return Err(DecodeError::Bad("TGDH blinded key count").into());
         }
         if (i + 1..i + k).any(|j| !t.sibling(path[j - 1]).is_some_and(|u| t.has_bk(u))) {
-            return Err(Error::Unexpected("TGDH blinded key the sponsor cannot compute"));
+            return Err(Misbehaved::WrongShape { round }.by(from));
         }
         let mut bks = Vec::with_capacity(k);
         for _ in 0..k {
@@ -328,23 +297,17 @@ impl<G: Group> Tgdh<G> {
     fn advance(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
         let Run::Rounds(rd) = &mut self.run else { return Ok(()) };
         let t = &mut rd.tree;
-        let me = *rd.leaf.get(cx.me).ok_or(Error::Unexpected("TGDH tree lacks this member"))?;
-        climb(cx, t, me, false);
+        let me = *rd.leaf.get(cx.me).ok_or(Error::Internal("TGDH tree lacks this member"))?;
+        t.climb(cx, me, false);
         let path = t.path(me);
         let top = path.len() - 1;
         if top == 0 {
-            return Err(Error::Unexpected("TGDH tree of one member in a run"));
+            return Err(Error::Internal("TGDH tree of one member in a run"));
         }
-        if let Some(i) = path[..top].iter().position(|&v| !t.has_bk(v)) {
+        if let Some(i) = t.lowest_unknown(&path) {
             let v = path[i];
-            if t.ready(v) && t.rightmost(v) == me && rd.sent.insert(v) {
-                let mut bks = Vec::new();
-                for &u in &path[i..top] {
-                    match &t.nodes[u].key {
-                        Some(k) => bks.push(cx.exp_g(k)),
-                        None => break,
-                    }
-                }
+            if t.sponsors(me, v) && rd.sent.insert(v) {
+                let bks = t.blind(cx, &path[i..top]);
                 let mut w = Writer::new();
                 w.count(bks.len());
                 for bk in &bks {
@@ -357,12 +320,7 @@ impl<G: Group> Tgdh<G> {
         if !t.complete() {
             return Ok(());
         }
-        let c = path[top - 1];
-        let s = t.sibling(c).ok_or(Error::Unexpected("TGDH tree shape"))?;
-        let mut secret = match (&t.nodes[c].key, &t.nodes[s].bk) {
-            (Some(k), Some(b)) => cx.exp(b, k),
-            _ => return Err(Error::Unexpected("TGDH key path incomplete")),
-        };
+        let mut secret = t.group_secret(cx, me).ok_or(Error::Internal("TGDH key path incomplete"))?;
         cx.install(&secret);
         secret.zeroize();
         if let Run::Rounds(rd) = std::mem::replace(&mut self.run, Run::Idle) {
@@ -406,7 +364,7 @@ impl<G: Group> Protocol<G> for Tgdh<G> {
         match round {
             ROUND_TREE => self.on_tree(cx, from, body),
             ROUND_KEYS => self.on_keys(cx, from, body),
-            _ => Err(Error::Unexpected("unknown TGDH round")),
+            _ => Err(Misbehaved::UnknownRound { round }.by(from)),
         }
     }
 
@@ -437,22 +395,17 @@ impl<G: Group> Protocol<G> for Tgdh<G> {
 mod tests {
     use conclave_gcs::sim::Flush;
     use conclave_gcs::MemberId;
-    use rand_chacha::ChaCha20Rng;
-    use rand_core::{RngCore, SeedableRng};
 
-    use super::tree::{Node, Tree};
     use super::{ROUND_KEYS, ROUND_TREE};
-    use crate::codec::{Reader, Writer};
-    use crate::engine::Error;
+    use crate::codec::Writer;
+    use crate::engine::Misbehaved;
     use crate::harness::{EventCost, Harness};
     use crate::protocols::testnet::Net;
     use crate::suite::ristretto::Ristretto255;
     use crate::suite::Group;
+    use crate::tree::tests::{encode, full_bks, id, singletons};
+    use crate::tree::Tree;
     use crate::{GroupId, ProtocolId, SignatureId};
-
-    fn id(i: usize) -> MemberId {
-        MemberId::new(format!("m{i:04}")).unwrap()
-    }
 
     // ---- Costs against Tables I and II ------------------------------------
 
@@ -635,186 +588,6 @@ mod tests {
         assert_eq!(counts(Ev::Alternate, 32), [3, 28, 0, 8, 3, 14]);
     }
 
-    // ---- The key tree -------------------------------------------------------
-
-    fn singletons(n: usize) -> Tree<Ristretto255> {
-        let mut t = Tree::leaf(id(0), None, None);
-        for i in 1..n {
-            t.insert(&Tree::leaf(id(i), None, None));
-        }
-        t
-    }
-
-    fn order(t: &Tree<Ristretto255>) -> Vec<usize> {
-        t.members().iter().map(|m| m.as_str()[1..].parse().unwrap()).collect()
-    }
-
-    #[test]
-    fn insertion_keeps_the_tree_low() {
-        for n in 1..=64usize {
-            let t = singletons(n);
-            let h = t.heights()[t.root];
-            assert_eq!(h, n.next_power_of_two().trailing_zeros() as usize, "n = {n}");
-            assert_eq!(t.leaves().len(), n);
-        }
-        assert_eq!(order(&singletons(8)), (0..8).collect::<Vec<_>>());
-        assert_eq!(order(&singletons(16)), [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15, 11, 12, 13, 14]);
-        // A tree as high as the accumulated one goes in at the root.
-        let mut a = singletons(4);
-        a.insert(&singletons(3));
-        assert_eq!(a.heights()[a.root], 3);
-    }
-
-    /// The insertion point as a scan of every node (the definition): the
-    /// shallowest, then rightmost in preorder, node x where a new parent of x
-    /// and a tree of height `hb` keeps the height; the root if none.
-    fn insertion_point_by_scan(t: &Tree<Ristretto255>, hb: usize) -> usize {
-        let h = t.heights();
-        let ha = h[t.root];
-        let mut best: Option<(usize, usize)> = None;
-        for v in t.preorder(t.root) {
-            let d = t.depth(v);
-            if best.is_none_or(|(bd, _)| d <= bd) && d + 1 + h[v].max(hb) <= ha {
-                best = Some((d, v));
-            }
-        }
-        best.map_or(t.root, |(_, v)| v)
-    }
-
-    #[test]
-    fn level_search_finds_the_insertion_point_of_the_scan() {
-        // Trees of every shape that merges build: subgroups of random sizes
-        // inserted in turn, each checked against the scan before it goes in.
-        let mut rng = ChaCha20Rng::seed_from_u64(11);
-        for _ in 0..40 {
-            let mut acc = singletons(1 + (rng.next_u32() % 9) as usize);
-            for _ in 0..12 {
-                let other = singletons(1 + (rng.next_u32() % 20) as usize);
-                let hb = other.heights()[other.root];
-                assert_eq!(acc.insertion_point(&other), insertion_point_by_scan(&acc, hb));
-                acc.insert(&other);
-            }
-        }
-        for n in 1..=300 {
-            let t = singletons(n);
-            for hb in 0..4 {
-                let other = singletons(1 << hb);
-                assert_eq!(t.insertion_point(&other), insertion_point_by_scan(&t, hb), "n = {n}, hb = {hb}");
-            }
-        }
-        // insert_all keeps its heights right: the same tree as one insert at a time.
-        let parts: Vec<_> = (1..30).map(|k| singletons(1 + k % 7)).collect();
-        let (mut one, mut all) = (singletons(5), singletons(5));
-        for p in &parts {
-            one.insert(p);
-        }
-        all.insert_all(&parts);
-        assert_eq!(one.heights(), all.heights());
-        assert!(one.correspondence(&all).is_some());
-    }
-
-    #[test]
-    fn pruning_names_the_sponsors() {
-        let t = singletons(8);
-        let (p, sponsors) = t.prune(|m| m != &id(7)).unwrap();
-        let s: Vec<&MemberId> = sponsors.iter().filter_map(|&v| p.member(v)).collect();
-        assert_eq!(s, [&id(6)]);
-        assert_eq!(p.depth(sponsors[0]), 2);
-        let (p, sponsors) = t.prune(|m| m.as_str()[1..].parse::<usize>().unwrap() % 2 == 1).unwrap();
-        let mut s: Vec<&MemberId> = sponsors.iter().filter_map(|&v| p.member(v)).collect();
-        s.sort();
-        assert_eq!(s, [&id(1), &id(3), &id(5), &id(7)]);
-        assert!(t.prune(|_| false).is_none());
-        let (_, none) = t.prune(|_| true).unwrap();
-        assert!(none.is_empty());
-    }
-
-    fn with_bks(mut t: Tree<Ristretto255>) -> Tree<Ristretto255> {
-        let g = Ristretto255;
-        let mut rng = ChaCha20Rng::seed_from_u64(7);
-        for (i, n) in t.nodes.iter_mut().enumerate() {
-            if i % 3 != 0 {
-                n.bk = Some(g.exp_generator(&g.random_scalar(&mut rng)));
-            }
-        }
-        t
-    }
-
-    fn full_bks(mut t: Tree<Ristretto255>) -> Tree<Ristretto255> {
-        let g = Ristretto255;
-        for (i, n) in t.nodes.iter_mut().enumerate() {
-            n.bk = Some(g.exp_generator(&g.scalar_from_u64(i as u64 + 2)));
-        }
-        t
-    }
-
-    fn encode(t: &Tree<Ristretto255>) -> Vec<u8> {
-        let mut w = Writer::new();
-        t.encode(&mut w, &Ristretto255);
-        w.buf
-    }
-
-    fn decode(b: &[u8]) -> Result<Tree<Ristretto255>, Error> {
-        let mut r = Reader::new(b);
-        let t = Tree::decode(&mut r, &Ristretto255)?;
-        r.finish()?;
-        Ok(t)
-    }
-
-    #[test]
-    fn tree_codec_round_trips_and_rejects_malformed_input() {
-        let t = with_bks(singletons(13));
-        let bytes = encode(&t);
-        let d = decode(&bytes).unwrap();
-        let pairs = t.correspondence(&d).unwrap();
-        assert!(pairs.iter().all(|&(x, y)| t.nodes[x].bk == d.nodes[y].bk));
-        for cut in 0..bytes.len() {
-            assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
-        }
-        let mut long = bytes.clone();
-        long.push(0);
-        assert!(decode(&long).is_err());
-        // A forged leaf count cannot make the decoder allocate.
-        assert!(decode(&[0xff, 0xff, 1, 1, b'a']).is_err());
-        assert!(decode(&[0x10, 0x00]).is_err());
-        assert!(decode(&[0, 0]).is_err());
-        // A bad tag, an invalid element, a member twice, a shape that ends early.
-        assert!(decode(&[0, 1, 4, 1, b'a']).is_err());
-        let mut bad = vec![0, 1, 3, 1, b'a'];
-        bad.extend([0xff; 32]);
-        assert!(decode(&bad).is_err());
-        assert!(decode(&[0, 2, 0, 1, 1, b'a', 1, 1, b'a']).is_err());
-        assert!(decode(&[0, 2, 1, 1, b'a', 1, 1, b'b', 0]).is_err());
-        // Flipping any byte never panics.
-        for i in 0..bytes.len() {
-            let mut b = bytes.clone();
-            b[i] ^= 0x41;
-            let _ = decode(&b);
-        }
-    }
-
-    #[test]
-    fn deep_trees_are_handled_without_recursion() {
-        // A caterpillar with MAX_MEMBERS leaves: as deep as a tree can be.
-        let n = super::MAX_MEMBERS;
-        let mut nodes: Vec<Node<Ristretto255>> = Vec::new();
-        let mut top = 0;
-        nodes.push(Node { parent: None, kids: None, member: Some(id(0)), bk: None, key: None });
-        for i in 1..n {
-            nodes.push(Node { parent: None, kids: None, member: Some(id(i)), bk: None, key: None });
-            nodes.push(Node { parent: None, kids: Some([top, 2 * i - 1]), member: None, bk: None, key: None });
-            nodes[top].parent = Some(2 * i);
-            nodes[2 * i - 1].parent = Some(2 * i);
-            top = 2 * i;
-        }
-        let t: Tree<Ristretto255> = Tree { nodes, root: top };
-        let d = decode(&encode(&t)).unwrap();
-        assert_eq!(d.heights()[d.root], n - 1);
-        assert_eq!(d.depth(d.find(&id(0)).unwrap()), n - 1);
-        let (p, _) = d.prune(|m| m != &id(1)).unwrap();
-        assert_eq!(p.leaves().len(), n - 1);
-    }
-
     // ---- Rejection of forged or malformed messages -------------------------
 
     /// Member `i`'s name.
@@ -883,6 +656,58 @@ mod tests {
         // View 3: m5 (fresh) joins; its leaf must not be announced by another.
         net.view(3, &[m[0], m[1], m[2], m[3], m[5]], &[m[5]]);
         net.reject_all(m[0], ROUND_TREE, leaf_tree(5, true), "the joiner's tree from an old member");
+        net.run();
+        net.agreed();
+    }
+
+    #[test]
+    fn misbehaviour_names_the_sender_and_what_it_proves() {
+        let g = Ristretto255;
+        let elem = g.encode(&g.exp_generator(&g.scalar_from_u64(3)));
+        let names: Vec<String> = (0..6).map(name).collect();
+        let mut net = Net::new(ProtocolId::Tgdh, &names, 98);
+        let m: Vec<&str> = names.iter().map(String::as_str).collect();
+        let by = |i: usize, what: Misbehaved| what.by(&id(i));
+        // View 1: a merge of five one-leaf trees.
+        net.view(1, &m[..5], &m[..5]);
+        let pair = encode(&full_bks(singletons(2))); // (m0, m1): m1 is its sponsor
+        let (tree, keys) = (ROUND_TREE, ROUND_KEYS);
+        assert_eq!(net.reject(m[2], m[0], None, tree, pair.clone()), by(0, Misbehaved::NotSponsor { round: tree }));
+        assert_eq!(
+            net.reject(m[2], m[0], None, tree, leaf_tree(5, true)),
+            by(0, Misbehaved::WrongShape { round: tree })
+        );
+        assert_eq!(
+            net.reject(m[2], m[0], None, tree, leaf_tree(1, true)),
+            by(0, Misbehaved::WrongShape { round: tree })
+        );
+        let outside = Misbehaved::OutsideItsRun { round: keys };
+        assert_eq!(net.reject(m[2], m[0], None, keys, keys_body(1, &elem)), by(0, outside));
+        assert_eq!(net.reject(m[2], m[3], None, 9, Vec::new()), by(3, Misbehaved::UnknownRound { round: 9 }));
+        net.step(); // m0's leaf
+        let announced = Misbehaved::AlreadyAnnounced { round: tree };
+        assert_eq!(net.reject(m[2], m[1], None, tree, pair), by(1, announced));
+        net.run();
+        net.agreed();
+        assert_eq!(net.reject(m[2], m[0], None, keys, keys_body(1, &elem)), by(0, outside));
+
+        // View 2: m4 leaves; one sponsor, and no tree in a leave.
+        net.view(2, &m[..4], &[]);
+        let sponsor: usize = net.queue[0].from.as_str()[1..].parse().unwrap();
+        let (other, at) = ((sponsor + 1) % 4, (sponsor + 2) % 4);
+        let not_sponsor = Misbehaved::NotSponsor { round: keys };
+        assert_eq!(net.reject(m[at], m[other], None, keys, keys_body(1, &elem)), by(other, not_sponsor));
+        let outside = Misbehaved::OutsideItsRun { round: tree };
+        assert_eq!(net.reject(m[at], m[sponsor], None, tree, leaf_tree(sponsor, true)), by(sponsor, outside));
+        net.run();
+        net.agreed();
+
+        // View 3: m5 joins; its tree must not hold a member of the old group.
+        net.view(3, &[m[0], m[1], m[2], m[3], m[5]], &[m[5]]);
+        let mut claim = Tree::leaf(id(0), None, None);
+        claim.insert(&Tree::leaf(id(5), None, None));
+        let claim = encode(&full_bks(claim));
+        assert_eq!(net.reject(m[1], m[5], None, tree, claim), by(5, Misbehaved::Inconsistent { round: tree }));
         net.run();
         net.agreed();
     }

@@ -1,0 +1,877 @@
+//! The TGDH key tree, shared by the engines that agree keys on one.
+//!
+//! A binary tree whose leaves are members (TISSEC §4.3; Kim, Perrig and
+//! Tsudik). A leaf's key is its member's random contribution r; an internal
+//! node with children L and R has the secret element BK_R^{k_L} =
+//! BK_L^{k_R} = g^{k_L k_R} and, unless it is the root, the key k = H(secret
+//! element) (hash domain `TGDH_NODE`); every node's blinded key is BK = g^k.
+//! The root's secret element is the group secret.
+//!
+//! This module is the tree and the rules that are a function of the tree
+//! alone: building it ([`Tree::leaf`], [`Tree::merge`], [`Tree::insert_all`]),
+//! removing members ([`Tree::prune`]), who sponsors what
+//! ([`Tree::refresher`], [`Tree::lowest_unknown`], [`Tree::sponsors`]),
+//! computing the keys on a member's path, their blinded keys and the group
+//! secret ([`Tree::climb`], [`Tree::blind`], [`Tree::group_secret`]), and the
+//! wire format ([`Tree::encode`], [`Tree::decode`]). It holds no engine state:
+//! no view, run or message, and its exponentiations go through [`KeyOps`],
+//! which the caller implements to meter them (an engine's `Ctx` does; a bare
+//! [`Group`] computes unmetered).
+//!
+//! Who uses it:
+//! * the TGDH engine (`protocols::tgdh`): per membership event, prune or
+//!   merge, then sponsor rounds until every blinded key is known;
+//! * SEAL's interval-based TGDH rekeying (Rebuild, Batch, Queue-batch), which
+//!   applies a batch of joins and leaves to the same tree at interval ends;
+//! * the integrated architecture's daemon-level TGDH, which keeps one such
+//!   tree among the daemons.
+//!
+//! Nodes live in an arena (`Vec`) and refer to each other by index; an arena
+//! only ever holds the nodes of one tree (pruning builds a new arena, merging
+//! appends), so indices are stable for the rounds of one run. Every walk is
+//! iterative: a tree received from the network may be as deep as it has
+//! leaves, and deep recursion must not overflow the stack.
+//!
+//! Each node holds its blinded key (public, `None` while unknown) and, on the
+//! owner's own path only, its key (secret, zeroized when dropped or replaced).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
+
+use conclave_gcs::MemberId;
+use zeroize::Zeroize;
+
+use crate::codec::{DecodeError, Reader, Writer};
+use crate::domains;
+use crate::engine::{Ctx, Error};
+use crate::protocols::{get_elem, get_member, put_elem, put_member, MAX_MEMBERS};
+use crate::suite::Group;
+
+/// The group operations tree computations spend, so that the caller can
+/// meter them.
+pub(crate) trait KeyOps<G: Group> {
+    /// The group.
+    fn group(&self) -> &G;
+    /// b^k.
+    fn exp(&mut self, b: &G::Element, k: &G::Scalar) -> G::Element;
+    /// g^k.
+    fn exp_g(&mut self, k: &G::Scalar) -> G::Element;
+}
+
+/// Unmetered.
+impl<G: Group> KeyOps<G> for G {
+    fn group(&self) -> &G {
+        self
+    }
+    fn exp(&mut self, b: &G::Element, k: &G::Scalar) -> G::Element {
+        Group::exp(self, b, k)
+    }
+    fn exp_g(&mut self, k: &G::Scalar) -> G::Element {
+        self.exp_generator(k)
+    }
+}
+
+/// Metered by the engine.
+impl<G: Group> KeyOps<G> for Ctx<'_, G> {
+    fn group(&self) -> &G {
+        self.g
+    }
+    fn exp(&mut self, b: &G::Element, k: &G::Scalar) -> G::Element {
+        Ctx::exp(self, b, k)
+    }
+    fn exp_g(&mut self, k: &G::Scalar) -> G::Element {
+        Ctx::exp_g(self, k)
+    }
+}
+
+/// H(b^k): the key of a parent from one child's key and the other's blinded key.
+fn node_key<G: Group>(ops: &mut impl KeyOps<G>, k: &G::Scalar, b: &G::Element) -> G::Scalar {
+    let mut s = ops.exp(b, k);
+    let key = ops.group().hash_to_scalar(domains::TGDH_NODE, &s);
+    s.zeroize();
+    key
+}
+
+/// Node tags on the wire: bit 0 = leaf, bit 1 = blinded key follows.
+const TAG_LEAF: u8 = 1;
+const TAG_BK: u8 = 2;
+
+/// One node of a key tree.
+#[derive(Clone)]
+pub(crate) struct Node<G: Group> {
+    /// The parent, but for the root.
+    pub parent: Option<usize>,
+    /// Left and right child, for internal nodes.
+    pub kids: Option<[usize; 2]>,
+    /// The member, for leaves.
+    pub member: Option<MemberId>,
+    /// The blinded key g^k, when known.
+    pub bk: Option<G::Element>,
+    /// The key k (leaf: the member's contribution), on the owner's path only.
+    pub key: Option<G::Scalar>,
+}
+
+impl<G: Group> Drop for Node<G> {
+    fn drop(&mut self) {
+        if let Some(k) = self.key.as_mut() {
+            k.zeroize();
+        }
+    }
+}
+
+impl<G: Group> Node<G> {
+    fn leaf(member: MemberId, key: Option<G::Scalar>, bk: Option<G::Element>) -> Self {
+        Self { parent: None, kids: None, member: Some(member), bk, key }
+    }
+
+    /// Forgets the key, zeroizing it.
+    pub fn clear_key(&mut self) {
+        if let Some(mut k) = self.key.take() {
+            k.zeroize();
+        }
+    }
+}
+
+/// A key tree.
+#[derive(Clone)]
+pub(crate) struct Tree<G: Group> {
+    /// The arena.
+    pub nodes: Vec<Node<G>>,
+    /// The root's index.
+    pub root: usize,
+}
+
+impl<G: Group> Tree<G> {
+    /// A tree of one leaf.
+    pub fn leaf(member: MemberId, key: Option<G::Scalar>, bk: Option<G::Element>) -> Self {
+        Self { nodes: vec![Node::leaf(member, key, bk)], root: 0 }
+    }
+
+    /// A copy without any key.
+    pub fn public(&self) -> Self {
+        let mut t = self.clone();
+        for n in &mut t.nodes {
+            n.clear_key();
+        }
+        t
+    }
+
+    /// Whether `v` is a leaf.
+    pub fn is_leaf(&self, v: usize) -> bool {
+        self.nodes[v].kids.is_none()
+    }
+
+    /// The nodes under `v` (itself included) in preorder: parents before
+    /// children, left before right.
+    pub fn preorder(&self, v: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut stack = vec![v];
+        while let Some(u) = stack.pop() {
+            out.push(u);
+            if let Some([l, r]) = self.nodes[u].kids {
+                stack.push(r);
+                stack.push(l);
+            }
+        }
+        out
+    }
+
+    /// The leaves, left to right.
+    pub fn leaves(&self) -> Vec<usize> {
+        self.preorder(self.root).into_iter().filter(|&v| self.is_leaf(v)).collect()
+    }
+
+    /// The members, left to right.
+    pub fn members(&self) -> Vec<MemberId> {
+        self.leaves().into_iter().filter_map(|v| self.nodes[v].member.clone()).collect()
+    }
+
+    /// The leaf of `m`.
+    pub fn find(&self, m: &MemberId) -> Option<usize> {
+        self.nodes.iter().position(|n| n.kids.is_none() && n.member.as_ref() == Some(m))
+    }
+
+    /// Every member's leaf, in one pass (where [`Tree::find`] would be called
+    /// for many members).
+    pub fn leaf_index(&self) -> HashMap<MemberId, usize> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.kids.is_none())
+            .filter_map(|(v, n)| Some((n.member.clone()?, v)))
+            .collect()
+    }
+
+    /// The member at leaf `v`.
+    pub fn member(&self, v: usize) -> Option<&MemberId> {
+        self.nodes[v].member.as_ref()
+    }
+
+    /// The rightmost leaf under `v`.
+    pub fn rightmost(&self, mut v: usize) -> usize {
+        while let Some([_, r]) = self.nodes[v].kids {
+            v = r;
+        }
+        v
+    }
+
+    /// Distance from the root.
+    pub fn depth(&self, mut v: usize) -> usize {
+        let mut d = 0;
+        while let Some(p) = self.nodes[v].parent {
+            v = p;
+            d += 1;
+        }
+        d
+    }
+
+    /// `v` and its ancestors, from `v` up to the root.
+    pub fn path(&self, mut v: usize) -> Vec<usize> {
+        let mut out = vec![v];
+        while let Some(p) = self.nodes[v].parent {
+            out.push(p);
+            v = p;
+        }
+        out
+    }
+
+    /// The other child of `v`'s parent.
+    pub fn sibling(&self, v: usize) -> Option<usize> {
+        let [l, r] = self.nodes[self.nodes[v].parent?].kids?;
+        Some(if l == v { r } else { l })
+    }
+
+    /// Whether the blinded key of `v` is known.
+    pub fn has_bk(&self, v: usize) -> bool {
+        self.nodes[v].bk.is_some()
+    }
+
+    /// A node whose blinded key can be computed now: a leaf (its owner knows
+    /// the key), or an internal node whose children's blinded keys are known.
+    pub fn ready(&self, v: usize) -> bool {
+        match self.nodes[v].kids {
+            None => true,
+            Some([l, r]) => self.has_bk(l) && self.has_bk(r),
+        }
+    }
+
+    /// Whether every blinded key except the root's is known.
+    pub fn complete(&self) -> bool {
+        self.nodes.iter().enumerate().all(|(i, n)| i == self.root || n.bk.is_some())
+    }
+
+    /// Height of every node (leaves 0), indexed like `nodes`.
+    pub fn heights(&self) -> Vec<usize> {
+        let mut h = vec![0; self.nodes.len()];
+        for v in self.preorder(self.root).into_iter().rev() {
+            if let Some([l, r]) = self.nodes[v].kids {
+                h[v] = 1 + h[l].max(h[r]);
+            }
+        }
+        h
+    }
+
+    /// Forgets the blinded keys and keys of `v` and all its ancestors.
+    pub fn invalidate_path(&mut self, v: usize) {
+        for u in self.path(v) {
+            self.nodes[u].bk = None;
+            self.nodes[u].clear_key();
+        }
+    }
+
+    /// The tree restricted to the members `keep` accepts, or `None` if it
+    /// keeps nobody. A node that loses a child is replaced by the other child's
+    /// subtree; every node above such a removal point loses its blinded key
+    /// and key. Also returns the sponsor of each removal point: the rightmost
+    /// leaf of the subtree that took the removed node's place (empty if
+    /// nobody was removed).
+    pub fn prune(&self, keep: impl Fn(&MemberId) -> bool) -> Option<(Self, Vec<usize>)> {
+        let mut out: Vec<Node<G>> = Vec::new();
+        // For each old node: its new index and whether its new parent must be invalidated.
+        let mut res: Vec<Option<(usize, bool)>> = vec![None; self.nodes.len()];
+        let mut survivors = Vec::new();
+        for v in self.preorder(self.root).into_iter().rev() {
+            let n = &self.nodes[v];
+            res[v] = match n.kids {
+                None => match &n.member {
+                    Some(m) if keep(m) => {
+                        out.push(Node::leaf(m.clone(), n.key.clone(), n.bk.clone()));
+                        Some((out.len() - 1, false))
+                    }
+                    _ => None,
+                },
+                Some([l, r]) => match (res[l], res[r]) {
+                    (Some((a, ca)), Some((b, cb))) => {
+                        let changed = ca || cb;
+                        let (key, bk) = if changed { (None, None) } else { (n.key.clone(), n.bk.clone()) };
+                        out.push(Node { parent: None, kids: Some([a, b]), member: None, bk, key });
+                        let id = out.len() - 1;
+                        out[a].parent = Some(id);
+                        out[b].parent = Some(id);
+                        Some((id, changed))
+                    }
+                    (Some((a, _)), None) | (None, Some((a, _))) => {
+                        survivors.push(a);
+                        Some((a, true))
+                    }
+                    (None, None) => None,
+                },
+            };
+        }
+        let (root, _) = res[self.root]?;
+        let mut t = Self { nodes: out, root };
+        let sponsors = survivors.into_iter().map(|s| t.rightmost(s)).collect();
+        t.nodes[root].parent = None;
+        Some((t, sponsors))
+    }
+
+    /// Who refreshes after a prune that returned `removal_sponsors`: the
+    /// shallowest of them, then the rightmost; the rightmost leaf if nobody
+    /// was removed (so every rekey changes the key).
+    pub fn refresher(&self, removal_sponsors: Vec<usize>) -> usize {
+        if removal_sponsors.is_empty() {
+            return self.rightmost(self.root);
+        }
+        let leaves = self.leaves();
+        removal_sponsors
+            .into_iter()
+            .min_by_key(|&s| (self.depth(s), Reverse(leaves.iter().position(|&l| l == s))))
+            .expect("not empty")
+    }
+
+    /// The lowest node of `path` (a leaf's path, see [`Tree::path`]) below
+    /// the root whose blinded key is unknown, as an index into `path`.
+    pub fn lowest_unknown(&self, path: &[usize]) -> Option<usize> {
+        path[..path.len() - 1].iter().position(|&v| !self.has_bk(v))
+    }
+
+    /// Whether `leaf` is the sponsor of node `v`: `v` is ready and `leaf` is
+    /// the rightmost leaf under it.
+    pub fn sponsors(&self, leaf: usize, v: usize) -> bool {
+        self.ready(v) && self.rightmost(v) == leaf
+    }
+
+    /// Computes the keys on `leaf`'s path as far up as the known blinded keys
+    /// allow, the root's too if `with_root` (a subgroup's root at a merge).
+    pub fn climb(&mut self, ops: &mut impl KeyOps<G>, leaf: usize, with_root: bool) {
+        let path = self.path(leaf);
+        let end = if with_root { path.len() } else { path.len() - 1 };
+        for i in 1..end {
+            let (c, p) = (path[i - 1], path[i]);
+            if self.nodes[p].key.is_some() {
+                continue;
+            }
+            let Some(s) = self.sibling(c) else { break };
+            let key = match (&self.nodes[c].key, &self.nodes[s].bk) {
+                (Some(k), Some(b)) => node_key(ops, k, b),
+                _ => break,
+            };
+            self.nodes[p].key = Some(key);
+        }
+    }
+
+    /// The blinded keys g^k of the nodes of `nodes` in turn, as long as their
+    /// keys are known.
+    pub fn blind(&self, ops: &mut impl KeyOps<G>, nodes: &[usize]) -> Vec<G::Element> {
+        nodes.iter().map_while(|&u| self.nodes[u].key.as_ref()).map(|k| ops.exp_g(k)).collect()
+    }
+
+    /// The group secret, computed by the member at `leaf` from the key of
+    /// the root's child on its path and the blinded key of the other child;
+    /// `None` while either is unknown or for a one-leaf tree.
+    pub fn group_secret(&self, ops: &mut impl KeyOps<G>, leaf: usize) -> Option<G::Element> {
+        let path = self.path(leaf);
+        let c = *path.get(path.len().checked_sub(2)?)?;
+        let s = self.sibling(c)?;
+        match (&self.nodes[c].key, &self.nodes[s].bk) {
+            (Some(k), Some(b)) => Some(ops.exp(b, k)),
+            _ => None,
+        }
+    }
+
+    /// Merges disjoint trees: ordered by more leaves first, then by `first`
+    /// (e.g. the view position of a tree's first member), each inserted into
+    /// the accumulated tree in turn (see [`Tree::insert_all`]). `None` for no
+    /// tree.
+    pub fn merge<K: Ord>(mut trees: Vec<Self>, first: impl Fn(&Self) -> K) -> Option<Self> {
+        trees.sort_by_cached_key(|t| (Reverse(t.leaves().len()), first(t)));
+        let mut trees = trees.into_iter();
+        let mut acc = trees.next()?;
+        let rest: Vec<Self> = trees.collect();
+        acc.insert_all(&rest);
+        Some(acc)
+    }
+
+    /// Appends `other`'s nodes (as a detached subtree) and returns its root.
+    fn append(&mut self, other: &Self) -> usize {
+        let off = self.nodes.len();
+        for n in &other.nodes {
+            let mut c = n.clone();
+            c.parent = c.parent.map(|p| p + off);
+            c.kids = c.kids.map(|[l, r]| [l + off, r + off]);
+            self.nodes.push(c);
+        }
+        other.root + off
+    }
+
+    /// Where a tree of height `hb` joins this tree, whose node heights are
+    /// `h`: the shallowest, then rightmost, node x such that a new node with
+    /// children (x, other) does not make the tree higher; the root if there is
+    /// none.
+    ///
+    /// Searched level by level from the root, left to right, stopping at the
+    /// first level that has such a node: a node that fails only because its
+    /// own subtree is as high as its depth allows has children that may fit,
+    /// and no node below a level where `hb` alone is too high can fit. A merge
+    /// of n one-leaf trees then costs far less than n whole-tree walks.
+    fn insertion_point_in(&self, h: &[usize], hb: usize) -> usize {
+        let ha = h[self.root];
+        let mut level = vec![self.root];
+        let mut depth = 0;
+        while !level.is_empty() && depth + 1 + hb <= ha {
+            if let Some(&v) = level.iter().rev().find(|&&v| depth + 1 + h[v].max(hb) <= ha) {
+                return v;
+            }
+            level = level.iter().filter_map(|&v| self.nodes[v].kids).flatten().collect();
+            depth += 1;
+        }
+        self.root
+    }
+
+    /// Where `other` joins this tree (see [`Tree::insert_all`]).
+    #[cfg(test)]
+    pub fn insertion_point(&self, other: &Self) -> usize {
+        self.insertion_point_in(&self.heights(), other.heights()[other.root])
+    }
+
+    /// Inserts `other` at its insertion point, as the right child of a new
+    /// node; the new node and its ancestors lose their blinded keys and keys.
+    /// Returns the new node.
+    #[cfg(test)]
+    pub fn insert(&mut self, other: &Self) -> usize {
+        let mut h = self.heights();
+        self.insert_with(other, &mut h)
+    }
+
+    /// Inserts each of `others` in turn, as [`Tree::insert`] would, keeping
+    /// the node heights up to date instead of recomputing them per insertion.
+    pub fn insert_all<'a>(&mut self, others: impl IntoIterator<Item = &'a Self>)
+    where
+        G: 'a,
+    {
+        let mut h = self.heights();
+        for other in others {
+            self.insert_with(other, &mut h);
+        }
+    }
+
+    /// [`Tree::insert`] with this tree's node heights `h`, which it updates.
+    fn insert_with(&mut self, other: &Self, h: &mut Vec<usize>) -> usize {
+        let hb = other.heights();
+        let x = self.insertion_point_in(h, hb[other.root]);
+        let b = self.append(other);
+        h.extend(hb);
+        let parent = self.nodes[x].parent;
+        self.nodes.push(Node { parent, kids: Some([x, b]), member: None, bk: None, key: None });
+        let n = self.nodes.len() - 1;
+        h.push(0);
+        match parent {
+            None => self.root = n,
+            Some(p) => {
+                if let Some(kids) = self.nodes[p].kids.as_mut() {
+                    let slot = if kids[0] == x { 0 } else { 1 };
+                    kids[slot] = n;
+                }
+            }
+        }
+        self.nodes[x].parent = Some(n);
+        self.nodes[b].parent = Some(n);
+        for u in self.path(n) {
+            if let Some([l, r]) = self.nodes[u].kids {
+                h[u] = 1 + h[l].max(h[r]);
+            }
+        }
+        self.invalidate_path(n);
+        n
+    }
+
+    /// Whether both trees have the same shape and the same members at the
+    /// same leaves; if so, pairs of corresponding nodes (self, other).
+    pub fn correspondence(&self, other: &Self) -> Option<Vec<(usize, usize)>> {
+        let a = self.preorder(self.root);
+        let b = other.preorder(other.root);
+        if a.len() != b.len() {
+            return None;
+        }
+        for (&x, &y) in a.iter().zip(&b) {
+            let (nx, ny) = (&self.nodes[x], &other.nodes[y]);
+            if nx.kids.is_some() != ny.kids.is_some() || nx.member != ny.member {
+                return None;
+            }
+        }
+        Some(a.into_iter().zip(b).collect())
+    }
+
+    /// Every key held.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))] // test hooks only
+    pub fn keys(&self) -> impl Iterator<Item = &G::Scalar> {
+        self.nodes.iter().filter_map(|n| n.key.as_ref())
+    }
+
+    /// Every blinded key known.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))] // test hooks only
+    pub fn bks(&self) -> impl Iterator<Item = &G::Element> {
+        self.nodes.iter().filter_map(|n| n.bk.as_ref())
+    }
+
+    /// Writes the shape, the members and the known blinded keys (never keys):
+    /// the leaf count, then the nodes in preorder, each a tag byte, a member
+    /// name for leaves and the blinded key if known.
+    pub fn encode(&self, w: &mut Writer, g: &G) {
+        let order = self.preorder(self.root);
+        w.count(order.len().div_ceil(2));
+        for v in order {
+            let n = &self.nodes[v];
+            let tag = if n.kids.is_none() { TAG_LEAF } else { 0 } | if n.bk.is_some() { TAG_BK } else { 0 };
+            w.u8(tag);
+            if let Some(m) = &n.member {
+                put_member(w, m);
+            }
+            if let Some(bk) = &n.bk {
+                put_elem(w, g, bk);
+            }
+        }
+    }
+
+    /// Reads [`Tree::encode`]'s output: at most [`MAX_MEMBERS`] leaves, a
+    /// well-formed binary tree, every member at most once, every element valid.
+    pub fn decode(r: &mut Reader<'_>, g: &G) -> Result<Self, Error> {
+        // A leaf takes at least a tag, a name length and one name byte.
+        let leaves = r.count(MAX_MEMBERS, 3, "TGDH tree leaves")?;
+        if leaves == 0 {
+            return Err(DecodeError::Bad("empty TGDH tree").into());
+        }
+        let total = 2 * leaves - 1;
+        let mut nodes: Vec<Node<G>> = Vec::with_capacity(total);
+        let mut filled: Vec<u8> = Vec::with_capacity(total);
+        let mut open: Vec<usize> = Vec::new(); // internal nodes still missing a child
+        let mut names = BTreeSet::new();
+        for i in 0..total {
+            if i > 0 && open.is_empty() {
+                return Err(DecodeError::Bad("TGDH tree shape").into());
+            }
+            let tag = r.u8("TGDH node tag")?;
+            if tag > TAG_LEAF | TAG_BK {
+                return Err(DecodeError::Bad("TGDH node tag").into());
+            }
+            let member = if tag & TAG_LEAF != 0 {
+                let m = get_member(r)?;
+                if !names.insert(m.clone()) {
+                    return Err(DecodeError::Bad("member twice in a TGDH tree").into());
+                }
+                Some(m)
+            } else {
+                None
+            };
+            let bk = if tag & TAG_BK != 0 { Some(get_elem(r, g)?) } else { None };
+            let parent = open.last().copied();
+            let kids = member.is_none().then_some([usize::MAX; 2]);
+            nodes.push(Node { parent, kids, member, bk, key: None });
+            filled.push(0);
+            if let Some(p) = parent {
+                let slot = filled[p] as usize;
+                if let Some(k) = nodes[p].kids.as_mut() {
+                    k[slot] = i;
+                }
+                filled[p] += 1;
+            }
+            if tag & TAG_LEAF == 0 {
+                open.push(i);
+            } else {
+                while open.last().is_some_and(|&t| filled[t] == 2) {
+                    open.pop();
+                }
+            }
+        }
+        if !open.is_empty() {
+            return Err(DecodeError::Bad("TGDH tree shape").into());
+        }
+        Ok(Self { nodes, root: 0 })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    //! The tree on its own, computing in a bare group (unmetered): no engine.
+
+    use conclave_gcs::MemberId;
+    use rand_chacha::ChaCha20Rng;
+    use rand_core::{RngCore, SeedableRng};
+
+    use super::{node_key, Node, Tree};
+    use crate::codec::{Reader, Writer};
+    use crate::engine::Error;
+    use crate::suite::ristretto::Ristretto255;
+    use crate::suite::Group;
+
+    /// Member `i`'s name.
+    pub(crate) fn id(i: usize) -> MemberId {
+        MemberId::new(format!("m{i:04}")).unwrap()
+    }
+
+    pub(crate) fn singletons(n: usize) -> Tree<Ristretto255> {
+        let mut t = Tree::leaf(id(0), None, None);
+        for i in 1..n {
+            t.insert(&Tree::leaf(id(i), None, None));
+        }
+        t
+    }
+
+    fn order(t: &Tree<Ristretto255>) -> Vec<usize> {
+        t.members().iter().map(|m| m.as_str()[1..].parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn insertion_keeps_the_tree_low() {
+        for n in 1..=64usize {
+            let t = singletons(n);
+            let h = t.heights()[t.root];
+            assert_eq!(h, n.next_power_of_two().trailing_zeros() as usize, "n = {n}");
+            assert_eq!(t.leaves().len(), n);
+        }
+        assert_eq!(order(&singletons(8)), (0..8).collect::<Vec<_>>());
+        assert_eq!(order(&singletons(16)), [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15, 11, 12, 13, 14]);
+        // A tree as high as the accumulated one goes in at the root.
+        let mut a = singletons(4);
+        a.insert(&singletons(3));
+        assert_eq!(a.heights()[a.root], 3);
+    }
+
+    /// The insertion point as a scan of every node (the definition): the
+    /// shallowest, then rightmost in preorder, node x where a new parent of x
+    /// and a tree of height `hb` keeps the height; the root if none.
+    fn insertion_point_by_scan(t: &Tree<Ristretto255>, hb: usize) -> usize {
+        let h = t.heights();
+        let ha = h[t.root];
+        let mut best: Option<(usize, usize)> = None;
+        for v in t.preorder(t.root) {
+            let d = t.depth(v);
+            if best.is_none_or(|(bd, _)| d <= bd) && d + 1 + h[v].max(hb) <= ha {
+                best = Some((d, v));
+            }
+        }
+        best.map_or(t.root, |(_, v)| v)
+    }
+
+    #[test]
+    fn level_search_finds_the_insertion_point_of_the_scan() {
+        // Trees of every shape that merges build: subgroups of random sizes
+        // inserted in turn, each checked against the scan before it goes in.
+        let mut rng = ChaCha20Rng::seed_from_u64(11);
+        for _ in 0..40 {
+            let mut acc = singletons(1 + (rng.next_u32() % 9) as usize);
+            for _ in 0..12 {
+                let other = singletons(1 + (rng.next_u32() % 20) as usize);
+                let hb = other.heights()[other.root];
+                assert_eq!(acc.insertion_point(&other), insertion_point_by_scan(&acc, hb));
+                acc.insert(&other);
+            }
+        }
+        for n in 1..=300 {
+            let t = singletons(n);
+            for hb in 0..4 {
+                let other = singletons(1 << hb);
+                assert_eq!(t.insertion_point(&other), insertion_point_by_scan(&t, hb), "n = {n}, hb = {hb}");
+            }
+        }
+        // insert_all keeps its heights right: the same tree as one insert at a time.
+        let parts: Vec<_> = (1..30).map(|k| singletons(1 + k % 7)).collect();
+        let (mut one, mut all) = (singletons(5), singletons(5));
+        for p in &parts {
+            one.insert(p);
+        }
+        all.insert_all(&parts);
+        assert_eq!(one.heights(), all.heights());
+        assert!(one.correspondence(&all).is_some());
+    }
+
+    #[test]
+    fn pruning_names_the_sponsors() {
+        let t = singletons(8);
+        let (p, sponsors) = t.prune(|m| m != &id(7)).unwrap();
+        let s: Vec<&MemberId> = sponsors.iter().filter_map(|&v| p.member(v)).collect();
+        assert_eq!(s, [&id(6)]);
+        assert_eq!(p.depth(sponsors[0]), 2);
+        let (p, sponsors) = t.prune(|m| m.as_str()[1..].parse::<usize>().unwrap() % 2 == 1).unwrap();
+        let mut s: Vec<&MemberId> = sponsors.iter().filter_map(|&v| p.member(v)).collect();
+        s.sort();
+        assert_eq!(s, [&id(1), &id(3), &id(5), &id(7)]);
+        assert!(t.prune(|_| false).is_none());
+        let (_, none) = t.prune(|_| true).unwrap();
+        assert!(none.is_empty());
+    }
+
+    fn with_bks(mut t: Tree<Ristretto255>) -> Tree<Ristretto255> {
+        let g = Ristretto255;
+        let mut rng = ChaCha20Rng::seed_from_u64(7);
+        for (i, n) in t.nodes.iter_mut().enumerate() {
+            if i % 3 != 0 {
+                n.bk = Some(g.exp_generator(&g.random_scalar(&mut rng)));
+            }
+        }
+        t
+    }
+
+    pub(crate) fn full_bks(mut t: Tree<Ristretto255>) -> Tree<Ristretto255> {
+        let g = Ristretto255;
+        for (i, n) in t.nodes.iter_mut().enumerate() {
+            n.bk = Some(g.exp_generator(&g.scalar_from_u64(i as u64 + 2)));
+        }
+        t
+    }
+
+    pub(crate) fn encode(t: &Tree<Ristretto255>) -> Vec<u8> {
+        let mut w = Writer::new();
+        t.encode(&mut w, &Ristretto255);
+        w.buf
+    }
+
+    fn decode(b: &[u8]) -> Result<Tree<Ristretto255>, Error> {
+        let mut r = Reader::new(b);
+        let t = Tree::decode(&mut r, &Ristretto255)?;
+        r.finish()?;
+        Ok(t)
+    }
+
+    #[test]
+    fn tree_codec_round_trips_and_rejects_malformed_input() {
+        let t = with_bks(singletons(13));
+        let bytes = encode(&t);
+        let d = decode(&bytes).unwrap();
+        let pairs = t.correspondence(&d).unwrap();
+        assert!(pairs.iter().all(|&(x, y)| t.nodes[x].bk == d.nodes[y].bk));
+        for cut in 0..bytes.len() {
+            assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(decode(&long).is_err());
+        // A forged leaf count cannot make the decoder allocate.
+        assert!(decode(&[0xff, 0xff, 1, 1, b'a']).is_err());
+        assert!(decode(&[0x10, 0x00]).is_err());
+        assert!(decode(&[0, 0]).is_err());
+        // A bad tag, an invalid element, a member twice, a shape that ends early.
+        assert!(decode(&[0, 1, 4, 1, b'a']).is_err());
+        let mut bad = vec![0, 1, 3, 1, b'a'];
+        bad.extend([0xff; 32]);
+        assert!(decode(&bad).is_err());
+        assert!(decode(&[0, 2, 0, 1, 1, b'a', 1, 1, b'a']).is_err());
+        assert!(decode(&[0, 2, 1, 1, b'a', 1, 1, b'b', 0]).is_err());
+        // Flipping any byte never panics.
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x41;
+            let _ = decode(&b);
+        }
+    }
+
+    #[test]
+    fn deep_trees_are_handled_without_recursion() {
+        // A caterpillar with MAX_MEMBERS leaves: as deep as a tree can be.
+        let n = super::MAX_MEMBERS;
+        let mut nodes: Vec<Node<Ristretto255>> = Vec::new();
+        let mut top = 0;
+        nodes.push(Node { parent: None, kids: None, member: Some(id(0)), bk: None, key: None });
+        for i in 1..n {
+            nodes.push(Node { parent: None, kids: None, member: Some(id(i)), bk: None, key: None });
+            nodes.push(Node { parent: None, kids: Some([top, 2 * i - 1]), member: None, bk: None, key: None });
+            nodes[top].parent = Some(2 * i);
+            nodes[2 * i - 1].parent = Some(2 * i);
+            top = 2 * i;
+        }
+        let t: Tree<Ristretto255> = Tree { nodes, root: top };
+        let d = decode(&encode(&t)).unwrap();
+        assert_eq!(d.heights()[d.root], n - 1);
+        assert_eq!(d.depth(d.find(&id(0)).unwrap()), n - 1);
+        let (p, _) = d.prune(|m| m != &id(1)).unwrap();
+        assert_eq!(p.leaves().len(), n - 1);
+    }
+
+    /// A tree whose every key and blinded key is computed (as if by every
+    /// sponsor), with random leaf keys.
+    fn keyed(n: usize, seed: u64) -> Tree<Ristretto255> {
+        let g = Ristretto255;
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        let mut t = singletons(n);
+        for v in t.preorder(t.root).into_iter().rev() {
+            let key = match t.nodes[v].kids {
+                None => g.random_scalar(&mut rng),
+                Some([l, r]) => {
+                    let (k, b) = (t.nodes[l].key.unwrap(), t.nodes[r].bk.unwrap());
+                    node_key(&mut g.clone(), &k, &b)
+                }
+            };
+            if v != t.root {
+                t.nodes[v].bk = Some(g.exp_generator(&key));
+            }
+            t.nodes[v].key = Some(key);
+        }
+        t
+    }
+
+    #[test]
+    fn every_member_computes_the_same_group_secret_from_its_leaf_and_the_blinded_keys() {
+        let mut g = Ristretto255;
+        for n in [2, 3, 5, 8, 13] {
+            let full = keyed(n, n as u64);
+            let mut secrets = Vec::new();
+            for leaf in full.leaves() {
+                let mut t = full.public();
+                t.nodes[leaf].key = full.nodes[leaf].key;
+                assert!(t.group_secret(&mut g, leaf).is_none() || t.depth(leaf) == 1, "n = {n}");
+                t.climb(&mut g, leaf, false);
+                let path = t.path(leaf);
+                // The blinded keys it would announce are the ones everybody holds.
+                let top = path.len() - 1;
+                let bks = t.blind(&mut g, &path[..top]);
+                assert_eq!(bks.len(), top, "n = {n}");
+                assert!(bks.iter().zip(&path).all(|(b, &u)| full.nodes[u].bk.as_ref() == Some(b)));
+                secrets.push(t.group_secret(&mut g, leaf).expect("the whole path is known"));
+            }
+            assert!(secrets.windows(2).all(|w| w[0] == w[1]), "n = {n}");
+        }
+        assert!(Tree::<Ristretto255>::leaf(id(0), None, None).group_secret(&mut g, 0).is_none());
+    }
+
+    #[test]
+    fn sponsors_follow_the_public_tree() {
+        // (((0,1),(2,3)),4) without m4: the root's left subtree remains; its
+        // rightmost leaf m3 refreshes. Nobody removed: the rightmost leaf.
+        let t = keyed(5, 1);
+        let (p, removal) = t.prune(|m| m != &id(4)).unwrap();
+        let r = p.refresher(removal);
+        assert_eq!(p.member(r), Some(&id(3)));
+        let (p, removal) = t.prune(|_| true).unwrap();
+        assert_eq!(p.member(p.refresher(removal)), Some(&id(4)));
+        // Without m1 and m3, m0 and m2 sponsor their removal points; both are
+        // at depth 1, and m2 is the rightmost.
+        let (mut p, removal) = t.prune(|m| m != &id(1) && m != &id(3)).unwrap();
+        assert_eq!(removal.len(), 2);
+        let r = p.refresher(removal);
+        assert_eq!(p.member(r), Some(&id(2)));
+        p.invalidate_path(r);
+        let path = p.path(r);
+        assert_eq!(p.lowest_unknown(&path), Some(0));
+        assert!(p.sponsors(r, path[0]));
+        // m0's path is unknown from its parent up, which waits for m2.
+        let m0 = p.find(&id(0)).unwrap();
+        let path0 = p.path(m0);
+        assert_eq!(p.lowest_unknown(&path0), Some(1));
+        assert!(!p.sponsors(m0, path0[1]));
+        // Merging orders by size, then by `first`.
+        let merged = Tree::merge(vec![singletons(1), singletons(3)], |t| t.leaves().len()).unwrap();
+        assert_eq!(merged.leaves().len(), 4);
+        assert_eq!(merged.members()[..3], singletons(3).members()[..]);
+        assert!(Tree::<Ristretto255>::merge(Vec::new(), |_| 0).is_none());
+    }
+}
