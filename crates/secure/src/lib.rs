@@ -126,6 +126,11 @@
 //!
 //! Above this crate: the `conclave` applications (chat, gauge, bench). Below
 //! it: `conclave-gka` (engines, keys) and `conclave-gcs-net` (daemon client).
+//!
+//! The feature `tokio` (on by default) builds the [`Session`] shell and its
+//! daemon client; without it the crate is the sans-IO core alone, with no
+//! async runtime, no clock and no OS randomness in its dependency tree
+//! (`cargo tree -p conclave-secure --no-default-features -e normal`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -133,6 +138,7 @@ mod confirm;
 pub mod core;
 pub mod data;
 pub mod payload;
+#[cfg(feature = "tokio")]
 mod session;
 pub mod sim;
 pub mod trust;
@@ -143,10 +149,11 @@ pub use crate::core::{
     SessionCore, Transmit, WallClock, DEFAULT_CERT_TIMEOUT, MAX_HELD_BYTES, MAX_HELD_BYTES_PER_SENDER,
 };
 pub use conclave_gcs::{GroupName, MemberId};
-pub use conclave_gcs_net::ErrorCode;
+pub use conclave_gcs::core::ErrorCode;
 pub use conclave_gka::{Epoch, GroupId, ProtocolId, ViewId};
 pub use confirm::{confirmation_cost, ConfirmCost};
 pub use data::{DataError, DataHeader, EpochKeys};
+#[cfg(feature = "tokio")]
 pub use session::{Session, SystemClock};
 pub use trust::Refusal;
 
@@ -333,6 +340,7 @@ pub enum SecureEvent {
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     /// The daemon connection failed or closed.
+    #[cfg(feature = "tokio")]
     #[error("daemon connection: {0}")]
     Client(#[from] conclave_gcs_net::ClientError),
     /// The session's writer stopped (the connection is gone).
