@@ -148,8 +148,8 @@ use std::time::Duration;
 pub use crate::core::{
     SessionCore, Transmit, WallClock, DEFAULT_CERT_TIMEOUT, MAX_HELD_BYTES, MAX_HELD_BYTES_PER_SENDER,
 };
-pub use conclave_gcs::{GroupName, MemberId};
 pub use conclave_gcs::core::ErrorCode;
+pub use conclave_gcs::{GroupName, MemberId};
 pub use conclave_gka::{Epoch, GroupId, ProtocolId, ViewId};
 pub use confirm::{confirmation_cost, ConfirmCost};
 pub use data::{DataError, DataHeader, EpochKeys};

@@ -74,7 +74,7 @@ impl Net {
         let signers: Vec<_> = names.iter().map(|_| generate_signer(SignatureId::Ed25519, &mut rng).unwrap()).collect();
         let base = Instant::now();
         let mut net = Net {
-            core: Core::new(DaemonId(0), Limits::default(), 7),
+            core: Core::new(DaemonId(0), Limits::default(), seed),
             members: Vec::new(),
             base,
             now: Duration::ZERO,
@@ -102,6 +102,50 @@ impl Net {
 
     pub fn now(&self) -> Instant {
         self.base + self.now
+    }
+
+    /// A new connection's id.
+    fn next_conn(&self) -> ConnId {
+        ConnId { daemon: DaemonId(0), local: 1000 + self.members.len() as u64 }
+    }
+
+    /// Adds a member with a session of its own making (given the present),
+    /// connected; returns its index.
+    pub fn add(&mut self, name: &str, session: impl FnOnce(Instant) -> SessionCore) -> usize {
+        let name = MemberId::new(name).unwrap();
+        let conn = self.next_conn();
+        let session = session(self.now());
+        let (inbox, log, confirm_checks) = (VecDeque::new(), Vec::new(), Arc::new(AtomicU64::new(0)));
+        self.members.push(Member { name: name.clone(), confirm_checks, conn, session, inbox, log });
+        self.submit(Op::Connect { conn, name });
+        self.members.len() - 1
+    }
+
+    /// A plain daemon client, with no session: what it is sent is dropped.
+    pub fn outsider(&mut self, name: &str, local: u64) -> ConnId {
+        let conn = ConnId { daemon: DaemonId(0), local };
+        self.submit(Op::Connect { conn, name: MemberId::new(name).unwrap() });
+        conn
+    }
+
+    /// Lets `d` of virtual time pass: every session's timer fires when it
+    /// is due, and what follows is delivered.
+    pub fn advance(&mut self, d: Duration) {
+        let end = self.now + d;
+        loop {
+            let due = self.members.iter().filter_map(|m| m.session.poll_timeout()).min();
+            let Some(due) = due.map(|t| t.saturating_duration_since(self.base)).filter(|t| *t <= end) else { break };
+            self.now = self.now.max(due);
+            let now = self.now();
+            for i in 0..self.members.len() {
+                if self.members[i].session.poll_timeout().is_some_and(|t| t <= now) {
+                    self.members[i].session.handle_timeout(now).unwrap();
+                    self.drain(i);
+                }
+            }
+            self.settle();
+        }
+        self.now = self.now.max(end);
     }
 
     pub fn submit(&mut self, op: Op) {

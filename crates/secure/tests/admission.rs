@@ -1,0 +1,98 @@
+//! Certified admission on the sans-IO core, in virtual time (see `vnet`):
+//! what outsiders can and cannot do to a certified group, measured exactly
+//! instead of slept through.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use conclave_gcs::core::Op;
+use conclave_gcs::GroupName;
+use conclave_secure::core::{SessionCore, WallClock};
+use conclave_secure::trust::{Authority, Identity, Issuer};
+use conclave_secure::{MemberId, Policy, SecureEvent, DEFAULT_CERT_TIMEOUT};
+use rand_chacha::ChaCha20Rng;
+use rand_core::SeedableRng;
+
+mod vnet;
+use vnet::{Net, GROUP};
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// The wall clock certificates are checked against: fixed.
+struct Fixed(SystemTime);
+
+impl WallClock for Fixed {
+    fn now(&self) -> SystemTime {
+        self.0
+    }
+}
+
+/// A certified member's session, issued by `issuer`.
+fn certified(
+    issuer: &Issuer,
+    authority: &Arc<Authority>,
+    name: &str,
+    seed: u64,
+) -> impl FnOnce(std::time::Instant) -> SessionCore {
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let t = SystemTime::UNIX_EPOCH + 20_000 * DAY;
+    let member = MemberId::new(name).unwrap();
+    let issued = issuer.issue(&member, t - DAY, t + DAY, &mut rng).unwrap();
+    let identity = Identity::from_pem(&issued.cert_pem, &issued.key_pem).unwrap();
+    let authority = authority.clone();
+    move |now| {
+        let clock = Arc::new(Fixed(t));
+        SessionCore::new_certified(member, identity, authority, clock, Box::new(rng), now)
+    }
+}
+
+/// Two outsiders without certificates take turns joining and leaving, so
+/// that some member of every view has presented nothing. Each such view is
+/// held for exactly the certificate deadline, then runs without them: the
+/// honest members get a key after every churn event, each at most the
+/// deadline (1 s) plus the run after the view, however long the churn goes.
+#[test]
+fn outsiders_churning_cost_at_most_the_deadline_per_view() {
+    let t = SystemTime::UNIX_EPOCH + 20_000 * DAY;
+    let mut rng = ChaCha20Rng::seed_from_u64(8);
+    let (issuer, _) = Issuer::create("conclave test authority", t - DAY, t + 365 * DAY, &mut rng).unwrap();
+    let authority = Arc::new(Authority::from_pem(issuer.ca_pem(), None).unwrap());
+    let mut net = Net::new(&[], 8);
+    for (i, name) in ["alice", "bob"].into_iter().enumerate() {
+        let m = net.add(name, certified(&issuer, &authority, name, 100 + i as u64));
+        net.join(m, Policy::default());
+    }
+    let group = GroupName::new(GROUP).unwrap();
+    let eves = [net.outsider("eve1", 91), net.outsider("eve2", 92)];
+    let before = net.members[0].log.len();
+    net.submit(Op::Join { conn: eves[0], group: group.clone(), open: false });
+    net.settle();
+    let turns = 6;
+    for turn in 0..turns {
+        net.advance(Duration::from_millis(1300));
+        let (a, b) = (turn % 2, 1 - turn % 2);
+        net.submit(Op::Join { conn: eves[b], group: group.clone(), open: false });
+        net.submit(Op::Leave { conn: eves[a], group: group.clone() });
+        net.settle();
+    }
+    net.advance(Duration::from_millis(1300));
+    let keys: Vec<Duration> = net.members[0].log[before..]
+        .iter()
+        .filter_map(|e| match e {
+            SecureEvent::View(v) => Some(v.rekey_time),
+            _ => None,
+        })
+        .collect();
+    // One key per churn event (eve1's join, then each turn), none later
+    // than the deadline and the run after it.
+    assert_eq!(keys.len(), turns + 1, "{keys:?}");
+    let bound = DEFAULT_CERT_TIMEOUT + Duration::from_millis(50);
+    assert!(keys.iter().all(|t| *t >= DEFAULT_CERT_TIMEOUT && *t <= bound), "{keys:?}");
+    for m in &net.members {
+        let last = m.log.iter().rev().find_map(|e| match e {
+            SecureEvent::View(v) => Some(v.members.clone()),
+            _ => None,
+        });
+        assert_eq!(last.unwrap().iter().map(|m| m.as_str()).collect::<Vec<_>>(), ["alice", "bob"]);
+    }
+}
