@@ -195,6 +195,41 @@ pub trait WallClock: Send + Sync {
     fn now(&self) -> SystemTime;
 }
 
+/// Where a group's key stands in the current view: one state at a time.
+enum Phase {
+    /// Key agreement runs (or waits for the view's verdicts, see `held`).
+    Agreeing,
+    /// The engine installed a key; every member's confirmation is awaited.
+    Confirming(Box<Confirming>),
+    /// The key is confirmed: data flows under it.
+    Secure(EpochKeys),
+    /// This member takes no part in key agreement in the current view
+    /// (refused, or told that it was).
+    Aside,
+    /// Taken out for a policy mismatch: every input is ignored, for good.
+    Ousted,
+}
+
+impl Phase {
+    fn keys(&self) -> Option<&EpochKeys> {
+        match self {
+            Phase::Secure(k) => Some(k),
+            _ => None,
+        }
+    }
+
+    fn confirming(&self) -> Option<&Confirming> {
+        match self {
+            Phase::Confirming(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    fn is_aside(&self) -> bool {
+        matches!(self, Phase::Aside)
+    }
+}
+
 struct GroupState {
     policy: Policy,
     engine: Box<dyn Engine>,
@@ -202,8 +237,8 @@ struct GroupState {
     view: Option<View>,
     /// When the first view not yet secured arrived.
     rekey_since: Option<Instant>,
-    /// Keys of the current secure view; `None` while a rekey runs.
-    keys: Option<EpochKeys>,
+    /// Where the group's key stands in the current view.
+    phase: Phase,
     members: Vec<MemberId>,
     next_seq: u64,
     /// Plaintexts waiting for a key, in send order.
@@ -215,8 +250,6 @@ struct GroupState {
     resend: VecDeque<Vec<u8>>,
     /// Data messages of the current epoch that came before its key was confirmed.
     early: Held,
-    /// The installed key of the current run, until every member confirmed it.
-    confirming: Option<Confirming>,
     /// Key confirmations received for the current run.
     confirms: Confirmations,
     /// Next acceptable sequence number per sender, in the current epoch.
@@ -227,8 +260,6 @@ struct GroupState {
     /// member still takes part in key agreement (so nobody waits for it) and
     /// receives what is sent in its views.
     leaving: bool,
-    /// Taken out for a policy mismatch: every input is ignored.
-    ousted: bool,
     /// Certified mode: the directory the engine reads.
     accepted: Option<Arc<Accepted>>,
     /// Certified mode: each member's standing in the current view.
@@ -239,9 +270,6 @@ struct GroupState {
     deadline: Option<Instant>,
     /// Key agreement messages that came while the view was held.
     held_ka: Held,
-    /// This member takes no part in key agreement in the current view
-    /// (refused, or told that it was).
-    aside: bool,
     /// The run of the current view that the engine runs (0 for the view's own;
     /// one more at each rekey or readmission, decided by the agreed stream).
     run: u32,
@@ -381,25 +409,22 @@ impl SessionCore {
                 engine,
                 view: None,
                 rekey_since: None,
-                keys: None,
+                phase: Phase::Agreeing,
                 members: Vec::new(),
                 next_seq: 0,
                 queue: VecDeque::new(),
                 in_flight: VecDeque::new(),
                 resend: VecDeque::new(),
                 early: Held::default(),
-                confirming: None,
                 confirms: Confirmations::default(),
                 next_from: BTreeMap::new(),
                 established: false,
                 leaving: false,
-                ousted: false,
                 accepted,
                 verdicts: BTreeMap::new(),
                 held: false,
                 deadline: None,
                 held_ka: Held::default(),
-                aside: false,
                 run: 0,
                 readmissions: 0,
                 engine_view: None,
@@ -451,7 +476,7 @@ impl SessionCore {
     /// while a rekey runs).
     pub fn secure_members(&self, group: &str) -> Option<&[MemberId]> {
         let gs = self.groups.get(&GroupName::new(group).ok()?)?;
-        gs.keys.as_ref().map(|_| gs.members.as_slice())
+        gs.phase.keys().map(|_| gs.members.as_slice())
     }
 
     /// A delivery from the daemon.
@@ -522,12 +547,11 @@ impl SessionCore {
     }
 
     fn on_view(&mut self, group: GroupName, view: View) -> Result<(), SessionError> {
-        let Some(gs) = self.groups.get_mut(&group).filter(|g| !g.ousted) else { return Ok(()) };
+        let Some(gs) = self.groups.get_mut(&group).filter(|g| !matches!(g.phase, Phase::Ousted)) else { return Ok(()) };
         // A new view ends the epoch: its keys are erased now (messages
         // delivered from here on are of the new view), and sends wait.
-        gs.keys = None;
+        gs.phase = Phase::Agreeing;
         gs.early.clear();
-        gs.confirming = None;
         gs.confirms.clear();
         gs.next_from.clear();
         gs.rekey_since.get_or_insert(self.now);
@@ -538,7 +562,6 @@ impl SessionCore {
         gs.together.retain(|m| came_with_me.contains(m));
         gs.readmissions = 0;
         gs.held_ka.clear();
-        gs.aside = false;
         gs.deadline = None;
         let Some(cert) = self.certified.as_ref() else {
             let members = view.members.clone();
@@ -607,8 +630,8 @@ impl SessionCore {
         }
         let gs = self.groups.get_mut(group).expect("checked above");
         // Already told that it is refused in this view: it stays aside.
-        if !me_ok || foreign || gs.aside {
-            gs.aside = true;
+        if !me_ok || foreign || gs.phase.is_aside() {
+            gs.phase = Phase::Aside;
             gs.held_ka.clear();
             if foreign {
                 self.events.push_back(SecureEvent::Excluded {
@@ -635,7 +658,7 @@ impl SessionCore {
         self.start_engine(group, members)?;
         for (sender, bytes) in held {
             let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-            if gs.aside || !matches!(gs.verdicts.get(&sender), Some(Verdict::Accepted(_))) {
+            if gs.phase.is_aside() || !matches!(gs.verdicts.get(&sender), Some(Verdict::Accepted(_))) {
                 continue;
             }
             let res = gs.engine.on_message(&sender, &bytes, &mut *self.rng);
@@ -760,9 +783,7 @@ impl SessionCore {
         let members: Vec<conclave_gcs::view::ViewMember> =
             view.members.iter().filter(|m| accepted(&m.id)).cloned().collect();
         publish_accepted(gs);
-        gs.aside = false;
-        gs.keys = None;
-        gs.confirming = None;
+        gs.phase = Phase::Agreeing;
         gs.confirms.clear();
         gs.early.clear();
         gs.rekey_since.get_or_insert(self.now);
@@ -825,8 +846,7 @@ impl SessionCore {
             return Ok(());
         };
         tracing::warn!(%group, by = %sender, %reason, "refused by the group");
-        gs.aside = true;
-        gs.keys = None;
+        gs.phase = Phase::Aside;
         gs.held_ka.clear();
         self.events.push_back(SecureEvent::Excluded { group: group.clone(), by: sender, reason });
         Ok(())
@@ -908,7 +928,7 @@ impl SessionCore {
         p.extend_from_slice(&sv.epoch.to_bytes());
         p.extend_from_slice(&mac);
         p.extend_from_slice(&sig);
-        gs.confirming = Some(Confirming { view: sv, confirmer, own_signature: sig });
+        gs.phase = Phase::Confirming(Box::new(Confirming { view: sv, confirmer, own_signature: sig }));
         self.push(Transmit::Multicast(group.clone(), p.into()))?;
         self.check_confirmed(group)
     }
@@ -923,7 +943,8 @@ impl SessionCore {
         signature: &[u8],
     ) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        if gs.aside || gs.engine.current_epoch() != Some(epoch) || gs.confirms.checked.contains_key(&sender) {
+        if gs.phase.is_aside() || gs.engine.current_epoch() != Some(epoch) || gs.confirms.checked.contains_key(&sender)
+        {
             tracing::debug!(%group, %sender, %epoch, "confirmation of another run, or a second one, dropped");
             return Ok(());
         }
@@ -931,7 +952,7 @@ impl SessionCore {
             return Ok(());
         }
         if sender == self.me {
-            let as_sent = gs.confirming.as_ref().is_some_and(|c| {
+            let as_sent = gs.phase.confirming().is_some_and(|c| {
                 c.view.epoch == epoch && c.own_signature == signature && c.confirmer.matches(&self.me, mac)
             });
             if !as_sent {
@@ -969,7 +990,7 @@ impl SessionCore {
     /// (every member decides on the same, last, confirmation).
     fn check_confirmed(&mut self, group: &GroupName) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let Some(c) = gs.confirming.as_ref() else { return Ok(()) };
+        let Some(c) = gs.phase.confirming() else { return Ok(()) };
         let has = |m: &MemberId| gs.confirms.checked.contains_key(m) || gs.confirms.unchecked.contains_key(m);
         if !c.view.members.iter().all(has) {
             return Ok(());
@@ -982,14 +1003,16 @@ impl SessionCore {
             });
         }
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let Some(c) = gs.confirming.as_ref() else { return Ok(()) };
+        let Some(c) = gs.phase.confirming() else { return Ok(()) };
         let checked = &gs.confirms.checked;
         if !c.view.members.iter().all(|m| checked.contains_key(m)) {
             return Ok(()); // a forged one was dropped: wait for the real one
         }
         let unconfirmed: Vec<MemberId> =
             c.view.members.iter().filter(|m| !c.confirmer.matches(m, &checked[*m])).cloned().collect();
-        let c = gs.confirming.take().expect("checked above");
+        let Phase::Confirming(c) = std::mem::replace(&mut gs.phase, Phase::Agreeing) else {
+            unreachable!("checked above")
+        };
         gs.confirms.clear();
         if unconfirmed.is_empty() {
             return self.deliver_secure_view(group, c.view);
@@ -1007,7 +1030,7 @@ impl SessionCore {
     fn deliver_secure_view(&mut self, group: &GroupName, sv: SecureView) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let epoch = sv.epoch;
-        gs.keys = Some(EpochKeys::new(group.clone(), epoch, &sv.key));
+        gs.phase = Phase::Secure(EpochKeys::new(group.clone(), epoch, &sv.key));
         gs.members = sv.members.clone();
         gs.next_seq = 0;
         gs.next_from.clear();
@@ -1042,7 +1065,7 @@ impl SessionCore {
         unicast: bool,
     ) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(&group) else { return Ok(()) };
-        if gs.ousted {
+        if matches!(gs.phase, Phase::Ousted) {
             return Ok(());
         }
         // The framing step, shared with `payload::parse_payload`.
@@ -1059,7 +1082,7 @@ impl SessionCore {
                 if policy != gs.policy.codes() {
                     return self.on_foreign_key_agreement(group, sender, view, policy, body);
                 }
-                if gs.aside || matches!(gs.verdicts.get(&sender), Some(Verdict::Refused(_))) {
+                if gs.phase.is_aside() || matches!(gs.verdicts.get(&sender), Some(Verdict::Refused(_))) {
                     return Ok(()); // from a refused member, or while standing aside
                 }
                 if gs.held {
@@ -1163,8 +1186,7 @@ impl SessionCore {
             tracing::warn!(%group, %sender, "the group runs another key agreement policy; leaving");
             let ours = gs.policy;
             leave_group(gs);
-            gs.ousted = true;
-            gs.keys = None;
+            gs.phase = Phase::Ousted;
             self.events.push_back(SecureEvent::PolicyMismatch { group: group.clone(), ours, theirs, from: sender });
             return self.push(Transmit::Leave(group));
         }
@@ -1245,7 +1267,7 @@ impl SessionCore {
             }
             return Err(RejectReason::UnknownEpoch(header.epoch));
         }
-        let Some(keys) = gs.keys.as_ref() else {
+        let Some(keys) = gs.phase.keys() else {
             // Of this epoch, but its key is not confirmed here yet.
             if !gs.early.push(sender.clone(), payload) {
                 return Err(RejectReason::HeldBudget);
@@ -1325,7 +1347,7 @@ fn sender_key(
 /// Sends what waits, if the group has a key and no older message of ours is
 /// still on its way back (so resent messages keep their place in the order).
 fn flush(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut GroupState) -> Vec<Transmit> {
-    let Some(keys) = gs.keys.as_ref() else { return Vec::new() };
+    let Some(keys) = gs.phase.keys() else { return Vec::new() };
     if gs.leaving || gs.in_flight.iter().any(|f| f.0 != keys.epoch()) {
         return Vec::new();
     }
@@ -1368,7 +1390,7 @@ impl SessionCore {
     /// Test hook: a copy of the current epoch's data keys (to model a member
     /// that kept them after leaving).
     pub fn epoch_keys(&self, group: &str) -> Option<EpochKeys> {
-        self.groups.get(&GroupName::new(group).ok()?)?.keys.clone()
+        self.groups.get(&GroupName::new(group).ok()?)?.phase.keys().cloned()
     }
 
     /// Test hook: every data message received, raw (`header ‖ ciphertext`),
