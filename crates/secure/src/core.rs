@@ -195,6 +195,30 @@ pub trait WallClock: Send + Sync {
     fn now(&self) -> SystemTime;
 }
 
+/// Certified mode: the admission of the current view's members, a small
+/// state machine of its own beside [`Phase`].
+enum Admission {
+    /// Every member of the view has a verdict (or the group is not
+    /// certified): key agreement runs among the accepted ones.
+    Decided,
+    /// The view waits for verdicts. At `deadline` (until it passes) an
+    /// accepted member names those that presented nothing.
+    Waiting { deadline: Option<Instant> },
+}
+
+impl Admission {
+    fn is_waiting(&self) -> bool {
+        matches!(self, Admission::Waiting { .. })
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        match self {
+            Admission::Waiting { deadline } => *deadline,
+            Admission::Decided => None,
+        }
+    }
+}
+
 /// Where a group's key stands in the current view: one state at a time.
 enum Phase {
     /// Key agreement runs (or waits for the view's verdicts, see `held`).
@@ -264,10 +288,8 @@ struct GroupState {
     accepted: Option<Arc<Accepted>>,
     /// Certified mode: each member's standing in the current view.
     verdicts: BTreeMap<MemberId, Verdict>,
-    /// The current view waits for verdicts before its key agreement starts.
-    held: bool,
-    /// When to give up on members that presented no certificate.
-    deadline: Option<Instant>,
+    /// Certified mode: whether the current view's key agreement waits for verdicts.
+    admission: Admission,
     /// Key agreement messages that came while the view was held.
     held_ka: Held,
     /// The run of the current view that the engine runs (0 for the view's own;
@@ -422,8 +444,7 @@ impl SessionCore {
                 leaving: false,
                 accepted,
                 verdicts: BTreeMap::new(),
-                held: false,
-                deadline: None,
+                admission: Admission::Decided,
                 held_ka: Held::default(),
                 run: 0,
                 readmissions: 0,
@@ -503,7 +524,7 @@ impl SessionCore {
 
     /// When [`SessionCore::handle_timeout`] is next due, if ever.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.groups.values().filter_map(|g| g.deadline).min()
+        self.groups.values().filter_map(|g| g.admission.deadline()).min()
     }
 
     fn push(&mut self, o: Transmit) -> Result<(), SessionError> {
@@ -562,7 +583,7 @@ impl SessionCore {
         gs.together.retain(|m| came_with_me.contains(m));
         gs.readmissions = 0;
         gs.held_ka.clear();
-        gs.deadline = None;
+        gs.admission = Admission::Decided;
         let Some(cert) = self.certified.as_ref() else {
             let members = view.members.clone();
             return self.start_engine(&group, members);
@@ -573,13 +594,13 @@ impl SessionCore {
         // merge) is decided afresh from the certificates presented in it.
         let shrink = previous.is_some_and(|p| view.members.iter().all(|m| m.prev == Some(p.id)))
             && view.ids().all(|m| gs.verdicts.contains_key(m));
-        gs.held = true;
+        gs.admission = Admission::Waiting { deadline: None };
         if shrink {
             let members: BTreeSet<&MemberId> = view.ids().collect();
             gs.verdicts.retain(|m, _| members.contains(m));
         } else {
             gs.verdicts.clear();
-            gs.deadline = Some(self.now + cert.timeout);
+            gs.admission = Admission::Waiting { deadline: Some(self.now + cert.timeout) };
             let cert_der = cert.identity.cert_der();
             let sig = self.signer.sign(&proof_transcript(&group, view.id, &self.me, cert_der));
             let mut p = Vec::with_capacity(19 + cert_der.len() + sig.len());
@@ -599,11 +620,10 @@ impl SessionCore {
     fn try_start(&mut self, group: &GroupName) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let Some(view) = gs.view.clone() else { return Ok(()) };
-        if !gs.held || !view.ids().all(|m| gs.verdicts.contains_key(m)) {
+        if !gs.admission.is_waiting() || !view.ids().all(|m| gs.verdicts.contains_key(m)) {
             return Ok(());
         }
-        gs.held = false;
-        gs.deadline = None;
+        gs.admission = Admission::Decided;
         let refused: Vec<(MemberId, Refusal)> = view
             .ids()
             .filter_map(|m| match &gs.verdicts[m] {
@@ -697,12 +717,16 @@ impl SessionCore {
     /// still without a verdict; the first such notice in the agreed order
     /// refuses them at every member.
     fn on_deadline(&mut self, now: Instant) -> Result<(), SessionError> {
-        let due: Vec<GroupName> =
-            self.groups.iter().filter(|(_, g)| g.deadline.is_some_and(|d| d <= now)).map(|(n, _)| n.clone()).collect();
+        let due: Vec<GroupName> = self
+            .groups
+            .iter()
+            .filter(|(_, g)| g.admission.deadline().is_some_and(|d| d <= now))
+            .map(|(n, _)| n.clone())
+            .collect();
         for group in due {
             let gs = self.groups.get_mut(&group).expect("listed above");
-            gs.deadline = None;
-            let Some(view) = gs.view.as_ref().filter(|_| gs.held) else { continue };
+            gs.admission = Admission::Waiting { deadline: None };
+            let Some(view) = gs.view.as_ref() else { continue };
             if !matches!(gs.verdicts.get(&self.me), Some(Verdict::Accepted(_))) {
                 continue;
             }
@@ -733,7 +757,7 @@ impl SessionCore {
         // A `NoCertificate` verdict is provisional: the certificate, coming
         // late (or after an early timeout notice), still counts.
         let provisional = matches!(gs.verdicts.get(&sender), Some(Verdict::Refused(Refusal::NoCertificate)));
-        let wanted = provisional || (gs.held && !gs.verdicts.contains_key(&sender));
+        let wanted = provisional || (gs.admission.is_waiting() && !gs.verdicts.contains_key(&sender));
         if gs.view.as_ref().map(|v| v.id) != Some(view) || !wanted {
             return Ok(());
         }
@@ -749,7 +773,7 @@ impl SessionCore {
         };
         let admitted = matches!(verdict, Verdict::Accepted(_));
         gs.verdicts.insert(sender.clone(), verdict);
-        if gs.held {
+        if gs.admission.is_waiting() {
             return self.try_start(group);
         }
         if admitted {
@@ -804,7 +828,7 @@ impl SessionCore {
         names: &[u8],
     ) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        if self.certified.is_none() || !gs.held || gs.view.as_ref().map(|v| v.id) != Some(view) {
+        if self.certified.is_none() || !gs.admission.is_waiting() || gs.view.as_ref().map(|v| v.id) != Some(view) {
             return Ok(());
         }
         if !matches!(gs.verdicts.get(sender), Some(Verdict::Accepted(_))) {
@@ -1085,7 +1109,7 @@ impl SessionCore {
                 if gs.phase.is_aside() || matches!(gs.verdicts.get(&sender), Some(Verdict::Refused(_))) {
                     return Ok(()); // from a refused member, or while standing aside
                 }
-                if gs.held {
+                if gs.admission.is_waiting() {
                     gs.held_ka.push(sender, payload.slice_ref(body));
                     return Ok(());
                 }
