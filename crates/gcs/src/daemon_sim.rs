@@ -15,7 +15,9 @@
 //! * **Network**: one-way latency between daemons, plus a uniform jitter,
 //!   plus loss: a lost transmission is sent again after a retransmission
 //!   timeout, as Totem does, so loss shows up as delay. Clients reach their
-//!   daemon in a fixed client latency.
+//!   daemon in a fixed client latency, each connection in order (a
+//!   submission never overtakes an earlier one of its connection, such as
+//!   the operations of a reaction still on the CPU).
 //! * **Agreed order**: the lowest daemon of each component sequences (Totem's
 //!   token, collapsed into one place); every daemon delivers the sequenced
 //!   operations in order, holding any that arrive early.
@@ -242,6 +244,8 @@ pub struct DaemonSim {
     plans: BTreeMap<u64, Plan>,
     next_plan: u64,
     log: Vec<Delivered>,
+    /// When each connection's latest submission reaches its daemon.
+    last_from_client: BTreeMap<ConnId, Micros>,
 }
 
 impl DaemonSim {
@@ -261,6 +265,7 @@ impl DaemonSim {
             plans: BTreeMap::new(),
             next_plan: 0,
             log: Vec::new(),
+            last_from_client: BTreeMap::new(),
         };
         for d in 0..daemons {
             let id = DaemonId(d);
@@ -327,7 +332,9 @@ impl DaemonSim {
 
     fn submit_at(&mut self, at: Micros, op: Op) {
         let Some(conn) = op.conn().filter(|c| self.alive(*c)) else { return };
-        let when = at + self.net.client_latency;
+        let last = self.last_from_client.entry(conn).or_default();
+        let when = (at + self.net.client_latency).max(*last);
+        *last = when;
         self.schedule(when, Event::FromClient { daemon: conn.daemon, op });
     }
 
@@ -350,6 +357,7 @@ impl DaemonSim {
         d.arrived.clear();
         d.next = 0;
         let config = std::mem::replace(&mut d.config, 0);
+        self.last_from_client.retain(|c, _| c.daemon != id);
         self.configs[config as usize].stopped = true;
         // Whatever was on its way to it, to its clients or from it is lost.
         let events = std::mem::take(&mut self.queue).into_vec();
