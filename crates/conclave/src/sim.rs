@@ -34,7 +34,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 5)]
     members: usize,
     /// Actions per run before everything merges and settles.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 40)]
     steps: usize,
     /// Daemons per run (1 runs every member on one daemon, without partitions).
     #[arg(long, default_value_t = 3)]
@@ -76,7 +76,8 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     }
     let mut all = Vec::new();
     for protocol in protocols {
-        let cfg = SimConfig { protocol, members: args.members, steps: args.steps, daemons: args.daemons, print: args.trace };
+        let cfg =
+            SimConfig { protocol, members: args.members, steps: args.steps, daemons: args.daemons, print: args.trace };
         let start = Instant::now();
         let outcomes = run_seeds(&args, cfg, protocol.name());
         let secs = start.elapsed().as_secs_f64();
