@@ -124,6 +124,18 @@ fn counter(v: ViewId) -> u64 {
     v.seq & ((1 << 48) - 1)
 }
 
+/// The view a payload was made for, as it says itself (it may be delivered
+/// in a later view: sent just before a view change, ordered after it).
+fn made_for(payload: &[u8]) -> Option<ViewId> {
+    use crate::payload::Frame;
+    Some(match Frame::parse(payload).ok()? {
+        Frame::KeyAgreement { body, .. } => conclave_gka::message::Envelope::decode(body).ok()?.view,
+        Frame::Data(raw) => crate::data::DataHeader::decode(raw).ok()?.0.epoch.view,
+        Frame::Policy { view, .. } | Frame::Trust { view, .. } => view,
+        Frame::Confirm { epoch, .. } => epoch.view,
+    })
+}
+
 /// One daemon view as one connection went through it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Passage {
@@ -660,23 +672,27 @@ impl World {
         }
         let i = live[self.pick(live.len())];
         let t = self.pick(self.st.tapped.len());
-        let (sender, made_in, payload) = self.st.tapped[t].clone();
+        let (sender, _, payload) = self.st.tapped[t].clone();
         let Some(current) = self.st.slots[i].live.as_ref().and_then(|l| l.view()) else { return };
         let name = self.st.slots[i].name.clone();
         let mut payload = payload.to_vec();
         let (sender, how) = match self.pick(3) {
-            // A replay of a view this connection can no longer be in: one it
-            // has left (a daemon's view counter only grows), or one without
-            // it (another component's, an earlier connection's, an earlier
-            // daemon lifetime's). A payload of a view that may still come to
-            // it is on its way: delivering it early is no replay.
-            0 if made_in != current
-                && (counter(made_in) <= counter(current)
-                    || !self.st.members_of.get(&made_in).is_some_and(|m| m.contains(&name))) =>
-            {
-                (sender, "replayed")
-            }
-            0 => return,
+            // A replay of a payload made for a view this connection can no
+            // longer be in: one it has left (a daemon's view counter only
+            // grows), or one without it (another component's, an earlier
+            // connection's, an earlier daemon lifetime's). A payload made for
+            // its current view, or for one that may still come to it, is no
+            // replay: the daemon may deliver it there.
+            0 => match made_for(&payload) {
+                Some(v)
+                    if v != current
+                        && (counter(v) <= counter(current)
+                            || !self.st.members_of.get(&v).is_some_and(|m| m.contains(&name))) =>
+                {
+                    (sender, "replayed")
+                }
+                _ => return,
+            },
             // Someone else's payload under another member's name.
             1 => {
                 let o = self.pick(self.st.slots.len());
