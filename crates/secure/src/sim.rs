@@ -52,7 +52,8 @@
 //! * With only honest members, a failed key confirmation is a failure too.
 //!
 //! Not yet covered (see the README): certified members, insiders that tamper
-//! with their own key agreement messages.
+//! with their own key agreement messages, and replays of a payload made for
+//! the member's current view (the daemon may legitimately deliver those).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
