@@ -53,7 +53,7 @@ enum Command {
     /// Load test: several connections flood one group with agreed messages.
     #[cfg(feature = "bench")]
     Flood(flood::FloodArgs),
-    /// The secure stack from seeds, with an attacker: checks that no key splits, nobody is stuck and nothing forged is accepted.
+    /// The secure stack from seeds on simulated daemons (partitions, merges, crashes), with an attacker: checks that no key splits, nobody is stuck and nothing forged is accepted.
     Sim(sim::SimArgs),
     /// Certified identities: the group authority, member certificates and revocation.
     Keys {

@@ -1,6 +1,7 @@
 //! `conclave sim`: the secure stack from seeds (see `conclave_secure::sim`).
 
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
@@ -8,13 +9,16 @@ use conclave_secure::sim::{run as run_seed, Outcome, SimConfig};
 use conclave_secure::ProtocolId;
 use sha2::{Digest, Sha256};
 
-/// Runs real secure sessions on a real daemon core in virtual time, from
-/// seeds: members join, leave, send and crash, the daemon restarts, an
-/// attacker replays, re-attributes and tampers with what it recorded. After
-/// every step and at the end the run checks that no forged input is
-/// accepted, no key splits or repeats, nobody is stuck, and no message is
-/// lost, duplicated or misattributed. A failing seed is printed with the
-/// command that replays it; the exit status is then 1.
+/// Runs real secure sessions on real daemon cores over a simulated network
+/// (latency, jitter, loss), in virtual time, from seeds: members join, leave,
+/// send and crash, the daemons split into components and merge, a daemon
+/// crashes and restarts, and an attacker replays, re-attributes and tampers
+/// with what it recorded. The run checks that no forged input is accepted,
+/// no key splits or repeats, no message is lost, duplicated or
+/// misattributed, members that move together delivered the same messages
+/// (virtual synchrony), and, once everything is merged again, nobody is
+/// stuck. A failing seed is printed with the command that replays it; the
+/// exit status is then 1.
 #[derive(Args, Debug)]
 pub struct SimArgs {
     /// How many seeds to run per protocol.
@@ -29,9 +33,15 @@ pub struct SimArgs {
     /// Member names per run (each comes and goes as the seed says).
     #[arg(long, default_value_t = 5)]
     members: usize,
-    /// Actions per run before everything settles.
-    #[arg(long, default_value_t = 200)]
+    /// Actions per run before everything merges and settles.
+    #[arg(long, default_value_t = 40)]
     steps: usize,
+    /// Daemons per run (1 runs every member on one daemon, without partitions).
+    #[arg(long, default_value_t = 3)]
+    daemons: u16,
+    /// Print every action and event of each run to stderr (for replaying one seed).
+    #[arg(long)]
+    trace: bool,
     /// Print one JSON array (one object per protocol) instead of a table.
     #[arg(long)]
     json: bool,
@@ -44,6 +54,8 @@ struct Totals {
     rekeys: u64,
     messages: u64,
     attacks: u64,
+    reconfigurations: u64,
+    crashes: u64,
     failures: std::collections::BTreeMap<&'static str, u64>,
     first_failure: Option<(u64, &'static str, String)>,
     secs: f64,
@@ -59,11 +71,15 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     if args.members < 2 || args.members > 64 {
         bail!("--members must be between 2 and 64");
     }
+    if args.daemons < 1 || args.daemons > 16 {
+        bail!("--daemons must be between 1 and 16");
+    }
     let mut all = Vec::new();
     for protocol in protocols {
-        let cfg = SimConfig { protocol, members: args.members, steps: args.steps };
+        let cfg =
+            SimConfig { protocol, members: args.members, steps: args.steps, daemons: args.daemons, print: args.trace };
         let start = Instant::now();
-        let outcomes = run_seeds(&args, cfg);
+        let outcomes = run_seeds(&args, cfg, protocol.name());
         let secs = start.elapsed().as_secs_f64();
         let mut t = Totals {
             protocol,
@@ -72,6 +88,8 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             rekeys: 0,
             messages: 0,
             attacks: 0,
+            reconfigurations: 0,
+            crashes: 0,
             failures: Default::default(),
             first_failure: None,
             secs,
@@ -83,6 +101,8 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             t.rekeys += o.rekeys;
             t.messages += o.messages;
             t.attacks += o.attacks;
+            t.reconfigurations += o.reconfigurations;
+            t.crashes += o.crashes;
             trace.update(o.trace_hash);
             for (kind, (n, what)) in o.failures {
                 *t.failures.entry(kind).or_default() += n;
@@ -106,6 +126,8 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
                     "rekeys": t.rekeys,
                     "messages": t.messages,
                     "attacks": t.attacks,
+                    "reconfigurations": t.reconfigurations,
+                    "daemon_crashes": t.crashes,
                     "failures": t.failures,
                     "runs_per_s": t.runs as f64 / t.secs,
                     "trace_hash": t.trace,
@@ -115,20 +137,23 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         println!(
-            "{:<8} {:>7} {:>9} {:>7} {:>9} {:>8} {:>9} {:>8}  trace",
-            "protocol", "runs", "views", "rekeys", "messages", "attacks", "failures", "runs/s"
+            "{:<8} {:>7} {:>9} {:>7} {:>9} {:>8} {:>7} {:>7} {:>8}  {:<16}  failures",
+            "protocol", "runs", "views", "rekeys", "messages", "attacks", "reconf", "crashes", "runs/s", "trace"
         );
         for t in &all {
             let failures: u64 = t.failures.values().sum();
+            let kinds: Vec<String> = t.failures.iter().map(|(k, n)| format!("{k}: {n}")).collect();
+            let kinds = if kinds.is_empty() { String::new() } else { format!(" ({})", kinds.join(", ")) };
             println!(
-                "{:<8} {:>7} {:>9} {:>7} {:>9} {:>8} {:>9} {:>8.0}  {}",
+                "{:<8} {:>7} {:>9} {:>7} {:>9} {:>8} {:>7} {:>7} {:>8.0}  {:<16}  {failures}{kinds}",
                 t.protocol.name(),
                 t.runs,
                 t.views,
                 t.rekeys,
                 t.messages,
                 t.attacks,
-                failures,
+                t.reconfigurations,
+                t.crashes,
                 t.runs as f64 / t.secs,
                 t.trace
             );
@@ -142,10 +167,11 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             eprintln!("  {kind}: {n}");
         }
         eprintln!(
-            "replay: conclave sim --protocols {} --seed {seed} --seeds 1 --members {} --steps {}",
+            "replay: conclave sim --protocols {} --seed {seed} --seeds 1 --members {} --steps {} --daemons {}",
             t.protocol.name(),
             args.members,
-            args.steps
+            args.steps,
+            args.daemons
         );
     }
     if !failed.is_empty() {
@@ -154,20 +180,38 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The seeds of one protocol, over every CPU; outcomes in seed order.
-fn run_seeds(args: &SimArgs, cfg: SimConfig) -> Vec<(u64, Outcome)> {
+/// The seeds of one protocol, over every CPU; outcomes in seed order. Shows
+/// progress every ten seconds (unless the output is JSON).
+fn run_seeds(args: &SimArgs, cfg: SimConfig, name: &str) -> Vec<(u64, Outcome)> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let done = AtomicU64::new(0);
+    let start = Instant::now();
     let mut out: Vec<(u64, Outcome)> = std::thread::scope(|s| {
+        let done = &done;
         let handles: Vec<_> = (0..threads)
             .map(|k| {
                 s.spawn(move || {
                     (args.seed..args.seed + args.seeds)
                         .filter(|seed| seed % threads == k)
-                        .map(|seed| (seed, run_seed(seed, cfg)))
+                        .map(|seed| {
+                            let o = run_seed(seed, cfg);
+                            done.fetch_add(1, Ordering::Relaxed);
+                            (seed, o)
+                        })
                         .collect::<Vec<_>>()
                 })
             })
             .collect();
+        let mut shown = start;
+        while !handles.iter().all(|h| h.is_finished()) {
+            std::thread::sleep(Duration::from_millis(100));
+            if !args.json && shown.elapsed() >= Duration::from_secs(10) {
+                shown = Instant::now();
+                let n = done.load(Ordering::Relaxed);
+                let rate = n as f64 / start.elapsed().as_secs_f64();
+                eprintln!("{name}: {n}/{} seeds, {rate:.0} runs/s", args.seeds);
+            }
+        }
         handles.into_iter().flat_map(|h| h.join().expect("a simulation thread panicked")).collect()
     });
     out.sort_by_key(|(seed, _)| *seed);

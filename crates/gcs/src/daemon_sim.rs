@@ -15,7 +15,9 @@
 //! * **Network**: one-way latency between daemons, plus a uniform jitter,
 //!   plus loss: a lost transmission is sent again after a retransmission
 //!   timeout, as Totem does, so loss shows up as delay. Clients reach their
-//!   daemon in a fixed client latency.
+//!   daemon in a fixed client latency, each connection in order (a
+//!   submission never overtakes an earlier one of its connection, such as
+//!   the operations of a reaction still on the CPU).
 //! * **Agreed order**: the lowest daemon of each component sequences (Totem's
 //!   token, collapsed into one place); every daemon delivers the sequenced
 //!   operations in order, holding any that arrive early.
@@ -33,6 +35,24 @@
 //!   synchrony. Then each daemon is told [`Op::Daemons`]; the cores exchange
 //!   state through the new configuration. A submission that was not yet
 //!   ordered when its configuration stopped is sent again in the next one.
+//! * **Crashes and restarts**: [`DaemonSim::crash`] stops a daemon at once.
+//!   Everything on its way to it or to its clients, and everything it had not
+//!   yet got ordered, is lost with it; what it had got ordered reaches the
+//!   others. Its configuration stops (the token is lost) and, after the
+//!   detection delay, the daemons that remain in it form a configuration
+//!   without it, as after a partition. Its clients' connections are gone:
+//!   the caller learns it from the call itself — every connection whose
+//!   [`ConnId::daemon`] is the crashed daemon — and nothing more reaches
+//!   them, while operations submitted on them are dropped. The daemons that
+//!   remain see those clients go when their configuration changes (cause
+//!   [`Cause::Network`](crate::Cause::Network)). [`DaemonSim::restart`]
+//!   boots a fresh [`Core`] with a new random incarnation (from the
+//!   simulation's seed) alone in its own configuration; a later
+//!   [`DaemonSim::reconfigure`] that puts it with others merges it. Connection
+//!   numbers go on counting across restarts, so a [`ConnId`] is never reused
+//!   in a run. A crashed daemon is named in [`DaemonSim::reconfigure`] like
+//!   any other, and left out of the configurations it installs until it
+//!   restarts.
 //!
 //! The configuration number of [`Op::Daemons`] and [`Op::State`] is the
 //! simulator's count of configurations, which every daemon of a
@@ -98,6 +118,12 @@ pub enum DaemonSimError {
     /// A loss probability outside [0, 1).
     #[error("loss must be in [0, 1)")]
     BadLoss,
+    /// The daemon is crashed (and was not restarted).
+    #[error("daemon {0} is crashed")]
+    Crashed(u16),
+    /// The daemon is running: only a crashed daemon restarts.
+    #[error("daemon {0} is running")]
+    Running(u16),
 }
 
 /// One delivery to one client, with its virtual time.
@@ -132,6 +158,15 @@ enum Event {
     ToClient { to: ConnId, delivery: Delivery },
     /// The configuration change planned at `plan` takes effect.
     Reconfigure { plan: u64 },
+}
+
+/// A planned configuration change.
+enum Plan {
+    /// These components (crashed daemons are left out when it takes effect).
+    Parts(Vec<Vec<DaemonId>>),
+    /// A crash was detected: every configuration that lost a member to a
+    /// crash (or a restart) goes on with the members that remain.
+    Drop,
 }
 
 struct Scheduled {
@@ -175,6 +210,10 @@ impl Config {
 
 struct SimDaemon {
     core: Core,
+    /// Running (not crashed).
+    up: bool,
+    /// The first connection number of this lifetime: older ones are gone.
+    first_conn: u64,
     config: u64,
     /// Next sequence number to deliver in `config`.
     next: usize,
@@ -202,9 +241,11 @@ pub struct DaemonSim {
     daemons: BTreeMap<DaemonId, SimDaemon>,
     configs: Vec<Config>,
     /// Planned configuration changes, by plan number.
-    plans: BTreeMap<u64, Vec<Vec<DaemonId>>>,
+    plans: BTreeMap<u64, Plan>,
     next_plan: u64,
     log: Vec<Delivered>,
+    /// When each connection's latest submission reaches its daemon.
+    last_from_client: BTreeMap<ConnId, Micros>,
 }
 
 impl DaemonSim {
@@ -224,11 +265,14 @@ impl DaemonSim {
             plans: BTreeMap::new(),
             next_plan: 0,
             log: Vec::new(),
+            last_from_client: BTreeMap::new(),
         };
         for d in 0..daemons {
             let id = DaemonId(d);
             let daemon = SimDaemon {
                 core: Core::new(id, Limits::default(), sim.rng.next_u64()),
+                up: true,
+                first_conn: 1,
                 config: 0,
                 next: 0,
                 arrived: BTreeSet::new(),
@@ -251,36 +295,116 @@ impl DaemonSim {
         self.now
     }
 
-    /// A daemon's core, to inspect.
+    /// A running daemon's core, to inspect (`None` while it is crashed).
     pub fn core(&self, daemon: u16) -> Option<&Core> {
-        self.daemons.get(&DaemonId(daemon)).map(|d| &d.core)
+        self.daemons.get(&DaemonId(daemon)).filter(|d| d.up).map(|d| &d.core)
+    }
+
+    /// Whether `daemon` exists and is running.
+    pub fn is_up(&self, daemon: u16) -> bool {
+        self.daemons.get(&DaemonId(daemon)).is_some_and(|d| d.up)
+    }
+
+    /// Whether nothing is left to do: no message, delivery or configuration
+    /// change is on its way.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty()
     }
 
     /// A new connection on `daemon` (the client still has to say Hello with
     /// an [`Op::Connect`]).
     pub fn open(&mut self, daemon: u16) -> Result<ConnId, DaemonSimError> {
         let d = self.daemons.get_mut(&DaemonId(daemon)).ok_or(DaemonSimError::UnknownDaemon(daemon))?;
+        if !d.up {
+            return Err(DaemonSimError::Crashed(daemon));
+        }
         let conn = ConnId { daemon: DaemonId(daemon), local: d.next_conn };
         d.next_conn += 1;
         Ok(conn)
     }
 
     /// A client sends `op` to its daemon now (the daemon is the one of the
-    /// operation's connection).
+    /// operation's connection). An operation on a connection that a crash
+    /// ended is dropped.
     pub fn submit(&mut self, op: Op) {
         self.submit_at(self.now, op);
     }
 
     fn submit_at(&mut self, at: Micros, op: Op) {
-        let Some(conn) = op.conn() else { return };
-        let when = at + self.net.client_latency;
+        let Some(conn) = op.conn().filter(|c| self.alive(*c)) else { return };
+        let last = self.last_from_client.entry(conn).or_default();
+        let when = (at + self.net.client_latency).max(*last);
+        *last = when;
         self.schedule(when, Event::FromClient { daemon: conn.daemon, op });
     }
 
+    /// Whether a connection is one of a running daemon's current lifetime.
+    fn alive(&self, conn: ConnId) -> bool {
+        self.daemons.get(&conn.daemon).is_some_and(|d| d.up && conn.local >= d.first_conn)
+    }
+
+    /// Crashes `daemon` now (see the module doc): its clients' connections
+    /// are gone, and the daemons of its configuration go on without it after
+    /// the detection delay.
+    pub fn crash(&mut self, daemon: u16) -> Result<(), DaemonSimError> {
+        let id = DaemonId(daemon);
+        let d = self.daemons.get_mut(&id).ok_or(DaemonSimError::UnknownDaemon(daemon))?;
+        if !d.up {
+            return Err(DaemonSimError::Crashed(daemon));
+        }
+        d.up = false;
+        d.unordered.clear();
+        d.arrived.clear();
+        d.next = 0;
+        let config = std::mem::replace(&mut d.config, 0);
+        self.last_from_client.retain(|c, _| c.daemon != id);
+        self.configs[config as usize].stopped = true;
+        // Whatever was on its way to it, to its clients or from it is lost.
+        let events = std::mem::take(&mut self.queue).into_vec();
+        for Reverse(s) in events {
+            let lost = match &s.event {
+                Event::FromClient { daemon, .. } => *daemon == id,
+                Event::ToSequencer { from, .. } => *from == id,
+                Event::Arrive { to, .. } => *to == id,
+                Event::ToClient { to, .. } => to.daemon == id,
+                Event::Reconfigure { .. } => false,
+            };
+            if !lost {
+                self.queue.push(Reverse(s));
+            }
+        }
+        let plan = self.next_plan;
+        self.next_plan += 1;
+        self.plans.insert(plan, Plan::Drop);
+        self.schedule(self.now + self.net.detect, Event::Reconfigure { plan });
+        Ok(())
+    }
+
+    /// Boots a crashed `daemon` again: a fresh core with a new incarnation,
+    /// alone in its own configuration until a [`DaemonSim::reconfigure`]
+    /// merges it.
+    pub fn restart(&mut self, daemon: u16) -> Result<(), DaemonSimError> {
+        let id = DaemonId(daemon);
+        let incarnation = self.rng.next_u64();
+        let now = self.now;
+        let d = self.daemons.get_mut(&id).ok_or(DaemonSimError::UnknownDaemon(daemon))?;
+        if d.up {
+            return Err(DaemonSimError::Running(daemon));
+        }
+        d.core = Core::new(id, Limits::default(), incarnation);
+        d.up = true;
+        d.first_conn = d.next_conn;
+        d.last_at_sequencer = now;
+        d.cpu_free = now;
+        self.install(vec![vec![id]]);
+        Ok(())
+    }
+
     /// Splits the daemons into components, effective after the detection
-    /// delay. Every daemon must be named exactly once. Components that gain
-    /// members merge; components that lose members stop at once until the
-    /// change takes effect.
+    /// delay. Every daemon must be named exactly once (a crashed one too: it
+    /// is left out until it restarts). Components that gain members merge;
+    /// components that lose members stop at once until the change takes
+    /// effect.
     pub fn reconfigure(&mut self, parts: &[&[u16]]) -> Result<(), DaemonSimError> {
         let mut seen = BTreeSet::new();
         let mut plan = Vec::new();
@@ -304,7 +428,7 @@ impl DaemonSim {
         }
         // A configuration that loses members has lost its token: it stops.
         for part in &plan {
-            for d in part {
+            for d in part.iter().filter(|d| self.daemons[*d].up) {
                 let config = self.daemons[d].config;
                 let members = &self.configs[config as usize].members;
                 if !members.iter().all(|m| part.contains(m)) {
@@ -314,7 +438,7 @@ impl DaemonSim {
         }
         let id = self.next_plan;
         self.next_plan += 1;
-        self.plans.insert(id, plan);
+        self.plans.insert(id, Plan::Parts(plan));
         self.schedule(self.now + self.net.detect, Event::Reconfigure { plan: id });
         Ok(())
     }
@@ -376,7 +500,11 @@ impl DaemonSim {
 
     fn handle(&mut self, event: Event, react: &mut dyn FnMut(Micros, ConnId, &Delivery) -> Reaction) {
         match event {
-            Event::FromClient { daemon, op } => self.send_to_sequencer(daemon, self.now, op),
+            Event::FromClient { daemon, op } => {
+                if op.conn().is_some_and(|c| self.alive(c)) {
+                    self.send_to_sequencer(daemon, self.now, op);
+                }
+            }
             Event::ToSequencer { config, from, submission, op } => {
                 let c = &mut self.configs[config as usize];
                 if c.stopped {
@@ -403,6 +531,9 @@ impl DaemonSim {
                 }
             }
             Event::ToClient { to, delivery } => {
+                if !self.alive(to) {
+                    return;
+                }
                 let reaction = react(self.now, to, &delivery);
                 self.log.push(Delivered { at: self.now, to, delivery });
                 if reaction.ops.is_empty() && reaction.cpu == 0 {
@@ -416,8 +547,17 @@ impl DaemonSim {
                 }
             }
             Event::Reconfigure { plan } => {
-                let plan = self.plans.remove(&plan).expect("planned");
-                self.install(plan);
+                let parts = match self.plans.remove(&plan).expect("planned") {
+                    Plan::Parts(parts) => parts
+                        .into_iter()
+                        .map(|part| part.into_iter().filter(|d| self.daemons[d].up).collect::<Vec<_>>())
+                        .filter(|part| !part.is_empty())
+                        .collect(),
+                    Plan::Drop => self.remaining(),
+                };
+                if !parts.is_empty() {
+                    self.install(parts);
+                }
             }
         }
     }
@@ -442,9 +582,27 @@ impl DaemonSim {
         self.schedule(arrives, Event::ToSequencer { config, from, submission, op });
     }
 
+    /// The configurations of running daemons that lost a member to a crash
+    /// or a restart, each as the members that remain in it.
+    fn remaining(&self) -> Vec<Vec<DaemonId>> {
+        let held: BTreeSet<u64> = self.daemons.values().filter(|d| d.up).map(|d| d.config).collect();
+        held.into_iter()
+            .filter_map(|c| {
+                let members = &self.configs[c as usize].members;
+                let stay: Vec<DaemonId> =
+                    members.iter().copied().filter(|m| self.daemons[m].up && self.daemons[m].config == c).collect();
+                (stay.len() < members.len()).then_some(stay)
+            })
+            .collect()
+    }
+
     /// A submission that found its configuration stopped: its originator
-    /// sends it again in its next configuration (or now, if it has one).
+    /// sends it again in its next configuration (or now, if it has one). A
+    /// crashed originator lost it.
     fn unordered(&mut self, from: DaemonId, config: u64, submission: u64, op: Op) {
+        if !self.daemons[&from].up {
+            return;
+        }
         if self.daemons[&from].config == config {
             self.daemons.get_mut(&from).expect("daemon").unordered.insert(submission, op);
         } else {

@@ -276,3 +276,154 @@ fn reactions_run_on_the_virtual_cpu_of_their_machine() {
     let round = 2 * net.client_latency + net.cpu_per_op;
     assert_eq!(sim.now() - t0, 6 * round + 5 * 1_000);
 }
+
+/// Every view id delivered in a log, each once per client, and one
+/// membership per id across all clients.
+fn view_ids(log: &[Delivered]) -> Vec<ViewId> {
+    let mut per_client: BTreeMap<ConnId, BTreeSet<ViewId>> = BTreeMap::new();
+    let mut ids = Vec::new();
+    for d in log {
+        if let Delivery::View { view, .. } = &d.delivery {
+            assert!(per_client.entry(d.to).or_default().insert(view.id), "{} got view {:?} twice", d.to, view.id);
+            if !ids.contains(&view.id) {
+                ids.push(view.id);
+            }
+        }
+    }
+    ids
+}
+
+#[test]
+fn clients_of_the_other_daemons_see_a_crashed_daemon_leave_and_come_back() {
+    let net = NetConfig { detect: 100_000, ..NetConfig::default() };
+    let mut sim = DaemonSim::new(3, net, 11).unwrap();
+    let c: Vec<ConnId> = (0..3).map(|d| connect_and_join(&mut sim, d, &format!("m{d}"))).collect();
+    sim.run_idle();
+    sim.take_log();
+    sim.crash(1).unwrap();
+    assert!(sim.core(1).is_none() && !sim.is_up(1));
+    assert_eq!(sim.open(1), Err(conclave_gcs::daemon_sim::DaemonSimError::Crashed(1)));
+    // Its client's connection is gone: what it sends goes nowhere.
+    send(&mut sim, c[1], "from the dead".into());
+    sim.run_idle();
+    send(&mut sim, c[0], "while 1 is down".into());
+    sim.run_idle();
+    let log = sim.take_log();
+    assert!(log.iter().all(|d| d.to != c[1]), "a crashed daemon's client got a delivery");
+    let seen = check(&log);
+    for i in [0, 2] {
+        let s = &seen[&c[i]];
+        assert_eq!(s.members, ["m0", "m2"], "m{i} still sees m1");
+        assert_eq!(*s.causes.last().unwrap(), Cause::Network);
+        let got: Vec<&String> = s.views.iter().flat_map(|(_, m)| m).collect();
+        assert_eq!(got, ["while 1 is down"]);
+    }
+    // Back, alone at first; the merge brings its new client to the others.
+    assert_eq!(sim.restart(0), Err(conclave_gcs::daemon_sim::DaemonSimError::Running(0)));
+    sim.restart(1).unwrap();
+    let back = connect_and_join(&mut sim, 1, "m1");
+    assert_ne!(back, c[1], "a connection number came back");
+    sim.run_idle();
+    sim.reconfigure(&[&[0, 1, 2]]).unwrap();
+    sim.run_idle();
+    let log = sim.take_log();
+    let seen = check(&log);
+    for conn in [c[0], back, c[2]] {
+        let members: BTreeSet<&str> = seen[&conn].members.iter().map(|m| m.as_str()).collect();
+        assert_eq!(members, BTreeSet::from(["m0", "m1", "m2"]), "{conn} is not in the merged view");
+    }
+}
+
+#[test]
+fn a_restarted_daemon_has_a_new_incarnation_and_never_repeats_a_view_id() {
+    let net = NetConfig { detect: 100_000, ..NetConfig::default() };
+    let mut sim = DaemonSim::new(2, net, 12).unwrap();
+    let a = connect_and_join(&mut sim, 0, "a");
+    connect_and_join(&mut sim, 1, "b");
+    sim.run_idle();
+    let first = view_ids(&sim.take_log());
+    // Daemon 0 tags the views of the pair; after its restart, counting from
+    // 1 again, only the incarnation tells its views apart.
+    sim.crash(0).unwrap();
+    sim.run_idle();
+    sim.restart(0).unwrap();
+    let a2 = connect_and_join(&mut sim, 0, "a");
+    sim.run_idle();
+    let log = sim.take_log();
+    let alone: Vec<ViewId> = log
+        .iter()
+        .filter(|d| d.to == a2)
+        .filter_map(|d| match &d.delivery {
+            Delivery::View { view, .. } => Some(view.id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(alone.len(), 1);
+    assert_eq!(alone[0].seq, first[0].seq, "the fresh core counts from 1 again");
+    assert_ne!(alone[0].incarnation, first[0].incarnation, "the restarted daemon kept its incarnation");
+    assert!(log.iter().all(|d| d.to != a));
+    sim.reconfigure(&[&[0, 1]]).unwrap();
+    sim.run_idle();
+    let merged = sim.take_log();
+    let all: Vec<Delivered> = merged.clone();
+    let ids: Vec<ViewId> = [first, view_ids(&log), view_ids(&all)].concat();
+    let unique: BTreeSet<&ViewId> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "a view id was used twice: {ids:?}");
+    let seen = check(&merged);
+    assert_eq!(seen[&a2].members, ["a", "b"]);
+    assert!(seen[&a2].views.last().unwrap().0.incarnation == alone[0].incarnation);
+}
+
+/// A known bug, kept as its reproducer: when a merge takes effect while the
+/// state exchanges of a partition are still running on both sides (here
+/// 100 µs after it), each core restarts the exchange and installs one view
+/// whose members all name the pre-partition view as `prev`, although the
+/// partition's transitional sets delivered different remainders of it:
+/// members that "move together" delivered different messages (virtual
+/// synchrony broken). With a 1 ms gap the exchanges finish first and the
+/// test passes. The core would have to install the partition's views before
+/// the merge (or not name one old view as `prev` across transitional sets).
+/// `conclave sim --protocols tgdh --seed 1234 --seeds 1` gets stuck members
+/// from it.
+#[test]
+#[ignore = "known bug: a merge that interrupts a partition's state exchange breaks virtual synchrony"]
+fn a_merge_that_interrupts_a_partitions_state_exchange_keeps_virtual_synchrony() {
+    for seed in 0..50 {
+        let net = NetConfig { detect: 10_000, jitter: 300, ..NetConfig::default() };
+        let mut sim = DaemonSim::new(4, net, seed).unwrap();
+        let c: Vec<ConnId> = (0..4).map(|d| connect_and_join(&mut sim, d, &format!("m{d}"))).collect();
+        sim.run_idle();
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        let mut sent = 0;
+        for round in 0..3 {
+            let at = sim.now() + rng.next_u64() % 10_000;
+            sim.run_until(at, &mut |_, _, _| Reaction::default());
+            for (i, conn) in c.iter().enumerate() {
+                send(&mut sim, *conn, format!("m{i}:{round}"));
+                sent += 1;
+            }
+            let at = sim.now() + rng.next_u64() % 500;
+            sim.run_until(at, &mut |_, _, _| Reaction::default());
+            sim.reconfigure(&[&[0, 2], &[1, 3]]).unwrap();
+            // The merge comes before either side's state exchange is done.
+            let at = sim.now() + 100;
+            sim.run_until(at, &mut |_, _, _| Reaction::default());
+            sim.reconfigure(&[&[0, 1, 2, 3]]).unwrap();
+            for (i, conn) in c.iter().enumerate() {
+                send(&mut sim, *conn, format!("m{i}:{round}b"));
+                sent += 1;
+            }
+        }
+        sim.run_idle();
+        let seen = check(&sim.take_log());
+        assert!(sent > 0);
+        for (i, conn) in c.iter().enumerate() {
+            let got: BTreeSet<&String> = seen[conn].views.iter().flat_map(|(_, m)| m).collect();
+            for round in 0..3 {
+                for t in [format!("m{i}:{round}"), format!("m{i}:{round}b")] {
+                    assert!(got.contains(&t), "seed {seed}: m{i} never got back its own {t}");
+                }
+            }
+        }
+    }
+}
