@@ -419,7 +419,7 @@ impl SessionCore {
         let engine = conclave_gka::new_engine(Config {
             protocol: policy.protocol,
             group_id: policy.group_id,
-            group: name.as_str().to_owned(),
+            group: engine_context(&name, &policy),
             me: self.me.clone(),
             signer: self.signer.clone(),
             directory,
@@ -1182,8 +1182,9 @@ impl SessionCore {
         let genuine = conclave_gka::message::Envelope::decode(body).is_ok_and(|env| {
             env.sender == sender
                 && env.view == view
-                && env.group == group.as_str()
-                && decode_policy(policy).is_some_and(|p| (p.protocol, p.group_id) == (env.protocol, env.group_id))
+                && decode_policy(policy).is_some_and(|p| {
+                    (p.protocol, p.group_id) == (env.protocol, env.group_id) && env.group == engine_context(&group, &p)
+                })
                 && gs.view.as_ref().is_some_and(|v| v.id == view)
                 && sender_key(&self.certified, self.directory.as_ref(), gs, &sender)
                     .is_some_and(|k| k.verify(&env.signed_bytes(), &env.signature).is_ok())
@@ -1323,6 +1324,20 @@ impl SessionCore {
         }
         *next = header.seq + 1;
         Ok(Some(SecureEvent::Message { group: group.clone(), sender: sender.clone(), epoch: header.epoch, data }))
+    }
+}
+
+/// The context every key agreement envelope of the group signs (and every
+/// key derives from): the group's name, and whether its data messages are
+/// signed. The policy's codes travel unsigned before the envelope; without
+/// this, flipping the sender-signatures bit on the way would make an honest
+/// member's message pass for one of another policy (and talk newcomers out of
+/// the group).
+fn engine_context(group: &GroupName, policy: &Policy) -> String {
+    if policy.sender_signatures {
+        group.as_str().to_owned()
+    } else {
+        format!("{group}\0unsigned-data")
     }
 }
 

@@ -44,6 +44,9 @@ pub struct Net {
     pub forge_confirmations_of: Option<usize>,
     /// Every key confirmation multicast: (sender's index, payload length).
     pub confirmations_sent: Vec<(usize, usize)>,
+    /// A compromised link to this member flips the policy's unsigned
+    /// sender-signatures bit of every key agreement message from others.
+    pub flip_policy_bit_for: Option<usize>,
 }
 
 /// A member's view of another's identity key that counts the key
@@ -80,6 +83,7 @@ impl Net {
             now: Duration::ZERO,
             forge_confirmations_of: None,
             confirmations_sent: Vec::new(),
+            flip_policy_bit_for: None,
         };
         for (i, (n, signer)) in names.iter().zip(&signers).enumerate() {
             let name = MemberId::new(*n).unwrap();
@@ -206,8 +210,17 @@ impl Net {
             let now = self.now();
             let mut idle = true;
             for i in 0..self.members.len() {
-                if let Some(d) = self.members[i].inbox.pop_front() {
+                if let Some(mut d) = self.members[i].inbox.pop_front() {
                     idle = false;
+                    if self.flip_policy_bit_for == Some(i) {
+                        if let Delivery::Message { sender, payload, .. } = &mut d {
+                            if payload.first() == Some(&tag::KA) && *sender != self.members[i].name {
+                                let mut p = payload.to_vec();
+                                p[1] ^= conclave_secure::payload::UNSIGNED_DATA;
+                                *payload = p.into();
+                            }
+                        }
+                    }
                     self.members[i].session.handle_delivery(now, d).unwrap();
                     self.drain(i);
                 }
