@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use conclave_gcs::core::{Delivery as Event, ErrorCode};
+use conclave_gcs::core::{ConnId, Delivery as Event, ErrorCode, Op, Service};
 use conclave_gcs::{GroupName, MemberId, View};
 use conclave_gka::suite::{Signer, Verifier};
 use conclave_gka::{Config, Directory, Engine, Epoch, Output, SecureView, ViewId};
@@ -188,6 +188,19 @@ pub enum Transmit {
     Unicast(GroupName, MemberId, Bytes),
 }
 
+impl Transmit {
+    /// The daemon operation that carries this request on connection `conn`
+    /// (what a daemon in the same process, real or simulated, is handed).
+    pub fn into_op(self, conn: ConnId) -> Op {
+        match self {
+            Transmit::Join(group) => Op::Join { conn, group, open: false },
+            Transmit::Leave(group) => Op::Leave { conn, group },
+            Transmit::Multicast(group, payload) => Op::Multicast { conn, group, service: Service::Agreed, payload },
+            Transmit::Unicast(group, to, payload) => Op::Unicast { conn, group, to, payload },
+        }
+    }
+}
+
 /// Wall-clock time, for what certificates need (validity periods). Injected,
 /// like rustls's `TimeProvider`, so that a simulation controls it.
 pub trait WallClock: Send + Sync {
@@ -221,7 +234,7 @@ impl Admission {
 
 /// Where a group's key stands in the current view: one state at a time.
 enum Phase {
-    /// Key agreement runs (or waits for the view's verdicts, see `held`).
+    /// Key agreement runs (or waits for the view's verdicts, see [`Admission`]).
     Agreeing,
     /// The engine installed a key; every member's confirmation is awaited.
     Confirming(Box<Confirming>),

@@ -69,7 +69,7 @@ use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 use sha2::{Digest, Sha256};
 
-use crate::core::{SessionCore, Transmit};
+use crate::core::SessionCore;
 use crate::{Policy, SecureEvent};
 
 /// What one run does.
@@ -344,12 +344,7 @@ impl State {
         let conn = l.conn;
         let mut ops = Vec::new();
         while let Some(t) = l.session.poll_transmit() {
-            ops.push(match t {
-                Transmit::Join(group) => Op::Join { conn, group, open: false },
-                Transmit::Leave(group) => Op::Leave { conn, group },
-                Transmit::Multicast(group, payload) => Op::Multicast { conn, group, service: Service::Agreed, payload },
-                Transmit::Unicast(group, to, payload) => Op::Unicast { conn, group, to, payload },
-            });
+            ops.push(t.into_op(conn));
         }
         let mut events = Vec::new();
         while let Some(e) = l.session.poll_event() {

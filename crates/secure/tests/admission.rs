@@ -63,7 +63,7 @@ fn outsiders_churning_cost_at_most_the_deadline_per_view() {
         net.join(m, Policy::default());
     }
     let group = GroupName::new(GROUP).unwrap();
-    let eves = [net.outsider("eve1", 91), net.outsider("eve2", 92)];
+    let eves = [net.outsider("eve1"), net.outsider("eve2")];
     let before = net.members[0].log.len();
     net.submit(Op::Join { conn: eves[0], group: group.clone(), open: false });
     net.settle();

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, Limits, Op, Output, Service};
+use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, Limits, Op, Output};
 use conclave_gcs::MemberId;
 use conclave_gka::suite::{generate_signer, CryptoError, SignatureId, Verifier};
 use conclave_gka::StaticDirectory;
-use conclave_secure::core::{SessionCore, Transmit};
+use conclave_secure::core::SessionCore;
 use conclave_secure::payload::tag;
 use conclave_secure::{Policy, SecureEvent};
 use rand_chacha::ChaCha20Rng;
@@ -44,6 +44,8 @@ pub struct Net {
     pub forge_confirmations_of: Option<usize>,
     /// Every key confirmation multicast: (sender's index, payload length).
     pub confirmations_sent: Vec<(usize, usize)>,
+    /// The next connection's local number.
+    next_local: u64,
     /// A compromised link to this member flips the policy's unsigned
     /// sender-signatures bit of every key agreement message from others.
     pub flip_policy_bit_for: Option<usize>,
@@ -84,10 +86,9 @@ impl Net {
             forge_confirmations_of: None,
             confirmations_sent: Vec::new(),
             flip_policy_bit_for: None,
+            next_local: 0,
         };
         for (i, (n, signer)) in names.iter().zip(&signers).enumerate() {
-            let name = MemberId::new(*n).unwrap();
-            let conn = ConnId { daemon: DaemonId(0), local: i as u64 + 1 };
             let rng = Box::new(ChaCha20Rng::seed_from_u64(seed * 100 + i as u64));
             // Each member its own directory, so that each counts its own checks.
             let confirm_checks = Arc::new(AtomicU64::new(0));
@@ -96,10 +97,9 @@ impl Net {
                 let key = Arc::new(Counting { key: s.verifier(), confirm_checks: confirm_checks.clone() });
                 directory.insert(MemberId::new(*other).unwrap(), key);
             }
-            let session = SessionCore::new(name.clone(), signer.clone(), Arc::new(directory), rng, base);
-            let (inbox, log) = (VecDeque::new(), Vec::new());
-            net.members.push(Member { name: name.clone(), confirm_checks, conn, session, inbox, log });
-            net.submit(Op::Connect { conn, name });
+            let me = MemberId::new(*n).unwrap();
+            let session = |now| SessionCore::new(me, signer.clone(), Arc::new(directory), rng, now);
+            net.add_counted(n, confirm_checks, session);
         }
         net
     }
@@ -108,26 +108,37 @@ impl Net {
         self.base + self.now
     }
 
-    /// A new connection's id.
-    fn next_conn(&self) -> ConnId {
-        ConnId { daemon: DaemonId(0), local: 1000 + self.members.len() as u64 }
+    /// A connection id not used before.
+    fn new_conn(&mut self) -> ConnId {
+        self.next_local += 1;
+        ConnId { daemon: DaemonId(0), local: self.next_local }
     }
 
     /// Adds a member with a session of its own making (given the present),
     /// connected; returns its index.
     pub fn add(&mut self, name: &str, session: impl FnOnce(Instant) -> SessionCore) -> usize {
-        let name = MemberId::new(name).unwrap();
-        let conn = self.next_conn();
+        self.add_counted(name, Arc::new(AtomicU64::new(0)), session)
+    }
+
+    /// [`Net::add`], with the counter the member's directory counts its
+    /// confirmation checks in.
+    fn add_counted(
+        &mut self,
+        name: &str,
+        confirm_checks: Arc<AtomicU64>,
+        session: impl FnOnce(Instant) -> SessionCore,
+    ) -> usize {
+        let (name, conn) = (MemberId::new(name).unwrap(), self.new_conn());
         let session = session(self.now());
-        let (inbox, log, confirm_checks) = (VecDeque::new(), Vec::new(), Arc::new(AtomicU64::new(0)));
+        let (inbox, log) = (VecDeque::new(), Vec::new());
         self.members.push(Member { name: name.clone(), confirm_checks, conn, session, inbox, log });
         self.submit(Op::Connect { conn, name });
         self.members.len() - 1
     }
 
     /// A plain daemon client, with no session: what it is sent is dropped.
-    pub fn outsider(&mut self, name: &str, local: u64) -> ConnId {
-        let conn = ConnId { daemon: DaemonId(0), local };
+    pub fn outsider(&mut self, name: &str) -> ConnId {
+        let conn = self.new_conn();
         self.submit(Op::Connect { conn, name: MemberId::new(name).unwrap() });
         conn
     }
@@ -153,23 +164,23 @@ impl Net {
     }
 
     pub fn submit(&mut self, op: Op) {
-        if let Op::Multicast { conn, payload, .. } = &op {
+        if let Op::Multicast { conn, group, service, payload } = &op {
             if payload.first() == Some(&tag::CONFIRM) {
                 let i = self.members.iter().position(|m| m.conn == *conn).expect("a member's connection");
+                if self.forge_confirmations_of == Some(i) {
+                    let mut forged = payload.to_vec();
+                    *forged.last_mut().expect("a signature") ^= 1;
+                    let (conn, group, service) = (*conn, group.clone(), *service);
+                    self.core_handle(Op::Multicast { conn, group, service, payload: forged.into() });
+                }
                 self.confirmations_sent.push((i, payload.len()));
             }
         }
-        if let Op::Multicast { conn, group, service, payload } = &op {
-            let forger = self.forge_confirmations_of.map(|i| self.members[i].conn);
-            if forger == Some(*conn) && payload.first() == Some(&tag::CONFIRM) {
-                let mut forged = payload.to_vec();
-                *forged.last_mut().expect("a signature") ^= 1;
-                let op = Op::Multicast { conn: *conn, group: group.clone(), service: *service, payload: forged.into() };
-                self.forge_confirmations_of = None;
-                self.submit(op);
-                self.forge_confirmations_of = forger.and_then(|c| self.members.iter().position(|m| m.conn == c));
-            }
-        }
+        self.core_handle(op);
+    }
+
+    /// Applies an operation at the daemon core and queues what it delivers.
+    fn core_handle(&mut self, op: Op) {
         let mut out = Vec::new();
         self.core.handle(op, &mut out);
         for o in out {
@@ -188,12 +199,7 @@ impl Net {
         let conn = m.conn;
         let mut ops = Vec::new();
         while let Some(t) = m.session.poll_transmit() {
-            ops.push(match t {
-                Transmit::Join(group) => Op::Join { conn, group, open: false },
-                Transmit::Leave(group) => Op::Leave { conn, group },
-                Transmit::Multicast(group, payload) => Op::Multicast { conn, group, service: Service::Agreed, payload },
-                Transmit::Unicast(group, to, payload) => Op::Unicast { conn, group, to, payload },
-            });
+            ops.push(t.into_op(conn));
         }
         while let Some(e) = m.session.poll_event() {
             m.log.push(e);
