@@ -115,15 +115,23 @@ impl Held {
     }
 }
 
-/// Key confirmations received for the current run: those whose signature
-/// was checked, and at most one unchecked per sender, checked together in
-/// one batch when every member's is in (n−1 verifications per member per
-/// run are what full confirmation costs; a batch halves them).
+/// Key confirmations received for the current run: those accepted (their
+/// MAC matches this member's key, or their signature was checked), and the
+/// pending ones, at most [`MAX_CONFIRM_CANDIDATES`] per sender, settled when
+/// every member's is in. Only pending confirmations whose MAC does not match
+/// have their signatures checked, in one batch (see [`crate::confirm`] for
+/// why that suffices).
 #[derive(Default)]
 struct Confirmations {
-    checked: BTreeMap<MemberId, [u8; 32]>,
-    unchecked: BTreeMap<MemberId, Unchecked>,
+    accepted: BTreeMap<MemberId, [u8; 32]>,
+    pending: BTreeMap<MemberId, Vec<Unchecked>>,
 }
+
+/// Confirmations kept per sender and run before they can be settled: the
+/// sender's own and one forgery in its name; more are dropped (a sender
+/// sends one per run, so the real one is among the first two unless a link
+/// forges ahead of it twice, and then the member waits for the next run).
+const MAX_CONFIRM_CANDIDATES: usize = 2;
 
 /// A confirmation whose signature is not checked yet.
 struct Unchecked {
@@ -141,18 +149,31 @@ impl Unchecked {
 }
 
 impl Confirmations {
-    /// Checks every unchecked signature (together, then one by one if the
-    /// batch fails): the valid ones count, and the forged ones are dropped
-    /// and returned.
-    fn check_signatures(&mut self) -> Vec<MemberId> {
-        let unchecked = std::mem::take(&mut self.unchecked);
+    /// Settles every pending confirmation against this member's key: a
+    /// matching MAC is accepted as it is; for a sender with none, the
+    /// signatures are checked (together, then one by one if the batch
+    /// fails), the first valid one is accepted (it shows another key), and
+    /// the forged ones are dropped and returned.
+    fn settle(&mut self, confirmer: &Confirmer) -> Vec<MemberId> {
+        let mut to_check = Vec::new();
+        for (sender, candidates) in std::mem::take(&mut self.pending) {
+            match candidates.iter().find(|u| confirmer.matches(&sender, &u.mac)) {
+                Some(u) => {
+                    self.accepted.insert(sender, u.mac);
+                }
+                None => to_check.extend(candidates.into_iter().map(|u| (sender.clone(), u))),
+            }
+        }
         let items: Vec<(&dyn Verifier, &[u8], &[u8])> =
-            unchecked.values().map(|u| (u.key.as_ref(), u.signed.as_slice(), u.signature.as_slice())).collect();
-        let all_valid = conclave_gka::suite::verify_batch(&items).is_ok();
+            to_check.iter().map(|(_, u)| (u.key.as_ref(), u.signed.as_slice(), u.signature.as_slice())).collect();
+        let all_valid = items.is_empty() || conclave_gka::suite::verify_batch(&items).is_ok();
         let mut forged = Vec::new();
-        for (sender, u) in unchecked {
+        for (sender, u) in to_check {
+            if self.accepted.contains_key(&sender) {
+                continue; // an earlier candidate of this sender's was valid
+            }
             if all_valid || u.verify() {
-                self.checked.insert(sender, u.mac);
+                self.accepted.insert(sender, u.mac);
             } else {
                 forged.push(sender);
             }
@@ -160,9 +181,13 @@ impl Confirmations {
         forged
     }
 
+    fn has(&self, member: &MemberId) -> bool {
+        self.accepted.contains_key(member) || self.pending.contains_key(member)
+    }
+
     fn clear(&mut self) {
-        self.checked.clear();
-        self.unchecked.clear();
+        self.accepted.clear();
+        self.pending.clear();
     }
 }
 
@@ -980,7 +1005,7 @@ impl SessionCore {
         signature: &[u8],
     ) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        if gs.phase.is_aside() || gs.engine.current_epoch() != Some(epoch) || gs.confirms.checked.contains_key(&sender)
+        if gs.phase.is_aside() || gs.engine.current_epoch() != Some(epoch) || gs.confirms.accepted.contains_key(&sender)
         {
             tracing::debug!(%group, %sender, %epoch, "confirmation of another run, or a second one, dropped");
             return Ok(());
@@ -996,28 +1021,27 @@ impl SessionCore {
                 tracing::debug!(%group, "a confirmation in this member's name that it did not send; dropped");
                 return Ok(());
             }
-            gs.confirms.checked.insert(sender, *mac);
+            gs.confirms.accepted.insert(sender, *mac);
             return self.check_confirmed(group);
         }
         let Some(key) = sender_key(&self.certified, self.directory.as_ref(), gs, &sender) else {
             return Ok(()); // refused, or no identity: takes no part in this run
         };
-        // Signatures are checked in one batch once every member's
-        // confirmation is in. A second one in the same name means one of
-        // them is forged: the first is checked now, and counts if valid.
-        if let Some(first) = gs.confirms.unchecked.remove(&sender) {
-            if first.verify() {
-                gs.confirms.checked.insert(sender, first.mac);
-                return Ok(());
-            }
-            self.events.push_back(SecureEvent::Rejected {
-                group: group.clone(),
-                sender: sender.clone(),
-                reason: RejectReason::BadSignature,
-            });
+        // A MAC that matches this member's key is accepted as it is; the
+        // others wait until every member's confirmation is in (a second one
+        // in the same name means one of them is forged).
+        if gs.phase.confirming().is_some_and(|c| c.confirmer.matches(&sender, mac)) {
+            gs.confirms.pending.remove(&sender);
+            gs.confirms.accepted.insert(sender, *mac);
+            return self.check_confirmed(group);
+        }
+        let candidates = gs.confirms.pending.entry(sender.clone()).or_default();
+        if candidates.len() >= MAX_CONFIRM_CANDIDATES {
+            tracing::debug!(%group, %sender, "a third confirmation in one name in one run; dropped");
+            return Ok(());
         }
         let signed = confirm_signed(group, &sender, epoch, mac);
-        gs.confirms.unchecked.insert(sender, Unchecked { mac: *mac, signature: signature.to_vec(), signed, key });
+        candidates.push(Unchecked { mac: *mac, signature: signature.to_vec(), signed, key });
         self.check_confirmed(group)
     }
 
@@ -1028,11 +1052,14 @@ impl SessionCore {
     fn check_confirmed(&mut self, group: &GroupName) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let Some(c) = gs.phase.confirming() else { return Ok(()) };
-        let has = |m: &MemberId| gs.confirms.checked.contains_key(m) || gs.confirms.unchecked.contains_key(m);
-        if !c.view.members.iter().all(has) {
+        if !c.view.members.iter().all(|m| gs.confirms.has(m)) {
             return Ok(());
         }
-        for forged in gs.confirms.check_signatures() {
+        let forged = {
+            let Some(c) = gs.phase.confirming() else { return Ok(()) };
+            gs.confirms.settle(&c.confirmer)
+        };
+        for forged in forged {
             self.events.push_back(SecureEvent::Rejected {
                 group: group.clone(),
                 sender: forged,
@@ -1041,12 +1068,12 @@ impl SessionCore {
         }
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let Some(c) = gs.phase.confirming() else { return Ok(()) };
-        let checked = &gs.confirms.checked;
-        if !c.view.members.iter().all(|m| checked.contains_key(m)) {
+        let accepted = &gs.confirms.accepted;
+        if !c.view.members.iter().all(|m| accepted.contains_key(m)) {
             return Ok(()); // a forged one was dropped: wait for the real one
         }
         let unconfirmed: Vec<MemberId> =
-            c.view.members.iter().filter(|m| !c.confirmer.matches(m, &checked[*m])).cloned().collect();
+            c.view.members.iter().filter(|m| !c.confirmer.matches(m, &accepted[*m])).cloned().collect();
         let Phase::Confirming(c) = std::mem::replace(&mut gs.phase, Phase::Agreeing) else {
             unreachable!("checked above")
         };
@@ -1535,36 +1562,32 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_of_confirmations_counts_the_valid_and_returns_the_forged() {
+    fn settling_accepts_matching_macs_and_checks_only_the_others_signatures() {
         use conclave_gka::suite::{generate_signer, SignatureId};
         use rand_core::SeedableRng;
         let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(9);
         let group = GroupName::new("g").unwrap();
         let epoch = Epoch { view: ViewId { incarnation: 1, seq: 2 }, run: 0 };
+        let names: Vec<MemberId> = (0..6).map(|i| MemberId::new(format!("m{i}")).unwrap()).collect();
+        let confirmer = Confirmer::new(&[7; 32], &group, epoch, conclave_gka::ProtocolId::Tgdh, &names);
         let mut confirms = Confirmations::default();
-        for (i, forged) in [false, true, false, false, true].into_iter().enumerate() {
-            let sender = MemberId::new(format!("m{i}")).unwrap();
+        // (MAC matches this member's key, signature valid)
+        let cases = [(true, true), (true, false), (false, true), (false, false), (false, true), (false, false)];
+        for (sender, (matching, valid)) in names.iter().zip(cases) {
             let signer = generate_signer(SignatureId::Ed25519, &mut rng).unwrap();
-            let mac = [i as u8; 32];
-            let signed = confirm_signed(&group, &sender, epoch, &mac);
+            let mac = if matching { confirmer.mac(sender) } else { [9; 32] };
+            let signed = confirm_signed(&group, sender, epoch, &mac);
             let mut signature = signer.sign(&signed);
-            if forged {
+            if !valid {
                 signature[7] ^= 0x20;
             }
-            confirms.unchecked.insert(sender, Unchecked { mac, signature, signed, key: signer.verifier() });
+            confirms.pending.insert(sender.clone(), vec![Unchecked { mac, signature, signed, key: signer.verifier() }]);
         }
-        let forged: Vec<String> = confirms.check_signatures().iter().map(|m| m.to_string()).collect();
-        assert_eq!(forged, ["m1", "m4"]);
-        let checked: Vec<(String, u8)> = confirms.checked.iter().map(|(m, mac)| (m.to_string(), mac[0])).collect();
-        assert_eq!(checked, [("m0".into(), 0), ("m2".into(), 2), ("m3".into(), 3)]);
-        assert!(confirms.unchecked.is_empty());
-        // All valid: all counted, nothing returned.
-        let signer = generate_signer(SignatureId::Ed25519, &mut rng).unwrap();
-        let sender = MemberId::new("m1").unwrap();
-        let signed = confirm_signed(&group, &sender, epoch, &[1; 32]);
-        let signature = signer.sign(&signed);
-        confirms.unchecked.insert(sender, Unchecked { mac: [1; 32], signature, signed, key: signer.verifier() });
-        assert!(confirms.check_signatures().is_empty());
-        assert_eq!(confirms.checked.len(), 4);
+        let forged: Vec<String> = confirms.settle(&confirmer).iter().map(|m| m.to_string()).collect();
+        assert_eq!(forged, ["m3", "m5"], "a MAC that does not match, under a signature that does not verify");
+        let accepted: Vec<&str> = confirms.accepted.keys().map(|m| m.as_str()).collect();
+        assert_eq!(accepted, ["m0", "m1", "m2", "m4"], "m1's MAC matches: its signature is never needed");
+        assert!(confirms.pending.is_empty());
+        assert!(!confirmer.matches(&names[2], &confirms.accepted[&names[2]]), "m2 holds another key");
     }
 }

@@ -33,6 +33,15 @@ pub struct Member {
     pub log: Vec<SecureEvent>,
 }
 
+/// What a forged key confirmation breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forgery {
+    /// The MAC (and so the signature over it): made without the key.
+    Mac,
+    /// Only the signature: the real MAC, copied.
+    Signature,
+}
+
 /// One daemon core and its members, delivering in memory.
 pub struct Net {
     pub core: Core,
@@ -40,8 +49,8 @@ pub struct Net {
     base: Instant,
     now: Duration,
     /// A compromised link: ahead of every key confirmation this member
-    /// sends, it sends a copy with a broken signature.
-    pub forge_confirmations_of: Option<usize>,
+    /// sends, it sends a forged copy.
+    pub forge_confirmations_of: Option<(usize, Forgery)>,
     /// Every key confirmation multicast: (sender's index, payload length).
     pub confirmations_sent: Vec<(usize, usize)>,
     /// The next connection's local number.
@@ -167,9 +176,14 @@ impl Net {
         if let Op::Multicast { conn, group, service, payload } = &op {
             if payload.first() == Some(&tag::CONFIRM) {
                 let i = self.members.iter().position(|m| m.conn == *conn).expect("a member's connection");
-                if self.forge_confirmations_of == Some(i) {
+                if let Some((_, forgery)) = self.forge_confirmations_of.filter(|(f, _)| *f == i) {
                     let mut forged = payload.to_vec();
-                    *forged.last_mut().expect("a signature") ^= 1;
+                    // tag ‖ epoch ‖ MAC (32) ‖ Ed25519 signature (64)
+                    let at = match forgery {
+                        Forgery::Mac => forged.len() - 64 - 1,
+                        Forgery::Signature => forged.len() - 1,
+                    };
+                    forged[at] ^= 1;
                     let (conn, group, service) = (*conn, group.clone(), *service);
                     self.core_handle(Op::Multicast { conn, group, service, payload: forged.into() });
                 }
