@@ -117,6 +117,10 @@ pub fn encode_op(op: &Op, out: &mut BytesMut) {
             out.put_u16(state.daemon.0);
             out.put_u64(state.next_view);
             out.put_u64(state.incarnation);
+            out.put_u16(u16::try_from(state.cut.len()).expect("at most 65535 daemons"));
+            for d in &state.cut {
+                out.put_u16(d.0);
+            }
             out.put_u32(u32::try_from(state.clients.len()).expect("fewer than 2^32 clients"));
             for c in &state.clients {
                 put_conn(out, c.conn);
@@ -178,6 +182,11 @@ pub fn decode_op(msg: Bytes) -> Result<Op, OpError> {
             let daemon = DaemonId(f.u16("daemon")?);
             let next_view = f.u64("next view")?;
             let incarnation = f.u64("incarnation")?;
+            let cut_len = usize::from(f.u16("cut length")?);
+            let mut cut = Vec::with_capacity(cut_len.min(f.rest_len() / 2));
+            for _ in 0..cut_len {
+                cut.push(DaemonId(f.u16("cut daemon")?));
+            }
             let count = f.u32("client count")? as usize;
             // A client takes at least 16 bytes, a membership at least 19: never
             // trust a count further than the message can back it.
@@ -197,7 +206,7 @@ pub fn decode_op(msg: Bytes) -> Result<Op, OpError> {
                 }
                 clients.push(ClientState { conn, name, groups });
             }
-            Op::State { epoch, state: DaemonState { daemon, next_view, incarnation, clients } }
+            Op::State { epoch, state: DaemonState { daemon, next_view, incarnation, cut, clients } }
         }
         k => return Err(WireError::UnknownKind(k).into()),
     };
@@ -272,12 +281,23 @@ mod tests {
             }),
             (any::<u64>(), proptest::collection::vec(any::<u16>(), 0..8))
                 .prop_map(|(epoch, ds)| Op::Daemons { epoch, members: ds.into_iter().map(DaemonId).collect() }),
-            (any::<u64>(), any::<u16>(), any::<(u64, u64)>(), proptest::collection::vec(client, 0..4)).prop_map(
-                |(epoch, d, (next_view, incarnation), clients)| Op::State {
+            (
+                any::<u64>(),
+                any::<u16>(),
+                any::<(u64, u64)>(),
+                proptest::collection::vec(any::<u16>(), 0..4),
+                proptest::collection::vec(client, 0..4)
+            )
+                .prop_map(|(epoch, d, (next_view, incarnation), cut, clients)| Op::State {
                     epoch,
-                    state: DaemonState { daemon: DaemonId(d), next_view, incarnation, clients }
-                }
-            ),
+                    state: DaemonState {
+                        daemon: DaemonId(d),
+                        next_view,
+                        incarnation,
+                        cut: cut.into_iter().map(DaemonId).collect(),
+                        clients
+                    }
+                }),
         ]
     }
 

@@ -245,6 +245,12 @@ pub struct DaemonState {
     pub next_view: u64,
     /// The daemon's incarnation (random per boot; see [`ViewId`]).
     pub incarnation: u64,
+    /// The daemon group in which this daemon's clients delivered their last
+    /// messages in their current views: the one whose change began the
+    /// exchanges this state answers. Clients that name the same view but
+    /// different cuts delivered different messages in it (a merge that
+    /// interrupted a partition's exchange); see [`Core`]'s rebuild.
+    pub cut: Vec<DaemonId>,
     /// The daemon's own clients.
     pub clients: Vec<ClientState>,
 }
@@ -483,6 +489,7 @@ struct Group {
 }
 
 /// A member of the view being installed.
+#[derive(Clone)]
 struct NewSeat {
     conn: ConnId,
     id: MemberId,
@@ -493,6 +500,9 @@ struct NewSeat {
 struct Exchange {
     epoch: u64,
     members: BTreeSet<DaemonId>,
+    /// The daemon group whose change began this chain of exchanges (see
+    /// [`DaemonState::cut`]): no message was delivered since.
+    cut: BTreeSet<DaemonId>,
     states: BTreeMap<DaemonId, DaemonState>,
     held: Vec<Op>,
 }
@@ -740,8 +750,16 @@ impl Core {
         self.groups.insert(group, Group { open, view, seats });
     }
 
+    /// Installs a view of `group` with `seats` that the next view of the
+    /// group supersedes at once (see `split_transitional_sets`): delivered,
+    /// numbered like any other, and returned.
+    fn install_detached(&mut self, group: &GroupName, open: bool, seats: Vec<NewSeat>, out: &mut Vec<Output>) -> ViewId {
+        self.install(group.clone(), open, seats, Cause::Network, out);
+        self.groups.remove(group).expect("installed with members").view.id
+    }
+
     /// This daemon's clients and their groups.
-    fn snapshot(&self) -> DaemonState {
+    fn snapshot(&self, cut: &BTreeSet<DaemonId>) -> DaemonState {
         let clients = self
             .clients
             .iter()
@@ -760,32 +778,33 @@ impl Core {
                     .collect(),
             })
             .collect();
-        DaemonState { daemon: self.me, next_view: self.next_view, incarnation: self.incarnation, clients }
+        let cut = cut.iter().copied().collect();
+        DaemonState { daemon: self.me, next_view: self.next_view, incarnation: self.incarnation, cut, clients }
     }
 
     fn daemons_changed(&mut self, epoch: u64, members: Vec<DaemonId>, out: &mut Vec<Output>) {
         let members: BTreeSet<DaemonId> = members.into_iter().collect();
-        let held = match self.exchange.take() {
-            Some(x) if members.is_subset(&x.members) => x.held,
+        let (held, cut) = match self.exchange.take() {
+            Some(x) if members.is_subset(&x.members) => (x.held, x.cut),
             Some(x) => {
                 for op in x.held.into_iter().filter(|op| op.conn().is_some_and(|c| c.daemon == self.me)) {
                     out.push(Output::Submit(op));
                 }
-                Vec::new()
+                (Vec::new(), x.cut)
             }
             None => {
                 for (group, g) in &self.groups {
                     let delivery = Delivery::ViewChangeBegins { group: group.clone() };
                     self.deliver(g.seats.iter().map(|s| s.conn), delivery, out);
                 }
-                Vec::new()
+                (Vec::new(), members.clone())
             }
         };
         if members.contains(&self.me) && !self.state_in_flight {
             self.state_in_flight = true;
-            out.push(Output::Submit(Op::State { epoch, state: self.snapshot() }));
+            out.push(Output::Submit(Op::State { epoch, state: self.snapshot(&cut) }));
         }
-        self.exchange = Some(Exchange { epoch, members, states: BTreeMap::new(), held });
+        self.exchange = Some(Exchange { epoch, members, cut, states: BTreeMap::new(), held });
     }
 
     fn state_arrived(&mut self, epoch: u64, state: DaemonState, out: &mut Vec<Output>) {
@@ -813,7 +832,7 @@ impl Core {
         self.tag = self.daemons.first().map_or(self.me.0, |d| d.0);
         self.next_view = x.states.values().map(|s| s.next_view).max().unwrap_or(self.next_view);
         self.view_incarnation = x.states.get(&DaemonId(self.tag)).map_or(self.incarnation, |s| s.incarnation);
-        let mut groups: BTreeMap<GroupName, Vec<(Membership, NewSeat)>> = BTreeMap::new();
+        let mut groups: BTreeMap<GroupName, Vec<(Membership, NewSeat, Vec<DaemonId>)>> = BTreeMap::new();
         for state in x.states.into_values() {
             for c in state.clients.into_iter().filter(|c| c.conn.daemon == state.daemon) {
                 if self.names.contains_key(&c.name) || self.clients.contains_key(&c.conn) {
@@ -826,18 +845,52 @@ impl Core {
                 self.clients.insert(c.conn, Client { name: c.name.clone(), groups: names });
                 for m in c.groups {
                     let seat = NewSeat { conn: c.conn, id: c.name.clone(), since: m.since, prev: Some(m.view) };
-                    groups.entry(m.group.clone()).or_default().push((m, seat));
+                    groups.entry(m.group.clone()).or_default().push((m, seat, state.cut.clone()));
                 }
             }
         }
         for (group, mut entries) in groups {
-            entries.sort_by_key(|(m, s)| (m.since, s.conn));
+            entries.sort_by_key(|(m, s, _)| (m.since, s.conn));
             let open = entries[0].0.open;
-            let seats = entries.into_iter().map(|(_, s)| s).collect();
+            self.split_transitional_sets(&group, open, &mut entries, out);
+            let seats = entries.into_iter().map(|(_, s, _)| s).collect();
             self.install(group, open, seats, Cause::Network, out);
         }
         for op in x.held {
             self.handle(op, out);
+        }
+    }
+
+    /// Members that name the same view of `group` as their last but come
+    /// with different cuts did not deliver the same messages in it: a merge
+    /// came before their partition's exchange had installed the partition's
+    /// views. So that the view installed next never puts them together as
+    /// having moved from that view (virtual synchrony), each such set first
+    /// gets the partition view it missed (every core computes the same ones,
+    /// from the same states), and its members name that view instead.
+    fn split_transitional_sets(
+        &mut self,
+        group: &GroupName,
+        open: bool,
+        entries: &mut [(Membership, NewSeat, Vec<DaemonId>)],
+        out: &mut Vec<Output>,
+    ) {
+        let mut cuts: BTreeMap<ViewId, BTreeSet<&Vec<DaemonId>>> = BTreeMap::new();
+        for (m, _, cut) in entries.iter() {
+            cuts.entry(m.view).or_default().insert(cut);
+        }
+        let split: BTreeSet<(ViewId, Vec<DaemonId>)> = cuts
+            .into_iter()
+            .filter(|(_, cuts)| cuts.len() > 1)
+            .flat_map(|(view, cuts)| cuts.into_iter().map(move |c| (view, c.clone())))
+            .collect();
+        for (view, cut) in split {
+            let set = |(m, _, c): &&mut (Membership, NewSeat, Vec<DaemonId>)| m.view == view && *c == cut;
+            let seats: Vec<NewSeat> = entries.iter_mut().filter(|e| set(&e)).map(|(_, s, _)| s.clone()).collect();
+            let id = self.install_detached(group, open, seats, out);
+            for (_, seat, _) in entries.iter_mut().filter(|e| set(&e)) {
+                seat.prev = Some(id);
+            }
         }
     }
 }

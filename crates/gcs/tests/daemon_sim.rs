@@ -41,6 +41,19 @@ struct Seen {
 
 /// Checks every guarantee on a log and returns what each client saw.
 fn check(log: &[Delivered]) -> BTreeMap<ConnId, Seen> {
+    check_with(log, Duplicates::Refused)
+}
+
+/// Whether [`check_with`] fails on a message delivered twice to a client.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Duplicates {
+    Refused,
+    /// Only where a known bug delivers some (see its reproducer): every
+    /// other guarantee is still checked.
+    Tolerated,
+}
+
+fn check_with(log: &[Delivered], duplicates: Duplicates) -> BTreeMap<ConnId, Seen> {
     let mut seen: BTreeMap<ConnId, Seen> = BTreeMap::new();
     let mut membership: BTreeMap<ViewId, Vec<MemberId>> = BTreeMap::new();
     for d in log {
@@ -74,7 +87,7 @@ fn check(log: &[Delivered]) -> BTreeMap<ConnId, Seen> {
         let mut all = BTreeSet::new();
         for (_, msgs) in &s.views {
             for m in msgs {
-                assert!(all.insert(m), "{conn} got {m} twice");
+                assert!(all.insert(m) || duplicates == Duplicates::Tolerated, "{conn} got {m} twice");
             }
         }
     }
@@ -374,20 +387,38 @@ fn a_restarted_daemon_has_a_new_incarnation_and_never_repeats_a_view_id() {
     assert!(seen[&a2].views.last().unwrap().0.incarnation == alone[0].incarnation);
 }
 
-/// A known bug, kept as its reproducer: when a merge takes effect while the
-/// state exchanges of a partition are still running on both sides (here
-/// 100 µs after it), each core restarts the exchange and installs one view
-/// whose members all name the pre-partition view as `prev`, although the
-/// partition's transitional sets delivered different remainders of it:
-/// members that "move together" delivered different messages (virtual
-/// synchrony broken). With a 1 ms gap the exchanges finish first and the
-/// test passes. The core would have to install the partition's views before
-/// the merge (or not name one old view as `prev` across transitional sets).
-/// `conclave sim --protocols tgdh --seed 1234 --seeds 1` gets stuck members
-/// from it.
+/// A merge that takes effect while the state exchanges of a partition are
+/// still running on both sides (here 100 µs after it, and each round begins
+/// before the last one's changes are done): the partition's transitional
+/// sets delivered different remainders of the old view, so the merged view
+/// must not name that one view as every member's `prev`. Each side first
+/// gets the partition view it missed (`DaemonState::cut`). Before that fix
+/// seed 34 broke virtual synchrony here, and `conclave sim --protocols tgdh
+/// --seed 1234 --seeds 1` got stuck members from it. Duplicates are
+/// tolerated here only: they are the next test's known bug (seed 47).
 #[test]
-#[ignore = "known bug: a merge that interrupts a partition's state exchange breaks virtual synchrony"]
 fn a_merge_that_interrupts_a_partitions_state_exchange_keeps_virtual_synchrony() {
+    interrupted_partitions(Duplicates::Tolerated);
+}
+
+/// A known bug, kept as its reproducer: the same, but the next partition
+/// comes before the merge's exchange is done everywhere (every change within
+/// one detection delay). A side whose cores completed the merge's exchange
+/// applied the held operations; the other side's cores missed a state
+/// (extended virtual synchrony lets a transitional set skip what it did not
+/// receive), kept them held, and submit their own clients' held operations
+/// again at the next merge, where the first side delivers them a second
+/// time (seed 47: `m3:0b` twice). The cure is an identity per operation
+/// (origin daemon and its submission number) that cores remember and skip.
+#[test]
+#[ignore = "known bug: operations submitted again after an interrupted exchange are delivered twice where the exchange completed"]
+fn partitions_and_merges_within_one_detection_delay_deliver_nothing_twice() {
+    interrupted_partitions(Duplicates::Refused);
+}
+
+/// Three rounds of messages, a partition and a merge 100 µs later, each
+/// round begun before the last one's changes are done.
+fn interrupted_partitions(duplicates: Duplicates) {
     for seed in 0..50 {
         let net = NetConfig { detect: 10_000, jitter: 300, ..NetConfig::default() };
         let mut sim = DaemonSim::new(4, net, seed).unwrap();
@@ -415,7 +446,7 @@ fn a_merge_that_interrupts_a_partitions_state_exchange_keeps_virtual_synchrony()
             }
         }
         sim.run_idle();
-        let seen = check(&sim.take_log());
+        let seen = check_with(&sim.take_log(), duplicates);
         assert!(sent > 0);
         for (i, conn) in c.iter().enumerate() {
             let got: BTreeSet<&String> = seen[conn].views.iter().flat_map(|(_, m)| m).collect();
@@ -427,3 +458,4 @@ fn a_merge_that_interrupts_a_partitions_state_exchange_keeps_virtual_synchrony()
         }
     }
 }
+
