@@ -45,11 +45,16 @@ pub struct SimArgs {
     /// Print one JSON array (one object per protocol) instead of a table.
     #[arg(long)]
     json: bool,
+    /// Run every other seed in certified mode: members present certificates
+    /// of one authority (not yet the default: it finds failures still open).
+    #[arg(long)]
+    certified: bool,
 }
 
 struct Totals {
     protocol: ProtocolId,
     runs: u64,
+    certified: u64,
     views: u64,
     rekeys: u64,
     messages: u64,
@@ -68,22 +73,38 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         .iter()
         .map(|p| ProtocolId::from_name(p).with_context(|| format!("unknown protocol {p:?} (gdh, ckd, tgdh, str, bd)")))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    if args.members < 2 || args.members > 64 {
-        bail!("--members must be between 2 and 64");
+    if args.members < 2 || args.members > conclave_secure::sim::MAX_MEMBERS {
+        bail!("--members must be between 2 and {}", conclave_secure::sim::MAX_MEMBERS);
     }
     if args.daemons < 1 || args.daemons > 16 {
         bail!("--daemons must be between 1 and 16");
     }
+    if args.trace {
+        // The sessions' and daemons' own debug logs, interleaved with the trace.
+        let _ = tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_max_level(tracing::Level::DEBUG)
+            .without_time()
+            .with_target(false)
+            .try_init();
+    }
     let mut all = Vec::new();
     for protocol in protocols {
-        let cfg =
-            SimConfig { protocol, members: args.members, steps: args.steps, daemons: args.daemons, print: args.trace };
+        let cfg = SimConfig {
+            protocol,
+            members: args.members,
+            steps: args.steps,
+            daemons: args.daemons,
+            print: args.trace,
+            certified: args.certified,
+        };
         let start = Instant::now();
         let outcomes = run_seeds(&args, cfg, protocol.name());
         let secs = start.elapsed().as_secs_f64();
         let mut t = Totals {
             protocol,
             runs: args.seeds,
+            certified: 0,
             views: 0,
             rekeys: 0,
             messages: 0,
@@ -97,6 +118,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         };
         let mut trace = Sha256::new();
         for (seed, o) in outcomes {
+            t.certified += u64::from(o.certified);
             t.views += o.views;
             t.rekeys += o.rekeys;
             t.messages += o.messages;
@@ -122,6 +144,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
                 serde_json::json!({
                     "protocol": t.protocol.name(),
                     "runs": t.runs,
+                    "certified_runs": t.certified,
                     "views": t.views,
                     "rekeys": t.rekeys,
                     "messages": t.messages,
@@ -137,17 +160,18 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         println!(
-            "{:<8} {:>7} {:>9} {:>7} {:>9} {:>8} {:>7} {:>7} {:>8}  {:<16}  failures",
-            "protocol", "runs", "views", "rekeys", "messages", "attacks", "reconf", "crashes", "runs/s", "trace"
+            "{:<8} {:>7} {:>7} {:>9} {:>7} {:>9} {:>8} {:>7} {:>7} {:>8}  {:<16}  failures",
+            "protocol", "runs", "cert", "views", "rekeys", "messages", "attacks", "reconf", "crashes", "runs/s", "trace"
         );
         for t in &all {
             let failures: u64 = t.failures.values().sum();
             let kinds: Vec<String> = t.failures.iter().map(|(k, n)| format!("{k}: {n}")).collect();
             let kinds = if kinds.is_empty() { String::new() } else { format!(" ({})", kinds.join(", ")) };
             println!(
-                "{:<8} {:>7} {:>9} {:>7} {:>9} {:>8} {:>7} {:>7} {:>8.0}  {:<16}  {failures}{kinds}",
+                "{:<8} {:>7} {:>7} {:>9} {:>7} {:>9} {:>8} {:>7} {:>7} {:>8.0}  {:<16}  {failures}{kinds}",
                 t.protocol.name(),
                 t.runs,
+                t.certified,
                 t.views,
                 t.rekeys,
                 t.messages,
@@ -167,11 +191,12 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             eprintln!("  {kind}: {n}");
         }
         eprintln!(
-            "replay: conclave sim --protocols {} --seed {seed} --seeds 1 --members {} --steps {} --daemons {}",
+            "replay: conclave sim --protocols {} --seed {seed} --seeds 1 --members {} --steps {} --daemons {}{}",
             t.protocol.name(),
             args.members,
             args.steps,
-            args.daemons
+            args.daemons,
+            if args.certified { " --certified" } else { "" }
         );
     }
     if !failed.is_empty() {

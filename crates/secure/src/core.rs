@@ -630,8 +630,10 @@ impl SessionCore {
         // from this member's previous view, all of them decided there: all
         // members then hold the same verdicts. Any other view (a join or a
         // merge) is decided afresh from the certificates presented in it.
+        // Refusals never carry over: they are decided afresh, so a refusal
+        // (perhaps from a forged certificate message) lasts one view at most.
         let shrink = previous.is_some_and(|p| view.members.iter().all(|m| m.prev == Some(p.id)))
-            && view.ids().all(|m| gs.verdicts.contains_key(m));
+            && view.ids().all(|m| matches!(gs.verdicts.get(m), Some(Verdict::Accepted(_))));
         gs.admission = Admission::Waiting { deadline: None };
         if shrink {
             let members: BTreeSet<&MemberId> = view.ids().collect();
@@ -798,6 +800,17 @@ impl SessionCore {
         let wanted = provisional || (gs.admission.is_waiting() && !gs.verdicts.contains_key(&sender));
         if gs.view.as_ref().map(|v| v.id) != Some(view) || !wanted {
             return Ok(());
+        }
+        // This member's own verdict comes only from its own certificate, as
+        // it sent it: anything else in its name was not sent by it (a link
+        // injecting another's certificate under its name must not make it
+        // refuse itself and stand aside).
+        if sender == self.me {
+            let mine = split_cert(payload).is_ok_and(|(der, _)| der == cert.identity.cert_der());
+            if !mine {
+                tracing::debug!(%group, "a certificate in this member's name that is not its own; dropped");
+                return Ok(());
+            }
         }
         let verdict = match split_cert(payload) {
             Err(r) => Verdict::Refused(r),
