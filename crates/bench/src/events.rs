@@ -6,8 +6,10 @@
 //! network time:
 //!
 //! * **Placement.** Members are spread round-robin over 13 machines with 2
-//!   CPUs each (the paper's testbed); members on one machine share its CPUs,
-//!   first come, first served, and a member handles one input at a time.
+//!   CPUs each (the paper's testbed); members on one machine share its CPUs
+//!   and a member handles one input at a time. The scheduler ([`sched`]) is
+//!   work-conserving: a ready job runs on any free CPU of its machine, and
+//!   never waits while one is idle.
 //! * **Network.** An agreed multicast is delivered to all members at once,
 //!   `multicast` ms plus the largest one-way delay from the sender's site after
 //!   it was sent (so agreed order is delivery-time order); a unicast after
@@ -25,8 +27,7 @@
 //! message its network delay, but no waiting for a busy CPU — and the measured
 //! time divided by it.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 use std::io::Write;
 
 use anyhow::{bail, Context, Result};
@@ -39,6 +40,9 @@ use conclave_secure::Policy;
 use serde::Serialize;
 
 use crate::crypto;
+
+mod sched;
+use sched::Scheduler;
 use crate::scenario::{odd_even, one_way, site, Placement, TimedEvent, Wan, MACHINES};
 
 /// Which per-operation costs to charge.
@@ -235,26 +239,14 @@ struct RunResult {
     sides_ms: Option<[f64; 2]>,
 }
 
-/// Virtual-time state of one run.
-struct Clock {
-    machine_cpus: Vec<[f64; CPUS]>,
-    member_free: BTreeMap<MemberId, f64>,
-    placement: BTreeMap<MemberId, usize>,
-    installed: BTreeMap<MemberId, f64>,
-}
-
-impl Clock {
-    /// Runs `ms` of CPU work for `m`, ready at `t`; returns when it finishes.
-    fn run(&mut self, m: &MemberId, t: f64, ms: f64) -> f64 {
-        let machine = self.placement[m];
-        let cpus = &mut self.machine_cpus[machine];
-        let (i, free) = cpus.iter().copied().enumerate().min_by(|a, b| a.1.total_cmp(&b.1)).expect("CPUs");
-        let start = t.max(free).max(self.member_free.get(m).copied().unwrap_or(0.0));
-        let end = start + ms;
-        cpus[i] = end;
-        self.member_free.insert(m.clone(), end);
-        end
-    }
+/// What a member's CPU does in one job.
+enum Job {
+    /// Handling the new view: the engine already did it (all members at
+    /// once, inside the simulator); `work` ms of CPU, then `outputs` are sent.
+    View { work: f64, installed: bool, outputs: Vec<Delivery<Msg>> },
+    /// Handling one delivered message, which would have arrived at
+    /// `ideal_arrival` with unlimited CPUs.
+    Deliver { d: Delivery<Msg>, ideal_arrival: f64 },
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -316,94 +308,82 @@ fn run_once(
         }
         TimedEvent::Merge => h.sim().merge(&first[0], &second[0])?,
     }
-    let mut clock = Clock {
-        machine_cpus: vec![[0.0; CPUS]; place.machines],
-        member_free: BTreeMap::new(),
-        placement: placement.clone(),
-        installed: BTreeMap::new(),
-    };
+    let index: BTreeMap<MemberId, usize> = ids.iter().enumerate().map(|(i, m)| (m.clone(), i)).collect();
+    let mut sched: Scheduler<Job> =
+        Scheduler::new(ids.iter().map(|m| placement[m]).collect(), vec![CPUS; place.machines]);
+    let mut installed_at: BTreeMap<MemberId, f64> = BTreeMap::new();
     let view_at = model.membership(n);
     // Every member of the new views handled its view at once inside the
-    // simulator; charge that work now, in view order.
-    let mut send_time: BTreeMap<MemberId, f64> = BTreeMap::new();
+    // simulator; each member's CPU does that work when the view arrives.
     // Per member: when it would be done with what it has seen, given unlimited CPUs.
     let mut ideal: BTreeMap<MemberId, f64> = BTreeMap::new();
     let mut ideal_install: f64 = 0.0;
     let members: Vec<MemberId> =
         h.sim_ref().views().iter().flat_map(|v| v.ids().cloned().collect::<Vec<_>>()).collect();
+    let mut outputs: BTreeMap<MemberId, Vec<Delivery<Msg>>> = BTreeMap::new();
+    for d in h.sim().take_pending() {
+        outputs.entry(d.from.clone()).or_default().push(d);
+    }
     for m in &members {
         let node = h.sim_ref().node(m).expect("member");
-        let spent = node.engine.costs() - before[m].0;
-        let end = clock.run(m, view_at, model.cpu(spent));
-        send_time.insert(m.clone(), end);
-        ideal.insert(m.clone(), view_at + model.cpu(spent));
-        if node.installs.len() > before[m].1 {
-            clock.installed.insert(m.clone(), end);
+        let work = model.cpu(node.engine.costs() - before[m].0);
+        let installed = node.installs.len() > before[m].1;
+        ideal.insert(m.clone(), view_at + work);
+        if installed {
             ideal_install = ideal_install.max(ideal[m]);
         }
+        let outputs = outputs.remove(m).unwrap_or_default();
+        sched.arrive(index[m], view_at, Job::View { work, installed, outputs });
     }
-    // Deliveries in virtual-time order.
-    let mut heap: BinaryHeap<Reverse<(u64, u64, usize)>> = BinaryHeap::new();
-    let mut pending: Vec<(MemberId, Delivery<Msg>, f64)> = Vec::new();
-    let mut seq = 0u64;
-    let to_key = |t: f64| (t * 1e6) as u64;
-    // `ideal` is the time the message would be sent with unlimited CPUs.
-    let mut schedule = |h: &mut Harness,
-                        d: Delivery<Msg>,
-                        at: f64,
-                        ideal: f64,
-                        heap: &mut BinaryHeap<Reverse<(u64, u64, usize)>>,
-                        pending: &mut Vec<(MemberId, Delivery<Msg>, f64)>| {
+    // Sends `d` at `at` (`ideal`: when it would be sent with unlimited CPUs).
+    let send = |h: &Harness, sched: &mut Scheduler<Job>, d: Delivery<Msg>, at: f64, ideal: f64| {
         let Some(view) = h.sim_ref().view_of(&d.from).cloned() else { return };
         let s_site = place.site(placement[&d.from]);
         match &d.to {
             Some(r) => {
                 let delay = model.multicast + one_way(s_site, place.site(placement[r]));
-                heap.push(Reverse((to_key(at + delay), seq, pending.len())));
-                pending.push((r.clone(), d, ideal + delay));
+                sched.arrive(index[r], at + delay, Job::Deliver { d, ideal_arrival: ideal + delay });
             }
             None => {
                 let far = view.ids().map(|r| one_way(s_site, place.site(placement[r]))).fold(0.0, f64::max);
                 let delay = model.multicast + far;
                 for r in view.ids() {
-                    heap.push(Reverse((to_key(at + delay), seq, pending.len())));
-                    pending.push((r.clone(), d.clone(), ideal + delay));
-                    seq += 1;
+                    sched.arrive(index[r], at + delay, Job::Deliver { d: d.clone(), ideal_arrival: ideal + delay });
                 }
             }
         }
-        seq += 1;
     };
-    for d in h.sim().take_pending() {
-        let (at, ia) = (send_time[&d.from], ideal[&d.from]);
-        schedule(&mut h, d, at, ia, &mut heap, &mut pending);
-    }
     let mut steps = 0u64;
-    while let Some(Reverse((t, _, idx))) = heap.pop() {
+    while let Some(start) = sched.next() {
         steps += 1;
         if steps > 50_000_000 {
             bail!("{protocol} {event:?} n={n}: run does not end");
         }
-        let (to, d, ideal_arrival) = pending[idx].clone();
-        let (c0, i0) = {
-            let node = h.sim_ref().node(&to).expect("member");
-            (node.engine.costs(), node.installs.len())
+        let to = ids[start.member].clone();
+        let (work, installed, ideal_end, out) = match start.job {
+            Job::View { work, installed, outputs } => (work, installed, ideal[&to], outputs),
+            Job::Deliver { d, ideal_arrival } => {
+                let (c0, i0) = {
+                    let node = h.sim_ref().node(&to).expect("member");
+                    (node.engine.costs(), node.installs.len())
+                };
+                let out = h.sim().deliver_to(&to, &d)?;
+                let node = h.sim_ref().node(&to).expect("member");
+                let work = model.receive + model.cpu(node.engine.costs() - c0);
+                let ideal_end = ideal.get(&to).copied().unwrap_or(0.0).max(ideal_arrival) + work;
+                ideal.insert(to.clone(), ideal_end);
+                let out = out.into_iter().map(|o| Delivery { view: d.view, from: to.clone(), to: o.to, msg: o.msg });
+                (work, node.installs.len() > i0, ideal_end, out.collect())
+            }
         };
-        let out = h.sim().deliver_to(&to, &d)?;
-        let node = h.sim_ref().node(&to).expect("member");
-        let spent = node.engine.costs() - c0;
-        let installed = node.installs.len() > i0;
-        let work = model.receive + model.cpu(spent);
-        let end = clock.run(&to, t as f64 / 1e6, work);
-        let ideal_end = ideal.get(&to).copied().unwrap_or(0.0).max(ideal_arrival) + work;
-        ideal.insert(to.clone(), ideal_end);
+        let end = start.start + work;
+        sched.finish(start.member, end);
         if installed {
-            clock.installed.insert(to.clone(), end);
+            installed_at.insert(to.clone(), end);
             ideal_install = ideal_install.max(ideal_end);
         }
-        for o in out {
-            let d = Delivery { view: d.view, from: to.clone(), to: o.to, msg: o.msg };
-            schedule(&mut h, d, end, ideal_end, &mut heap, &mut pending);
+        for d in out {
+            send(&h, &mut sched, d, end, ideal_end);
         }
     }
     if let Err(e) = h.check_agreement() {
@@ -411,7 +391,7 @@ fn run_once(
     }
     // When the last of `ms` installed.
     let last_install =
-        |ms: &[MemberId]| ms.iter().map(|m| clock.installed.get(m).copied().unwrap_or(f64::NAN)).fold(0.0, f64::max);
+        |ms: &[MemberId]| ms.iter().map(|m| installed_at.get(m).copied().unwrap_or(f64::NAN)).fold(0.0, f64::max);
     let total_ms = last_install(&members);
     let bound_ms = ideal_install;
     let sides_ms = matches!(event, TimedEvent::Partition | TimedEvent::PartitionP1 | TimedEvent::PartitionP2)
