@@ -10,17 +10,26 @@
 //!   and a member handles one input at a time. The scheduler ([`sched`]) is
 //!   work-conserving: a ready job runs on any free CPU of its machine, and
 //!   never waits while one is idle.
-//! * **Network.** An agreed multicast is delivered to all members at once,
-//!   `multicast` ms plus the largest one-way delay from the sender's site after
-//!   it was sent (so agreed order is delivery-time order); a unicast after
-//!   `multicast` ms plus the one-way delay between the two sites. On the LAN
-//!   every machine is on one site; the WAN profile of §6.2.1 puts 11 machines
-//!   at one site and one each at two others (round trips 70, 300 and 270 ms).
-//! * **Receiving.** Each delivered message costs its receiver `receive` ms of
-//!   CPU on top of the cryptography it triggers.
-//! * **Membership.** The new view reaches the members after the membership
-//!   service's time (2 ms for 2 members to 8 ms for 50, linear, as §6.1.1
-//!   measured; a third of that with measured costs).
+//! * **Costs and network, `--costs tissec2002`.** The TISSEC testbed of
+//!   [`model`], where every constant cites the paper: per-machine CPU costs
+//!   and CPU counts (the WAN's remote machines differ), Spread's token ring
+//!   over the 13 daemons (a message waits for the token at its sender's
+//!   daemon; agreed multicasts calibrated to §6.1.1's 0.75 ms on the LAN and
+//!   §6.2.1's 392 / 328 / 334 ms by sending site on the WAN), a receive cost
+//!   per delivered message calibrated on §6.1.1's all-to-all, and the
+//!   membership service's time of §6.1.1 (LAN) and Fig. 16 (WAN). The WAN
+//!   profile of §6.2.1 puts 11 machines at JHU and one each at UCI and ICU.
+//! * **Network, `--costs measured` and the daemon engine's bound.** An agreed
+//!   multicast is delivered to all members at once, `multicast` ms plus the
+//!   largest one-way delay from the sender's site after it was sent; a
+//!   unicast `multicast` ms plus the one-way delay between the two sites;
+//!   each delivery costs its receiver `receive` ms of CPU; the new view
+//!   reaches the members after 0.7 ms (2 members) to 2.8 ms (50), linearly.
+//! * **Placement and events (§6.1.2).** Members go round-robin over the
+//!   machines in an order drawn from the seed (the joiner is on a random
+//!   machine); the leaver is drawn from the seed (STR: the middle of the
+//!   chain); `partition` is a partition between servers (§6.1.5), the
+//!   members of a machine on one side.
 //!
 //! Each point also prints the lower bound: the same run's critical path with
 //! unlimited CPUs — every member's work charged at the operation costs, every
@@ -41,9 +50,11 @@ use serde::Serialize;
 
 use crate::crypto;
 
+pub(crate) mod model;
 mod sched;
 use sched::Scheduler;
-use crate::scenario::{odd_even, one_way, site, Placement, TimedEvent, Wan, MACHINES};
+use crate::scenario::{halves, odd_even, one_way, site, Placement, TimedEvent, Wan, MACHINES};
+use rand_chacha::rand_core::{RngCore, SeedableRng};
 
 /// Which per-operation costs to charge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -169,6 +180,12 @@ pub struct CostModel {
     pub receive: f64,
     /// Membership service time for 2 members; grows linearly to 4× at 50.
     pub membership_2: f64,
+    /// The TISSEC testbed of [`model`]: per-machine costs, CPUs, Spread's
+    /// token ring and the membership service of §6 (on the simulator's
+    /// testbed; the fields above are its 666 MHz PIII and are what a cluster
+    /// placement is charged).
+    #[serde(skip)]
+    pub tissec: bool,
 }
 
 impl CostModel {
@@ -186,19 +203,20 @@ impl CostModel {
     fn build(from: CostsFrom, group: GroupId, scheme: SignatureId) -> Result<Self> {
         Ok(match from {
             CostsFrom::Tissec2002 => {
+                let m = model::PIII_666;
                 let exp = match group {
-                    GroupId::Modp1024 => 5.3,
-                    _ => 1.7,
+                    GroupId::Modp1024 => m.exp512 * model::EXP_1024_OVER_512,
+                    _ => m.exp512,
                 };
-                // Small exponents (at most 6 bits for n ≤ 50) against 160-bit ones.
                 CostModel {
                     exp,
-                    small_exp: exp * 6.0 / 160.0,
-                    sign: 9.6,
-                    verify: 0.2,
-                    multicast: 0.8,
-                    receive: 0.4,
-                    membership_2: 2.0,
+                    small_exp: exp * model::SMALL_EXP_FRACTION,
+                    sign: m.sign,
+                    verify: m.verify,
+                    multicast: model::LAN_AGREED_MS,
+                    receive: model::RECEIVE_MS,
+                    membership_2: model::membership_ms(Wan::Lan, TimedEvent::Join, 2),
+                    tissec: true,
                 }
             }
             CostsFrom::Measured => {
@@ -212,6 +230,7 @@ impl CostModel {
                     multicast: 0.16,
                     receive: 0.005,
                     membership_2: 0.7,
+                    tissec: false,
                 }
             }
         })
@@ -262,9 +281,11 @@ fn run_once(
 ) -> Result<RunResult> {
     let mut h = Harness::new(protocol, group, scheme, seed, Flush::All);
     let ids = h.add_members(n).context("identities")?;
+    let machine_of = place.machine_of(n, seed);
     let (first, second) = match event {
         TimedEvent::PartitionP1 | TimedEvent::PartitionP2 => odd_even(&ids),
-        _ => place.sides(&ids),
+        TimedEvent::PartitionHalves => halves(&ids),
+        _ => place.sides(&ids, &machine_of),
     };
     if first.is_empty() || second.is_empty() {
         bail!("{n} members cannot partition into two sides on {} machines", place.machines);
@@ -273,7 +294,7 @@ fn run_once(
         TimedEvent::Join => {
             h.event(|s| s.join(&ids[..n - 1], None))?;
         }
-        TimedEvent::Leave | TimedEvent::Partition | TimedEvent::PartitionP1 => {
+        TimedEvent::Leave | TimedEvent::Partition | TimedEvent::PartitionP1 | TimedEvent::PartitionHalves => {
             h.event(|s| s.join(&ids, None))?;
         }
         TimedEvent::Merge => {
@@ -286,8 +307,13 @@ fn run_once(
             h.event(|s| s.merge(&first[0], &second[0]))?;
         }
     }
-    let placement: BTreeMap<MemberId, usize> =
-        ids.iter().enumerate().map(|(i, m)| (m.clone(), i % place.machines)).collect();
+    let placement: BTreeMap<MemberId, usize> = ids.iter().cloned().zip(machine_of.iter().copied()).collect();
+    // The paper's testbed (model.rs) on the simulator's 13 machines; a cluster's
+    // nodes get the reference machine's costs and direct delays.
+    let paper = model.tissec && place.is_sim();
+    let bed = model::testbed(place.wan);
+    let cpu = |m: &MemberId, c: Costs| if paper { model::cpu_ms(&bed[placement[m]], group, c) } else { model.cpu(c) };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x1ea7_0016);
     let before: BTreeMap<MemberId, (Costs, usize)> = ids
         .iter()
         .map(|m| {
@@ -296,23 +322,22 @@ fn run_once(
         })
         .collect();
     h.reset_paths();
-    let leaver = match protocol {
-        ProtocolId::Str => ids[n / 2].clone(),
-        _ => ids[(seed as usize).wrapping_mul(7919) % n].clone(),
-    };
+    let leaver = ids[leaver_index(protocol, n, &mut rng)].clone();
+    // Where Spread's token is when the event happens (model.rs).
+    let ring = paper.then(|| model::Ring::new(place.wan, (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64));
     match event {
         TimedEvent::Join => h.sim().join(&ids[n - 1..], Some(&ids[0]))?,
         TimedEvent::Leave => h.sim().leave(std::slice::from_ref(&leaver))?,
-        TimedEvent::Partition | TimedEvent::PartitionP1 | TimedEvent::PartitionP2 => {
+        TimedEvent::Partition | TimedEvent::PartitionP1 | TimedEvent::PartitionP2 | TimedEvent::PartitionHalves => {
             h.sim().partition(vec![first.clone(), second.clone()])?
         }
         TimedEvent::Merge => h.sim().merge(&first[0], &second[0])?,
     }
     let index: BTreeMap<MemberId, usize> = ids.iter().enumerate().map(|(i, m)| (m.clone(), i)).collect();
-    let mut sched: Scheduler<Job> =
-        Scheduler::new(ids.iter().map(|m| placement[m]).collect(), vec![CPUS; place.machines]);
+    let cpus = if paper { bed.iter().map(|m| m.cpus).collect() } else { vec![CPUS; place.machines] };
+    let mut sched: Scheduler<Job> = Scheduler::new(machine_of.clone(), cpus);
     let mut installed_at: BTreeMap<MemberId, f64> = BTreeMap::new();
-    let view_at = model.membership(n);
+    let view_at = if paper { model::membership_ms(place.wan, event, n) } else { model.membership(n) };
     // Every member of the new views handled its view at once inside the
     // simulator; each member's CPU does that work when the view arrives.
     // Per member: when it would be done with what it has seen, given unlimited CPUs.
@@ -326,7 +351,7 @@ fn run_once(
     }
     for m in &members {
         let node = h.sim_ref().node(m).expect("member");
-        let work = model.cpu(node.engine.costs() - before[m].0);
+        let work = cpu(m, node.engine.costs() - before[m].0);
         let installed = node.installs.len() > before[m].1;
         ideal.insert(m.clone(), view_at + work);
         if installed {
@@ -338,17 +363,26 @@ fn run_once(
     // Sends `d` at `at` (`ideal`: when it would be sent with unlimited CPUs).
     let send = |h: &Harness, sched: &mut Scheduler<Job>, d: Delivery<Msg>, at: f64, ideal: f64| {
         let Some(view) = h.sim_ref().view_of(&d.from).cloned() else { return };
-        let s_site = place.site(placement[&d.from]);
+        let from = placement[&d.from];
+        let s_site = place.site(from);
         match &d.to {
             Some(r) => {
-                let delay = model.multicast + one_way(s_site, place.site(placement[r]));
-                sched.arrive(index[r], at + delay, Job::Deliver { d, ideal_arrival: ideal + delay });
+                let arrival = |t: f64| match &ring {
+                    Some(ring) => ring.unicast_arrival(from, placement[r], t),
+                    None => t + model.multicast + one_way(s_site, place.site(placement[r])),
+                };
+                let (r, at, ideal) = (index[r], arrival(at), arrival(ideal));
+                sched.arrive(r, at, Job::Deliver { d, ideal_arrival: ideal });
             }
             None => {
                 let far = view.ids().map(|r| one_way(s_site, place.site(placement[r]))).fold(0.0, f64::max);
-                let delay = model.multicast + far;
+                let arrival = |t: f64| match &ring {
+                    Some(ring) => ring.multicast_arrival(from, t),
+                    None => t + model.multicast + far,
+                };
+                let (at, ideal) = (arrival(at), arrival(ideal));
                 for r in view.ids() {
-                    sched.arrive(index[r], at + delay, Job::Deliver { d: d.clone(), ideal_arrival: ideal + delay });
+                    sched.arrive(index[r], at, Job::Deliver { d: d.clone(), ideal_arrival: ideal });
                 }
             }
         }
@@ -369,7 +403,7 @@ fn run_once(
                 };
                 let out = h.sim().deliver_to(&to, &d)?;
                 let node = h.sim_ref().node(&to).expect("member");
-                let work = model.receive + model.cpu(node.engine.costs() - c0);
+                let work = model.receive + cpu(&to, node.engine.costs() - c0);
                 let ideal_end = ideal.get(&to).copied().unwrap_or(0.0).max(ideal_arrival) + work;
                 ideal.insert(to.clone(), ideal_end);
                 let out = out.into_iter().map(|o| Delivery { view: d.view, from: to.clone(), to: o.to, msg: o.msg });
@@ -394,9 +428,22 @@ fn run_once(
         |ms: &[MemberId]| ms.iter().map(|m| installed_at.get(m).copied().unwrap_or(f64::NAN)).fold(0.0, f64::max);
     let total_ms = last_install(&members);
     let bound_ms = ideal_install;
-    let sides_ms = matches!(event, TimedEvent::Partition | TimedEvent::PartitionP1 | TimedEvent::PartitionP2)
+    let sides_ms = matches!(
+        event,
+        TimedEvent::Partition | TimedEvent::PartitionP1 | TimedEvent::PartitionP2 | TimedEvent::PartitionHalves
+    )
         .then(|| [last_install(&first), last_install(&second)]);
     Ok(RunResult { total_ms, bound_ms, sides_ms })
+}
+
+/// Which member (by join order) of `n` leaves. §6.1.2: STR's leaver is the
+/// middle of the chain (the paper tested its average case); anyone else's is
+/// drawn at random, so CKD's controller (the oldest) leaves with probability 1/n.
+fn leaver_index(protocol: ProtocolId, n: usize, rng: &mut impl RngCore) -> usize {
+    match protocol {
+        ProtocolId::Str => n / 2,
+        _ => (rng.next_u64() % n as u64) as usize,
+    }
 }
 
 /// The protocol name of the membership line's points.
@@ -534,7 +581,11 @@ pub fn run(args: EventsArgs) -> Result<()> {
         if args.costs != CostsFrom::Measured {
             bail!("--engine daemon runs on this machine: give --costs measured (its bound uses this machine's costs)");
         }
-        if let Some(&e) = args.events.iter().find(|e| matches!(e, TimedEvent::PartitionP1 | TimedEvent::PartitionP2)) {
+        if let Some(&e) = args
+            .events
+            .iter()
+            .find(|e| matches!(e, TimedEvent::PartitionP1 | TimedEvent::PartitionP2 | TimedEvent::PartitionHalves))
+        {
             bail!(
                 "{} is the simulator's odd/even split (Fig. 13); on the daemon engine a partition splits the \
                  cluster's nodes, and every run after the first repeats the same split: use --events partition",
@@ -643,8 +694,9 @@ fn write_sides(out: &mut impl Write, rows: &[SidesRow], args: &EventsArgs) -> Re
     }
     writeln!(
         out,
-        "\nEach side of a partition, mean virtual ms until its last member has its key (first side: the first n/2 \
-         members, or for partition-p1/p2 the odd-numbered ones (1st, 3rd, …) with the oldest member; second: the rest)."
+        "\nEach side of a partition, mean virtual ms until its last member has its key (first side: the members on \
+         the lower-numbered machines for partition, the first n/2 members for partition-halves, the odd-numbered \
+         ones (1st, 3rd, …) with the oldest member for partition-p1/p2; second: the rest)."
     )?;
     writeln!(out, "{:<5} {:<12} {:>4} | {:>10} {:>10}", "proto", "event", "n", "first", "second")?;
     let mut csv = String::from("protocol,event,n,first_side_ms,second_side_ms\n");
@@ -1012,7 +1064,10 @@ mod tests {
             let cluster = |wan| Placement { machines: 3, wan, second_side_from: Some(2) };
             let (lan, wan) = (bound(cluster(Wan::Lan)), bound(cluster(Wan::Tissec2002)));
             assert!(wan >= lan + one_way(0, 1) - 1e-6, "{event:?}: LAN {lan} ms, WAN {wan} ms");
-            assert_eq!(bound(Placement::sim(Wan::Tissec2002)), bound(Placement::sim(Wan::Lan)), "{event:?}");
+            // On the simulator's testbed Spread's daemons are on all 13 machines
+            // (§6.2.1): even 6 members pay the WAN's membership (≥ 250 ms, Fig. 16).
+            let (sim_lan, sim_wan) = (bound(Placement::sim(Wan::Lan)), bound(Placement::sim(Wan::Tissec2002)));
+            assert!(sim_wan >= sim_lan + 250.0, "{event:?}: LAN {sim_lan} ms, WAN {sim_wan} ms");
         }
     }
 
@@ -1031,6 +1086,44 @@ mod tests {
         assert!((p1.total_ms - p2.total_ms).abs() < 1e-6, "GDH P1 {p1:?}, P2 {p2:?}");
         let sides = p1.sides_ms.expect("a partition has sides");
         assert_eq!(sides[0].max(sides[1]), p1.total_ms, "the point is the slower side");
+    }
+
+    #[test]
+    fn ckds_controller_leaves_about_one_run_in_n() {
+        let n = 10;
+        let controller = (1..=1000u64)
+            .filter(|&seed| {
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x1ea7_0016);
+                leaver_index(ProtocolId::Ckd, n, &mut rng) == 0
+            })
+            .count();
+        assert!((60..=140).contains(&controller), "the controller left in {controller} of 1000 runs");
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        assert_eq!(leaver_index(ProtocolId::Str, n, &mut rng), n / 2);
+    }
+
+    #[test]
+    fn a_partition_between_servers_keeps_each_machine_on_one_side() {
+        let mut h = Harness::new(ProtocolId::Gdh, GroupId::Modp512, SignatureId::Ed25519, 1, Flush::All);
+        let ids = h.add_members(50).unwrap();
+        let place = Placement::sim(Wan::Lan);
+        let mut joiner_machines = std::collections::BTreeSet::new();
+        for seed in 1..=20 {
+            let machine_of = place.machine_of(50, seed);
+            // As many members per machine as round-robin gives, in a seeded order.
+            for m in 0..MACHINES {
+                let k = machine_of.iter().filter(|&&x| x == m).count();
+                assert_eq!(k, 50 / MACHINES + usize::from(m < 50 % MACHINES), "seed {seed} machine {m}");
+            }
+            joiner_machines.insert(machine_of[49]);
+            let (a, b) = place.sides(&ids, &machine_of);
+            assert!((24..=26).contains(&a.len()) && a.len() + b.len() == 50, "{} + {}", a.len(), b.len());
+            let machine = |m: &MemberId| machine_of[ids.iter().position(|x| x == m).unwrap()];
+            for x in &a {
+                assert!(b.iter().all(|y| machine(y) != machine(x)), "seed {seed}: machine {} on both sides", machine(x));
+            }
+        }
+        assert!(joiner_machines.len() > 5, "the joiner's machine is drawn from the seed: {joiner_machines:?}");
     }
 
     #[test]
