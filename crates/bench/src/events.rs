@@ -97,6 +97,9 @@ pub struct EventsArgs {
     /// First seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Charts with a logarithmic time axis (default: linear, as the paper's figures).
+    #[arg(long)]
+    log_y: bool,
     /// Write events.csv, events.json and one chart per event (SVG and PNG) into
     /// this directory; with the MLS peer also mls.csv and mls.json.
     #[arg(long)]
@@ -1012,8 +1015,16 @@ fn write_outputs(
         if !membership.is_empty() {
             series.push(super::chart::Series { name: MEMBERSHIP.into(), points: membership });
         }
-        let title = format!("{name}: {} / {:?} costs / {:?} network", args.suite, args.costs, args.wan);
-        super::chart::line_chart(&dir.join(format!("{name}.svg")), &title, "group size", "time (ms)", &series)?;
+        let value = |v: Option<clap::builder::PossibleValue>| v.map_or(String::new(), |v| v.get_name().to_string());
+        let title = format!(
+            "{name}: --suite {} --costs {} --wan {} ({} runs per point)",
+            args.suite,
+            value(args.costs.to_possible_value()),
+            value(args.wan.to_possible_value()),
+            args.runs
+        );
+        let (svg, x, y) = (dir.join(format!("{name}.svg")), "group size n", "time until every member has the key (ms)");
+        super::chart::line_chart(&svg, &title, x, y, &series, args.log_y)?;
     }
     Ok(())
 }
@@ -1131,9 +1142,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let svg = dir.path().join("join.svg");
         let series = [super::super::chart::Series { name: "TGDH".into(), points: vec![(2.0, 1.0), (10.0, 3.0)] }];
-        super::super::chart::line_chart(&svg, "join", "group size", "time (ms)", &series).unwrap();
+        for log_y in [false, true] {
+            super::super::chart::line_chart(&svg, "join", "group size", "time (ms)", &series, log_y).unwrap();
+        }
         let png = std::fs::read(dir.path().join("join.png")).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        // PNG header: width and height, big-endian, at bytes 16..24.
+        let (w, h) = (u32::from_be_bytes(png[16..20].try_into().unwrap()), u32::from_be_bytes(png[20..24].try_into().unwrap()));
+        assert!(w >= 1200 && h >= 800, "{w}×{h}");
         assert!(png.len() > 5_000, "a chart with text and lines, not an empty image");
     }
 }
