@@ -5,7 +5,7 @@ Every criterion below was written down before the runs it judges (see the
 git history: this file is committed before docs/figures/tissec-*/ were
 regenerated). Run from the repository root after regenerating the figures:
 
-    python3 docs/figures/tissec-findings.py
+    python3 docs/figures/tissec-findings.py [DIR]
 
 It prints one Markdown row per statement: where in §6, what the paper says,
 the criterion, the numbers it used, and whether the data agree.
@@ -15,7 +15,8 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+# The directory holding tissec-lan-512/ etc. (default: this one).
+ROOT = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent
 PROTOS = ["gdh", "ckd", "tgdh", "str", "bd"]
 
 
