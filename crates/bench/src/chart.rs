@@ -73,7 +73,14 @@ pub const SIZE: (u32, u32) = (1200, 800);
 /// paper's figures; with `log_y` the time axis is logarithmic (for sweeps
 /// where the slowest protocol flattens the others). Every series has its own
 /// colour and marker shape, in the legend too.
-pub fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series], log_y: bool) -> Result<()> {
+pub fn line_chart(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    log_y: bool,
+) -> Result<()> {
     let x_max = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).fold(1.0, f64::max);
     let ys = || series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).filter(|y| *y > 0.0);
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
@@ -119,13 +126,17 @@ pub fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series
                                     + PathElement::new(vec![(0, 0), (24, 0)], color.stroke_width(2))
                                     + mk((12, 0))
                             });
-                        chart.draw_series(pts.map(move |p| EmptyElement::at(p) + mk((0, 0)))).map_err(|e| anyhow!("{e}"))?;
+                        chart
+                            .draw_series(pts.map(move |p| EmptyElement::at(p) + mk((0, 0))))
+                            .map_err(|e| anyhow!("{e}"))?;
                     }};
                 }
                 match i % 5 {
                     0 => with_marker!(move |c: (i32, i32)| Circle::new(c, 5, style)),
                     1 => with_marker!(move |c: (i32, i32)| TriangleMarker::new(c, 7, style)),
-                    2 => with_marker!(move |(x, y): (i32, i32)| Rectangle::new([(x - 5, y - 5), (x + 5, y + 5)], style)),
+                    2 => {
+                        with_marker!(move |(x, y): (i32, i32)| Rectangle::new([(x - 5, y - 5), (x + 5, y + 5)], style))
+                    }
                     3 => with_marker!(move |c: (i32, i32)| Cross::new(c, 6, color.stroke_width(3))),
                     _ => with_marker!(move |(x, y): (i32, i32)| Polygon::new(
                         vec![(x, y - 7), (x + 7, y), (x, y + 7), (x - 7, y)],
@@ -146,7 +157,10 @@ pub fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series
     if log_y {
         let y_max = ys().fold(1.0, f64::max) * 1.5;
         let y_min = ys().fold(y_max, f64::min) / 1.5;
-        draw!(builder(&root).build_cartesian_2d(0.0..x_max * 1.02, (y_min..y_max).log_scale()), format!("{y_label}, log scale"));
+        draw!(
+            builder(&root).build_cartesian_2d(0.0..x_max * 1.02, (y_min..y_max).log_scale()),
+            format!("{y_label}, log scale")
+        );
     } else {
         let y_max = ys().fold(0.0, f64::max) * 1.08;
         draw!(builder(&root).build_cartesian_2d(0.0..x_max * 1.02, 0.0..y_max.max(1e-3)), y_label.to_string());

@@ -354,9 +354,12 @@ mod readme_tests {
                     };
                     let row = measure(Job { protocol, event, n, m, p }, group, scheme, signature_len, 1).unwrap();
                     let paper = paper::counts(protocol, event, n as u64, m as u64, p as u64);
-                    let columns: [(&str, Vec<(u64, Option<u64>)>); 5] = [
+                    let columns = [
                         ("rounds", vec![(row.rounds, paper.rounds)]),
-                        ("unicast / broadcast", vec![(row.unicasts, paper.unicasts), (row.broadcasts, paper.broadcasts)]),
+                        (
+                            "unicast / broadcast",
+                            vec![(row.unicasts, paper.unicasts), (row.broadcasts, paper.broadcasts)],
+                        ),
                         ("serial exps", vec![(row.exps_serial, paper.exps)]),
                         ("sigs", vec![(row.sigs_serial, paper.sigs)]),
                         ("verifs", vec![(row.verifs_serial, paper.verifs)]),

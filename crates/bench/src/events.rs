@@ -52,9 +52,9 @@ use crate::crypto;
 
 pub(crate) mod model;
 mod sched;
-use sched::Scheduler;
 use crate::scenario::{halves, odd_even, one_way, site, Placement, TimedEvent, Wan, MACHINES};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
+use sched::Scheduler;
 
 /// Which per-operation costs to charge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -435,7 +435,7 @@ fn run_once(
         event,
         TimedEvent::Partition | TimedEvent::PartitionP1 | TimedEvent::PartitionP2 | TimedEvent::PartitionHalves
     )
-        .then(|| [last_install(&first), last_install(&second)]);
+    .then(|| [last_install(&first), last_install(&second)]);
     Ok(RunResult { total_ms, bound_ms, sides_ms })
 }
 
@@ -1131,7 +1131,11 @@ mod tests {
             assert!((24..=26).contains(&a.len()) && a.len() + b.len() == 50, "{} + {}", a.len(), b.len());
             let machine = |m: &MemberId| machine_of[ids.iter().position(|x| x == m).unwrap()];
             for x in &a {
-                assert!(b.iter().all(|y| machine(y) != machine(x)), "seed {seed}: machine {} on both sides", machine(x));
+                assert!(
+                    b.iter().all(|y| machine(y) != machine(x)),
+                    "seed {seed}: machine {} on both sides",
+                    machine(x)
+                );
             }
         }
         assert!(joiner_machines.len() > 5, "the joiner's machine is drawn from the seed: {joiner_machines:?}");
@@ -1148,7 +1152,8 @@ mod tests {
         let png = std::fs::read(dir.path().join("join.png")).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
         // PNG header: width and height, big-endian, at bytes 16..24.
-        let (w, h) = (u32::from_be_bytes(png[16..20].try_into().unwrap()), u32::from_be_bytes(png[20..24].try_into().unwrap()));
+        let (w, h) =
+            (u32::from_be_bytes(png[16..20].try_into().unwrap()), u32::from_be_bytes(png[20..24].try_into().unwrap()));
         assert!(w >= 1200 && h >= 800, "{w}×{h}");
         assert!(png.len() > 5_000, "a chart with text and lines, not an empty image");
     }

@@ -14,9 +14,9 @@
 //! on each other for it.
 
 use clap::ValueEnum;
+use conclave_gcs::MemberId;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use conclave_gcs::MemberId;
 use serde::Serialize;
 
 /// Membership events of `bench counts` (and of the TISSEC paper's Tables I

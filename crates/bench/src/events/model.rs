@@ -237,8 +237,8 @@ pub fn round_ms(wan: Wan, n: usize, senders: usize, phases: usize) -> f64 {
         let ring = Ring::new(wan, p as f64 / phases as f64);
         let machine_of: Vec<usize> = (0..n).map(|i| i % MACHINES).collect();
         let mut sched = Scheduler::new(machine_of.clone(), bed.iter().map(|m| m.cpus).collect());
-        for s in 0..senders {
-            let at = ring.multicast_arrival(machine_of[s], 0.0);
+        for &machine in &machine_of[..senders] {
+            let at = ring.multicast_arrival(machine, 0.0);
             for r in 0..n {
                 sched.arrive(r, at, ());
             }

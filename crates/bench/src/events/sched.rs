@@ -190,7 +190,9 @@ mod tests {
     fn check(machine_of: &[usize], cpus: &[usize], jobs: &[Job], t: &[(f64, f64)]) {
         let eps = 1e-6;
         let running_at = |machine: usize, at: f64| {
-            (0..jobs.len()).filter(|&k| machine_of[jobs[k].member] == machine && t[k].0 <= at + eps && at + eps < t[k].1).count()
+            (0..jobs.len())
+                .filter(|&k| machine_of[jobs[k].member] == machine && t[k].0 <= at + eps && at + eps < t[k].1)
+                .count()
         };
         for (j, job) in jobs.iter().enumerate() {
             let (start, end) = t[j];
@@ -198,14 +200,14 @@ mod tests {
             let mine: Vec<usize> = (0..jobs.len()).filter(|&k| jobs[k].member == job.member).collect();
             for &k in &mine {
                 if k != j {
-                    assert!(t[k].1 <= start + eps || t[k].0 >= end - eps, "member {} runs jobs {j} and {k} at once", job.member);
+                    assert!(
+                        t[k].1 <= start + eps || t[k].0 >= end - eps,
+                        "member {} runs jobs {j} and {k} at once",
+                        job.member
+                    );
                 }
             }
-            let ready = mine
-                .iter()
-                .filter(|&&k| (jobs[k].at, k) < (job.at, j))
-                .map(|&k| t[k].1)
-                .fold(job.at, f64::max);
+            let ready = mine.iter().filter(|&&k| (jobs[k].at, k) < (job.at, j)).map(|&k| t[k].1).fold(job.at, f64::max);
             let machine = machine_of[job.member];
             let mut points: Vec<f64> = vec![ready];
             points.extend(t.iter().flat_map(|&(s, e)| [s, e]).filter(|&p| p > ready && p < start - eps));
