@@ -702,16 +702,15 @@ fn write_sides(out: &mut impl Write, rows: &[SidesRow], args: &EventsArgs) -> Re
          ones (1st, 3rd, …) with the oldest member for partition-p1/p2; second: the rest)."
     )?;
     writeln!(out, "{:<5} {:<12} {:>4} | {:>10} {:>10}", "proto", "event", "n", "first", "second")?;
-    let mut csv = String::from("protocol,event,n,first_side_ms,second_side_ms\n");
+    let mut records = vec![csv_record(["protocol", "event", "n", "first_side_ms", "second_side_ms"])];
     for r in rows {
         let event = event_name(r.event);
         writeln!(out, "{:<5} {:<12} {:>4} | {:>10.2} {:>10.2}", r.protocol, event, r.n, r.first_ms, r.second_ms)?;
-        csv += &format!("{},{event},{},{:.3},{:.3}\n", r.protocol, r.n, r.first_ms, r.second_ms);
+        records.push(vec![r.protocol.into(), event, r.n.to_string(), ms3(r.first_ms), ms3(r.second_ms)]);
     }
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        std::fs::write(dir.join("sides.csv"), csv)
-            .with_context(|| format!("writing {}", dir.join("sides.csv").display()))?;
+        write_csv(&dir.join("sides.csv"), &records)?;
     }
     Ok(())
 }
@@ -940,6 +939,26 @@ fn progress_bar(len: u64) -> indicatif::ProgressBar {
     bar
 }
 
+/// A value in ms (or a ratio) as the CSV files give it: 3 decimals.
+fn ms3(v: f64) -> String {
+    format!("{v:.3}")
+}
+
+/// A header row.
+fn csv_record<const N: usize>(fields: [&str; N]) -> Vec<String> {
+    fields.iter().map(|f| f.to_string()).collect()
+}
+
+/// Writes `records` (the header first) to `path` with the `csv` crate.
+fn write_csv(path: &std::path::Path, records: &[Vec<String>]) -> Result<()> {
+    let mut w = csv::Writer::from_path(path).with_context(|| format!("writing {}", path.display()))?;
+    for r in records {
+        w.write_record(r).with_context(|| format!("writing {}", path.display()))?;
+    }
+    w.flush().with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
 fn write_outputs(
     dir: &std::path::Path,
     points: &[Point],
@@ -950,44 +969,51 @@ fn write_outputs(
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     if !peer_rows.is_empty() {
         std::fs::write(dir.join("mls.json"), serde_json::to_string_pretty(peer_rows)?)?;
-        let mut csv = String::from("event,n,commit_ms,max_receive_ms,timed,receivers,network_ms,total_ms\n");
+        let mut records = vec![csv_record([
+            "event",
+            "n",
+            "commit_ms",
+            "max_receive_ms",
+            "timed",
+            "receivers",
+            "network_ms",
+            "total_ms",
+        ])];
         for row in peer_rows {
             for (event, t) in [(TimedEvent::Join, row.join), (TimedEvent::Leave, row.leave)] {
                 let total = mls_total(row, event, model, args.wan).expect("join or leave");
-                csv += &format!(
-                    "{},{},{:.3},{:.3},{},{},{:.3},{:.3}\n",
+                records.push(vec![
                     event_name(event),
-                    row.n,
-                    t.commit_ms,
-                    t.max_receive_ms,
-                    t.timed,
-                    t.receivers,
-                    one_round_network_ms(model, args.wan, row.n),
-                    total
-                );
+                    row.n.to_string(),
+                    ms3(t.commit_ms),
+                    ms3(t.max_receive_ms),
+                    t.timed.to_string(),
+                    t.receivers.to_string(),
+                    ms3(one_round_network_ms(model, args.wan, row.n)),
+                    ms3(total),
+                ]);
             }
         }
-        std::fs::write(dir.join("mls.csv"), csv)?;
+        write_csv(&dir.join("mls.csv"), &records)?;
     }
     std::fs::write(dir.join("events.json"), serde_json::to_string_pretty(points)?)?;
-    let mut csv = String::from("protocol,event,n,mean_ms,p50_ms,p95_ms,bound_ms,ratio_to_bound\n");
+    let mut records =
+        vec![csv_record(["protocol", "event", "n", "mean_ms", "p50_ms", "p95_ms", "bound_ms", "ratio_to_bound"])];
     // The membership line has no bound: empty fields.
-    let or_empty = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+    let or_empty = |v: Option<f64>| v.map_or(String::new(), ms3);
     for p in points {
-        let event = event_name(p.event);
-        csv += &format!(
-            "{},{},{},{:.3},{:.3},{:.3},{},{}\n",
-            p.protocol,
-            event,
-            p.n,
-            p.mean_ms,
-            p.p50_ms,
-            p.p95_ms,
+        records.push(vec![
+            p.protocol.clone(),
+            event_name(p.event),
+            p.n.to_string(),
+            ms3(p.mean_ms),
+            ms3(p.p50_ms),
+            ms3(p.p95_ms),
             or_empty(p.bound_ms),
-            or_empty(p.ratio_to_bound)
-        );
+            or_empty(p.ratio_to_bound),
+        ]);
     }
-    std::fs::write(dir.join("events.csv"), csv)?;
+    write_csv(&dir.join("events.csv"), &records)?;
     for &event in &args.events {
         let name = event_name(event);
         let mut series = Vec::new();
@@ -1139,6 +1165,18 @@ mod tests {
             }
         }
         assert!(joiner_machines.len() > 5, "the joiner's machine is drawn from the seed: {joiner_machines:?}");
+    }
+
+    #[test]
+    fn csv_files_are_written_with_a_header_and_quoted_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.csv");
+        let records = vec![csv_record(["protocol", "note"]), vec!["gdh".into(), "a, b".into()]];
+        write_csv(&path, &records).unwrap();
+        let mut r = csv::Reader::from_path(&path).unwrap();
+        assert_eq!(r.headers().unwrap(), vec!["protocol", "note"]);
+        let row = r.records().next().unwrap().unwrap();
+        assert_eq!(&row[1], "a, b", "a comma inside a field stays one field");
     }
 
     #[test]
