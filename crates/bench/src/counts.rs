@@ -295,3 +295,99 @@ pub fn run(args: CountsArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod readme_tests {
+    use super::*;
+
+    /// The README's "Measured against Tables I and II" table, as (protocol,
+    /// events, cells of rounds, unicast / broadcast, serial exps, sigs, verifs).
+    fn readme_rows() -> Vec<(ProtocolId, Vec<Event>, Vec<String>)> {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+        let start = readme.find("### Measured against Tables I and II").expect("the README's count section");
+        let mut rows = Vec::new();
+        for line in readme[start..].lines().skip_while(|l| !l.starts_with("| protocol / event")).skip(2) {
+            if !line.starts_with('|') {
+                break;
+            }
+            let cells: Vec<String> = line.trim_matches('|').split('|').map(|c| c.trim().to_string()).collect();
+            let (proto, events) = cells[0].split_once(' ').expect("protocol and events");
+            let protocol = match proto {
+                "GDH" => ProtocolId::Gdh,
+                "CKD" => ProtocolId::Ckd,
+                "TGDH" => ProtocolId::Tgdh,
+                "STR" => ProtocolId::Str,
+                "BD" => ProtocolId::Bd,
+                other => panic!("unknown protocol {other:?} in the README's count table"),
+            };
+            let events = events
+                .split(", ")
+                .map(|e| match e {
+                    "join" => Event::Join,
+                    "leave" => Event::Leave,
+                    "merge" => Event::Merge,
+                    "partition" => Event::Partition,
+                    "controller leaves" => Event::ControllerLeave,
+                    other => panic!("unknown event {other:?} in the README's count table"),
+                })
+                .collect();
+            rows.push((protocol, events, cells[1..].to_vec()));
+        }
+        assert!(rows.len() >= 15, "the README's count table: {} rows", rows.len());
+        rows
+    }
+
+    #[test]
+    fn the_readmes_count_table_says_what_bench_counts_prints() {
+        // As the README's table was measured: ristretto255, Ed25519, n = 5 and 13, m = 3, p = 3.
+        let (group, scheme) = (GroupId::Ristretto255, SignatureId::Ed25519);
+        let mut rng = <rand_chacha::ChaCha20Rng as rand_core::SeedableRng>::seed_from_u64(1);
+        let signature_len = conclave_gka::suite::generate_signer(scheme, &mut rng).unwrap().sign(b"").len();
+        let mut checked = 0;
+        for (protocol, events, cells) in readme_rows() {
+            for event in events {
+                for n in [5usize, 13] {
+                    let (m, p) = match event {
+                        Event::Merge => (3, 0),
+                        Event::Partition => (0, 3),
+                        _ => (0, 0),
+                    };
+                    let row = measure(Job { protocol, event, n, m, p }, group, scheme, signature_len, 1).unwrap();
+                    let paper = paper::counts(protocol, event, n as u64, m as u64, p as u64);
+                    let columns = [
+                        ("rounds", vec![(row.rounds, paper.rounds)]),
+                        (
+                            "unicast / broadcast",
+                            vec![(row.unicasts, paper.unicasts), (row.broadcasts, paper.broadcasts)],
+                        ),
+                        ("serial exps", vec![(row.exps_serial, paper.exps)]),
+                        ("sigs", vec![(row.sigs_serial, paper.sigs)]),
+                        ("verifs", vec![(row.verifs_serial, paper.verifs)]),
+                    ];
+                    for ((name, pairs), cell) in columns.iter().zip(&cells) {
+                        // "A =" or "A = (remark)": the entry equals the paper's.
+                        let says_equal = cell.ends_with('=') || cell.contains("= (");
+                        let says_differs = cell.contains("(paper ") || cell.starts_with("paper");
+                        // The README's own exception: "(2 when 2 members remain)".
+                        let remain = if event == Event::Partition { n - p } else { n };
+                        if cell.contains("when 2 members remain") && remain == 2 {
+                            continue;
+                        }
+                        for &(measured, paper) in pairs {
+                            let Some(paper) = paper else { continue };
+                            let what = format!("{protocol} {event:?} n={n}: README {name} {cell:?}, measured {measured}, paper {paper}");
+                            if says_equal {
+                                assert_eq!(measured, paper, "{what}");
+                                checked += 1;
+                            } else if says_differs && pairs.len() == 1 {
+                                assert_ne!(measured, paper, "{what}");
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 100, "only {checked} README cells checked");
+    }
+}

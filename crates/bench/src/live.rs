@@ -597,8 +597,8 @@ async fn point<K: Kind>(
                 let (split, merged) = net.partition_and_merge(&mut group, n).await?;
                 times.push(if event == TimedEvent::Partition { split } else { merged });
             }
-            TimedEvent::PartitionP1 | TimedEvent::PartitionP2 => {
-                bail!("the odd/even split of Fig. 13 runs on the simulator only")
+            TimedEvent::PartitionP1 | TimedEvent::PartitionP2 | TimedEvent::PartitionHalves => {
+                bail!("the member-order splits (Fig. 13's odd/even, the first/last halves) run on the simulator only")
             }
         }
     }

@@ -49,10 +49,14 @@ pub fn counts(protocol: ProtocolId, event: Event, n: u64, m: u64, p: u64) -> Pap
         (Ckd, Merge) => row(3, m, 2, Some(n + 2 * m), 3, m + 2),
         (Ckd, Partition) => row(1, 0, 1, Some(n - p - 1), 1, 1),
         // Table I's row is garbled in our copy of the paper; Table II gives
-        // 2n-3 exponentiations and n verifications.
-        (Ckd, ControllerLeave) => {
-            PaperRow { rounds: Some(3), exps: Some(2 * n - 3), verifs: Some(n), ..Default::default() }
-        }
+        // 2n-3 exponentiations, 2n-2 signatures and n verifications.
+        (Ckd, ControllerLeave) => PaperRow {
+            rounds: Some(3),
+            exps: Some(2 * n - 3),
+            sigs: Some(2 * n - 2),
+            verifs: Some(n),
+            ..Default::default()
+        },
         (_, ControllerLeave) => PaperRow::default(),
     }
 }

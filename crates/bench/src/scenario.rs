@@ -15,6 +15,8 @@
 
 use clap::ValueEnum;
 use conclave_gcs::MemberId;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 /// Membership events of `bench counts` (and of the TISSEC paper's Tables I
@@ -51,10 +53,15 @@ pub enum TimedEvent {
     Join,
     /// A random member of n leaves (STR: the middle member of the chain).
     Leave,
-    /// A group of n splits into two halves.
+    /// A group of n splits into two sides of about n/2 members along a
+    /// partition between the servers (§6.1.5: "a network partition between
+    /// the servers"): the members of one machine stay on one side.
     Partition,
-    /// Two halves of n merge back.
+    /// The two sides of `partition` merge back.
     Merge,
+    /// The earlier scenario, kept for comparison: the first n/2 members (in
+    /// join order) split from the last n/2, whatever machines they are on.
+    PartitionHalves,
     /// Fig. 13's first partition P1: the odd-numbered members (in join order:
     /// 1st, 3rd, …, so the oldest) split from the even-numbered ones, which
     /// cuts across every tree.
@@ -80,9 +87,11 @@ pub(crate) fn site(machine: usize, wan: Wan) -> usize {
     Placement::sim(wan).site(machine)
 }
 
-/// Where a run's members sit: member i on machine i mod `machines`, the
-/// machines on the sites of `wan`, and which members a partition puts on
-/// its second side.
+/// Where a run's members sit: on the simulator's testbed round-robin over the
+/// machines in an order drawn from the run's seed (so the joiner, and every
+/// member, is on a random machine, as many members per machine as
+/// round-robin gives); on a cluster member i on node i mod `machines`. The
+/// machines are on the sites of `wan`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Placement {
     /// Machines (the sim's 13, or a cluster's nodes).
@@ -91,7 +100,7 @@ pub(crate) struct Placement {
     /// and third sites, the rest at the first.
     pub wan: Wan,
     /// A partition's second side is the members on machines from this one
-    /// on; `None`: the sim's halves (the first and last n/2 members).
+    /// on; `None`: the simulator's testbed (see [`Placement::sides`]).
     pub second_side_from: Option<usize>,
 }
 
@@ -109,20 +118,52 @@ impl Placement {
         }
     }
 
-    /// The two sides of a partition of `ids`.
-    pub fn sides(&self, ids: &[MemberId]) -> (Vec<MemberId>, Vec<MemberId>) {
-        match self.second_side_from {
-            None => (ids[..ids.len() / 2].to_vec(), ids[ids.len() / 2..].to_vec()),
-            Some(from) => {
-                let (second, first): (Vec<_>, Vec<_>) =
-                    ids.iter().enumerate().partition(|(i, _)| i % self.machines >= from);
-                (
-                    first.into_iter().map(|(_, m)| m.clone()).collect(),
-                    second.into_iter().map(|(_, m)| m.clone()).collect(),
-                )
-            }
-        }
+    /// Whether this is the simulator's testbed (not a cluster's nodes).
+    pub fn is_sim(&self) -> bool {
+        self.second_side_from.is_none()
     }
+
+    /// The machine of each of `n` members (by join order), for the run of `seed`.
+    pub fn machine_of(&self, n: usize, seed: u64) -> Vec<usize> {
+        if !self.is_sim() {
+            return (0..n).map(|i| i % self.machines).collect();
+        }
+        // Round-robin over a seeded shuffle of the members.
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_0016);
+        let mut order: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+        }
+        let mut machine_of = vec![0; n];
+        for (slot, &member) in order.iter().enumerate() {
+            machine_of[member] = slot % self.machines;
+        }
+        machine_of
+    }
+
+    /// The two sides of a partition of `ids` (on machines `machine_of`): a
+    /// cluster's nodes before and from `second_side_from`; on the simulator a
+    /// partition between servers, the machines below k against the rest,
+    /// k chosen so that the first side is as close to n/2 members as the
+    /// machines allow.
+    pub fn sides(&self, ids: &[MemberId], machine_of: &[usize]) -> (Vec<MemberId>, Vec<MemberId>) {
+        let from = self.second_side_from.unwrap_or_else(|| {
+            let half = ids.len() as f64 / 2.0;
+            (1..self.machines)
+                .min_by(|&a, &b| {
+                    let off = |k: usize| (machine_of.iter().filter(|&&m| m < k).count() as f64 - half).abs();
+                    off(a).total_cmp(&off(b))
+                })
+                .unwrap_or(1)
+        });
+        let (second, first): (Vec<_>, Vec<_>) = ids.iter().zip(machine_of).partition(|(_, &m)| m >= from);
+        (first.into_iter().map(|(m, _)| m.clone()).collect(), second.into_iter().map(|(m, _)| m.clone()).collect())
+    }
+}
+
+/// The earlier partition scenario: the first n/2 members (join order) and the rest.
+pub(crate) fn halves(ids: &[MemberId]) -> (Vec<MemberId>, Vec<MemberId>) {
+    (ids[..ids.len() / 2].to_vec(), ids[ids.len() / 2..].to_vec())
 }
 
 /// Fig. 13's sides: the odd-numbered members (1st, 3rd, … in join order) and
@@ -138,6 +179,7 @@ pub(crate) const SITES: [&str; 3] = ["JHU", "UCI", "ICU"];
 
 /// One-way delay between two sites of the WAN, in ms (half the round trip).
 pub(crate) fn one_way(a: usize, b: usize) -> f64 {
-    const RTT: [[f64; 3]; 3] = [[0.0, 70.0, 300.0], [70.0, 0.0, 270.0], [300.0, 270.0, 0.0]];
+    // §6.2.1: "JHU - UCI 70, UCI - ICU 300 and ICU - JHU 270" (ping round trips, ms).
+    const RTT: [[f64; 3]; 3] = [[0.0, 70.0, 270.0], [70.0, 0.0, 300.0], [270.0, 300.0, 0.0]];
     RTT[a][b] / 2.0
 }
