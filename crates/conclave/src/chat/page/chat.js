@@ -29,12 +29,14 @@
     const time = el("time", "time", clock(e.time_ms));
     time.dateTime = new Date(e.time_ms).toISOString();
     row.appendChild(time);
+    row.appendChild(document.createTextNode(" "));
     if (e.kind === "message") {
       if (e.mine) row.classList.add("mine");
       row.appendChild(el("span", "sender", e.sender));
+      row.appendChild(document.createTextNode(": "));
       row.appendChild(el("span", "text", e.text));
     } else {
-      row.appendChild(el("span", "text", e.text));
+      row.appendChild(el("span", "text", (e.kind === "warning" ? "! " : "* ") + e.text));
     }
     log.appendChild(row);
   }
