@@ -28,7 +28,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -94,7 +94,7 @@ impl Guard {
     pub fn new(token: String, addr: SocketAddr) -> Guard {
         let port = addr.port();
         let mut hosts = vec![format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("[::1]:{port}")];
-        if !addr.ip().is_loopback() && !addr.ip().is_unspecified() {
+        if !addr.ip().is_unspecified() && !hosts.contains(&addr.to_string()) {
             hosts.push(addr.to_string());
         }
         Guard { token, addr, hosts }
@@ -102,10 +102,10 @@ impl Guard {
 
     /// The URL to print.
     pub fn url(&self) -> String {
-        let host = if self.addr.ip().is_unspecified() || self.addr.ip().is_loopback() {
-            format!("127.0.0.1:{}", self.addr.port())
-        } else {
-            self.addr.to_string()
+        let host = match self.addr.ip() {
+            ip if ip.is_unspecified() && ip.is_ipv4() => format!("127.0.0.1:{}", self.addr.port()),
+            ip if ip.is_unspecified() => format!("[::1]:{}", self.addr.port()),
+            _ => self.addr.to_string(),
         };
         format!("http://{host}/?token={}", self.token)
     }
@@ -121,8 +121,7 @@ impl Guard {
     }
 
     /// Checks a request's Host, Origin and token.
-    pub fn check(&self, method: &Method, headers: &HeaderMap, query: Option<&str>) -> Result<(), Refusal> {
-        let _ = method;
+    pub fn check(&self, headers: &HeaderMap, query: Option<&str>) -> Result<(), Refusal> {
         let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).ok_or(Refusal::NoHost)?;
         if !self.host_ok(host) {
             return Err(Refusal::ForeignHost);
@@ -246,7 +245,7 @@ fn router(shared: Arc<Shared>) -> Router {
 
 /// Every request: Host, Origin and token first, then the security headers.
 async fn guard(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
-    let mut res = match s.guard.check(req.method(), req.headers(), req.uri().query()) {
+    let mut res = match s.guard.check(req.headers(), req.uri().query()) {
         Ok(()) => next.run(req).await,
         Err(r) => r.response(),
     };
@@ -505,6 +504,19 @@ mod tests {
         assert!(!SCRIPT.contains("document.write") && !SCRIPT.contains("eval("));
         assert!(SCRIPT.contains("textContent"));
         assert!(!PAGE.contains("<script>"), "no inline script (the CSP forbids it)");
+    }
+
+    #[test]
+    fn urls_and_hosts_follow_the_bound_address() {
+        let g = Guard::new("t".into(), "127.0.0.2:8080".parse().unwrap());
+        assert_eq!(g.url(), "http://127.0.0.2:8080/?token=t");
+        assert!(g.host_ok("127.0.0.2:8080") && g.host_ok("LOCALHOST:8080") && !g.host_ok("127.0.0.2:8081"));
+        let g = Guard::new("t".into(), "[::1]:8080".parse().unwrap());
+        assert_eq!(g.url(), "http://[::1]:8080/?token=t");
+        let g = Guard::new("t".into(), "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(g.url(), "http://127.0.0.1:8080/?token=t");
+        assert!(g.host_ok("192.0.2.7:8080"), "bound to all: IP literals with our port");
+        assert!(!g.host_ok("attacker.example:8080") && !g.host_ok("192.0.2.7:80"), "never a name");
     }
 
     #[test]
