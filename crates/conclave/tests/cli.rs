@@ -553,3 +553,22 @@ fn keys_make_everything_a_certifying_tls_daemon_needs() {
     assert!(!status.success(), "a revoked member got in: {err}");
     assert!(err.contains("cannot connect") && err.contains("CertificateRevoked"), "{err}");
 }
+
+#[test]
+fn chat_web_refuses_bad_addresses_clearly() {
+    let keys = tempfile::tempdir().unwrap();
+    let chat = |extra: &[&str]| {
+        let mut c = conclave();
+        c.args(["chat", "--name", "alice", "--group", "room", "--keys"]).arg(keys.path()).args(extra);
+        run(&mut c)
+    };
+    let (status, _, err) = chat(&["--web", "localhost"]);
+    assert!(!status.success() && err.contains("not an IP:PORT address"), "{err}");
+    let (status, _, err) = chat(&["--open"]);
+    assert!(!status.success() && err.contains("--web"), "--open needs --web: {err}");
+    // An address this machine does not have: refused before the daemon is tried.
+    let (status, _, err) = chat(&["--web", "192.0.2.1:0", "--unix", "/nonexistent/conclave.sock"]);
+    assert!(!status.success() && err.contains("cannot serve the chat page on 192.0.2.1:0"), "{err}");
+    let (status, out, _) = run(conclave().args(["chat", "--help"]));
+    assert!(status.success() && out.contains("--web [<ADDR>]") && out.contains("--open"), "{out}");
+}

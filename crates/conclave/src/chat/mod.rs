@@ -1,12 +1,20 @@
-//! `conclave chat`: a secure chat room in the terminal.
+//! `conclave chat`: a secure chat room in the terminal, or in the browser
+//! (`--web`).
 //!
 //! One [`Session`](conclave_secure::Session) to the daemon, one group: a
 //! message pane (`sender: text`, with `*` system lines for joins, leaves and
-//! rekeys and `!` lines for rejected messages and errors), a side panel with
-//! the secure view's members, epoch, protocol and key fingerprint, a status
-//! line that each rekey updates (`rekey to epoch E (protocol) in X ms, N
-//! members`) and an input line. Commands: `/who`, `/leave`, `/join`, `/quit`
-//! (Esc and Ctrl-C quit too).
+//! rekeys and `!` lines for refusals, rejected messages and errors), a side
+//! panel with the secure view's members, epoch, protocol and key fingerprint
+//! (or "waiting for key" / "standing aside" while this member holds none), a
+//! status line that each rekey updates (`rekey to epoch E (protocol) in X ms,
+//! N members`) and an input line with history (Up/Down). Commands: `/who`,
+//! `/leave`, `/join`, `/quit` (and Ctrl-C; Esc does not quit).
+//!
+//! [`model`] holds what a Chatter shows and how events and typed lines change
+//! it; [`drive`] runs one session against a [`Front`]: the terminal screen
+//! ([`ui`], ratatui: scrollback with PgUp/PgDn and the mouse wheel, cursor
+//! movement with tui-input) or the web page ([`web`], axum, guarded by a
+//! per-run token and Host/Origin checks).
 //!
 //! # Identities and trust
 //!
@@ -18,20 +26,24 @@
 //! one on first run, and a member without a certificate gets one when the
 //! directory holds the authority's key; chat says so on stderr.
 
+mod model;
 mod ui;
+pub mod web;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
-use conclave_secure::{MemberId, Policy, ProtocolId, SecureEvent, SecureViewInfo, Session};
-use crossterm::event::{Event, EventStream, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use conclave_secure::{MemberId, Policy, ProtocolId, Session};
+use crossterm::event::{DisableMouseCapture, EnableMouseCapture, Event, EventStream, KeyEventKind};
 use futures_util::StreamExt;
 use ratatui::DefaultTerminal;
 
 use crate::client::Endpoint;
-use ui::{App, Entry};
+use model::{Chat, Flow};
+use ui::{Action, Screen};
 
 /// Options of `conclave chat`.
 #[derive(Args, Debug)]
@@ -59,10 +71,23 @@ pub struct ChatArgs {
     /// authority if empty [default: $XDG_RUNTIME_DIR/conclave-keys or /tmp/conclave-keys-$UID].
     #[arg(long, value_name = "DIR")]
     keys: Option<PathBuf>,
+    /// Chat in the browser: serve the chat page on ADDR (IP:PORT) [default: 127.0.0.1 and a free port] and print
+    /// its URL, which carries a per-run token. Anything but loopback is warned about.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:0", value_parser = parse_web_addr)]
+    web: Option<SocketAddr>,
+    /// With --web: open the page in a browser, if one is installed.
+    #[arg(long, requires = "web")]
+    open: bool,
 }
 
 fn parse_protocol(s: &str) -> Result<ProtocolId, String> {
     ProtocolId::from_name(s).ok_or_else(|| format!("unknown protocol {s:?} (gdh, ckd, tgdh, str or bd)"))
+}
+
+fn parse_web_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse().map_err(|_| {
+        format!("{s:?} is not an IP:PORT address (for example 127.0.0.1:8080, or 127.0.0.1:0 for a free port)")
+    })
 }
 
 /// Runs `conclave chat`.
@@ -78,194 +103,241 @@ pub fn run(args: ChatArgs) -> Result<()> {
         }
         None => Endpoint::unix(args.unix.clone()),
     };
+    let policy = Policy { protocol: args.protocol, ..Policy::default() };
     crate::block_on(async move {
+        // Bind the page first: a bad address fails before the group sees us.
+        let server = match args.web {
+            Some(addr) => Some(web::Server::bind(addr).await?),
+            None => None,
+        };
         let client = endpoint.connect(&args.name).await?;
-        let session = Session::connect_certified(client, me, identity, Arc::new(authority));
-        let terminal = ratatui::try_init().context("cannot set up the terminal")?;
-        let _restore = Restore;
-        chat(terminal, session, &args).await
+        let mut session = Session::connect_certified(client, me, identity, Arc::new(authority));
+        let mut chat = Chat::new(&args.name, &args.group, policy);
+        match server {
+            Some(server) => {
+                let url = server.guard.url();
+                let mut front = server.start();
+                println!("conclave chat: {} in #{} at {url}", args.name, args.group);
+                println!("(the token in the URL is this chat's password: do not share it)");
+                if args.open {
+                    web::open_browser(&url);
+                }
+                let r = drive(&mut session, &mut chat, &mut front).await;
+                front.end(&chat);
+                // Let the page hear that the chat ended.
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                r
+            }
+            None => {
+                let terminal = ratatui::try_init().context("cannot set up the terminal")?;
+                let _restore = Restore;
+                crossterm::execute!(std::io::stdout(), EnableMouseCapture).context("cannot set up the terminal")?;
+                let mut front = Terminal { terminal, screen: Screen::default(), keys: EventStream::new() };
+                drive(&mut session, &mut chat, &mut front).await
+            }
+        }
     })
 }
 
-/// Gives the terminal back (raw mode off, main screen) however chat ends.
+/// Gives the terminal back (mouse capture and raw mode off, main screen) however chat ends.
 struct Restore;
 
 impl Drop for Restore {
     fn drop(&mut self) {
+        let _ = crossterm::execute!(std::io::stdout(), DisableMouseCapture);
         ratatui::restore();
     }
 }
 
-async fn chat(mut terminal: DefaultTerminal, mut session: Session, args: &ChatArgs) -> Result<()> {
-    let policy = Policy { protocol: args.protocol, ..Policy::default() };
-    let mut app = App::new(&args.name, &args.group, args.protocol.name());
-    session.join(&args.group, policy)?;
-    app.joined = true;
-    app.system(format!("joining #{} as {} ({}); /who, /leave, /join, /quit", args.group, args.name, app.protocol));
-    let mut keys = EventStream::new();
-    let mut connected = true;
+/// What the user did.
+pub enum UserInput {
+    /// A line to submit (command or message).
+    Line(String),
+    /// Quit now.
+    Quit,
+    /// Nothing that concerns the session (the front changed its own state).
+    Nothing,
+}
+
+/// A way of showing the chat and taking the user's input: the terminal or the web page.
+pub trait Front {
+    /// Shows the chat model as it is now.
+    fn show(&mut self, chat: &Chat) -> Result<()>;
+    /// The next thing the user did. Must be cancel-safe (it races the session in `select!`).
+    async fn next(&mut self) -> Result<UserInput>;
+}
+
+/// Joins the group and runs the session until the user quits: events and
+/// typed lines change the model, the front shows it.
+async fn drive(session: &mut Session, chat: &mut Chat, front: &mut impl Front) -> Result<()> {
+    chat.join(session);
     loop {
-        terminal.draw(|f| app.draw(f))?;
+        front.show(chat)?;
         tokio::select! {
-            ev = session.recv(), if connected => match ev {
-                Ok(ev) => on_event(&mut app, ev),
-                Err(e) => {
-                    connected = false;
-                    app.joined = false;
-                    app.warning(format!("session ended: {e}"));
-                    app.status = "disconnected from the daemon; /quit to exit".into();
-                }
+            ev = session.recv(), if chat.connected => match ev {
+                Ok(ev) => chat.on_event(ev),
+                Err(e) => chat.disconnected(e),
             },
-            key = keys.next() => match key {
-                Some(Ok(Event::Key(k))) if k.kind != KeyEventKind::Release => {
-                    if on_key(&mut app, &mut session, policy, k) == Flow::Quit {
+            input = front.next() => match input? {
+                UserInput::Line(line) => {
+                    if chat.submit(session, &line) == Flow::Quit {
                         return Ok(());
                     }
                 }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(anyhow!("reading the terminal: {e}")),
-                None => return Ok(()),
+                UserInput::Quit => {
+                    if chat.joined {
+                        let _ = session.leave(&chat.group);
+                    }
+                    return Ok(());
+                }
+                UserInput::Nothing => {}
             },
         }
     }
 }
 
-#[derive(PartialEq, Eq)]
-enum Flow {
-    Go,
-    Quit,
+/// The terminal front.
+struct Terminal {
+    terminal: DefaultTerminal,
+    screen: Screen,
+    keys: EventStream,
 }
 
-fn on_key(app: &mut App, session: &mut Session, policy: Policy, k: KeyEvent) -> Flow {
-    match k.code {
-        KeyCode::Char('c' | 'd') if k.modifiers.contains(KeyModifiers::CONTROL) => return Flow::Quit,
-        KeyCode::Esc => return Flow::Quit,
-        KeyCode::Char(c) => app.input.push(c),
-        KeyCode::Backspace => {
-            app.input.pop();
-        }
-        KeyCode::Enter => {
-            let line = std::mem::take(&mut app.input);
-            return submit(app, session, policy, line.trim());
-        }
-        _ => {}
+impl Front for Terminal {
+    fn show(&mut self, chat: &Chat) -> Result<()> {
+        let screen = &mut self.screen;
+        self.terminal.draw(|f| screen.draw(f, chat))?;
+        Ok(())
     }
-    Flow::Go
-}
 
-fn submit(app: &mut App, session: &mut Session, policy: Policy, line: &str) -> Flow {
-    let group = app.group.clone();
-    match line {
-        "" => {}
-        "/quit" => {
-            if app.joined {
-                let _ = session.leave(&group);
+    async fn next(&mut self) -> Result<UserInput> {
+        match self.keys.next().await {
+            Some(Ok(Event::Key(k))) if k.kind != KeyEventKind::Release => Ok(match self.screen.on_key(k) {
+                Action::Submit(line) => UserInput::Line(line),
+                Action::Quit => UserInput::Quit,
+                Action::None => UserInput::Nothing,
+            }),
+            Some(Ok(Event::Mouse(m))) => {
+                self.screen.on_mouse(m);
+                Ok(UserInput::Nothing)
             }
-            return Flow::Quit;
-        }
-        "/who" => {
-            let epoch = app.epoch.map_or("none yet".to_owned(), |e| e.to_string());
-            let who = if app.members.is_empty() { "nobody".to_owned() } else { app.members.join(", ") };
-            app.system(format!("members of #{group} (epoch {epoch}, {}): {who}", app.protocol));
-        }
-        "/leave" => match session.leave(&group) {
-            Ok(()) => app.system(format!("leaving #{group} ...")),
-            Err(e) => app.warning(e.to_string()),
-        },
-        "/join" => match session.join(&group, policy) {
-            Ok(()) => {
-                app.joined = true;
-                app.system(format!("joining #{group} ..."));
-            }
-            Err(e) => app.warning(e.to_string()),
-        },
-        cmd if cmd.starts_with('/') => app.warning(format!("unknown command {cmd} (/who, /leave, /join, /quit)")),
-        text => {
-            if let Err(e) = session.send(&group, text.as_bytes()) {
-                app.warning(format!("not sent: {e}"));
-            }
+            Some(Ok(_)) => Ok(UserInput::Nothing),
+            Some(Err(e)) => Err(anyhow!("reading the terminal: {e}")),
+            None => Ok(UserInput::Quit),
         }
     }
-    Flow::Go
-}
-
-fn on_event(app: &mut App, ev: SecureEvent) {
-    match ev {
-        SecureEvent::View(v) => on_view(app, v),
-        SecureEvent::Message { sender, data, .. } => {
-            let mine = sender.as_str() == app.me;
-            let text = String::from_utf8_lossy(&data).replace(|c: char| c.is_control(), " ");
-            app.push(Entry::Message { sender: sender.as_str().to_owned(), text, mine });
-        }
-        SecureEvent::Rejected { sender, reason, .. } => {
-            app.warning(format!("rejected a message from {sender}: {reason}"))
-        }
-        SecureEvent::PolicyMismatch { theirs, from, .. } => {
-            let theirs =
-                theirs.map_or("another policy".to_owned(), |p| format!("{} over {:?}", p.protocol.name(), p.group_id));
-            app.warning(format!("#{} runs {theirs} (told by {from}), not {}; left it", app.group, app.protocol));
-        }
-        SecureEvent::Refused { member, reason, .. } => app.warning(format!("refused {member}: {reason}")),
-        SecureEvent::Excluded { by, reason, .. } => {
-            // Standing aside: no key, so show none.
-            app.epoch = None;
-            app.fingerprint.clear();
-            app.warning(format!("{by} refused you: you {reason}; you get no key in this view"))
-        }
-        SecureEvent::KeyMismatch { epoch, unconfirmed, .. } => {
-            let who: Vec<&str> = unconfirmed.iter().map(|m| m.as_str()).collect();
-            app.warning(format!(
-                "key confirmation failed in epoch {epoch}: {} did not confirm your key; rekeying (nothing was sent under it)",
-                who.join(", ")
-            ))
-        }
-        SecureEvent::Left { group } => {
-            app.joined = false;
-            app.members.clear();
-            app.epoch = None;
-            app.fingerprint.clear();
-            app.system(format!("you left #{group}; /join to come back, /quit to exit"));
-            app.status = format!("not in #{group}");
-        }
-        SecureEvent::DaemonError { code, text } => app.warning(format!("daemon: {code:?}: {text}")),
-    }
-}
-
-fn on_view(app: &mut App, v: SecureViewInfo) {
-    let members: Vec<String> = v.members.iter().map(|m| m.as_str().to_owned()).collect();
-    let joined: Vec<String> = members.iter().filter(|m| !app.members.contains(m)).cloned().collect();
-    let left: Vec<String> = app.members.iter().filter(|m| !members.contains(m)).cloned().collect();
-    joined.iter().for_each(|m| app.system(format!("{m} joined")));
-    left.iter().for_each(|m| app.system(format!("{m} left")));
-    let ms = v.rekey_time.as_secs_f64() * 1000.0;
-    app.status = format!("rekey to epoch {} ({}) in {ms:.1} ms, {} members", v.epoch, v.protocol.name(), members.len());
-    app.system(app.status.clone());
-    app.members = members;
-    app.epoch = Some(v.epoch);
-    app.protocol = v.protocol.name().to_owned();
-    app.fingerprint = v.fingerprint;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+    use model::{Entry, KeyState};
     use ratatui::backend::TestBackend;
     use ratatui::Terminal;
 
+    fn screen_text(t: &Terminal<TestBackend>) -> String {
+        let buf = t.backend().buffer();
+        let w = buf.area.width as usize;
+        let cells: Vec<&str> = buf.content().iter().map(|c| c.symbol()).collect();
+        cells.chunks(w).map(|row| row.concat()).collect::<Vec<_>>().join("\n")
+    }
+
+    fn key(code: KeyCode) -> KeyEvent {
+        KeyEvent::new(code, KeyModifiers::NONE)
+    }
+
+    fn type_str(s: &mut Screen, text: &str) {
+        text.chars().for_each(|c| assert_eq!(s.on_key(key(KeyCode::Char(c))), Action::None));
+    }
+
     #[test]
     fn draws_members_status_and_messages() {
-        let mut app = App::new("alice", "room", "tgdh");
-        app.members = vec!["alice".into(), "bob".into()];
+        let mut chat = Chat::new("alice", "room", Policy::default());
+        chat.joined = true;
+        chat.members = vec!["alice".into(), "bob".into()];
         let epoch = conclave_secure::Epoch::new(conclave_secure::ViewId::new(0xabcd << 48, 7), 0);
-        app.epoch = Some(epoch);
-        app.status = format!("rekey to epoch {epoch} (tgdh) in 3.2 ms, 2 members");
-        app.push(Entry::Message { sender: "bob".into(), text: "hi".into(), mine: false });
-        app.input = "typing".into();
+        chat.key = KeyState::Keyed { epoch, fingerprint: "f00d".into() };
+        chat.status = format!("rekey to epoch {epoch} (tgdh) in 3.2 ms, 2 members");
+        chat.push(Entry::Message { sender: "bob".into(), text: "hi".into(), mine: false });
+        let mut screen = Screen::default();
+        type_str(&mut screen, "typing");
         let mut t = Terminal::new(TestBackend::new(80, 12)).unwrap();
-        t.draw(|f| app.draw(f)).unwrap();
-        let screen: String = t.backend().buffer().content().iter().map(|c| c.symbol()).collect();
-        for want in ["bob: hi", " alice", " bob", "epoch    v7.abcd/0", "2 members", "> typing", "#room"] {
-            assert!(screen.contains(want), "{want:?} missing from {screen}");
+        t.draw(|f| screen.draw(f, &chat)).unwrap();
+        let text = screen_text(&t);
+        for want in ["bob: hi", " alice", " bob", "epoch    v7.abcd/0", "key f00d", "2 members", "> typing", "#room"] {
+            assert!(text.contains(want), "{want:?} missing from\n{text}");
         }
+    }
+
+    #[test]
+    fn waiting_and_standing_aside_show_no_key() {
+        let mut chat = Chat::new("alice", "room", Policy::default());
+        chat.key = KeyState::Waiting;
+        chat.status = "joining #room: waiting for key ...".into();
+        let mut screen = Screen::default();
+        let mut t = Terminal::new(TestBackend::new(80, 12)).unwrap();
+        t.draw(|f| screen.draw(f, &chat)).unwrap();
+        assert!(screen_text(&t).contains("waiting for key"), "{}", screen_text(&t));
+        chat.key = KeyState::Aside { by: "bob".into(), reason: "presented no certificate in time".into() };
+        t.draw(|f| screen.draw(f, &chat)).unwrap();
+        let text = screen_text(&t);
+        assert!(text.contains("no key: standing aside") && !text.contains("key f"), "{text}");
+    }
+
+    #[test]
+    fn cursor_moves_and_history_recalls() {
+        let mut s = Screen::default();
+        type_str(&mut s, "helo");
+        s.on_key(key(KeyCode::Left));
+        s.on_key(key(KeyCode::Char('l')));
+        assert_eq!(s.input.value(), "hello");
+        s.on_key(key(KeyCode::Home));
+        s.on_key(key(KeyCode::Char('>')));
+        assert_eq!(s.input.value(), ">hello");
+        assert_eq!(s.on_key(key(KeyCode::Enter)), Action::Submit(">hello".into()));
+        type_str(&mut s, "second");
+        assert_eq!(s.on_key(key(KeyCode::Enter)), Action::Submit("second".into()));
+        type_str(&mut s, "draft");
+        s.on_key(key(KeyCode::Up));
+        assert_eq!(s.input.value(), "second");
+        s.on_key(key(KeyCode::Up));
+        assert_eq!(s.input.value(), ">hello");
+        s.on_key(key(KeyCode::Up));
+        assert_eq!(s.input.value(), ">hello", "stays at the oldest");
+        s.on_key(key(KeyCode::Down));
+        s.on_key(key(KeyCode::Down));
+        assert_eq!(s.input.value(), "draft", "back to what was being typed");
+        assert_eq!(s.on_key(key(KeyCode::Esc)), Action::None, "Esc does not quit");
+        assert_eq!(s.on_key(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)), Action::Quit);
+    }
+
+    #[test]
+    fn page_up_scrolls_back_and_page_down_returns() {
+        let mut chat = Chat::new("alice", "room", Policy::default());
+        for i in 0..100 {
+            chat.push(Entry::Message { sender: "bob".into(), text: format!("line {i}"), mine: false });
+        }
+        let mut s = Screen::default();
+        let mut t = Terminal::new(TestBackend::new(80, 12)).unwrap();
+        t.draw(|f| s.draw(f, &chat)).unwrap();
+        assert!(screen_text(&t).contains("line 99") && !screen_text(&t).contains("line 90"));
+        for _ in 0..3 {
+            s.on_key(key(KeyCode::PageUp));
+        }
+        t.draw(|f| s.draw(f, &chat)).unwrap();
+        let text = screen_text(&t);
+        assert!(!text.contains("line 99") && text.contains("scrollback"), "{text}");
+        for _ in 0..50 {
+            s.on_key(key(KeyCode::PageUp));
+        }
+        t.draw(|f| s.draw(f, &chat)).unwrap();
+        assert!(screen_text(&t).contains("line 0"), "{}", screen_text(&t));
+        for _ in 0..60 {
+            s.on_key(key(KeyCode::PageDown));
+        }
+        t.draw(|f| s.draw(f, &chat)).unwrap();
+        let text = screen_text(&t);
+        assert!(text.contains("line 99") && !text.contains("scrollback"), "{text}");
     }
 }

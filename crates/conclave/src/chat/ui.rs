@@ -1,140 +1,207 @@
-//! The chat screen: state and drawing, with no I/O (so it is cheap to test).
+//! The terminal screen: the input line (tui-input), its history, the
+//! scrollback position, and drawing the chat model. No I/O (so it is cheap
+//! to test).
 
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEvent, MouseEventKind};
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
 use ratatui::Frame;
+use tui_input::{Input, InputRequest};
 
-/// Most lines kept in the message pane.
-const MAX_LINES: usize = 2000;
+use super::model::{Chat, Entry, KeyState};
 
-/// One line of the message pane.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Entry {
-    /// A decrypted message.
-    Message { sender: String, text: String, mine: bool },
-    /// Joins, leaves, rekeys, command output.
-    System(String),
-    /// Rejections and errors.
-    Warning(String),
+/// Most lines kept in the input history.
+const MAX_HISTORY: usize = 500;
+
+/// What a key asks of the chat.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing beyond redrawing.
+    None,
+    /// A line to submit.
+    Submit(String),
+    /// Ctrl-C (or Ctrl-D on an empty line).
+    Quit,
 }
 
-/// Everything the screen shows.
-#[derive(Debug)]
-pub struct App {
-    pub me: String,
-    pub group: String,
-    pub protocol: String,
-    pub joined: bool,
-    pub members: Vec<String>,
-    pub epoch: Option<conclave_secure::Epoch>,
-    pub fingerprint: String,
-    pub status: String,
-    pub input: String,
-    pub entries: Vec<Entry>,
+/// The terminal's own state: input line, history, scrollback.
+#[derive(Debug, Default)]
+pub struct Screen {
+    pub input: Input,
+    history: Vec<String>,
+    /// Position in `history` while browsing it (Up/Down); `history.len()` is the line being typed.
+    hist_pos: usize,
+    /// The line being typed when browsing began.
+    draft: String,
+    /// Rows scrolled back from the newest (0: following new messages).
+    pub scroll: usize,
+    /// Rows of the message pane at the last draw (for PgUp/PgDn).
+    page: usize,
 }
 
-impl App {
-    pub fn new(me: &str, group: &str, protocol: &str) -> Self {
-        App {
-            me: me.into(),
-            group: group.into(),
-            protocol: protocol.into(),
-            joined: false,
-            members: Vec::new(),
-            epoch: None,
-            fingerprint: String::new(),
-            status: format!("joining #{group} ..."),
-            input: String::new(),
-            entries: Vec::new(),
+impl Screen {
+    pub fn on_key(&mut self, k: KeyEvent) -> Action {
+        let ctrl = k.modifiers.contains(KeyModifiers::CONTROL);
+        let req = match k.code {
+            KeyCode::Char('c') if ctrl => return Action::Quit,
+            KeyCode::Char('d') if ctrl && self.input.value().is_empty() => return Action::Quit,
+            KeyCode::Enter => {
+                let line = self.input.value_and_reset();
+                if !line.trim().is_empty() && self.history.last() != Some(&line) {
+                    self.history.push(line.clone());
+                    if self.history.len() > MAX_HISTORY {
+                        self.history.remove(0);
+                    }
+                }
+                self.hist_pos = self.history.len();
+                self.draft.clear();
+                self.scroll = 0;
+                return Action::Submit(line);
+            }
+            KeyCode::Up => {
+                self.browse(-1);
+                return Action::None;
+            }
+            KeyCode::Down => {
+                self.browse(1);
+                return Action::None;
+            }
+            KeyCode::PageUp => {
+                self.scroll = self.scroll.saturating_add(self.page.max(2) - 1);
+                return Action::None;
+            }
+            KeyCode::PageDown => {
+                self.scroll = self.scroll.saturating_sub(self.page.max(2) - 1);
+                return Action::None;
+            }
+            KeyCode::Char('a') if ctrl => InputRequest::GoToStart,
+            KeyCode::Char('e') if ctrl => InputRequest::GoToEnd,
+            KeyCode::Char('u') if ctrl => InputRequest::DeleteLine,
+            KeyCode::Char('k') if ctrl => InputRequest::DeleteTillEnd,
+            KeyCode::Char('w') if ctrl => InputRequest::DeletePrevWord,
+            KeyCode::Char(_) if ctrl => return Action::None,
+            KeyCode::Char(c) => InputRequest::InsertChar(c),
+            KeyCode::Backspace => InputRequest::DeletePrevChar,
+            KeyCode::Delete => InputRequest::DeleteNextChar,
+            KeyCode::Left if ctrl => InputRequest::GoToPrevWord,
+            KeyCode::Right if ctrl => InputRequest::GoToNextWord,
+            KeyCode::Left => InputRequest::GoToPrevChar,
+            KeyCode::Right => InputRequest::GoToNextChar,
+            KeyCode::Home => InputRequest::GoToStart,
+            KeyCode::End => InputRequest::GoToEnd,
+            // Esc no longer quits (too easy to hit by accident): /quit or Ctrl-C.
+            _ => return Action::None,
+        };
+        self.input.handle(req);
+        Action::None
+    }
+
+    pub fn on_mouse(&mut self, m: MouseEvent) {
+        match m.kind {
+            MouseEventKind::ScrollUp => self.scroll = self.scroll.saturating_add(3),
+            MouseEventKind::ScrollDown => self.scroll = self.scroll.saturating_sub(3),
+            _ => {}
         }
     }
 
-    pub fn push(&mut self, e: Entry) {
-        self.entries.push(e);
-        if self.entries.len() > MAX_LINES {
-            self.entries.drain(..self.entries.len() - MAX_LINES);
+    /// Up (-1) or Down (+1) through the history.
+    fn browse(&mut self, step: isize) {
+        if self.hist_pos == self.history.len() {
+            if step > 0 {
+                return;
+            }
+            self.draft = self.input.value().to_owned();
         }
+        let pos = self.hist_pos as isize + step;
+        if pos < 0 || pos as usize > self.history.len() {
+            return;
+        }
+        self.hist_pos = pos as usize;
+        let line = self.history.get(self.hist_pos).cloned().unwrap_or_else(|| self.draft.clone());
+        self.input = Input::new(line);
     }
 
-    pub fn system(&mut self, text: impl Into<String>) {
-        self.push(Entry::System(text.into()));
-    }
-
-    pub fn warning(&mut self, text: impl Into<String>) {
-        self.push(Entry::Warning(text.into()));
-    }
-
-    pub fn draw(&self, f: &mut Frame) {
+    pub fn draw(&mut self, f: &mut Frame, chat: &Chat) {
         let [main, status, input] =
             Layout::vertical([Constraint::Min(3), Constraint::Length(1), Constraint::Length(3)]).areas(f.area());
         let [messages, side] = Layout::horizontal([Constraint::Min(20), Constraint::Length(26)]).areas(main);
-        self.draw_messages(f, messages);
-        self.draw_side(f, side);
-        f.render_widget(
-            Paragraph::new(self.status.as_str()).style(Style::default().fg(Color::Black).bg(Color::Cyan)),
-            status,
-        );
-        let prompt = Line::from(vec![Span::styled("> ", Style::default().fg(Color::Cyan)), Span::raw(&self.input)]);
-        let block = Block::default().borders(Borders::ALL).title(format!(" {} ", self.me));
-        // Show the end of a long input.
-        let width = input.width.saturating_sub(2) as usize;
-        let scroll = (self.input.chars().count() + 3).saturating_sub(width) as u16;
-        f.render_widget(Paragraph::new(prompt).block(block).scroll((0, scroll)), input);
-        let x = input.x + 1 + (2 + self.input.chars().count() as u16 - scroll).min(input.width.saturating_sub(3));
-        f.set_cursor_position((x, input.y + 1));
-    }
-
-    fn draw_messages(&self, f: &mut Frame, area: Rect) {
-        let title = if self.joined { format!(" #{} ", self.group) } else { format!(" #{} (not joined) ", self.group) };
-        let block = Block::default().borders(Borders::ALL).title(title);
-        let height = area.height.saturating_sub(2) as usize;
-        let width = area.width.saturating_sub(2).max(1) as usize;
-        // Take enough trailing entries to fill the pane, counting wrapped rows.
-        let mut rows = 0;
-        let mut start = self.entries.len();
-        while start > 0 && rows < height {
-            start -= 1;
-            rows += self.render(&self.entries[start]).width().div_ceil(width).max(1);
-        }
-        let lines: Vec<Line> = self.entries[start..].iter().map(|e| self.render(e)).collect();
-        let skip = rows.saturating_sub(height) as u16;
-        f.render_widget(Paragraph::new(lines).block(block).wrap(Wrap { trim: false }).scroll((skip, 0)), area);
-    }
-
-    fn render<'a>(&self, e: &'a Entry) -> Line<'a> {
-        match e {
-            Entry::Message { sender, text, mine } => {
-                let color = if *mine { Color::Green } else { Color::Yellow };
-                Line::from(vec![
-                    Span::styled(sender.as_str(), Style::default().fg(color).add_modifier(Modifier::BOLD)),
-                    Span::raw(": "),
-                    Span::raw(text.as_str()),
-                ])
+        self.draw_messages(f, chat, messages);
+        draw_side(f, chat, side);
+        let (text, style) = match chat.key {
+            KeyState::Waiting | KeyState::Aside { .. } => {
+                (chat.status.as_str(), Style::default().fg(Color::Black).bg(Color::Yellow))
             }
-            Entry::System(t) => Line::styled(format!("* {t}"), Style::default().fg(Color::DarkGray)),
-            Entry::Warning(t) => Line::styled(format!("! {t}"), Style::default().fg(Color::Red)),
-        }
+            _ => (chat.status.as_str(), Style::default().fg(Color::Black).bg(Color::Cyan)),
+        };
+        f.render_widget(Paragraph::new(text).style(style), status);
+        let width = input.width.saturating_sub(4).max(1) as usize;
+        let scroll = self.input.visual_scroll(width);
+        let prompt =
+            Line::from(vec![Span::styled("> ", Style::default().fg(Color::Cyan)), Span::raw(self.input.value())]);
+        let block = Block::default().borders(Borders::ALL).title(format!(" {} ", chat.me));
+        // The prompt stays; the text scrolls to keep the cursor in view.
+        f.render_widget(Paragraph::new(prompt).block(block).scroll((0, scroll as u16)), input);
+        let x = input.x + 3 + (self.input.visual_cursor().saturating_sub(scroll)) as u16;
+        f.set_cursor_position((x.min(input.right().saturating_sub(2)), input.y + 1));
     }
 
-    fn draw_side(&self, f: &mut Frame, area: Rect) {
-        let mut lines: Vec<Line> = self
-            .members
-            .iter()
-            .map(|m| {
-                let style = if *m == self.me { Style::default().fg(Color::Green) } else { Style::default() };
-                Line::styled(format!(" {m}"), style)
-            })
-            .collect();
-        lines.push(Line::raw(""));
-        let epoch = self.epoch.map_or("-".to_owned(), |e| e.to_string());
-        lines.push(Line::raw(format!("epoch    {epoch}")));
-        lines.push(Line::raw(format!("protocol {}", self.protocol)));
-        if !self.fingerprint.is_empty() {
-            lines.push(Line::raw(format!("key {}", self.fingerprint)));
+    fn draw_messages(&mut self, f: &mut Frame, chat: &Chat, area: Rect) {
+        let height = area.height.saturating_sub(2) as usize;
+        let width = area.width.saturating_sub(2).max(1);
+        self.page = height;
+        let lines: Vec<Line> = chat.entries.iter().map(|e| render(chat, &e.entry)).collect();
+        let para = Paragraph::new(lines).wrap(Wrap { trim: false });
+        let rows = para.line_count(width);
+        let bottom = rows.saturating_sub(height);
+        self.scroll = self.scroll.min(bottom);
+        let top = bottom - self.scroll;
+        let mut title =
+            if chat.joined { format!(" #{} ", chat.group) } else { format!(" #{} (not joined) ", chat.group) };
+        if self.scroll > 0 {
+            title.push_str(&format!("[scrollback: {} lines below, PgDn] ", self.scroll));
         }
-        let block = Block::default().borders(Borders::ALL).title(format!(" members ({}) ", self.members.len()));
-        f.render_widget(Paragraph::new(lines).block(block), area);
+        let block = Block::default().borders(Borders::ALL).title(title);
+        f.render_widget(para.block(block).scroll((top.min(u16::MAX as usize) as u16, 0)), area);
     }
+}
+
+fn render<'a>(chat: &Chat, e: &'a Entry) -> Line<'a> {
+    match e {
+        Entry::Message { sender, text, mine } => {
+            let color = if *mine || *sender == chat.me { Color::Green } else { Color::Yellow };
+            Line::from(vec![
+                Span::styled(sender.as_str(), Style::default().fg(color).add_modifier(Modifier::BOLD)),
+                Span::raw(": "),
+                Span::raw(text.as_str()),
+            ])
+        }
+        Entry::Rekey(t) => Line::styled(format!("* {t}"), Style::default().fg(Color::Cyan)),
+        Entry::System(t) => Line::styled(format!("* {t}"), Style::default().fg(Color::DarkGray)),
+        Entry::Warning(t) => Line::styled(format!("! {t}"), Style::default().fg(Color::Red)),
+    }
+}
+
+fn draw_side(f: &mut Frame, chat: &Chat, area: Rect) {
+    let mut lines: Vec<Line> = chat
+        .members
+        .iter()
+        .map(|m| {
+            let style = if *m == chat.me { Style::default().fg(Color::Green) } else { Style::default() };
+            Line::styled(format!(" {m}"), style)
+        })
+        .collect();
+    lines.push(Line::raw(""));
+    let epoch = chat.epoch().map_or("-".to_owned(), |e| e.to_string());
+    lines.push(Line::raw(format!("epoch    {epoch}")));
+    lines.push(Line::raw(format!("protocol {}", chat.protocol)));
+    match &chat.key {
+        KeyState::Keyed { fingerprint, .. } => lines.push(Line::raw(format!("key {fingerprint}"))),
+        KeyState::Waiting => lines.push(Line::styled("waiting for key ...", Style::default().fg(Color::Yellow))),
+        KeyState::Aside { .. } => lines.push(Line::styled("no key: standing aside", Style::default().fg(Color::Red))),
+        KeyState::NotJoined => lines.push(Line::raw("no key")),
+    }
+    let block = Block::default().borders(Borders::ALL).title(format!(" members ({}) ", chat.members.len()));
+    f.render_widget(Paragraph::new(lines).block(block).wrap(Wrap { trim: false }), area);
 }
