@@ -21,81 +21,19 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
+
+mod common;
+use common::{installed, sh_quote, Proc, Tmux};
 
 /// How long one page or screen may take to show what is expected.
 const WAIT: Duration = Duration::from_secs(30);
 
 /// A name the browser resolves to loopback, as a DNS rebinding attack would.
 const REBOUND: &str = "rebind.test";
-
-/// A spawned process, killed when the test ends however it ends.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A private tmux server, killed when the test ends however it ends.
-struct Tmux {
-    socket: String,
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["kill-server"]);
-    }
-}
-
-impl Tmux {
-    fn cmd(&self, args: &[&str]) -> Output {
-        Command::new("tmux").args(["-L", &self.socket, "-f", "/dev/null"]).args(args).output().expect("run tmux")
-    }
-
-    fn ok(&self, args: &[&str]) {
-        let out = self.cmd(args);
-        assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-
-    fn start(&self, name: &str, command: &str) {
-        self.ok(&["new-session", "-d", "-s", name, "-x", "110", "-y", "30", command]);
-    }
-
-    fn screen(&self, name: &str) -> String {
-        String::from_utf8_lossy(&self.cmd(&["capture-pane", "-p", "-t", name]).stdout).into_owned()
-    }
-
-    fn type_line(&self, name: &str, text: &str) {
-        self.ok(&["send-keys", "-t", name, "-l", text]);
-        self.ok(&["send-keys", "-t", name, "Enter"]);
-    }
-
-    fn until(&self, name: &str, want: &[&str]) {
-        let start = Instant::now();
-        loop {
-            let screen = self.screen(name);
-            if want.iter().all(|w| screen.contains(w)) {
-                return;
-            }
-            assert!(start.elapsed() < WAIT, "{name}: timed out waiting for {want:?}; screen:\n{screen}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-fn installed(cmd: &str, arg: &str) -> bool {
-    Command::new(cmd).arg(arg).output().is_ok_and(|o| o.status.success())
-}
-
-fn sh_quote(p: &Path) -> String {
-    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -280,7 +218,7 @@ async fn web_and_terminal_members_share_a_group() {
     alice.goto(&alice_url).await.unwrap();
     bob.goto(&bob_url).await.unwrap();
 
-    let tmux = Tmux { socket: format!("conclave-web-test-{}", std::process::id()) };
+    let tmux = Tmux::new("web-test", 110, WAIT);
     let term = |name: &str| {
         format!(
             "env -u RUST_LOG {} chat --name {name} --group room --unix {} --keys {} 2>{}",
@@ -298,14 +236,14 @@ async fn web_and_terminal_members_share_a_group() {
         until(c, who, "#count", &["3"]).await;
         until(c, who, "#status", &["3 members", "(tgdh) in "]).await;
     }
-    tmux.until("carol", &[" alice", " bob", " carol", "3 members"]);
+    tmux.until("carol", &[" alice", " bob", " carol", "3 members"], None);
     let fingerprint = text(&alice, "#key").await;
     assert!(fingerprint.len() >= 8 && fingerprint.chars().all(|c| c.is_ascii_hexdigit()), "{fingerprint:?}");
     until(&bob, "bob", "#key", &[&fingerprint]).await;
-    tmux.until("carol", &[&format!("key {fingerprint}")]);
+    tmux.until("carol", &[&format!("key {fingerprint}")], None);
     let epoch = text(&alice, "#epoch").await;
     assert_eq!(text(&bob, "#epoch").await, epoch);
-    tmux.until("carol", &[&format!("epoch    {epoch}")]);
+    tmux.until("carol", &[&format!("epoch    {epoch}")], None);
     assert_eq!(text(&alice, "#protocol").await, "tgdh");
 
     // Messages typed anywhere appear everywhere, with their sender and time.
@@ -315,7 +253,7 @@ async fn web_and_terminal_members_share_a_group() {
     let all = ["alice: hello from alice", "bob: hello from bob", "carol: hello from carol"];
     until(&alice, "alice", "#log", &all).await;
     until(&bob, "bob", "#log", &all).await;
-    tmux.until("carol", &all);
+    tmux.until("carol", &all, None);
     let stamped: bool = alice
         .execute(
             "return [...document.querySelectorAll('#log .entry.message time')].every(t => /^\\d\\d:\\d\\d:\\d\\d$/.test(t.textContent))",
@@ -331,7 +269,7 @@ async fn web_and_terminal_members_share_a_group() {
     let evil = "<script>window.pwned=1</script><b>bold?</b><img src=x onerror=\"window.pwned=2\">";
     say(&alice, evil).await;
     until(&bob, "bob", "#log", &[&format!("alice: {evil}")]).await;
-    tmux.until("carol", &["<script>window.pwned=1</script>"]);
+    tmux.until("carol", &["<script>window.pwned=1</script>"], None);
     for (c, who) in [(&alice, "alice"), (&bob, "bob")] {
         let r = c
             .execute(
@@ -354,12 +292,12 @@ async fn web_and_terminal_members_share_a_group() {
 
     // A revoked member is refused, with the reason, on every screen.
     tmux.start("mallory", &term("mallory"));
-    tmux.until("mallory", &["no key: standing aside", "refused you"]);
+    tmux.until("mallory", &["no key: standing aside", "refused you"], None);
     for (c, who) in [(&alice, "alice"), (&bob, "bob")] {
         until(c, who, "#log", &["! refused mallory: its certificate", "was revoked (key compromise)"]).await;
         until(c, who, "#count", &["3"]).await;
     }
-    tmux.until("carol", &["! refused mallory: its certificate", "revoked (key compromise)"]);
+    tmux.until("carol", &["! refused mallory: its certificate", "revoked (key compromise)"], None);
 
     // The server refuses requests without the token, for another Host, or from another Origin.
     let host = format!("Host: 127.0.0.1:{port}");
@@ -417,7 +355,7 @@ async fn web_and_terminal_members_share_a_group() {
     assert!(ms.is_some() && rekey.ends_with("2 members"), "a rekey with its duration after bob left: {rekey:?}");
     until(&alice, "alice", "#status", &["2 members", " ms"]).await;
     until(&alice, "alice", "#count", &["2"]).await;
-    tmux.until("carol", &["bob left", "2 members"]);
+    tmux.until("carol", &["bob left", "2 members"], None);
     screenshot(&alice, &shots.join("alice-after-bob-left.png")).await;
     screenshot(&bob, &shots.join("bob-after-leaving.png")).await;
     std::fs::write(shots.join("carol-after-bob-left.txt"), tmux.screen("carol")).unwrap();
@@ -434,7 +372,7 @@ async fn web_and_terminal_members_share_a_group() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "alice ended with {status}");
-    tmux.until("carol", &["alice left", "1 members"]);
+    tmux.until("carol", &["alice left", "1 members"], None);
 
     alice.close().await.unwrap();
     bob.close().await.unwrap();
