@@ -753,7 +753,13 @@ impl Core {
     /// Installs a view of `group` with `seats` that the next view of the
     /// group supersedes at once (see `split_transitional_sets`): delivered,
     /// numbered like any other, and returned.
-    fn install_detached(&mut self, group: &GroupName, open: bool, seats: Vec<NewSeat>, out: &mut Vec<Output>) -> ViewId {
+    fn install_detached(
+        &mut self,
+        group: &GroupName,
+        open: bool,
+        seats: Vec<NewSeat>,
+        out: &mut Vec<Output>,
+    ) -> ViewId {
         self.install(group.clone(), open, seats, Cause::Network, out);
         self.groups.remove(group).expect("installed with members").view.id
     }

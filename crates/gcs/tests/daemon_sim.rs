@@ -458,4 +458,3 @@ fn interrupted_partitions(duplicates: Duplicates) {
         }
     }
 }
-

@@ -24,6 +24,18 @@
 //!   state is handled by every member as a merge of the subgroups, from their
 //!   last secure states — an interrupted run is simply abandoned.
 //!
+//! The engine follows *every* view of the group communication layer, in
+//! order, and derives who shares its state from the views themselves (each
+//! member's `prev`): its driver never rewrites them. A view in which the
+//! driver holds key agreement back (waiting for certificates, say) is given
+//! with [`Engine::observe`], and its run begins later with
+//! [`Engine::start`], whose [`StaticDirectory`] is the explicit set of
+//! members admitted to the run with their identity keys. [`Engine::on_view`]
+//! is both at once, with every member of the view and the engine's own
+//! directory. A member that takes no part in a view's key agreement (it was
+//! refused) says so with [`Engine::stand_aside`]: the others may install a
+//! key without it, so it forgets its state and counts as a newcomer.
+//!
 //! A view may hold several runs: [`Engine::rekey`] (fed at the same point of
 //! the agreed stream at every member, e.g. on an agreed rekey request or a
 //! failed key confirmation) abandons the state of every member and runs the
@@ -64,6 +76,11 @@ impl StaticDirectory {
     /// Trusts `member` with `key`.
     pub fn insert(&mut self, member: MemberId, key: Arc<dyn Verifier>) {
         self.keys.insert(member, key);
+    }
+
+    /// Whether `member` is trusted.
+    pub fn contains(&self, member: &MemberId) -> bool {
+        self.keys.contains_key(member)
     }
 }
 
@@ -264,20 +281,40 @@ pub trait Engine: Send {
     /// The member this engine is.
     fn member(&self) -> &MemberId;
     /// A new view from the group communication layer. Abandons any run in
-    /// progress and starts the run for this view.
+    /// progress and starts the run for this view among all its members, with
+    /// the engine's own directory: [`Engine::observe`] then
+    /// [`Engine::start`].
     fn on_view(&mut self, view: &View, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
+    /// A new view from the group communication layer whose run does not begin
+    /// yet (see [`Engine::start`]). Abandons any run in progress and forgets
+    /// the previous key; who shares this member's state is derived from the
+    /// view's `prev` entries. Every view must be given, in order.
+    fn observe(&mut self, view: &View) -> Result<(), Error>;
+    /// Starts the run of the last observed view among the members that
+    /// `admitted` names (this member must be one of them), verifying their
+    /// messages with the keys it gives. Every admitted member must be given
+    /// the same set at the same point of the agreed stream.
+    fn start(&mut self, admitted: &StaticDirectory, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
+    /// This member takes no part in the current view's key agreement (it was
+    /// refused): abandons any run and forgets its state, so that at the next
+    /// view it counts as a newcomer (the others may install keys without it).
+    fn stand_aside(&mut self);
     /// Starts a new run in the current view, from scratch: every member
     /// forgets its saved state and the view is agreed again as a merge of
     /// singletons, under the next [`Epoch`]. Every member of the view must be
     /// given it at the same point of the agreed stream (the driver's job).
     fn rekey(&mut self, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
-    /// Starts run `run` of `view` from scratch, as [`Engine::rekey`] does,
-    /// but with the member list `view` gives: the current view with members
-    /// admitted or set aside since, or a view this engine was never given (a
-    /// member admitted late). For the current view, `run` must be later than
-    /// its current run. Every member must be given the same input at the
+    /// Starts run `run` of the last observed view from scratch, as
+    /// [`Engine::rekey`] does, among the members `admitted` names (members
+    /// admitted or set aside since the view's first run). `run` must be later
+    /// than the current run. Every member must be given the same input at the
     /// same point of the agreed stream.
-    fn restart(&mut self, view: &View, run: u32, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
+    fn restart(
+        &mut self,
+        admitted: &StaticDirectory,
+        run: u32,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<Vec<Output>, Error>;
     /// The epoch the current run will install (the current view and run).
     fn current_epoch(&self) -> Option<Epoch>;
     /// A message delivered in the current view by `from`.
@@ -475,7 +512,13 @@ pub(crate) struct Runner<G: Group, P: Protocol<G>> {
     g: G,
     me: MemberId,
     signer: Arc<dyn Signer>,
+    /// The directory of runs started by [`Engine::on_view`].
     directory: Arc<dyn Directory>,
+    /// The keys of the current run's members.
+    run_keys: Arc<dyn Directory>,
+    /// The last view observed (the current run's view is it, restricted to
+    /// the admitted members).
+    observed: Option<View>,
     st: Session,
     proto: P,
 }
@@ -487,7 +530,9 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             g,
             me,
             signer,
+            run_keys: directory.clone(),
             directory,
+            observed: None,
             st: Session {
                 protocol: P::ID,
                 group,
@@ -582,6 +627,33 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         self.st.own.clear();
     }
 
+    /// The last observed view, restricted to the members `admitted` names.
+    fn admitted_view(&self, admitted: &StaticDirectory) -> Result<View, Error> {
+        let view = self.observed.as_ref().ok_or(Error::BadView("no view yet"))?;
+        if !admitted.contains(&self.me) {
+            return Err(Error::BadView("this member is not admitted to the run"));
+        }
+        let members = view.members.iter().filter(|m| admitted.contains(&m.id)).cloned().collect();
+        Ok(View { id: view.id, members, cause: view.cause })
+    }
+
+    /// Begins run `run` of `view` (the observed view, perhaps restricted),
+    /// told who shares this member's state.
+    fn begin(
+        &mut self,
+        view: View,
+        keys: Arc<dyn Directory>,
+        run: u32,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<Vec<Output>, Error> {
+        let my_tag = self.st.known[&self.me];
+        let mine: Vec<MemberId> = view.ids().filter(|m| self.st.known.get(*m) == Some(&my_tag)).cloned().collect();
+        let change = Change { single: mine.len() == view.members.len(), mine };
+        self.run_keys = keys;
+        self.enter(&view, run);
+        self.with_ctx(rng, |p, cx| p.on_view(cx, &change))
+    }
+
     /// All checks on an incoming message, before anything changes.
     fn open(&mut self, from: &MemberId, bytes: &[u8]) -> Result<Envelope, Error> {
         let env = Envelope::decode(bytes)?;
@@ -615,7 +687,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
                 return Err(Error::BadSignature(env.sender));
             }
         } else {
-            let key = self.directory.verifier(&env.sender).ok_or_else(|| Error::UnknownSender(env.sender.clone()))?;
+            let key = self.run_keys.verifier(&env.sender).ok_or_else(|| Error::UnknownSender(env.sender.clone()))?;
             self.st.costs.verifs += 1;
             key.verify(&env.signed_bytes(), &env.signature).map_err(|_| Error::BadSignature(env.sender.clone()))?;
         }
@@ -633,9 +705,15 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
     }
 
     fn on_view(&mut self, view: &View, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+        self.observe(view)?;
+        let keys = self.directory.clone();
+        self.begin(view.clone(), keys, 0, rng)
+    }
+
+    fn observe(&mut self, view: &View) -> Result<(), Error> {
         let me = self.check_view(view)?;
-        let current = self.st.view.as_ref().map(|v| v.id);
-        if me.prev.is_none() || me.prev != current {
+        let last = self.observed.as_ref().map(|v| v.id);
+        if me.prev.is_none() || me.prev != last {
             // A newcomer (or a member whose history we did not see): start over.
             self.proto.reset();
             self.st.known = BTreeMap::from([(self.me.clone(), Tag::Fresh)]);
@@ -643,22 +721,41 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
             let trans = view.came_from(me.prev);
             self.st.known.retain(|m, _| trans.contains(m));
         }
-        let my_tag = self.st.known[&self.me];
-        let mine: Vec<MemberId> = view.ids().filter(|m| self.st.known.get(*m) == Some(&my_tag)).cloned().collect();
-        let change = Change { single: mine.len() == view.members.len(), mine };
-        self.enter(view, 0);
-        self.with_ctx(rng, |p, cx| p.on_view(cx, &change))
+        self.observed = Some(view.clone());
+        // No run (and no key) until `start`: messages of the abandoned run
+        // are refused, and the previous key is forgotten.
+        self.st.view = None;
+        self.st.secure = None;
+        Ok(())
     }
 
-    fn restart(&mut self, view: &View, run: u32, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
-        self.check_view(view)?;
+    fn start(&mut self, admitted: &StaticDirectory, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+        let view = self.admitted_view(admitted)?;
+        self.begin(view, Arc::new(admitted.clone()), 0, rng)
+    }
+
+    fn stand_aside(&mut self) {
+        self.proto.reset();
+        self.st.known = BTreeMap::from([(self.me.clone(), Tag::Fresh)]);
+        self.st.view = None;
+        self.st.secure = None;
+    }
+
+    fn restart(
+        &mut self,
+        admitted: &StaticDirectory,
+        run: u32,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<Vec<Output>, Error> {
+        let view = self.admitted_view(admitted)?;
         if run == 0 {
             return Err(Error::BadView("a restart is a later run than the view's own"));
         }
         if self.st.view.as_ref().is_some_and(|current| current.id == view.id && run <= self.st.run) {
             return Err(Error::BadView("a restart of the current view goes to a later run"));
         }
-        self.enter(view, run - 1);
+        self.run_keys = Arc::new(admitted.clone());
+        self.enter(&view, run - 1);
         self.rekey(rng)
     }
 

@@ -15,14 +15,14 @@
 //! tests and the simulator drive it directly.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use conclave_gcs::core::{ConnId, Delivery as Event, ErrorCode, Op, Service};
 use conclave_gcs::{GroupName, MemberId, View};
 use conclave_gka::suite::{Signer, Verifier};
-use conclave_gka::{Config, Directory, Engine, Epoch, Output, SecureView, ViewId};
+use conclave_gka::{Config, Directory, Engine, Epoch, Output, SecureView, StaticDirectory, ViewId};
 use rand_core::CryptoRngCore;
 use sha2::{Digest, Sha256};
 
@@ -49,21 +49,22 @@ struct Certified {
 }
 
 /// A member's standing in the current view (certified mode).
+///
+/// Only a certificate message that proves its sender (a chain to this
+/// member's authority, the sender's name, a proof over this view) yields a
+/// verdict, `Accepted`. A message that fails any check proves nothing about
+/// who sent it — a compromised link can deliver anything under any name —
+/// so it yields no verdict, only a *doubt* kept for reporting. Members
+/// without a verdict are refused by the first signed timeout notice of an
+/// accepted member, which every member sees at the same point of the agreed
+/// stream; such a refusal is provisional (a valid certificate later readmits
+/// its member with one rekey).
 #[derive(Clone)]
 enum Verdict {
     Accepted(Arc<dyn Verifier>),
+    /// Refused by a timeout notice; the reason is this member's doubt about
+    /// the certificate it saw, or `NoCertificate` (it is for reporting only).
     Refused(Refusal),
-}
-
-/// The engine's directory in certified mode: the identity keys of the
-/// members accepted in the current view, and nobody else.
-#[derive(Default)]
-struct Accepted(Mutex<BTreeMap<MemberId, Arc<dyn Verifier>>>);
-
-impl Directory for Accepted {
-    fn verifier(&self, member: &MemberId) -> Option<Arc<dyn Verifier>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).get(member).cloned()
-    }
 }
 
 /// Largest number of messages held for a view whose key (or, certified, whose
@@ -322,10 +323,11 @@ struct GroupState {
     /// member still takes part in key agreement (so nobody waits for it) and
     /// receives what is sent in its views.
     leaving: bool,
-    /// Certified mode: the directory the engine reads.
-    accepted: Option<Arc<Accepted>>,
     /// Certified mode: each member's standing in the current view.
     verdicts: BTreeMap<MemberId, Verdict>,
+    /// Certified mode: why a certificate message in a member's name did not
+    /// verify in the current view. It yields no verdict (see [`Verdict`]).
+    doubts: BTreeMap<MemberId, Refusal>,
     /// Certified mode: whether the current view's key agreement waits for verdicts.
     admission: Admission,
     /// Key agreement messages that came while the view was held.
@@ -335,10 +337,6 @@ struct GroupState {
     run: u32,
     /// Members readmitted in the current view (see `readmit`).
     readmissions: u32,
-    /// The last view fed to the engine (views held and superseded are not).
-    engine_view: Option<conclave_gcs::ViewId>,
-    /// Members continuously in this member's views since `engine_view`.
-    together: BTreeSet<MemberId>,
     #[cfg(feature = "test-hooks")]
     captured: Vec<(MemberId, Bytes)>,
     /// Test hook: an insider's tampering with its own key agreement messages.
@@ -449,9 +447,10 @@ impl SessionCore {
             Some(_) => return Err(SessionError::AlreadyJoined(name)),
             None => {}
         }
-        let accepted = self.certified.as_ref().map(|_| Arc::new(Accepted::default()));
-        let directory = match &accepted {
-            Some(a) => a.clone() as Arc<dyn Directory>,
+        // Certified, every run is started with its admitted members' keys
+        // (`Engine::start`); the engine's own directory serves no run.
+        let directory = match &self.certified {
+            Some(_) => Arc::new(StaticDirectory::new()) as Arc<dyn Directory>,
             None => self.directory.clone(),
         };
         let engine = conclave_gka::new_engine(Config {
@@ -480,14 +479,12 @@ impl SessionCore {
                 next_from: BTreeMap::new(),
                 established: false,
                 leaving: false,
-                accepted,
                 verdicts: BTreeMap::new(),
+                doubts: BTreeMap::new(),
                 admission: Admission::Decided,
                 held_ka: Held::default(),
                 run: 0,
                 readmissions: 0,
-                engine_view: None,
-                together: BTreeSet::new(),
                 #[cfg(feature = "test-hooks")]
                 captured: Vec::new(),
                 #[cfg(feature = "test-hooks")]
@@ -616,16 +613,20 @@ impl SessionCore {
         gs.rekey_since.get_or_insert(self.now);
         let previous = gs.view.replace(view.clone());
         tracing::debug!(%group, view = %view.id, n = view.members.len(), "view; rekeying");
-        let my_prev = view.member(&self.me).and_then(|m| m.prev);
-        let came_with_me = view.came_from(my_prev);
-        gs.together.retain(|m| came_with_me.contains(m));
         gs.readmissions = 0;
         gs.held_ka.clear();
+        gs.doubts.clear();
         gs.admission = Admission::Decided;
+        gs.run = 0;
         let Some(cert) = self.certified.as_ref() else {
-            let members = view.members.clone();
-            return self.start_engine(&group, members);
+            let res = gs.engine.on_view(&view, &mut *self.rng);
+            return self.engine_result(&group, None, res);
         };
+        // Key agreement waits for the view's verdicts; the engine follows
+        // the view now (it derives who stays with it from every view).
+        if let Err(e) = gs.engine.observe(&view) {
+            return self.engine_result(&group, None, Err(e));
+        }
         // Verdicts carry over only into a view that every member entered
         // from this member's previous view, all of them decided there: all
         // members then hold the same verdicts. Any other view (a join or a
@@ -672,10 +673,7 @@ impl SessionCore {
             })
             .collect();
         let oldest = &view.members[0].id;
-        // The oldest member fixes the group's authority (as it fixes the
-        // policy): a member whose authority does not know the oldest
-        // member's issuer is the odd one out, and stands aside.
-        let foreign = oldest != &self.me && matches!(gs.verdicts[oldest], Verdict::Refused(Refusal::UnknownIssuer));
+        let foreign = foreign_authority(&self.me, &view, gs);
         let me_ok = matches!(gs.verdicts.get(&self.me), Some(Verdict::Accepted(_)));
         let oldest_accepted = view.ids().find(|m| matches!(gs.verdicts[*m], Verdict::Accepted(_))).cloned();
         for (member, reason) in &refused {
@@ -692,6 +690,7 @@ impl SessionCore {
         // Already told that it is refused in this view: it stays aside.
         if !me_ok || foreign || gs.phase.is_aside() {
             gs.phase = Phase::Aside;
+            gs.engine.stand_aside();
             gs.held_ka.clear();
             if foreign {
                 self.events.push_back(SecureEvent::Excluded {
@@ -711,11 +710,9 @@ impl SessionCore {
             }
         }
         let gs = self.groups.get_mut(group).expect("checked above");
-        publish_accepted(gs);
-        let members = view.members.iter().filter(|m| matches!(gs.verdicts[&m.id], Verdict::Accepted(_))).cloned();
-        let members: Vec<_> = members.collect();
         let held = gs.held_ka.take();
-        self.start_engine(group, members)?;
+        let res = gs.engine.start(&admitted(gs), &mut *self.rng);
+        self.engine_result(group, None, res)?;
         for (sender, bytes) in held {
             let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
             if gs.phase.is_aside() || !matches!(gs.verdicts.get(&sender), Some(Verdict::Accepted(_))) {
@@ -725,32 +722,6 @@ impl SessionCore {
             self.engine_result(group, Some(&sender), res)?;
         }
         Ok(())
-    }
-
-    /// Feeds the engine the current view, restricted to `members`. The
-    /// engine tells who shares its state by `prev`; since views held and
-    /// superseded never reach it, `prev` is rewritten to say "continuously
-    /// with me since the engine's last view".
-    fn start_engine(
-        &mut self,
-        group: &GroupName,
-        members: Vec<conclave_gcs::view::ViewMember>,
-    ) -> Result<(), SessionError> {
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let Some(view) = gs.view.as_ref() else { return Ok(()) };
-        let members: Vec<_> = members
-            .into_iter()
-            .map(|mut m| {
-                m.prev = if m.id == self.me || gs.together.contains(&m.id) { gs.engine_view } else { None };
-                m
-            })
-            .collect();
-        let engine_view = View { id: view.id, members, cause: view.cause };
-        gs.engine_view = Some(view.id);
-        gs.together = engine_view.ids().cloned().collect();
-        gs.run = 0;
-        let res = gs.engine.on_view(&engine_view, &mut *self.rng);
-        self.engine_result(group, None, res)
     }
 
     /// A certificate deadline passed: an accepted member names the members
@@ -794,9 +765,9 @@ impl SessionCore {
     ) -> Result<(), SessionError> {
         let Some(cert) = self.certified.as_ref() else { return Ok(()) };
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        // A `NoCertificate` verdict is provisional: the certificate, coming
-        // late (or after an early timeout notice), still counts.
-        let provisional = matches!(gs.verdicts.get(&sender), Some(Verdict::Refused(Refusal::NoCertificate)));
+        // A refusal is provisional: the certificate, coming late (or after
+        // an early timeout notice), still counts.
+        let provisional = matches!(gs.verdicts.get(&sender), Some(Verdict::Refused(_)));
         let wanted = provisional || (gs.admission.is_waiting() && !gs.verdicts.contains_key(&sender));
         if gs.view.as_ref().map(|v| v.id) != Some(view) || !wanted {
             return Ok(());
@@ -812,26 +783,26 @@ impl SessionCore {
                 return Ok(());
             }
         }
-        let verdict = match split_cert(payload) {
-            Err(r) => Verdict::Refused(r),
-            Ok((der, sig)) => match cert.authority.verify(der, &sender, cert.clock.now()) {
-                Err(r) => Verdict::Refused(r),
-                Ok(c) => match c.verifier.verify(&proof_transcript(group, view, &sender, der), sig) {
-                    Ok(()) => Verdict::Accepted(c.verifier),
-                    Err(_) => Verdict::Refused(Refusal::BadProof),
-                },
-            },
+        let checked = split_cert(payload).and_then(|(der, sig)| {
+            let c = cert.authority.verify(der, &sender, cert.clock.now())?;
+            c.verifier.verify(&proof_transcript(group, view, &sender, der), sig).map_err(|_| Refusal::BadProof)?;
+            Ok(c.verifier)
+        });
+        let verifier = match checked {
+            Ok(v) => v,
+            Err(doubt) => {
+                // Proves nothing about its sender: no verdict (see `Verdict`).
+                tracing::debug!(%group, member = %sender, %doubt, "certificate message that does not verify; no verdict");
+                gs.doubts.insert(sender, doubt);
+                return Ok(());
+            }
         };
-        let admitted = matches!(verdict, Verdict::Accepted(_));
-        gs.verdicts.insert(sender.clone(), verdict);
+        gs.verdicts.insert(sender.clone(), Verdict::Accepted(verifier));
         if gs.admission.is_waiting() {
             return self.try_start(group);
         }
-        if admitted {
-            tracing::info!(%group, member = %sender, "certificate came after the member was refused for none; readmitted");
-            return self.readmit(group);
-        }
-        Ok(())
+        tracing::info!(%group, member = %sender, "certificate came after the member was refused; readmitted");
+        self.readmit(group)
     }
 
     /// A member refused for presenting no certificate presented a valid one
@@ -849,24 +820,15 @@ impl SessionCore {
         // the same run as the others.
         gs.readmissions += 1;
         let accepted = |m: &MemberId| matches!(gs.verdicts.get(m), Some(Verdict::Accepted(_)));
-        let oldest = &view.members[0].id;
-        let foreign =
-            oldest != &self.me && matches!(gs.verdicts.get(oldest), Some(Verdict::Refused(Refusal::UnknownIssuer)));
-        if !accepted(&self.me) || foreign {
+        if !accepted(&self.me) || foreign_authority(&self.me, &view, gs) {
             return Ok(()); // still refused here: stays aside
         }
-        let members: Vec<conclave_gcs::view::ViewMember> =
-            view.members.iter().filter(|m| accepted(&m.id)).cloned().collect();
-        publish_accepted(gs);
         gs.phase = Phase::Agreeing;
         gs.confirms.clear();
         gs.early.clear();
         gs.rekey_since.get_or_insert(self.now);
         gs.run = gs.readmissions << 16;
-        let restarted = View { id: view.id, members, cause: view.cause };
-        gs.engine_view = Some(view.id);
-        gs.together = restarted.ids().cloned().collect();
-        let res = gs.engine.restart(&restarted, gs.run, &mut *self.rng);
+        let res = gs.engine.restart(&admitted(gs), gs.run, &mut *self.rng);
         self.engine_result(group, None, res)
     }
 
@@ -888,15 +850,21 @@ impl SessionCore {
         let Some(view) = gs.view.as_ref() else { return Ok(()) };
         for name in timeout_names(names) {
             if let Some(m) = view.ids().find(|m| m.as_str().as_bytes() == name) {
-                gs.verdicts.entry(m.clone()).or_insert(Verdict::Refused(Refusal::NoCertificate));
+                let reason = gs.doubts.get(m).cloned().unwrap_or(Refusal::NoCertificate);
+                gs.verdicts.entry(m.clone()).or_insert(Verdict::Refused(reason));
             }
         }
         self.try_start(group)
     }
 
     /// A notice that this member was refused in the current view. Believed
-    /// only from a member this member accepts (certified mode) or from a
-    /// member of the view (otherwise).
+    /// only from a member of the view (uncertified), or (certified) from a
+    /// member this member accepts, and only while this member has not seen
+    /// its own certificate verify: every refusal is provisional, and a
+    /// member whose certificate verified was (or will be, at the same point
+    /// of the agreed stream) readmitted by every member of its authority.
+    /// Believing a late notice would make it stand aside from a run that
+    /// waits for it.
     fn on_refused(
         &mut self,
         group: &GroupName,
@@ -907,21 +875,19 @@ impl SessionCore {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let Some(v) = gs.view.as_ref().filter(|v| v.id == view) else { return Ok(()) };
         let believed = match &self.certified {
-            Some(_) => matches!(gs.verdicts.get(&sender), Some(Verdict::Accepted(_))),
+            Some(_) => {
+                matches!(gs.verdicts.get(&sender), Some(Verdict::Accepted(_)))
+                    && !matches!(gs.verdicts.get(&self.me), Some(Verdict::Accepted(_)))
+            }
             None => v.contains(&sender),
         };
-        // A refusal for presenting no certificate is stale once this member's
-        // own certificate was seen (everyone saw it at the same point, and
-        // readmitted it).
-        let stale = |r: &Refusal| {
-            *r == Refusal::NoCertificate && matches!(gs.verdicts.get(&self.me), Some(Verdict::Accepted(_)))
-        };
-        let Some(reason) = Refusal::decode(body).filter(|r| believed && sender != self.me && !stale(r)) else {
+        let Some(reason) = Refusal::decode(body).filter(|_| believed && sender != self.me) else {
             tracing::debug!(%group, %sender, "refusal notice ignored");
             return Ok(());
         };
         tracing::warn!(%group, by = %sender, %reason, "refused by the group");
         gs.phase = Phase::Aside;
+        gs.engine.stand_aside();
         gs.held_ka.clear();
         self.events.push_back(SecureEvent::Excluded { group: group.clone(), by: sender, reason });
         Ok(())
@@ -1394,19 +1360,30 @@ fn engine_context(group: &GroupName, policy: &Policy) -> String {
     }
 }
 
-/// Certified mode: hands the engine's directory the identity keys of the
-/// members accepted in the current view, and nobody else's.
-fn publish_accepted(gs: &GroupState) {
-    let Some(a) = &gs.accepted else { return };
-    let keys = gs
-        .verdicts
-        .iter()
-        .filter_map(|(m, v)| match v {
-            Verdict::Accepted(k) => Some((m.clone(), k.clone())),
-            Verdict::Refused(_) => None,
-        })
-        .collect();
-    *a.0.lock().unwrap_or_else(|e| e.into_inner()) = keys;
+/// Whether this member's authority is not the group's: the oldest member
+/// fixes the group's authority (as it fixes the policy), so a member that
+/// could verify nobody else, and doubts the oldest member's issuer, is the
+/// odd one out and stands aside. Members that accept anyone else take part:
+/// a forged certificate in the oldest's name (which only raises a doubt)
+/// cannot talk them out of the group.
+fn foreign_authority(me: &MemberId, view: &View, gs: &GroupState) -> bool {
+    let oldest = &view.members[0].id;
+    oldest != me
+        && matches!(gs.verdicts.get(oldest), Some(Verdict::Refused(_)))
+        && gs.doubts.get(oldest) == Some(&Refusal::UnknownIssuer)
+        && !gs.verdicts.iter().any(|(m, v)| m != me && matches!(v, Verdict::Accepted(_)))
+}
+
+/// Certified mode: the members accepted in the current view with their
+/// identity keys, and nobody else: the run's explicit admission.
+fn admitted(gs: &GroupState) -> StaticDirectory {
+    let mut d = StaticDirectory::new();
+    for (m, v) in &gs.verdicts {
+        if let Verdict::Accepted(k) = v {
+            d.insert(m.clone(), k.clone());
+        }
+    }
+    d
 }
 
 /// The epoch of the group's current view: the engine's run, or (while the

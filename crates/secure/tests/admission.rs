@@ -96,3 +96,59 @@ fn outsiders_churning_cost_at_most_the_deadline_per_view() {
         assert_eq!(last.unwrap().iter().map(|m| m.as_str()).collect::<Vec<_>>(), ["alice", "bob"]);
     }
 }
+
+/// A compromised link delivers to alice alone, in the view that carol's
+/// join makes, a certificate message under carol's name that is not hers
+/// (bob's real one, re-attributed; then a tampered copy). Such a message
+/// proves nothing about who sent it, so it must not refuse carol at alice
+/// while bob accepts her: every member ends with carol in one group, under
+/// one key, and alice reports no refusal.
+#[test]
+fn a_certificate_message_forged_on_one_link_refuses_nobody() {
+    let t = SystemTime::UNIX_EPOCH + 20_000 * DAY;
+    let mut rng = ChaCha20Rng::seed_from_u64(9);
+    let (issuer, _) = Issuer::create("conclave test authority", t - DAY, t + 365 * DAY, &mut rng).unwrap();
+    let authority = Arc::new(Authority::from_pem(issuer.ca_pem(), None).unwrap());
+    let mut net = Net::new(&[], 9);
+    for (i, name) in ["alice", "bob"].into_iter().enumerate() {
+        let m = net.add(name, certified(&issuer, &authority, name, 200 + i as u64));
+        net.join(m, Policy::default());
+    }
+    let carol = net.add("carol", certified(&issuer, &authority, "carol", 202));
+    let now = net.now();
+    net.members[carol].session.join(now, GROUP, Policy::default()).unwrap();
+    net.drain(carol);
+    // carol's join is ordered; its view now waits in every inbox.
+    let view = net.members[0]
+        .inbox
+        .iter()
+        .find_map(|d| match d {
+            conclave_gcs::core::Delivery::View { view, .. } => Some(view.id),
+            _ => None,
+        })
+        .expect("the view of carol's join is queued for alice");
+    let group = GroupName::new(GROUP).unwrap();
+    let bobs = net.members[1].session.cert_message(GROUP, view).unwrap();
+    let mut tampered = net.members[carol].session.cert_message(GROUP, view).unwrap();
+    let last = tampered.len() - 1;
+    tampered[last] ^= 1;
+    for forged in [bobs, tampered] {
+        net.members[0].inbox.push_back(conclave_gcs::core::Delivery::Message {
+            group: group.clone(),
+            sender: MemberId::new("carol").unwrap(),
+            service: conclave_gcs::core::Service::Agreed,
+            view,
+            payload: forged.into(),
+        });
+    }
+    net.settle();
+    net.advance(DEFAULT_CERT_TIMEOUT * 2);
+    let last: Vec<_> = (0..3).map(|i| net.last_view(i).expect("a secure view")).collect();
+    assert!(last.iter().all(|v| v.2 == 3), "everyone's last secure view has carol: {last:?}");
+    assert!(last.iter().all(|v| v.1 == last[0].1 && v.0 == last[0].0), "one key: {last:?}");
+    assert!(
+        !net.members[0].log.iter().any(|e| matches!(e, SecureEvent::Refused { .. })),
+        "alice refused somebody: {:?}",
+        net.members[0].log
+    );
+}
