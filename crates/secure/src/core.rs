@@ -28,7 +28,7 @@ use sha2::{Digest, Sha256};
 
 use crate::confirm::{confirm_signed, policy_signed, Confirmer};
 use crate::data::{DataError, DataHeader, EpochKeys, TAG_LEN};
-use crate::payload::{decode_policy, split_cert, tag, timeout_names, Frame, TrustKind};
+use crate::payload::{cert_body, decode_policy, split_cert, timeout_body, timeout_names, Frame, TrustKind};
 use crate::trust::{Authority, Identity, Refusal};
 use crate::{Policy, RejectReason, SecureEvent, SecureViewInfo, SessionError};
 
@@ -644,12 +644,8 @@ impl SessionCore {
             gs.admission = Admission::Waiting { deadline: Some(self.now + cert.timeout) };
             let cert_der = cert.identity.cert_der();
             let sig = self.signer.sign(&proof_transcript(&group, view.id, &self.me, cert_der));
-            let mut p = Vec::with_capacity(19 + cert_der.len() + sig.len());
-            p.push(tag::CERT);
-            p.extend_from_slice(&view.id.to_bytes());
-            p.extend_from_slice(&(cert_der.len() as u16).to_be_bytes());
-            p.extend_from_slice(cert_der);
-            p.extend_from_slice(&sig);
+            let body = cert_body(cert_der, &sig);
+            let p = Frame::Trust { kind: TrustKind::Cert, view: view.id, body: &body }.encode();
             self.push(Transmit::Multicast(group.clone(), p.into()))?;
         }
         self.try_start(&group)
@@ -703,9 +699,9 @@ impl SessionCore {
         }
         if oldest_accepted.as_ref() == Some(&self.me) {
             for (member, reason) in &refused {
-                let mut p = vec![tag::REFUSED];
-                p.extend_from_slice(&view.id.to_bytes());
-                reason.encode(&mut p);
+                let mut body = Vec::new();
+                reason.encode(&mut body);
+                let p = Frame::Trust { kind: TrustKind::Refused, view: view.id, body: &body }.encode();
                 self.push(Transmit::Unicast(group.clone(), member.clone(), p.into()))?;
             }
         }
@@ -741,14 +737,10 @@ impl SessionCore {
             if !matches!(gs.verdicts.get(&self.me), Some(Verdict::Accepted(_))) {
                 continue;
             }
-            let mut p = vec![tag::TIMEOUT];
-            p.extend_from_slice(&view.id.to_bytes());
-            for m in view.ids().filter(|m| !gs.verdicts.contains_key(*m)) {
-                p.push(m.as_str().len() as u8);
-                p.extend_from_slice(m.as_str().as_bytes());
-            }
-            if p.len() > 17 {
+            let body = timeout_body(view.ids().filter(|m| !gs.verdicts.contains_key(*m)));
+            if !body.is_empty() {
                 tracing::info!(%group, "certificates missing at the deadline");
+                let p = Frame::Trust { kind: TrustKind::Timeout, view: view.id, body: &body }.encode();
                 self.push(Transmit::Multicast(group.clone(), p.into()))?;
             }
         }
@@ -934,10 +926,7 @@ impl SessionCore {
                 Output::Send { to, bytes } => {
                     #[cfg(feature = "test-hooks")]
                     let bytes = tampered(gs, self.signer.as_ref(), bytes);
-                    let mut p = Vec::with_capacity(bytes.len() + 3);
-                    let (pc, gc) = gs.policy.codes();
-                    p.extend_from_slice(&[tag::KA, pc, gc]);
-                    p.extend_from_slice(&bytes);
+                    let p = Frame::KeyAgreement { policy: gs.policy.codes(), body: &bytes }.encode();
                     sends.push(match to {
                         None => Transmit::Multicast(group.clone(), p.into()),
                         Some(to) => Transmit::Unicast(group.clone(), to, p.into()),
@@ -964,11 +953,7 @@ impl SessionCore {
         let confirmer = Confirmer::new(sv.key.expose_secret(), group, sv.epoch, sv.protocol, &sv.members);
         let mac = confirmer.mac(&self.me);
         let sig = self.signer.sign(&confirm_signed(group, &self.me, sv.epoch, &mac));
-        let mut p = Vec::with_capacity(crate::confirm::confirmation_len(sig.len()));
-        p.push(tag::CONFIRM);
-        p.extend_from_slice(&sv.epoch.to_bytes());
-        p.extend_from_slice(&mac);
-        p.extend_from_slice(&sig);
+        let p = Frame::Confirm { epoch: sv.epoch, mac: &mac, signature: &sig }.encode();
         gs.phase = Phase::Confirming(Box::new(Confirming { view: sv, confirmer, own_signature: sig }));
         self.push(Transmit::Multicast(group.clone(), p.into()))?;
         self.check_confirmed(group)
@@ -1237,11 +1222,7 @@ impl SessionCore {
         if me == 0 {
             let ours = gs.policy.codes();
             let sig = self.signer.sign(&policy_signed(&group, view_id, &self.me, &sender, ours));
-            let mut p = Vec::with_capacity(19 + sig.len());
-            p.push(tag::POLICY);
-            p.extend_from_slice(&view_id.to_bytes());
-            p.extend_from_slice(&[ours.0, ours.1]);
-            p.extend_from_slice(&sig);
+            let p = Frame::Policy { view: view_id, policy: ours, signature: &sig }.encode();
             self.push(Transmit::Unicast(group.clone(), sender.clone(), p.into()))?;
         }
         self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::PolicyMismatch });
@@ -1422,8 +1403,8 @@ fn flush(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut GroupSt
     }
     let mut out = Vec::new();
     while let Some(pt) = gs.resend.pop_front().or_else(|| gs.queue.pop_front()) {
-        let mut p = vec![tag::DATA];
-        p.extend_from_slice(&keys.seal(me, gs.next_seq, &pt, gs.policy.sender_signatures.then_some(signer)));
+        let sealed = keys.seal(me, gs.next_seq, &pt, gs.policy.sender_signatures.then_some(signer));
+        let p = Frame::Data(&sealed).encode();
         let digest = Sha256::digest(&p).into();
         gs.in_flight.push_back((keys.epoch(), gs.next_seq, pt, digest));
         gs.next_seq += 1;
@@ -1495,18 +1476,13 @@ impl SessionCore {
         let group = GroupName::new(group).ok()?;
         let cert_der = cert.identity.cert_der();
         let sig = self.signer.sign(&proof_transcript(&group, view, &self.me, cert_der));
-        let mut p = vec![tag::CERT];
-        p.extend_from_slice(&view.to_bytes());
-        p.extend_from_slice(&(cert_der.len() as u16).to_be_bytes());
-        p.extend_from_slice(cert_der);
-        p.extend_from_slice(&sig);
-        Some(p)
+        let body = cert_body(cert_der, &sig);
+        Some(Frame::Trust { kind: TrustKind::Cert, view, body: &body }.encode())
     }
 
     /// Test hook: multicasts a raw data message (`header ‖ ciphertext`) as is.
     pub fn send_raw_data(&mut self, group: &str, raw: &[u8]) -> Result<(), SessionError> {
-        let mut p = vec![tag::DATA];
-        p.extend_from_slice(raw);
+        let p = Frame::Data(raw).encode();
         self.push(Transmit::Multicast(GroupName::new(group)?, p.into()))
     }
 }

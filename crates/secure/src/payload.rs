@@ -171,6 +171,31 @@ impl<'a> Frame<'a> {
     }
 }
 
+impl Frame<'_> {
+    /// The payload's bytes: the inverse of [`Frame::parse`], beside it so
+    /// that the two cannot drift apart (a unit test checks the round trip).
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        match *self {
+            Frame::KeyAgreement { policy: (p, g), body } => [&[tag::KA, p, g][..], body].concat(),
+            Frame::Data(raw) => [&[tag::DATA][..], raw].concat(),
+            Frame::Policy { view, policy: (p, g), signature } => {
+                [&[tag::POLICY][..], &view.to_bytes(), &[p, g], signature].concat()
+            }
+            Frame::Trust { kind, view, body } => {
+                let t = match kind {
+                    TrustKind::Cert => tag::CERT,
+                    TrustKind::Timeout => tag::TIMEOUT,
+                    TrustKind::Refused => tag::REFUSED,
+                };
+                [&[t][..], &view.to_bytes(), body].concat()
+            }
+            Frame::Confirm { epoch, mac, signature } => {
+                [&[tag::CONFIRM][..], &epoch.to_bytes(), mac, signature].concat()
+            }
+        }
+    }
+}
+
 /// The bit of a policy's protocol code that says data messages are not
 /// signed by their senders ([`Policy::sender_signatures`] off).
 pub const UNSIGNED_DATA: u8 = 0x80;
@@ -193,6 +218,23 @@ pub(crate) fn split_cert(body: &[u8]) -> Result<(&[u8], &[u8]), Refusal> {
         (!sig.is_empty()).then_some((der, sig))
     };
     parts().ok_or_else(|| Refusal::Malformed("not a certificate message".into()))
+}
+
+/// A certificate message's body: the inverse of [`split_cert`].
+pub(crate) fn cert_body(der: &[u8], signature: &[u8]) -> Vec<u8> {
+    let len = u16::try_from(der.len()).expect("a certificate is shorter than 64 KiB (checked when it was loaded)");
+    [&len.to_be_bytes()[..], der, signature].concat()
+}
+
+/// A timeout notice's body naming `members`: the inverse of [`timeout_names`].
+pub(crate) fn timeout_body<'a>(members: impl IntoIterator<Item = &'a conclave_gcs::MemberId>) -> Vec<u8> {
+    let mut body = Vec::new();
+    for m in members {
+        // Member names are at most 255 bytes (the naming rules).
+        body.push(m.as_str().len() as u8);
+        body.extend_from_slice(m.as_str().as_bytes());
+    }
+    body
 }
 
 /// The member names of a timeout notice's body: `(u8 length ‖ name)*`. A
@@ -343,6 +385,29 @@ mod tests {
         assert!(Frame::parse(&confirm).is_err(), "unsigned");
         assert!(Frame::parse(&confirm[..40]).is_err());
         assert!(matches!(Frame::parse(&[&confirm[..], &[1]].concat()), Ok(Frame::Confirm { mac: [7, ..], .. })));
+    }
+
+    /// Every frame kind re-encodes to the bytes it was parsed from, and the
+    /// bodies' encoders invert their decoders.
+    #[test]
+    fn encoders_invert_the_decoders() {
+        let view = [[0u8; 8], 0x102u64.to_be_bytes()].concat();
+        let payloads = [
+            vec![tag::KA, 1, 2, 3, 4],
+            vec![tag::DATA, 9, 9],
+            [&[tag::POLICY][..], &view, &[1, 2, 3]].concat(),
+            [&[tag::CERT][..], &view, &[0, 1, 7, 8]].concat(),
+            [&[tag::TIMEOUT][..], &view, &[1, b'a']].concat(),
+            [&[tag::REFUSED][..], &view, &[0]].concat(),
+            [&[tag::CONFIRM][..], &[3; EPOCH_LEN], &[7; 32], &[1, 2]].concat(),
+        ];
+        for p in payloads {
+            assert_eq!(Frame::parse(&p).unwrap().encode(), p);
+        }
+        assert_eq!(split_cert(&cert_body(&[9, 9], &[5])), Ok((&[9u8, 9][..], &[5u8][..])));
+        let names = [conclave_gcs::MemberId::new("a").unwrap(), conclave_gcs::MemberId::new("bc").unwrap()];
+        let body = timeout_body(&names);
+        assert_eq!(timeout_names(&body).collect::<Vec<_>>(), [&b"a"[..], b"bc"]);
     }
 
     #[test]

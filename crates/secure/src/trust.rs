@@ -378,6 +378,11 @@ impl Identity {
     /// that they belong together.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Identity, TrustError> {
         let cert_der = pem_block(cert_pem, "CERTIFICATE")?;
+        if cert_der.len() > usize::from(u16::MAX) {
+            // A certificate message carries its length in 16 bits.
+            let detail = format!("{} bytes; at most {} can be presented", cert_der.len(), u16::MAX);
+            return Err(TrustError::Malformed { what: "certificate", detail });
+        }
         let signing = ed25519_dalek::SigningKey::from_pkcs8_pem(key_pem).map_err(|e| TrustError::Key(e.to_string()))?;
         let signer = Ed25519Signer::from_seed(&Zeroizing::new(signing.to_bytes()));
         let (name, key) = {
