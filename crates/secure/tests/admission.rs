@@ -152,3 +152,143 @@ fn a_certificate_message_forged_on_one_link_refuses_nobody() {
         net.members[0].log
     );
 }
+
+/// A session for `name` presenting `issued` (perhaps another's), trusting
+/// `authority`, at the fixed time `t`.
+fn presenting(
+    name: &str,
+    issued: &conclave_secure::trust::Issued,
+    authority: &Arc<Authority>,
+    t: SystemTime,
+    seed: u64,
+) -> impl FnOnce(std::time::Instant) -> SessionCore {
+    let identity = Identity::from_pem(&issued.cert_pem, &issued.key_pem).unwrap();
+    let (member, authority) = (MemberId::new(name).unwrap(), authority.clone());
+    move |now| {
+        let rng = Box::new(ChaCha20Rng::seed_from_u64(seed));
+        SessionCore::new_certified(member, identity, authority, Arc::new(Fixed(t)), rng, now)
+    }
+}
+
+/// Four intruders join a certified group of three, in virtual time: mallory
+/// (certified by another authority, which her session trusts), trudy
+/// (certified, then revoked), eve (presenting alice's certificate, with her
+/// stolen key) and zed (no certificate at all). Every honest member refuses
+/// each with the right reason; alice, the oldest, tells each why (mallory,
+/// who cannot verify alice, stands aside by herself); no intruder ever gets a
+/// key or a message; the honest members agree on their key and talk. Runs
+/// for every protocol.
+fn intruders_are_refused(protocol: conclave_secure::ProtocolId) {
+    use conclave_secure::trust::Revocation;
+    use conclave_secure::Refusal;
+    let t = SystemTime::UNIX_EPOCH + 20_000 * DAY;
+    let mut rng = ChaCha20Rng::seed_from_u64(11);
+    let (issuer, _) = Issuer::create("conclave test authority", t - DAY, t + 365 * DAY, &mut rng).unwrap();
+    let (other, _) = Issuer::create("another authority", t - DAY, t + 365 * DAY, &mut rng).unwrap();
+    let issue = |i: &Issuer, name: &str, rng: &mut ChaCha20Rng| {
+        i.issue(&MemberId::new(name).unwrap(), t - DAY, t + DAY, rng).unwrap()
+    };
+    let honest = ["alice", "bob", "carol"];
+    let certs: Vec<_> = honest.iter().map(|n| issue(&issuer, n, &mut rng)).collect();
+    let trudy = issue(&issuer, "trudy", &mut rng);
+    let serial = conclave_secure::trust::cert_info(&trudy.cert_pem).unwrap().serial_bytes;
+    let revoked =
+        Revocation { serial: serial.clone(), time: t - DAY / 2, reason: Some(rcgen::RevocationReason::KeyCompromise) };
+    let crl = issuer.crl(2, &[revoked], t - DAY / 2, t + DAY).unwrap();
+    let authority = Arc::new(Authority::from_pem(issuer.ca_pem(), Some(&crl)).unwrap());
+    let policy = Policy::new(protocol, conclave_secure::GroupId::Ristretto255);
+    let mut net = Net::new(&[], 11);
+    for (i, (n, c)) in honest.iter().zip(&certs).enumerate() {
+        let m = net.add(n, presenting(n, c, &authority, t, 300 + i as u64));
+        net.join(m, policy);
+        net.advance(DEFAULT_CERT_TIMEOUT);
+    }
+    let secured = net.members[0].log.len();
+    let mallory_cert = issue(&other, "mallory", &mut rng);
+    let other_authority = Arc::new(Authority::from_pem(other.ca_pem(), None).unwrap());
+    let intruders = [
+        net.add("mallory", presenting("mallory", &mallory_cert, &other_authority, t, 310)),
+        net.add("trudy", presenting("trudy", &trudy, &authority, t, 311)),
+        net.add("eve", presenting("eve", &certs[0], &authority, t, 312)),
+        net.add("zed", |now| {
+            let mut rng = ChaCha20Rng::seed_from_u64(313);
+            let signer = conclave_gka::suite::generate_signer(conclave_gka::suite::SignatureId::Ed25519, &mut rng);
+            let (zed, directory) = (MemberId::new("zed").unwrap(), Arc::new(conclave_gka::StaticDirectory::new()));
+            SessionCore::new(zed, signer.unwrap(), directory, Box::new(rng), now)
+        }),
+    ];
+    for &m in &intruders {
+        net.join(m, policy);
+    }
+    net.advance(DEFAULT_CERT_TIMEOUT * 3);
+    let serial: String = serial.iter().map(|b| format!("{b:02x}")).collect();
+    let expected = [
+        Refusal::UnknownIssuer,
+        Refusal::Revoked { serial, reason: Some("key compromise".into()) },
+        Refusal::NameMismatch { certified: "alice".into() },
+        Refusal::NoCertificate,
+    ];
+    for h in 0..honest.len() {
+        for (&i, why) in intruders.iter().zip(&expected) {
+            let who = &net.members[i].name;
+            let refused = net.members[h]
+                .log
+                .iter()
+                .any(|e| matches!(e, SecureEvent::Refused { member, reason, .. } if member == who && reason == why));
+            assert!(refused, "{protocol}: {} did not refuse {who} for {why}: {:?}", honest[h], net.members[h].log);
+        }
+    }
+    for (&i, why) in intruders.iter().zip(&expected) {
+        let m = &net.members[i];
+        let told = m
+            .log
+            .iter()
+            .any(|e| matches!(e, SecureEvent::Excluded { by, reason, .. } if by.as_str() == "alice" && reason == why));
+        assert!(told, "{protocol}: {} was not told {why} by alice: {:?}", m.name, m.log);
+        let got = m.log.iter().any(|e| matches!(e, SecureEvent::View(_) | SecureEvent::Message { .. }));
+        assert!(!got, "{protocol}: {} got a key or a message: {:?}", m.name, m.log);
+    }
+    let last: Vec<_> = (0..honest.len()).map(|h| net.last_view(h).unwrap()).collect();
+    assert!(last.iter().all(|v| v.2 == 3 && v.1 == last[0].1 && v.0 == last[0].0), "{protocol}: {last:?}");
+    assert!(net.members[0].log.len() > secured, "a rekey after the intruders came");
+    let now = net.now();
+    net.members[2].session.send(now, GROUP, b"only for the certified").unwrap();
+    net.drain(2);
+    net.settle();
+    for h in 0..honest.len() {
+        let got = net.members[h]
+            .log
+            .iter()
+            .any(|e| matches!(e, SecureEvent::Message { data, .. } if &data[..] == b"only for the certified"));
+        assert!(got, "{protocol}: {} did not get the message", honest[h]);
+    }
+    for &i in &intruders {
+        let m = &net.members[i];
+        assert!(!m.log.iter().any(|e| matches!(e, SecureEvent::Message { .. })), "{protocol}: {} read it", m.name);
+    }
+}
+
+#[test]
+fn intruders_are_refused_gdh() {
+    intruders_are_refused(conclave_secure::ProtocolId::Gdh);
+}
+
+#[test]
+fn intruders_are_refused_ckd() {
+    intruders_are_refused(conclave_secure::ProtocolId::Ckd);
+}
+
+#[test]
+fn intruders_are_refused_tgdh() {
+    intruders_are_refused(conclave_secure::ProtocolId::Tgdh);
+}
+
+#[test]
+fn intruders_are_refused_str() {
+    intruders_are_refused(conclave_secure::ProtocolId::Str);
+}
+
+#[test]
+fn intruders_are_refused_bd() {
+    intruders_are_refused(conclave_secure::ProtocolId::Bd);
+}

@@ -226,30 +226,12 @@ async fn intruders_are_refused(protocol: ProtocolId) {
     }
 }
 
-// One test per protocol, so they run in parallel (each waits out zed's certificate timeout).
+// Once, through the tokio shell on a real daemon (it waits out zed's
+// certificate timeout on the wall clock); every protocol runs the same
+// scenario in virtual time in `tests/admission.rs`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn intruders_are_refused_gdh() {
-    intruders_are_refused(ProtocolId::Gdh).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn intruders_are_refused_ckd() {
-    intruders_are_refused(ProtocolId::Ckd).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn intruders_are_refused_tgdh() {
+async fn intruders_are_refused_over_a_real_daemon() {
     intruders_are_refused(ProtocolId::Tgdh).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn intruders_are_refused_str() {
-    intruders_are_refused(ProtocolId::Str).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn intruders_are_refused_bd() {
-    intruders_are_refused(ProtocolId::Bd).await;
 }
 
 fn der(pem: &str) -> Vec<u8> {
