@@ -63,14 +63,19 @@
 //! * **Holding.** The view is held (no key agreement starts) until every
 //!   member has a verdict: *accepted* (its certificate verifies: issued by the
 //!   authority, valid now, not revoked, common name = member name, Ed25519,
-//!   proof of possession) or *refused* with a [`trust::Refusal`]. Key
-//!   agreement messages that arrive meanwhile wait.
-//! * **No certificate.** A member that presents none would hold the view
-//!   forever, so each member has a deadline (1 s by default,
-//!   [`Session::set_certificate_timeout`]). When an accepted member's
+//!   proof of possession) or *refused*. Key agreement messages that arrive
+//!   meanwhile wait.
+//! * **Only proof gives a verdict.** A certificate message that fails any of
+//!   those checks proves nothing about who sent it (a compromised link can
+//!   deliver anything under any name), so it gives no verdict; it only
+//!   raises a *doubt* (a [`trust::Refusal`]), kept as the reason to report.
+//! * **No valid certificate.** A member that presents none that verifies
+//!   would hold the view forever, so each member has a deadline (1 s by
+//!   default, [`Session::set_certificate_timeout`]). When an accepted member's
 //!   deadline passes it multicasts a notice naming the members still
-//!   without a certificate; the first notice from an accepted member in the
-//!   agreed order refuses them at every member, *provisionally*: a valid
+//!   without a verdict; the first notice from an accepted member in the
+//!   agreed order refuses them at every member (reported with the doubt
+//!   about each, or "no certificate"), *provisionally*: a valid
 //!   certificate that comes later in the same view readmits its member, and
 //!   every member (all see it at the same point) runs the view again with
 //!   it. So an outsider without a certificate holds a view for at most the
@@ -83,11 +88,13 @@
 //!   key agreement and data messages are ignored. The application gets
 //!   [`SecureEvent::Refused`] once per refused member per view, and secure
 //!   views list accepted members only. The oldest accepted member unicasts
-//!   each refused member the reason; a refused session reports it as
-//!   [`SecureEvent::Excluded`] and stands aside until the next view.
+//!   each refused member the reason; a refused session whose own certificate
+//!   did not verify reports it as [`SecureEvent::Excluded`] and stands aside
+//!   until the next view (one whose own certificate verified ignores it: it
+//!   was readmitted, or will be, at the same point everywhere).
 //! * **One authority per group.** The oldest member fixes the authority, as
-//!   it fixes the policy: a member whose authority did not issue the oldest
-//!   member's certificate stands aside ([`SecureEvent::Excluded`] with
+//!   it fixes the policy: a member that verifies nobody else and whose
+//!   authority did not issue the oldest member's certificate stands aside ([`SecureEvent::Excluded`] with
 //!   [`trust::Refusal::UnknownIssuer`]) instead of agreeing a key with the
 //!   members it does accept.
 //!

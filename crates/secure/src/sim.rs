@@ -51,16 +51,16 @@
 //! * **No forgery**: see the attacker above.
 //! * With only honest members, a failed key confirmation is a failure too.
 //!
-//! With [`SimConfig::certified`], every other seed runs in *certified
-//! mode* (not yet by default: it finds open failures, see the README): every member holds a
+//! With [`SimConfig::certified`] (`conclave sim`'s default), every other
+//! seed runs in *certified mode*: every member holds a
 //! certificate of one authority and presents it in every view that needs it
 //! (see the crate doc, "Certified identities"), so admission, certificate
 //! deadlines and verdicts that carry over run through the same partitions,
 //! crashes and attacks. The certificates are fixtures, made once per
 //! process from a fixed seed (making them is slower than a run).
 //!
-//! Not yet covered (see the README): certified runs by default,
-//! uncertified outsiders among certified members, insiders that tamper with their own key agreement messages, and
+//! Not yet covered (see the README): uncertified outsiders among certified
+//! members, insiders that tamper with their own key agreement messages, and
 //! replays of a payload made for the member's current view (the daemon may
 //! legitimately deliver those).
 
