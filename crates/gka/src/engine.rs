@@ -359,6 +359,10 @@ pub(crate) struct Change {
     pub mine: Vec<MemberId>,
     /// Whether every member of the view shares this member's secure state.
     pub single: bool,
+    /// Members of the view that were in every view this member went through
+    /// since the last run began (a run's own members included), whether or
+    /// not they installed its key: CKD keeps its channels with them.
+    pub together: BTreeSet<MemberId>,
 }
 
 /// A protocol, as [`Runner`] drives it.
@@ -519,6 +523,9 @@ pub(crate) struct Runner<G: Group, P: Protocol<G>> {
     /// The last view observed (the current run's view is it, restricted to
     /// the admitted members).
     observed: Option<View>,
+    /// Members in every view observed since the last run began (see
+    /// [`Change::together`]).
+    together: BTreeSet<MemberId>,
     st: Session,
     proto: P,
 }
@@ -533,6 +540,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             run_keys: directory.clone(),
             directory,
             observed: None,
+            together: BTreeSet::new(),
             st: Session {
                 protocol: P::ID,
                 group,
@@ -648,7 +656,9 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
     ) -> Result<Vec<Output>, Error> {
         let my_tag = self.st.known[&self.me];
         let mine: Vec<MemberId> = view.ids().filter(|m| self.st.known.get(*m) == Some(&my_tag)).cloned().collect();
-        let change = Change { single: mine.len() == view.members.len(), mine };
+        let together = view.ids().filter(|m| self.together.contains(*m)).cloned().collect();
+        let change = Change { single: mine.len() == view.members.len(), mine, together };
+        self.together = view.ids().cloned().collect();
         self.run_keys = keys;
         self.enter(&view, run);
         self.with_ctx(rng, |p, cx| p.on_view(cx, &change))
@@ -717,9 +727,11 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
             // A newcomer (or a member whose history we did not see): start over.
             self.proto.reset();
             self.st.known = BTreeMap::from([(self.me.clone(), Tag::Fresh)]);
+            self.together = BTreeSet::from([self.me.clone()]);
         } else {
             let trans = view.came_from(me.prev);
             self.st.known.retain(|m, _| trans.contains(m));
+            self.together.retain(|m| trans.contains(m));
         }
         self.observed = Some(view.clone());
         // No run (and no key) until `start`: messages of the abandoned run
@@ -737,6 +749,7 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
     fn stand_aside(&mut self) {
         self.proto.reset();
         self.st.known = BTreeMap::from([(self.me.clone(), Tag::Fresh)]);
+        self.together = BTreeSet::from([self.me.clone()]);
         self.st.view = None;
         self.st.secure = None;
     }
@@ -765,7 +778,9 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
         self.st.known = BTreeMap::from([(self.me.clone(), Tag::Fresh)]);
         let run = self.st.run.checked_add(1).ok_or(Error::RunsExhausted)?;
         self.begin_run(run);
-        let change = Change { mine: vec![self.me.clone()], single: n == 1 };
+        let together = self.st.view.as_ref().map(|v| v.ids().cloned().collect()).unwrap_or_default();
+        let change = Change { mine: vec![self.me.clone()], single: n == 1, together };
+        self.together = change.together.clone();
         self.with_ctx(rng, |p, cx| p.on_view(cx, &change))
     }
 

@@ -14,10 +14,11 @@
 //! A channel stays as long as both ends stay together (the point of CKD: "each
 //! such key stays unchanged as long as both parties remain in the group"), and
 //! whoever is controller later may use it, whichever end set it up. At every
-//! view a member drops its channel with a peer that is not in the view or that
-//! comes from another previous view than itself (`ViewMember::prev` differs):
-//! then one of them saw a view the other did not, so both drop it — the rule
-//! is symmetric, so both ends always agree on which channels survive.
+//! run a member drops its channel with a peer that was not in every view it
+//! went through since the last run (`Change::together`, from the views'
+//! `ViewMember::prev`): then one of them saw a view the other did not, so
+//! both drop it — the rule is symmetric, so both ends always agree on which
+//! channels survive.
 //!
 //! A channel end is *usable* (the controller may send over it) when its owner
 //! knows the other end holds the same channel: the controller end once it has
@@ -361,13 +362,11 @@ impl<G: Group> Protocol<G> for Ckd<G> {
         *self = Self::new();
     }
 
-    fn on_view(&mut self, cx: &mut Ctx<'_, G>, _change: &Change) -> Result<(), Error> {
+    fn on_view(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
         self.run = Run::new();
-        let my_prev = cx.view.member(cx.me).and_then(|m| m.prev);
-        // Keep a channel only with peers that come from the same view as me
-        // (a rule both ends apply alike).
-        let came_with_me = cx.view.came_from(my_prev);
-        self.channels.retain(|peer, _| came_with_me.contains(peer));
+        // Keep a channel only with peers that went through the same views as
+        // me since the last run (a rule both ends apply alike).
+        self.channels.retain(|peer, _| change.together.contains(peer));
         let ctrl = Self::controller(cx).clone();
         if ctrl != *cx.me {
             self.ctrl = None;
