@@ -234,56 +234,53 @@ pub fn run(args: CountsArgs) -> Result<()> {
             scheme.name(),
             args.seed
         )?;
-        writeln!(
-            out,
-            "{:<5} {:<16} {:>4} {:>3} {:>3} | {:>7} {:>9} {:>9} | {:>11} {:>8} {:>11} | {:>7} {:>6} {:>7} {:>9} | {:>7}",
-            "proto",
-            "event",
-            "n",
-            "m",
-            "p",
-            "rounds",
-            "unicasts",
-            "bcasts",
-            "exps/ser",
-            "sigs/ser",
-            "verifs/ser",
-            "exps/Σ",
-            "sigs/Σ",
-            "verifs/Σ",
-            "bytes",
-            "confirm r/b/v/Σv"
-        )?;
     }
+    let header = [
+        "proto",
+        "event",
+        "n",
+        "m",
+        "p",
+        "rounds",
+        "unicasts",
+        "bcasts",
+        "exps/ser",
+        "sigs/ser",
+        "verifs/ser",
+        "exps/Σ",
+        "sigs/Σ",
+        "verifs/Σ",
+        "bytes",
+        "confirm r/b/v/Σv",
+    ];
+    let mut table = crate::table::new(header, 2);
     let mut matches = (0u32, 0u32);
     for (i, job) in jobs.iter().copied().enumerate() {
         let Job { protocol, event, n, m, p } = job;
         let row = measure(job, group_id, scheme, signature_len, args.seed.wrapping_add(i as u64))?;
         if !args.json {
             let pr: PaperRow = paper::counts(protocol, event, n as u64, m as u64, p as u64);
-            writeln!(
-                out,
-                "{:<5} {:<16} {:>4} {:>3} {:>3} | {:>7} {:>9} {:>9} | {:>11} {:>8} {:>11} | {:>7} {:>6} {:>7} {:>9} | {}",
-                row.protocol,
+            table.add_row(vec![
+                row.protocol.to_string(),
                 event.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default(),
-                n,
-                row.m,
-                row.p,
+                n.to_string(),
+                row.m.to_string(),
+                row.p.to_string(),
                 cell(row.rounds, pr.rounds, &mut matches),
                 cell(row.unicasts, pr.unicasts, &mut matches),
                 cell(row.broadcasts, pr.broadcasts, &mut matches),
                 cell(row.exps_serial, pr.exps, &mut matches),
                 cell(row.sigs_serial, pr.sigs, &mut matches),
                 cell(row.verifs_serial, pr.verifs, &mut matches),
-                row.exps_total,
-                row.sigs_total,
-                row.verifs_total,
-                row.bytes,
+                row.exps_total.to_string(),
+                row.sigs_total.to_string(),
+                row.verifs_total.to_string(),
+                row.bytes.to_string(),
                 format!(
                     "{}/{}/{}/{}",
                     row.confirm_rounds, row.confirm_broadcasts, row.confirm_verifs_serial, row.confirm_verifs_total
-                )
-            )?;
+                ),
+            ]);
         }
         rows.push(row);
     }
@@ -291,6 +288,7 @@ pub fn run(args: CountsArgs) -> Result<()> {
         serde_json::to_writer_pretty(&mut out, &rows)?;
         writeln!(out)?;
     } else {
+        writeln!(out, "{table}")?;
         writeln!(out, "{} of {} exact paper entries match; README explains the rest.", matches.0, matches.1)?;
     }
     Ok(())

@@ -114,9 +114,15 @@ pub fn run(args: CryptoArgs) -> Result<()> {
         return Ok(());
     }
     println!("Per-operation cost on this machine (wall clock, {} timed runs each).", args.iterations);
-    println!("{:<16} {:<22} {:>12} {:>12}", "suite", "operation", "median µs", "p95 µs");
+    let mut t = crate::table::new(["suite", "operation", "median µs", "p95 µs"], 2);
     for c in &costs {
-        println!("{:<16} {:<22} {:>12.2} {:>12.2}", c.suite, c.op, c.median_us, c.p95_us);
+        t.add_row(vec![
+            c.suite.to_string(),
+            c.op.to_string(),
+            format!("{:.2}", c.median_us),
+            format!("{:.2}", c.p95_us),
+        ]);
     }
+    println!("{t}");
     Ok(())
 }

@@ -499,40 +499,28 @@ impl Point {
     }
 }
 
-/// Width of the points table's first column: protocol names, or with the
-/// membership line its name.
-fn proto_width(membership: bool) -> usize {
-    if membership {
-        MEMBERSHIP.len()
-    } else {
-        5
+/// The points table.
+fn write_points(out: &mut impl Write, points: &[Point]) -> std::io::Result<()> {
+    let mut t = crate::table::new(["proto", "event", "n", "mean", "p50", "p95", "bound", "÷bound"], 2);
+    for p in points {
+        t.add_row(vec![
+            p.protocol.to_string(),
+            event_name(p.event),
+            p.n.to_string(),
+            format!("{:.2}", p.mean_ms),
+            format!("{:.2}", p.p50_ms),
+            format!("{:.2}", p.p95_ms),
+            crate::table::or_dash(p.bound_ms, 2),
+            crate::table::or_dash(p.ratio_to_bound, 2),
+        ]);
     }
+    writeln!(out, "{t}")
 }
 
-/// The column heads of the points table, its first column `w` wide.
-fn write_header(out: &mut impl Write, w: usize) -> std::io::Result<()> {
-    writeln!(
-        out,
-        "{:<w$} {:<10} {:>4} | {:>9} {:>9} {:>9} | {:>9} {:>7}",
-        "proto", "event", "n", "mean", "p50", "p95", "bound", "÷bound"
-    )
-}
-
-/// One row of the points table, the `done`th of `total`; `-` for no bound.
-fn write_row(out: &mut impl Write, p: &Point, w: usize, done: usize, total: usize) -> std::io::Result<()> {
-    let or_dash = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
-    writeln!(
-        out,
-        "{:<w$} {:<10} {:>4} | {:>9.2} {:>9.2} {:>9.2} | {:>9} {:>7}   [{done}/{total}]",
-        p.protocol,
-        event_name(p.event),
-        p.n,
-        p.mean_ms,
-        p.p50_ms,
-        p.p95_ms,
-        or_dash(p.bound_ms),
-        or_dash(p.ratio_to_bound)
-    )
+/// A point as it is measured (on stderr, above the progress bar): the table
+/// comes once all are in.
+fn point_line(p: &Point, done: usize, total: usize) -> String {
+    format!("[{done}/{total}] {} {} n={}: mean {:.2} ms", p.protocol, event_name(p.event), p.n, p.mean_ms)
 }
 
 /// After the daemon engine's table: each protocol's mean minus the
@@ -549,22 +537,18 @@ fn write_over_membership(out: &mut impl Write, points: &[Point], protocols: &[Pr
         "\nKey agreement on top of membership: each protocol's mean minus the membership line's mean (plain \
          clients, same event), ms."
     )?;
-    write!(out, "{:<10} {:>4} | {:>10} |", "event", "n", MEMBERSHIP)?;
-    for p in protocols {
-        write!(out, " {:>9}", p.name())?;
-    }
-    writeln!(out)?;
+    let mut header = vec!["event".to_string(), "n".to_string(), MEMBERSHIP.to_string()];
+    header.extend(protocols.iter().map(|p| p.name().to_string()));
+    let mut t = crate::table::new(header, 1);
     for m in lines {
-        write!(out, "{:<10} {:>4} | {:>10.2} |", event_name(m.event), m.n, m.mean_ms)?;
+        let mut cells = vec![event_name(m.event), m.n.to_string(), format!("{:.2}", m.mean_ms)];
         for proto in protocols {
-            match points.iter().find(|p| p.event == m.event && p.n == m.n && p.protocol == proto.name()) {
-                Some(p) => write!(out, " {:>+9.2}", p.mean_ms - m.mean_ms)?,
-                None => write!(out, " {:>9}", "-")?,
-            }
+            let p = points.iter().find(|p| p.event == m.event && p.n == m.n && p.protocol == proto.name());
+            cells.push(p.map_or_else(|| "-".to_string(), |p| format!("{:+.2}", p.mean_ms - m.mean_ms)));
         }
-        writeln!(out)?;
+        t.add_row(cells);
     }
-    Ok(())
+    writeln!(out, "{t}")
 }
 
 /// Runs the benchmark.
@@ -620,7 +604,6 @@ pub fn run(args: EventsArgs) -> Result<()> {
         "Time until every member has the new key, virtual ms ({:?} costs: exp {:.3}, sign {:.3}, verify {:.3}, message {:.2}; {:?} network; {} runs per point).",
         args.costs, model.exp, model.sign, model.verify, model.multicast, args.wan, args.runs
     )?;
-    write_header(&mut out, proto_width(false))?;
     let mut points = Vec::new();
     let mut sides = Vec::new();
     let total = args.events.len() * protocols.len() * sizes.len();
@@ -668,13 +651,14 @@ pub fn run(args: EventsArgs) -> Result<()> {
                 }
                 let bound = bounds.iter().sum::<f64>() / bounds.len() as f64;
                 let p = Point::new(protocol, event, n, times, bound);
-                // Printed under the bar so the two do not tear each other.
-                progress.suspend(|| write_row(&mut out, &p, proto_width(false), done, total))?;
+                // Printed above the bar so the two do not tear each other.
+                progress.suspend(|| eprintln!("{}", point_line(&p, done, total)));
                 points.push(p);
             }
         }
     }
     progress.finish_and_clear();
+    write_points(&mut out, &points)?;
     write_sides(&mut out, &sides, &args)?;
     finish(&args, &protocols, &peer_sizes, points, &model, &mut out)
 }
@@ -701,17 +685,19 @@ fn write_sides(out: &mut impl Write, rows: &[SidesRow], args: &EventsArgs) -> Re
          the lower-numbered machines for partition, the first n/2 members for partition-halves, the odd-numbered \
          ones (1st, 3rd, …) with the oldest member for partition-p1/p2; second: the rest)."
     )?;
-    writeln!(out, "{:<5} {:<12} {:>4} | {:>10} {:>10}", "proto", "event", "n", "first", "second")?;
+    let mut t = crate::table::new(["proto", "event", "n", "first", "second"], 2);
     let mut records = vec![csv_record(["protocol", "event", "n", "first_side_ms", "second_side_ms"])];
     for r in rows {
         let event = event_name(r.event);
-        writeln!(out, "{:<5} {:<12} {:>4} | {:>10.2} {:>10.2}", r.protocol, event, r.n, r.first_ms, r.second_ms)?;
+        let (first, second) = (format!("{:.2}", r.first_ms), format!("{:.2}", r.second_ms));
+        t.add_row(vec![r.protocol.to_string(), event.clone(), r.n.to_string(), first, second]);
         records.push(vec![r.protocol.into(), event, r.n.to_string(), ms3(r.first_ms), ms3(r.second_ms)]);
     }
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         write_csv(&dir.join("sides.csv"), &records)?;
     }
+    writeln!(out, "{t}")?;
     Ok(())
 }
 
@@ -764,8 +750,6 @@ fn daemon_points(
              share of every protocol's time (Fig. 16); no bound."
         )?;
     }
-    let w = proto_width(membership);
-    write_header(out, w)?;
     let lines = protocols.len() + usize::from(membership);
     let total = args.events.len() * lines * sizes.len();
     let progress = progress_bar(total as u64);
@@ -777,7 +761,7 @@ fn daemon_points(
                 let times = target.time_membership(event, n, args.runs, args.seed)?;
                 let p = Point::membership(event, n, times);
                 progress.inc(1);
-                progress.suspend(|| write_row(out, &p, w, points.len() + 1, total))?;
+                progress.suspend(|| eprintln!("{}", point_line(&p, points.len() + 1, total)));
                 points.push(p);
             }
         }
@@ -789,12 +773,13 @@ fn daemon_points(
                 let bound = run_once(protocol, event, n, group, scheme, model, target.placement(), args.seed)?.bound_ms;
                 let p = Point::new(protocol, event, n, times, bound);
                 progress.inc(1);
-                progress.suspend(|| write_row(out, &p, w, points.len() + 1, total))?;
+                progress.suspend(|| eprintln!("{}", point_line(&p, points.len() + 1, total)));
                 points.push(p);
             }
         }
     }
     progress.finish_and_clear();
+    write_points(out, &points)?;
     write_over_membership(out, &points, protocols)?;
     Ok(points)
 }
@@ -880,15 +865,11 @@ fn print_peer(
         super::mls::MAX_REPEATED,
         args.wan
     )?;
-    write!(
-        out,
-        "{:<6} {:>4} | {:>8} {:>8} {:>8} {:>9} {:>8} |",
-        "event", "n", "commit", "receive", "mls", "timed", "net"
-    )?;
+    let mut header: Vec<String> = ["event", "n", "commit", "receive", "mls", "timed", "net"].map(String::from).into();
     for p in protocols {
-        write!(out, " {:>9} {:>6}", p.name(), "÷mls")?;
+        header.extend([p.name().to_string(), format!("{} ÷mls", p.name())]);
     }
-    writeln!(out)?;
+    let mut table = crate::table::new(header, 1);
     for row in rows {
         for event in [TimedEvent::Join, TimedEvent::Leave] {
             if !args.events.contains(&event) {
@@ -896,26 +877,25 @@ fn print_peer(
             }
             let t = if event == TimedEvent::Join { row.join } else { row.leave };
             let mls = mls_total(row, event, model, args.wan).expect("join or leave");
-            write!(
-                out,
-                "{:<6} {:>4} | {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8.2} |",
+            let mut cells = vec![
                 event_name(event),
-                row.n,
-                t.commit_ms,
-                t.max_receive_ms,
-                mls,
+                row.n.to_string(),
+                format!("{:.2}", t.commit_ms),
+                format!("{:.2}", t.max_receive_ms),
+                format!("{mls:.2}"),
                 format!("{}/{}", t.timed, t.receivers),
-                one_round_network_ms(model, args.wan, row.n)
-            )?;
+                format!("{:.2}", one_round_network_ms(model, args.wan, row.n)),
+            ];
             for proto in protocols {
                 match points.iter().find(|p| p.event == event && p.n == row.n && p.protocol == proto.name()) {
-                    Some(p) => write!(out, " {:>9.2} {:>6.2}", p.mean_ms, p.mean_ms / mls)?,
-                    None => write!(out, " {:>9} {:>6}", "-", "-")?,
+                    Some(p) => cells.extend([format!("{:.2}", p.mean_ms), format!("{:.2}", p.mean_ms / mls)]),
+                    None => cells.extend(["-".to_string(), "-".to_string()]),
                 }
             }
-            writeln!(out)?;
+            table.add_row(cells);
         }
     }
+    writeln!(out, "{table}")?;
     Ok(())
 }
 

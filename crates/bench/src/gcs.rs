@@ -28,7 +28,6 @@
 //! (see [`cluster`]); the cluster's rows are then divided by it.
 
 use std::collections::HashSet;
-use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -656,35 +655,32 @@ fn print_multicast(args: &GcsArgs, targets: &[Target], rows: &[MulticastRow]) {
         args.receivers, args.latency_count, args.count
     );
     let reference = compares(targets);
-    let mut out = std::io::stdout().lock();
-    let _ = write!(
-        out,
-        "{:<8} {:>7} {:>7} {:>10} {:>10} {:>10} {:>9}",
-        "target", "senders", "size", "p50 µs", "p99 µs", "msg/s", "MB/s"
-    );
+    let mut header: Vec<String> =
+        ["target", "senders", "size", "p50 µs", "p99 µs", "msg/s", "MB/s"].map(String::from).into();
     if let Some(r) = reference {
-        let _ = write!(out, " {:>11} {:>11}", format!("p50 / {r}"), format!("msg/s / {r}"));
+        header.extend([format!("p50 / {r}"), format!("msg/s / {r}")]);
     }
-    let _ = writeln!(out);
+    let mut t = crate::table::new(header, 1);
     for row in rows {
-        let _ = write!(
-            out,
-            "{:<8} {:>7} {:>7} {:>10.1} {:>10.1} {:>10.0} {:>9.2}",
-            row.target, row.senders, row.size, row.latency_p50_us, row.latency_p99_us, row.messages_per_s, row.mb_per_s
-        );
+        let mut cells = vec![
+            row.target.to_string(),
+            row.senders.to_string(),
+            row.size.to_string(),
+            format!("{:.1}", row.latency_p50_us),
+            format!("{:.1}", row.latency_p99_us),
+            format!("{:.0}", row.messages_per_s),
+            format!("{:.2}", row.mb_per_s),
+        ];
         if reference.is_some() {
             let compare_to = targets.iter().find(|t| t.name == row.target).and_then(|t| t.compare_to);
             let base =
                 rows.iter().find(|b| Some(b.target) == compare_to && b.senders == row.senders && b.size == row.size);
-            let _ = write!(
-                out,
-                " {:>11} {:>11}",
-                ratio(row.latency_p50_us, base.map(|b| b.latency_p50_us)),
-                ratio(row.messages_per_s, base.map(|b| b.messages_per_s))
-            );
+            cells.push(ratio(row.latency_p50_us, base.map(|b| b.latency_p50_us)));
+            cells.push(ratio(row.messages_per_s, base.map(|b| b.messages_per_s)));
         }
-        let _ = writeln!(out);
+        t.add_row(cells);
     }
+    println!("{t}");
 }
 
 fn print_floor(rows: &[FloorRow]) {
@@ -694,25 +690,34 @@ fn print_floor(rows: &[FloorRow]) {
          the multicast call to delivery, one message in flight per sender, measured on the nodes with clients; \
          throughput of the same flood until every node has it). ×: cluster value / floor value"
     );
-    println!(
-        "{:<8} {:>7} {:>7} {:>10} {:>10} {:>10} {:>9} {:>11} {:>11} {:>11}",
-        "target", "senders", "size", "p50 µs", "p99 µs", "msg/s", "MB/s", "cluster p50", "cluster p99", "msg/s"
-    );
+    let header = [
+        "target",
+        "senders",
+        "size",
+        "p50 µs",
+        "p99 µs",
+        "msg/s",
+        "MB/s",
+        "cluster p50",
+        "cluster p99",
+        "cluster msg/s",
+    ];
+    let mut t = crate::table::new(header, 1);
     for r in rows {
-        println!(
-            "{:<8} {:>7} {:>7} {:>10.1} {:>10.1} {:>10.0} {:>9.2} {:>11} {:>11} {:>11}",
-            "cpg",
-            r.senders,
-            r.size,
-            r.latency_p50_us,
-            r.latency_p99_us,
-            r.messages_per_s,
-            r.mb_per_s,
+        t.add_row(vec![
+            "cpg".to_string(),
+            r.senders.to_string(),
+            r.size.to_string(),
+            format!("{:.1}", r.latency_p50_us),
+            format!("{:.1}", r.latency_p99_us),
+            format!("{:.0}", r.messages_per_s),
+            format!("{:.2}", r.mb_per_s),
             format!("×{:.2}", r.cluster_p50_ratio),
             format!("×{:.2}", r.cluster_p99_ratio),
-            format!("×{:.2}", r.cluster_msgs_ratio)
-        );
+            format!("×{:.2}", r.cluster_msgs_ratio),
+        ]);
     }
+    println!("{t}");
 }
 
 fn print_membership(targets: &[Target], rows: &[MembershipRow]) {
@@ -721,32 +726,28 @@ fn print_membership(targets: &[Target], rows: &[MembershipRow]) {
         rows.first().map_or(0, |r| r.reps)
     );
     let reference = compares(targets);
-    let mut out = std::io::stdout().lock();
-    let _ = write!(
-        out,
-        "{:<8} {:>7} {:>12} {:>12} {:>12} {:>12}",
-        "target", "members", "join p50 µs", "join max µs", "leave p50 µs", "leave max µs"
-    );
+    let mut header: Vec<String> =
+        ["target", "members", "join p50 µs", "join max µs", "leave p50 µs", "leave max µs"].map(String::from).into();
     if let Some(r) = reference {
-        let _ = write!(out, " {:>11} {:>11}", format!("join / {r}"), format!("leave / {r}"));
+        header.extend([format!("join / {r}"), format!("leave / {r}")]);
     }
-    let _ = writeln!(out);
+    let mut t = crate::table::new(header, 1);
     for row in rows {
-        let _ = write!(
-            out,
-            "{:<8} {:>7} {:>12.1} {:>12.1} {:>12.1} {:>12.1}",
-            row.target, row.group_size, row.join_p50_us, row.join_max_us, row.leave_p50_us, row.leave_max_us
-        );
+        let mut cells = vec![
+            row.target.to_string(),
+            row.group_size.to_string(),
+            format!("{:.1}", row.join_p50_us),
+            format!("{:.1}", row.join_max_us),
+            format!("{:.1}", row.leave_p50_us),
+            format!("{:.1}", row.leave_max_us),
+        ];
         if reference.is_some() {
             let compare_to = targets.iter().find(|t| t.name == row.target).and_then(|t| t.compare_to);
             let base = rows.iter().find(|b| Some(b.target) == compare_to && b.group_size == row.group_size);
-            let _ = write!(
-                out,
-                " {:>11} {:>11}",
-                ratio(row.join_p50_us, base.map(|b| b.join_p50_us)),
-                ratio(row.leave_p50_us, base.map(|b| b.leave_p50_us))
-            );
+            cells.push(ratio(row.join_p50_us, base.map(|b| b.join_p50_us)));
+            cells.push(ratio(row.leave_p50_us, base.map(|b| b.leave_p50_us)));
         }
-        let _ = writeln!(out);
+        t.add_row(cells);
     }
+    println!("{t}");
 }

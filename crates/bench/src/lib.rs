@@ -32,6 +32,7 @@ mod live;
 mod mls;
 mod paper;
 mod scenario;
+mod table;
 
 #[cfg(feature = "cluster")]
 pub use gcs::floor;

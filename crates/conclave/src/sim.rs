@@ -160,39 +160,40 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             .collect();
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        println!(
-            "{:<8} {:>7} {:>7} {:>9} {:>7} {:>9} {:>8} {:>7} {:>7} {:>8}  {:<16}  failures",
-            "protocol",
-            "runs",
-            "cert",
-            "views",
-            "rekeys",
-            "messages",
-            "attacks",
-            "reconf",
-            "crashes",
-            "runs/s",
-            "trace"
-        );
+        let header = [
+            "protocol", "runs", "cert", "views", "rekeys", "messages", "attacks", "reconf", "crashes", "runs/s",
+            "trace", "failures",
+        ];
+        let mut table = comfy_table::Table::new();
+        table.load_style(comfy_table::presets::ASCII_MARKDOWN).set_header(header);
+        for (i, column) in table.column_iter_mut().enumerate() {
+            let left = i == 0 || i >= 10;
+            column.set_cell_alignment(if left {
+                comfy_table::CellAlignment::Left
+            } else {
+                comfy_table::CellAlignment::Right
+            });
+        }
         for t in &all {
             let failures: u64 = t.failures.values().sum();
             let kinds: Vec<String> = t.failures.iter().map(|(k, n)| format!("{k}: {n}")).collect();
             let kinds = if kinds.is_empty() { String::new() } else { format!(" ({})", kinds.join(", ")) };
-            println!(
-                "{:<8} {:>7} {:>7} {:>9} {:>7} {:>9} {:>8} {:>7} {:>7} {:>8.0}  {:<16}  {failures}{kinds}",
-                t.protocol.name(),
-                t.runs,
-                t.certified,
-                t.views,
-                t.rekeys,
-                t.messages,
-                t.attacks,
-                t.reconfigurations,
-                t.crashes,
-                t.runs as f64 / t.secs,
-                t.trace
-            );
+            table.add_row(vec![
+                t.protocol.name().to_string(),
+                t.runs.to_string(),
+                t.certified.to_string(),
+                t.views.to_string(),
+                t.rekeys.to_string(),
+                t.messages.to_string(),
+                t.attacks.to_string(),
+                t.reconfigurations.to_string(),
+                t.crashes.to_string(),
+                format!("{:.0}", t.runs as f64 / t.secs),
+                t.trace.clone(),
+                format!("{failures}{kinds}"),
+            ]);
         }
+        println!("{table}");
         // The scale target, from the rates just measured (an
         // extrapolation: say so).
         let secs: f64 = all.iter().map(|t| 100_000.0 * t.secs / t.runs.max(1) as f64).sum();

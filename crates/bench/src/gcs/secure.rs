@@ -140,21 +140,19 @@ pub fn print(rows: &[SecureRow]) {
         "secure data through the same daemon (TGDH key, ChaCha20-Poly1305): throughput with the policy's sender \
          signatures on (Ed25519, every receiver verifies) and off, and each as a ratio to plain agreed multicast"
     );
-    println!(
-        "{:>7} {:>7} {:>9} {:>12} {:>12} {:>8} {:>12} {:>8}",
-        "senders", "size", "messages", "plain msg/s", "signed msg/s", "/ plain", "unsigned", "/ plain"
-    );
+    let header = ["senders", "size", "messages", "plain msg/s", "signed msg/s", "/ plain", "unsigned msg/s", "/ plain"];
+    let mut t = crate::table::new(header, 0);
     for r in rows {
-        println!(
-            "{:>7} {:>7} {:>9} {:>12.0} {:>12.0} {:>8} {:>12.0} {:>8}",
-            r.senders,
-            r.size,
-            r.messages,
-            r.plain_messages_per_s,
-            r.signed_messages_per_s,
+        t.add_row(vec![
+            r.senders.to_string(),
+            r.size.to_string(),
+            r.messages.to_string(),
+            format!("{:.0}", r.plain_messages_per_s),
+            format!("{:.0}", r.signed_messages_per_s),
             super::ratio(r.signed_messages_per_s, Some(r.plain_messages_per_s)),
-            r.unsigned_messages_per_s,
+            format!("{:.0}", r.unsigned_messages_per_s),
             super::ratio(r.unsigned_messages_per_s, Some(r.plain_messages_per_s)),
-        );
+        ]);
     }
+    println!("{t}");
 }
