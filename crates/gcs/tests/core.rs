@@ -556,6 +556,7 @@ fn operations_during_an_exchange_are_held_then_applied_in_order() {
         daemon: DaemonId(2),
         next_view: 40,
         incarnation: inc(2),
+        applied: 0,
         cut: vec![DaemonId(1), DaemonId(2)],
         clients: Vec::new(),
     };
