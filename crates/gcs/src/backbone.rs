@@ -230,12 +230,8 @@ fn client_op(kind: u8, f: &mut Fields) -> Result<Op, WireError> {
         DISCONNECT => Op::Disconnect { conn: conn(f)? },
         JOIN => Op::Join { conn: conn(f)?, group: f.group()?, open: f.flag("open flag")? },
         LEAVE => Op::Leave { conn: conn(f)?, group: f.group()? },
-        MULTICAST => {
-            Op::Multicast { conn: conn(f)?, group: f.group()?, service: f.service()?, payload: f.payload() }
-        }
-        UNICAST => {
-            Op::Unicast { conn: conn(f)?, group: f.group()?, to: f.member("recipient")?, payload: f.payload() }
-        }
+        MULTICAST => Op::Multicast { conn: conn(f)?, group: f.group()?, service: f.service()?, payload: f.payload() },
+        UNICAST => Op::Unicast { conn: conn(f)?, group: f.group()?, to: f.member("recipient")?, payload: f.payload() },
         REJECT => {
             let conn = conn(f)?;
             let code = ErrorCode::from_u16(f.u16("error code")?);

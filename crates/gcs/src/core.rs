@@ -981,14 +981,7 @@ impl Core {
             .collect();
         let cut = cut.iter().copied().collect();
         let applied = self.applied.get(&self.me).filter(|a| a.incarnation == self.incarnation).map_or(0, |a| a.floor);
-        DaemonState {
-            daemon: self.me,
-            next_view: self.next_view,
-            incarnation: self.incarnation,
-            applied,
-            cut,
-            clients,
-        }
+        DaemonState { daemon: self.me, next_view: self.next_view, incarnation: self.incarnation, applied, cut, clients }
     }
 
     fn daemons_changed(&mut self, epoch: u64, members: Vec<DaemonId>, out: &mut Vec<Output>) {
@@ -1107,6 +1100,53 @@ impl Core {
             for (_, seat, _) in entries.iter_mut().filter(|e| set(&e)) {
                 seat.prev = Some(id);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Applied, MAX_RANGES};
+
+    #[test]
+    fn applied_numbers_are_told_once_in_any_order_and_fold_into_the_floor() {
+        let mut a = Applied::new(1);
+        for n in [3, 1, 5, 4] {
+            assert!(a.insert(n), "{n} is new");
+        }
+        assert!(!a.insert(4) && !a.insert(1));
+        assert_eq!((a.floor, a.above.len()), (0, 2), "ranges 1 and 3..=5");
+        assert!(a.insert(0));
+        assert!(a.insert(2));
+        assert_eq!((a.floor, a.above.len()), (6, 0), "0..=5 folded into the floor");
+        assert!(!a.insert(2));
+        assert!(a.insert(u64::MAX) && !a.insert(u64::MAX));
+    }
+
+    #[test]
+    fn a_raised_floor_swallows_what_it_covers() {
+        let mut a = Applied::new(1);
+        for n in [2, 7, 8, 20] {
+            a.insert(n);
+        }
+        a.raise(8);
+        assert_eq!((a.floor, a.above.len()), (9, 1), "7..=8 reached the floor; 20 stays");
+        assert!(!a.insert(3), "below the floor counts as applied");
+        assert!(a.insert(10) && !a.insert(20));
+        a.raise(5);
+        assert_eq!(a.floor, 9, "a floor never sinks");
+    }
+
+    #[test]
+    fn the_ranges_stay_bounded_and_the_latest_are_kept() {
+        let mut a = Applied::new(1);
+        for i in 1..=1000u64 {
+            assert!(a.insert(2 * i));
+            assert!(a.above.len() <= MAX_RANGES);
+        }
+        for i in 1000 - MAX_RANGES as u64 + 1..=1000 {
+            assert!(!a.insert(2 * i), "a recent one is remembered");
+            assert!(a.insert(2 * i - 1), "and so is the gap below it");
         }
     }
 }

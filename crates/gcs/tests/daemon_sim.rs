@@ -444,4 +444,3 @@ fn interrupted_partitions(seeds: std::ops::Range<u64>) {
         }
     }
 }
-
