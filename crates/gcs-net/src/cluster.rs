@@ -9,6 +9,11 @@
 //! clients. A daemon's number ([`DaemonId`]) is its corosync node id, so one
 //! node runs one daemon per group; node ids above 65535 are refused.
 //!
+//! Client operations go out numbered ([`Op::Numbered`]: the daemon's
+//! incarnation and its count of client operations sent), so that a core
+//! applies one the daemon group orders twice — submitted again after an
+//! interrupted state exchange — only once.
+//!
 //! # Configuration changes and the epoch
 //!
 //! A CPG configuration change (a daemon joined or left, a node was cut off or
@@ -57,12 +62,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use conclave_gcs::backbone::{decode_op, op_bytes};
-use conclave_gcs::core::{DaemonId, Op};
+use conclave_gcs::core::{DaemonId, Op, OpId};
 use rust_corosync::cpg::{self, Address, Guarantee, Handle, Model1Data, Model1Flags, ModelData};
 use rust_corosync::{CsError, DispatchFlags, NodeId};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::daemon::Backbone;
+use crate::daemon::{new_incarnation, Backbone};
 
 /// Errors joining the cluster.
 #[derive(Debug, thiserror::Error)]
@@ -314,13 +319,14 @@ pub fn join(group: &str) -> Result<Backbone, ClusterError> {
         }
     }
     let send_handle = dispatch_handle.clone();
+    let incarnation = new_incarnation();
     std::thread::Builder::new()
         .name("cpg-send".into())
-        .spawn(move || run_send(send_handle, submit_rx, report))
+        .spawn(move || run_send(send_handle, incarnation, submit_rx, report))
         .map_err(|e| ClusterError::Join { group: group.to_owned(), reason: format!("no send thread: {e}") })?;
     tracing::info!("joined CPG group {group:?} as daemon {} (corosync node id)", me.0);
     let membership = Membership { handle: dispatch_handle, group: group.to_owned(), leaving };
-    Ok(Backbone::new(me, submit, ordered, failure, Box::new(membership)))
+    Ok(Backbone::new(me, incarnation, submit, ordered, failure, Box::new(membership)))
 }
 
 /// Dispatches CPG callbacks until this daemon leaves or corosync fails, then
@@ -347,9 +353,19 @@ fn run_dispatch(handle: Handle, dispatch: Dispatch, report: FailureReport, leavi
 }
 
 /// Multicasts submitted operations, in order, until the daemon stops or
-/// corosync fails.
-fn run_send(handle: Handle, mut submit: mpsc::Receiver<Op>, report: FailureReport) {
+/// corosync fails. Each client operation gets its identity here, in the order
+/// of multicast: this daemon's `incarnation` (its core's) and 0, 1, 2, …; one
+/// the core submits again after an interrupted exchange keeps the one it has
+/// (see the core's module docs, *Operation identities*).
+fn run_send(handle: Handle, incarnation: u64, mut submit: mpsc::Receiver<Op>, report: FailureReport) {
+    let mut next = 0;
     while let Some(op) = submit.blocking_recv() {
+        let op = if op.is_plain_client_op() {
+            next += 1;
+            op.numbered(OpId { incarnation, seq: next - 1 })
+        } else {
+            op
+        };
         let msg = op_bytes(&op);
         if let Err(e) = retry(|| cpg::mcast_joined(&handle, Guarantee::TypeAgreed, &msg)) {
             report.send(format!("cannot multicast to the daemon group ({e}): did corosync stop?"));

@@ -127,6 +127,9 @@ const STANDALONE: DaemonId = DaemonId(0);
 /// them, and where the sequencer takes them from in their total order.
 pub struct Backbone {
     me: DaemonId,
+    /// The incarnation of this start of the daemon: its core's, and the one
+    /// a cluster backbone numbers client operations with.
+    incarnation: u64,
     submit: mpsc::Sender<Op>,
     ordered: mpsc::Receiver<Op>,
     failure: oneshot::Receiver<String>,
@@ -140,28 +143,37 @@ impl Backbone {
         let (submit, ordered) = mpsc::channel(1024);
         // Never fails: the sender is dropped, so the receiver reports no failure.
         let (_, failure) = oneshot::channel();
-        Self { me: STANDALONE, submit, ordered, failure, resources: None }
+        Self { me: STANDALONE, incarnation: new_incarnation(), submit, ordered, failure, resources: None }
     }
 
     /// A backbone that orders operations elsewhere: the daemon sends every
-    /// operation to `submit` and runs its core over what arrives on `ordered`.
-    /// When the backbone fails it sends the reason on `failure`, then closes
+    /// operation to `submit` and runs its core, of `incarnation` (from
+    /// [`new_incarnation`]), over what arrives on `ordered`. When the
+    /// backbone fails it sends the reason on `failure`, then closes
     /// `ordered`. `resources` live as long as the daemon.
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn new(
         me: DaemonId,
+        incarnation: u64,
         submit: mpsc::Sender<Op>,
         ordered: mpsc::Receiver<Op>,
         failure: oneshot::Receiver<String>,
         resources: Box<dyn Send + Sync>,
     ) -> Self {
-        Self { me, submit, ordered, failure, resources: Some(resources) }
+        Self { me, incarnation, submit, ordered, failure, resources: Some(resources) }
     }
 
     /// This daemon's number in the daemon group.
     pub fn daemon_id(&self) -> DaemonId {
         self.me
     }
+}
+
+/// A fresh incarnation for one start of the daemon: view ids (and all that
+/// members sign over them) never repeat across restarts, nor do the
+/// identities of a cluster daemon's client operations.
+pub(crate) fn new_incarnation() -> u64 {
+    rand_core::RngCore::next_u64(&mut rand_core::OsRng)
 }
 
 /// What the sequencer holds for one connection.
@@ -298,11 +310,8 @@ impl Daemon {
             .transpose()
             .map_err(|source| DaemonError::Bind { what: "tls".into(), source })?;
 
-        let Backbone { me, submit, ordered, failure, resources } = backbone;
+        let Backbone { me, incarnation, submit, ordered, failure, resources } = backbone;
         let conns: Conns = Arc::default();
-        // A fresh incarnation per start: view ids (and all that members sign
-        // over them) never repeat across restarts of this daemon.
-        let incarnation = rand_core::RngCore::next_u64(&mut rand_core::OsRng);
         let core = Core::new(me, Limits { max_groups_per_client: config.max_groups_per_client }, incarnation);
         let (stop, stopped) = oneshot::channel();
         let (report, failed) = oneshot::channel();

@@ -15,11 +15,11 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::core::{ClientState, ConnId, DaemonId, DaemonState, ErrorCode, Membership, Op, Service};
+use crate::core::{ClientState, ConnId, DaemonId, DaemonState, ErrorCode, Membership, Op, OpId, Service};
 use crate::wire::{Fields, WireError, MAX_ERROR_TEXT};
 
 /// The version of the daemon–daemon encoding this module speaks.
-pub const OP_VERSION: u8 = 2;
+pub const OP_VERSION: u8 = 3;
 
 const CONNECT: u8 = 0x01;
 const DISCONNECT: u8 = 0x02;
@@ -30,6 +30,7 @@ const UNICAST: u8 = 0x06;
 const REJECT: u8 = 0x07;
 const DAEMONS: u8 = 0x08;
 const STATE: u8 = 0x09;
+const NUMBERED: u8 = 0x0a;
 
 /// Why a daemon message could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,8 +53,15 @@ pub enum OpError {
 ///
 /// If a list in the operation is longer than its count field can say (more
 /// than 65535 daemons, or 2^32 clients or memberships): no core builds such.
+/// If an [`Op::Numbered`] wraps anything but a plain client operation (see
+/// [`Op::is_plain_client_op`]): [`Op::numbered`] never makes such.
 pub fn encode_op(op: &Op, out: &mut BytesMut) {
     out.put_u8(OP_VERSION);
+    put_op(op, out);
+}
+
+/// The kind byte and fields of `op`.
+fn put_op(op: &Op, out: &mut BytesMut) {
     match op {
         Op::Connect { conn, name } => {
             out.put_u8(CONNECT);
@@ -117,6 +125,7 @@ pub fn encode_op(op: &Op, out: &mut BytesMut) {
             out.put_u16(state.daemon.0);
             out.put_u64(state.next_view);
             out.put_u64(state.incarnation);
+            out.put_u64(state.applied);
             out.put_u16(u16::try_from(state.cut.len()).expect("at most 65535 daemons"));
             for d in &state.cut {
                 out.put_u16(d.0);
@@ -133,6 +142,13 @@ pub fn encode_op(op: &Op, out: &mut BytesMut) {
                     out.put_u64(m.since);
                 }
             }
+        }
+        Op::Numbered { id, op } => {
+            assert!(op.is_plain_client_op(), "only a client operation is numbered");
+            out.put_u8(NUMBERED);
+            out.put_u64(id.incarnation);
+            out.put_u64(id.seq);
+            put_op(op, out);
         }
     }
 }
@@ -152,22 +168,15 @@ pub fn decode_op(msg: Bytes) -> Result<Op, OpError> {
         return Err(OpError::UnsupportedVersion(version));
     }
     let op = match f.u8("kind")? {
-        CONNECT => Op::Connect { conn: conn(&mut f)?, name: f.member("member name")? },
-        DISCONNECT => Op::Disconnect { conn: conn(&mut f)? },
-        JOIN => Op::Join { conn: conn(&mut f)?, group: f.group()?, open: f.flag("open flag")? },
-        LEAVE => Op::Leave { conn: conn(&mut f)?, group: f.group()? },
-        MULTICAST => {
-            Op::Multicast { conn: conn(&mut f)?, group: f.group()?, service: f.service()?, payload: f.payload() }
+        NUMBERED => {
+            let id = OpId { incarnation: f.u64("incarnation")?, seq: f.u64("operation number")? };
+            let kind = f.u8("numbered kind")?;
+            if !(CONNECT..=REJECT).contains(&kind) {
+                return Err(WireError::BadValue { what: "numbered kind", value: kind.into() }.into());
+            }
+            Op::Numbered { id, op: Box::new(client_op(kind, &mut f)?) }
         }
-        UNICAST => {
-            Op::Unicast { conn: conn(&mut f)?, group: f.group()?, to: f.member("recipient")?, payload: f.payload() }
-        }
-        REJECT => {
-            let conn = conn(&mut f)?;
-            let code = ErrorCode::from_u16(f.u16("error code")?);
-            let len = f.u16("error text")?;
-            Op::Reject { conn, code, text: f.text(len.into(), "error text")?.to_owned() }
-        }
+        kind @ CONNECT..=REJECT => client_op(kind, &mut f)?,
         DAEMONS => {
             let epoch = f.u64("epoch")?;
             let count = usize::from(f.u16("daemon count")?);
@@ -182,6 +191,7 @@ pub fn decode_op(msg: Bytes) -> Result<Op, OpError> {
             let daemon = DaemonId(f.u16("daemon")?);
             let next_view = f.u64("next view")?;
             let incarnation = f.u64("incarnation")?;
+            let applied = f.u64("applied")?;
             let cut_len = usize::from(f.u16("cut length")?);
             let mut cut = Vec::with_capacity(cut_len.min(f.rest_len() / 2));
             for _ in 0..cut_len {
@@ -206,11 +216,30 @@ pub fn decode_op(msg: Bytes) -> Result<Op, OpError> {
                 }
                 clients.push(ClientState { conn, name, groups });
             }
-            Op::State { epoch, state: DaemonState { daemon, next_view, incarnation, cut, clients } }
+            Op::State { epoch, state: DaemonState { daemon, next_view, incarnation, applied, cut, clients } }
         }
         k => return Err(WireError::UnknownKind(k).into()),
     };
     Ok(f.finish(op)?)
+}
+
+/// The fields of a client operation of `kind` (one of `CONNECT..=REJECT`).
+fn client_op(kind: u8, f: &mut Fields) -> Result<Op, WireError> {
+    Ok(match kind {
+        CONNECT => Op::Connect { conn: conn(f)?, name: f.member("member name")? },
+        DISCONNECT => Op::Disconnect { conn: conn(f)? },
+        JOIN => Op::Join { conn: conn(f)?, group: f.group()?, open: f.flag("open flag")? },
+        LEAVE => Op::Leave { conn: conn(f)?, group: f.group()? },
+        MULTICAST => Op::Multicast { conn: conn(f)?, group: f.group()?, service: f.service()?, payload: f.payload() },
+        UNICAST => Op::Unicast { conn: conn(f)?, group: f.group()?, to: f.member("recipient")?, payload: f.payload() },
+        REJECT => {
+            let conn = conn(f)?;
+            let code = ErrorCode::from_u16(f.u16("error code")?);
+            let len = f.u16("error text")?;
+            Op::Reject { conn, code, text: f.text(len.into(), "error text")?.to_owned() }
+        }
+        k => return Err(WireError::UnknownKind(k)),
+    })
 }
 
 fn put_conn(out: &mut BytesMut, c: ConnId) {
@@ -251,7 +280,20 @@ mod tests {
         })
     }
 
+    /// Every kind of operation, client operations also numbered.
     fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            unnumbered_op(),
+            (client_op_s(), any::<(u64, u64)>())
+                .prop_map(|(op, (incarnation, seq))| op.numbered(OpId { incarnation, seq })),
+        ]
+    }
+
+    fn client_op_s() -> impl Strategy<Value = Op> {
+        unnumbered_op().prop_filter("a client operation", Op::is_plain_client_op)
+    }
+
+    fn unnumbered_op() -> impl Strategy<Value = Op> {
         let member = || name().prop_map(|s| MemberId::new(s).unwrap());
         let group = || name().prop_map(|s| GroupName::new(s).unwrap());
         let payload = || proptest::collection::vec(any::<u8>(), 0..64).prop_map(Bytes::from);
@@ -284,16 +326,17 @@ mod tests {
             (
                 any::<u64>(),
                 any::<u16>(),
-                any::<(u64, u64)>(),
+                any::<(u64, u64, u64)>(),
                 proptest::collection::vec(any::<u16>(), 0..4),
                 proptest::collection::vec(client, 0..4)
             )
-                .prop_map(|(epoch, d, (next_view, incarnation), cut, clients)| Op::State {
+                .prop_map(|(epoch, d, (next_view, incarnation, applied), cut, clients)| Op::State {
                     epoch,
                     state: DaemonState {
                         daemon: DaemonId(d),
                         next_view,
                         incarnation,
+                        applied,
                         cut: cut.into_iter().map(DaemonId).collect(),
                         clients
                     }
@@ -331,7 +374,11 @@ mod tests {
             let end = cut % bytes.len();
             // Payloads run to the end of the message, so cutting one short still decodes.
             if let Ok(back) = decode_op(bytes.slice(..end)) {
-                prop_assert!(matches!(back, Op::Multicast { .. } | Op::Unicast { .. }), "{back:?}");
+                let inner = match &back {
+                    Op::Numbered { op, .. } => op.as_ref(),
+                    op => op,
+                };
+                prop_assert!(matches!(inner, Op::Multicast { .. } | Op::Unicast { .. }), "{back:?}");
             }
         }
     }
@@ -340,16 +387,43 @@ mod tests {
     fn versions_and_kinds_are_checked() {
         assert_eq!(decode_op(Bytes::new()), Err(OpError::Empty));
         assert_eq!(decode_op(Bytes::from_static(&[1, DISCONNECT])), Err(OpError::UnsupportedVersion(1)));
-        assert_eq!(decode_op(Bytes::from_static(&[2, 0x7f])), Err(OpError::Malformed(WireError::UnknownKind(0x7f))));
+        assert_eq!(decode_op(Bytes::from_static(&[2, DISCONNECT])), Err(OpError::UnsupportedVersion(2)));
+        assert_eq!(
+            decode_op(Bytes::from_static(&[OP_VERSION, 0x7f])),
+            Err(OpError::Malformed(WireError::UnknownKind(0x7f)))
+        );
         let mut msg = op_bytes(&Op::Disconnect { conn: ConnId { daemon: DaemonId(3), local: 9 } }).to_vec();
         msg.push(0);
         assert_eq!(decode_op(Bytes::from(msg)), Err(OpError::Malformed(WireError::Trailing(1))));
     }
 
     #[test]
+    fn only_a_plain_client_operation_is_numbered() {
+        let conn = ConnId { daemon: DaemonId(3), local: 9 };
+        let id = OpId { incarnation: 7, seq: 1 };
+        let numbered = Op::Disconnect { conn }.numbered(id);
+        assert_eq!(numbered.conn(), Some(conn));
+        assert_eq!(numbered.clone().numbered(OpId { incarnation: 7, seq: 2 }), numbered, "numbered once only");
+        let daemons = Op::Daemons { epoch: 1, members: vec![DaemonId(1)] };
+        assert_eq!(daemons.clone().numbered(id), daemons);
+        // On the wire, a numbered operation wraps a client kind only.
+        let mut msg = op_bytes(&numbered).to_vec();
+        let kind_at = 2 + 8 + 8;
+        assert_eq!(msg[kind_at], DISCONNECT);
+        for bad in [NUMBERED, DAEMONS, STATE, 0, 0x7f] {
+            msg[kind_at] = bad;
+            let err = decode_op(Bytes::from(msg.clone())).unwrap_err();
+            assert!(
+                matches!(err, OpError::Malformed(WireError::BadValue { what: "numbered kind", .. })),
+                "kind {bad:#04x}: {err:?}"
+            );
+        }
+    }
+
+    #[test]
     fn a_huge_count_is_refused_without_allocating_for_it() {
         let mut msg = vec![OP_VERSION, STATE];
-        msg.extend_from_slice(&[0; 8 + 2 + 8 + 8]);
+        msg.extend_from_slice(&[0; 8 + 2 + 8 + 8 + 8 + 2]);
         msg.extend_from_slice(&u32::MAX.to_be_bytes());
         assert!(matches!(decode_op(Bytes::from(msg)), Err(OpError::Malformed(WireError::Truncated(_)))));
     }

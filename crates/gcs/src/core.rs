@@ -81,6 +81,46 @@
 //! connections of daemons outside the daemon group are dropped: a backbone
 //! that is correct never orders them.
 //!
+//! That the daemons of the new group hold the same operations is not always
+//! so: when changes come faster than exchanges finish, one transitional set
+//! may complete an exchange (and apply the held operations) that another one,
+//! which missed a state, does not. The second set's daemons then submit their
+//! own clients' operations again, where the first set has applied them
+//! already. So a cluster numbers its client operations (next section) and a
+//! core applies each numbered operation at most once.
+//!
+//! # Operation identities
+//!
+//! A cluster backbone's shell submits every client operation as an
+//! [`Op::Numbered`]: its [`OpId`] is the daemon's incarnation
+//! ([`Core::incarnation`]) and the daemon's next number, 0, 1, 2, … in the
+//! order it submits client operations; the origin is the daemon of the
+//! operation's connection. Held operations are submitted again with the ids
+//! they had. A core applies a numbered operation only if it has not applied
+//! one with the same origin and id (it is skipped silently otherwise), so an
+//! operation that is ordered twice is delivered once. Plain client operations
+//! (the standalone backbone's) are applied as they come.
+//!
+//! What a core remembers is bounded: per origin daemon, the latest
+//! incarnation only, a floor below which every number counts as applied, and
+//! at most a few ranges of applied numbers above it. The floor is safe
+//! because of where copies come from: only an origin makes them, only of
+//! operations it holds (ordered but not applied by it), and it holds at most
+//! one copy at a time, which it gives up when it submits the next. So once
+//! the origin has applied an operation, no copy of it is ordered again. Each
+//! [`DaemonState`] carries the lowest number its daemon has not applied
+//! ([`DaemonState::applied`]); nothing below it is ordered after the state.
+//! A core raises its floor for that origin to it when an exchange completes,
+//! after it applied the held operations (which were ordered before the
+//! state, and may include some it has yet to apply). The ranges above the
+//! floor are what the core applied in between: without gaps in normal
+//! running, one gap per configuration change the core goes through without
+//! completing an exchange with the origin. If an origin's ranges exceed the
+//! bound, the lowest gap counts as applied (see `Applied`). An origin's new
+//! incarnation replaces the old one: the old incarnation's operations were
+//! all ordered before the configuration that dropped it, so before any
+//! operation of the new one.
+//!
 //! A core has at most one state of its own in flight: a change that comes
 //! while its last state has not come back through the stream sends none,
 //! since that state will be ordered after the change and answer it (the
@@ -217,6 +257,29 @@ pub enum Op {
         /// The state.
         state: DaemonState,
     },
+    /// A client operation with its identity (cluster backbones; see *Operation
+    /// identities* in the [module docs](self)). The core applies it at most
+    /// once, however often it is ordered. `op` must be a client operation
+    /// (one with a [`conn`](Op::conn), not itself numbered); the core ignores
+    /// anything else.
+    Numbered {
+        /// Its identity; the origin is the daemon of its connection.
+        id: OpId,
+        /// The operation.
+        op: Box<Op>,
+    },
+}
+
+/// The identity of a client operation in a cluster's stream (see *Operation
+/// identities* in the [module docs](self)). Its origin daemon is the one of
+/// the operation's connection, so it is not repeated here.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct OpId {
+    /// The origin daemon's incarnation ([`Core::incarnation`]).
+    pub incarnation: u64,
+    /// The origin's number for the operation: 0, 1, 2, … in the order its
+    /// shell submits client operations, in this incarnation.
+    pub seq: u64,
 }
 
 impl Op {
@@ -231,7 +294,24 @@ impl Op {
             | Op::Multicast { conn, .. }
             | Op::Unicast { conn, .. }
             | Op::Reject { conn, .. } => Some(*conn),
-            Op::Daemons { .. } | Op::State { .. } => None,
+            Op::Numbered { op, .. } if op.is_plain_client_op() => op.conn(),
+            Op::Numbered { .. } | Op::Daemons { .. } | Op::State { .. } => None,
+        }
+    }
+
+    /// Whether this is a client operation without an identity (what may go
+    /// inside [`Op::Numbered`]).
+    pub fn is_plain_client_op(&self) -> bool {
+        !matches!(self, Op::Numbered { .. } | Op::Daemons { .. } | Op::State { .. })
+    }
+
+    /// This client operation with identity `id`; a daemon-group operation,
+    /// or one that has an identity already, is returned as it is.
+    pub fn numbered(self, id: OpId) -> Op {
+        if self.is_plain_client_op() {
+            Op::Numbered { id, op: Box::new(self) }
+        } else {
+            self
         }
     }
 }
@@ -245,6 +325,11 @@ pub struct DaemonState {
     pub next_view: u64,
     /// The daemon's incarnation (random per boot; see [`ViewId`]).
     pub incarnation: u64,
+    /// Every client operation this daemon numbered below this, in this
+    /// incarnation ([`OpId::seq`]), has been applied by it, so none of them
+    /// is ever ordered again (see *Operation identities* in the [module
+    /// docs](self)): the other cores may forget them.
+    pub applied: u64,
     /// The daemon group in which this daemon's clients delivered their last
     /// messages in their current views: the one whose change began the
     /// exchanges this state answers. Clients that name the same view but
@@ -507,6 +592,84 @@ struct Exchange {
     held: Vec<Op>,
 }
 
+/// Most ranges of applied numbers remembered per origin daemon above its
+/// floor (see [`Applied`]).
+const MAX_RANGES: usize = 64;
+
+/// The numbered operations of one origin daemon (one incarnation) that this
+/// core has applied: every number below `floor`, and the ranges in `above`.
+///
+/// The bound: at most [`MAX_RANGES`] ranges (16 bytes each) per origin
+/// daemon, and one origin entry per daemon id (the latest incarnation only).
+/// Why forgetting is safe is argued under *Operation identities* in the
+/// module docs; in short, `floor` only rises to an origin's own
+/// [`DaemonState::applied`], below which nothing of that origin is ever
+/// ordered again, and the ranges are the gaps' bookkeeping in between. If
+/// more than [`MAX_RANGES`] ranges pile up (more than that many gaps in
+/// what this core saw of one origin, each a configuration change without an
+/// exchange that both completed), the lowest gap is taken as applied: an
+/// operation in it would have to come back after all those changes.
+#[derive(Debug)]
+struct Applied {
+    incarnation: u64,
+    /// Every number below this counts as applied.
+    floor: u64,
+    /// Applied numbers above `floor`: disjoint ranges `start → end`
+    /// (inclusive), neither touching each other nor `floor`.
+    above: BTreeMap<u64, u64>,
+}
+
+impl Applied {
+    fn new(incarnation: u64) -> Self {
+        Self { incarnation, floor: 0, above: BTreeMap::new() }
+    }
+
+    /// Records `n` as applied; `false` if it was already.
+    fn insert(&mut self, n: u64) -> bool {
+        if n < self.floor {
+            return false;
+        }
+        let mut start = n;
+        let mut end = n;
+        if let Some((&s, &e)) = self.above.range(..=n).next_back() {
+            if n <= e {
+                return false;
+            }
+            if e + 1 == n {
+                self.above.remove(&s);
+                start = s;
+            }
+        }
+        if let Some(next) = n.checked_add(1) {
+            if let Some(e) = self.above.remove(&next) {
+                end = e;
+            }
+        }
+        self.above.insert(start, end);
+        self.settle();
+        true
+    }
+
+    /// Takes every number below `floor` as applied.
+    fn raise(&mut self, floor: u64) {
+        if floor > self.floor {
+            self.floor = floor;
+            self.settle();
+        }
+    }
+
+    /// Folds ranges that reach the floor into it, and keeps the bound.
+    fn settle(&mut self) {
+        while let Some((&s, &e)) = self.above.first_key_value() {
+            if s > self.floor && self.above.len() <= MAX_RANGES {
+                break;
+            }
+            self.above.remove(&s);
+            self.floor = self.floor.max(e.saturating_add(1));
+        }
+    }
+}
+
 /// The daemon core (see the [module docs](self) for its semantics).
 pub struct Core {
     me: DaemonId,
@@ -524,6 +687,8 @@ pub struct Core {
     exchange: Option<Exchange>,
     /// A state of ours was submitted and has not come back yet.
     state_in_flight: bool,
+    /// The numbered operations applied, by origin daemon.
+    applied: BTreeMap<DaemonId, Applied>,
 }
 
 const COUNTER_BITS: u32 = 48;
@@ -546,7 +711,14 @@ impl Core {
             groups: BTreeMap::new(),
             exchange: None,
             state_in_flight: false,
+            applied: BTreeMap::new(),
         }
+    }
+
+    /// This daemon's incarnation, as given to [`Core::new`]: a shell that
+    /// numbers its client operations ([`Op::Numbered`]) puts it in their ids.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
     }
 
     /// This daemon.
@@ -580,7 +752,9 @@ impl Core {
             Op::Daemons { epoch, members } => self.daemons_changed(epoch, members, out),
             Op::State { epoch, state } => self.state_arrived(epoch, state, out),
             op => {
-                let daemon = op.conn().expect("client operation").daemon;
+                // Only a numbered operation that wraps no client operation has none.
+                let Some(conn) = op.conn() else { return };
+                let daemon = conn.daemon;
                 match &mut self.exchange {
                     Some(x) if x.members.contains(&daemon) => x.held.push(op),
                     Some(_) => {}
@@ -613,8 +787,35 @@ impl Core {
                 self.deliver([g.seats[i].conn], delivery, out);
             }
             Op::Reject { conn, code, text } => self.reply(conn, Delivery::error(code, text), out),
+            Op::Numbered { id, op } => {
+                let origin = op.conn().expect("a numbered operation is a client operation").daemon;
+                if self.first_application(origin, id) {
+                    self.client_op(*op, out);
+                }
+            }
             Op::Daemons { .. } | Op::State { .. } => unreachable!("not a client operation"),
         }
+    }
+
+    /// Records operation `id` of `origin` as applied; `false` if it was
+    /// already (a copy submitted again after an interrupted exchange).
+    fn first_application(&mut self, origin: DaemonId, id: OpId) -> bool {
+        let applied = self.applied.entry(origin).or_insert_with(|| Applied::new(id.incarnation));
+        if applied.incarnation != id.incarnation {
+            // The origin restarted: its former incarnation's operations were
+            // all ordered before it left, and so before this one's.
+            *applied = Applied::new(id.incarnation);
+        }
+        applied.insert(id.seq)
+    }
+
+    /// Forgets what `origin` (in `incarnation`) says is never ordered again.
+    fn forget_below(&mut self, origin: DaemonId, incarnation: u64, floor: u64) {
+        let applied = self.applied.entry(origin).or_insert_with(|| Applied::new(incarnation));
+        if applied.incarnation != incarnation {
+            *applied = Applied::new(incarnation);
+        }
+        applied.raise(floor);
     }
 
     /// Delivers to those of `conns` that are this daemon's clients: only
@@ -785,7 +986,8 @@ impl Core {
             })
             .collect();
         let cut = cut.iter().copied().collect();
-        DaemonState { daemon: self.me, next_view: self.next_view, incarnation: self.incarnation, cut, clients }
+        let applied = self.applied.get(&self.me).filter(|a| a.incarnation == self.incarnation).map_or(0, |a| a.floor);
+        DaemonState { daemon: self.me, next_view: self.next_view, incarnation: self.incarnation, applied, cut, clients }
     }
 
     fn daemons_changed(&mut self, epoch: u64, members: Vec<DaemonId>, out: &mut Vec<Output>) {
@@ -838,6 +1040,8 @@ impl Core {
         self.tag = self.daemons.first().map_or(self.me.0, |d| d.0);
         self.next_view = x.states.values().map(|s| s.next_view).max().unwrap_or(self.next_view);
         self.view_incarnation = x.states.get(&DaemonId(self.tag)).map_or(self.incarnation, |s| s.incarnation);
+        let floors: Vec<(DaemonId, u64, u64)> =
+            x.states.values().map(|s| (s.daemon, s.incarnation, s.applied)).collect();
         let mut groups: BTreeMap<GroupName, Vec<(Membership, NewSeat, Vec<DaemonId>)>> = BTreeMap::new();
         for state in x.states.into_values() {
             for c in state.clients.into_iter().filter(|c| c.conn.daemon == state.daemon) {
@@ -864,6 +1068,11 @@ impl Core {
         }
         for op in x.held {
             self.handle(op, out);
+        }
+        // Only now: a held operation was ordered before the states, and may
+        // be one this core has yet to apply although its origin has.
+        for (origin, incarnation, floor) in floors {
+            self.forget_below(origin, incarnation, floor);
         }
     }
 
@@ -897,6 +1106,53 @@ impl Core {
             for (_, seat, _) in entries.iter_mut().filter(|e| set(&e)) {
                 seat.prev = Some(id);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Applied, MAX_RANGES};
+
+    #[test]
+    fn applied_numbers_are_told_once_in_any_order_and_fold_into_the_floor() {
+        let mut a = Applied::new(1);
+        for n in [3, 1, 5, 4] {
+            assert!(a.insert(n), "{n} is new");
+        }
+        assert!(!a.insert(4) && !a.insert(1));
+        assert_eq!((a.floor, a.above.len()), (0, 2), "ranges 1 and 3..=5");
+        assert!(a.insert(0));
+        assert!(a.insert(2));
+        assert_eq!((a.floor, a.above.len()), (6, 0), "0..=5 folded into the floor");
+        assert!(!a.insert(2));
+        assert!(a.insert(u64::MAX) && !a.insert(u64::MAX));
+    }
+
+    #[test]
+    fn a_raised_floor_swallows_what_it_covers() {
+        let mut a = Applied::new(1);
+        for n in [2, 7, 8, 20] {
+            a.insert(n);
+        }
+        a.raise(8);
+        assert_eq!((a.floor, a.above.len()), (9, 1), "7..=8 reached the floor; 20 stays");
+        assert!(!a.insert(3), "below the floor counts as applied");
+        assert!(a.insert(10) && !a.insert(20));
+        a.raise(5);
+        assert_eq!(a.floor, 9, "a floor never sinks");
+    }
+
+    #[test]
+    fn the_ranges_stay_bounded_and_the_latest_are_kept() {
+        let mut a = Applied::new(1);
+        for i in 1..=1000u64 {
+            assert!(a.insert(2 * i));
+            assert!(a.above.len() <= MAX_RANGES);
+        }
+        for i in 1000 - MAX_RANGES as u64 + 1..=1000 {
+            assert!(!a.insert(2 * i), "a recent one is remembered");
+            assert!(a.insert(2 * i - 1), "and so is the gap below it");
         }
     }
 }

@@ -35,6 +35,10 @@
 //!   synchrony. Then each daemon is told [`Op::Daemons`]; the cores exchange
 //!   state through the new configuration. A submission that was not yet
 //!   ordered when its configuration stopped is sent again in the next one.
+//! * **Operation identities**: like a cluster shell, each daemon numbers the
+//!   client operations it submits ([`Op::Numbered`], with its core's
+//!   incarnation and 0, 1, 2, … in submission order), so that a core applies
+//!   an operation submitted again at most once (see the core's module doc).
 //! * **Crashes and restarts**: [`DaemonSim::crash`] stops a daemon at once.
 //!   Everything on its way to it or to its clients, and everything it had not
 //!   yet got ordered, is lost with it; what it had got ordered reaches the
@@ -66,7 +70,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 
-use crate::core::{ConnId, Core, DaemonId, Delivery, Limits, Op, Output};
+use crate::core::{ConnId, Core, DaemonId, Delivery, Limits, Op, OpId, Output};
 
 /// Virtual time in microseconds.
 pub type Micros = u64;
@@ -224,6 +228,8 @@ struct SimDaemon {
     unordered: BTreeMap<u64, Op>,
     /// Number of the next submission.
     next_submission: u64,
+    /// Number of the next client operation of this lifetime ([`OpId::seq`]).
+    next_op: u64,
     /// When this daemon's latest submission reaches its sequencer: Totem
     /// keeps each sender's messages in order, so a later one never overtakes.
     last_at_sequencer: Micros,
@@ -278,6 +284,7 @@ impl DaemonSim {
                 arrived: BTreeSet::new(),
                 unordered: BTreeMap::new(),
                 next_submission: 0,
+                next_op: 0,
                 last_at_sequencer: 0,
                 cpu_free: 0,
                 next_conn: 1,
@@ -392,6 +399,7 @@ impl DaemonSim {
             return Err(DaemonSimError::Running(daemon));
         }
         d.core = Core::new(id, Limits::default(), incarnation);
+        d.next_op = 0;
         d.up = true;
         d.first_conn = d.next_conn;
         d.last_at_sequencer = now;
@@ -563,9 +571,18 @@ impl DaemonSim {
     }
 
     /// Sends a daemon's submission to the sequencer of its configuration,
-    /// leaving at `at`; in a stopped configuration it waits for the next.
+    /// leaving at `at`; in a stopped configuration it waits for the next. A
+    /// client operation gets its identity here, unless it has one (sent
+    /// again).
     fn send_to_sequencer(&mut self, from: DaemonId, at: Micros, op: Op) {
         let d = self.daemons.get_mut(&from).expect("daemon");
+        let op = if op.is_plain_client_op() {
+            let id = OpId { incarnation: d.core.incarnation(), seq: d.next_op };
+            d.next_op += 1;
+            op.numbered(id)
+        } else {
+            op
+        };
         let submission = d.next_submission;
         d.next_submission += 1;
         let config = d.config;

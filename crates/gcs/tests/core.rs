@@ -556,6 +556,7 @@ fn operations_during_an_exchange_are_held_then_applied_in_order() {
         daemon: DaemonId(2),
         next_view: 40,
         incarnation: inc(2),
+        applied: 0,
         cut: vec![DaemonId(1), DaemonId(2)],
         clients: Vec::new(),
     };
@@ -717,4 +718,38 @@ fn a_core_sends_its_state_again_once_the_last_one_came_back() {
     out.clear();
     core.handle(daemons(3, &[1, 2, 3]), &mut out);
     assert_eq!(submitted_states(&out).len(), 1);
+}
+
+/// An operation submitted again (after an interrupted exchange) keeps its
+/// identity; a core that applied it skips the copy. A restarted origin
+/// numbers from 0 again under its new incarnation.
+#[test]
+fn a_numbered_operation_is_applied_once_however_often_it_is_ordered() {
+    use conclave_gcs::core::OpId;
+    let mut one = Component::new(&[1]);
+    one.connect(conn(1, 1), "a");
+    one.join(conn(1, 1), "g");
+    let send = |seq, text: &'static str| {
+        let op =
+            Op::Multicast { conn: conn(1, 1), group: g("g"), service: Service::Agreed, payload: Bytes::from(text) };
+        op.numbered(OpId { incarnation: inc(1), seq })
+    };
+    one.take(conn(1, 1));
+    for op in [send(0, "x"), send(1, "y"), send(0, "x"), send(1, "y"), send(2, "z")] {
+        one.feed(op);
+    }
+    let got: Vec<_> = one
+        .take(conn(1, 1))
+        .into_iter()
+        .filter_map(|d| match d {
+            Delivery::Message { payload, .. } => Some(payload),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, ["x", "y", "z"]);
+    let restarted =
+        Op::Multicast { conn: conn(1, 1), group: g("g"), service: Service::Agreed, payload: Bytes::from("w") }
+            .numbered(OpId { incarnation: inc(1) + 1, seq: 0 });
+    one.feed(restarted);
+    assert_eq!(one.take(conn(1, 1)).len(), 1, "a new incarnation's number 0 is another operation");
 }

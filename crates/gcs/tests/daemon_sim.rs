@@ -41,19 +41,6 @@ struct Seen {
 
 /// Checks every guarantee on a log and returns what each client saw.
 fn check(log: &[Delivered]) -> BTreeMap<ConnId, Seen> {
-    check_with(log, Duplicates::Refused)
-}
-
-/// Whether [`check_with`] fails on a message delivered twice to a client.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Duplicates {
-    Refused,
-    /// Only where a known bug delivers some (see its reproducer): every
-    /// other guarantee is still checked.
-    Tolerated,
-}
-
-fn check_with(log: &[Delivered], duplicates: Duplicates) -> BTreeMap<ConnId, Seen> {
     let mut seen: BTreeMap<ConnId, Seen> = BTreeMap::new();
     let mut membership: BTreeMap<ViewId, Vec<MemberId>> = BTreeMap::new();
     for d in log {
@@ -87,7 +74,7 @@ fn check_with(log: &[Delivered], duplicates: Duplicates) -> BTreeMap<ConnId, See
         let mut all = BTreeSet::new();
         for (_, msgs) in &s.views {
             for m in msgs {
-                assert!(all.insert(m) || duplicates == Duplicates::Tolerated, "{conn} got {m} twice");
+                assert!(all.insert(m), "{conn} got {m} twice");
             }
         }
     }
@@ -394,32 +381,31 @@ fn a_restarted_daemon_has_a_new_incarnation_and_never_repeats_a_view_id() {
 /// must not name that one view as every member's `prev`. Each side first
 /// gets the partition view it missed (`DaemonState::cut`). Before that fix
 /// seed 34 broke virtual synchrony here, and `conclave sim --protocols tgdh
-/// --seed 1234 --seeds 1` got stuck members from it. Duplicates are
-/// tolerated here only: they are the next test's known bug (seed 47).
+/// --seed 1234 --seeds 1` got stuck members from it.
 #[test]
 fn a_merge_that_interrupts_a_partitions_state_exchange_keeps_virtual_synchrony() {
-    interrupted_partitions(Duplicates::Tolerated);
+    interrupted_partitions(0..50);
 }
 
-/// A known bug, kept as its reproducer: the same, but the next partition
+/// The same runs, for the duplicates they once had: the next partition
 /// comes before the merge's exchange is done everywhere (every change within
 /// one detection delay). A side whose cores completed the merge's exchange
 /// applied the held operations; the other side's cores missed a state
 /// (extended virtual synchrony lets a transitional set skip what it did not
 /// receive), kept them held, and submit their own clients' held operations
-/// again at the next merge, where the first side delivers them a second
-/// time (seed 47: `m3:0b` twice). The cure is an identity per operation
-/// (origin daemon and its submission number) that cores remember and skip.
+/// again at the next merge, where the first side delivered them a second
+/// time (seed 47: `m3:0b` twice). Operations now carry an identity (origin
+/// daemon, its incarnation and number) that cores remember and skip
+/// (`Op::Numbered`); more seeds than the test above.
 #[test]
-#[ignore = "known bug: operations submitted again after an interrupted exchange are delivered twice where the exchange completed"]
 fn partitions_and_merges_within_one_detection_delay_deliver_nothing_twice() {
-    interrupted_partitions(Duplicates::Refused);
+    interrupted_partitions(0..300);
 }
 
 /// Three rounds of messages, a partition and a merge 100 µs later, each
 /// round begun before the last one's changes are done.
-fn interrupted_partitions(duplicates: Duplicates) {
-    for seed in 0..50 {
+fn interrupted_partitions(seeds: std::ops::Range<u64>) {
+    for seed in seeds {
         let net = NetConfig { detect: 10_000, jitter: 300, ..NetConfig::default() };
         let mut sim = DaemonSim::new(4, net, seed).unwrap();
         let c: Vec<ConnId> = (0..4).map(|d| connect_and_join(&mut sim, d, &format!("m{d}"))).collect();
@@ -446,7 +432,7 @@ fn interrupted_partitions(duplicates: Duplicates) {
             }
         }
         sim.run_idle();
-        let seen = check_with(&sim.take_log(), duplicates);
+        let seen = check(&sim.take_log());
         assert!(sent > 0);
         for (i, conn) in c.iter().enumerate() {
             let got: BTreeSet<&String> = seen[conn].views.iter().flat_map(|(_, m)| m).collect();
