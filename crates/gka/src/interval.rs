@@ -683,7 +683,7 @@ mod tests {
     /// broadcasts it for key confirmation, so every member holds it).
     fn keyed(mut t: Tree<R>, rng: &mut ChaCha20Rng) -> Tree<R> {
         t.fill_keys(&mut Ristretto255, rng);
-        let k = t.nodes[t.root].key.clone().unwrap();
+        let k = t.nodes[t.root].key.unwrap();
         t.nodes[t.root].bk = Some(Ristretto255.exp_generator(&k));
         t
     }
@@ -753,7 +753,7 @@ mod tests {
                 }
                 for v in t.path(l) {
                     if !r.is_renewed(v) {
-                        t.nodes[v].key = world.nodes[v].key.clone();
+                        t.nodes[v].key = world.nodes[v].key;
                     }
                 }
                 t
@@ -780,7 +780,7 @@ mod tests {
                         continue;
                     }
                     let bk = if let Some(b) = &t.nodes[v].bk {
-                        b.clone()
+                        *b
                     } else if v == t.root {
                         let Some(s) = &secrets[i] else { break };
                         ops.exp_g(&g.hash_to_scalar(domains::TGDH_NODE, s))
@@ -788,7 +788,7 @@ mod tests {
                         let Some(k) = &t.nodes[v].key else { break };
                         ops.exp_g(k)
                     };
-                    t.nodes[v].bk = Some(bk.clone());
+                    t.nodes[v].bk = Some(bk);
                     done[i].insert(v);
                     packet.push((v, bk));
                 }
@@ -807,7 +807,7 @@ mod tests {
                 for t in own.iter_mut() {
                     match &t.nodes[v].bk {
                         Some(x) => assert!(x == &bk, "a blinded key contradicts one held"),
-                        None => t.nodes[v].bk = Some(bk.clone()),
+                        None => t.nodes[v].bk = Some(bk),
                     }
                 }
                 sent.push((v, bk));
@@ -817,7 +817,7 @@ mod tests {
             let want = if *v == truth.root {
                 g.exp_generator(&g.hash_to_scalar(domains::TGDH_NODE, secret.as_ref().unwrap()))
             } else {
-                truth.nodes[*v].bk.clone().unwrap()
+                truth.nodes[*v].bk.unwrap()
             };
             assert!(bk == &want, "node {v}'s blinded key is not the pooled one");
         }
@@ -843,7 +843,7 @@ mod tests {
         let generator = g.exp_generator(&g.scalar_from_u64(1));
         for b in publics.iter().chain(secrets).chain([&generator]) {
             if seen.insert(g.encode(b)) {
-                bases.push(b.clone());
+                bases.push(*b);
             }
         }
         if bases.contains(target) {
@@ -1173,7 +1173,7 @@ mod tests {
             let Some(secret) = &out.secret else { continue };
             // Everything public: the old tree's and the new tree's blinded
             // keys (T''s among them) and every broadcast.
-            let mut publics: Vec<Elem> = out.sent.iter().map(|(_, b)| b.clone()).collect();
+            let mut publics: Vec<Elem> = out.sent.iter().map(|(_, b)| *b).collect();
             publics.extend(old.iter().flat_map(|o| o.bks().cloned()));
             let mut pooled = t.clone();
             pooled.fill_keys(&mut Ristretto255, &mut rng);
@@ -1187,7 +1187,7 @@ mod tests {
                 // key of its old path and the old group secret.
                 if let Some(m) = leaves.iter().find(|m| !join.contains(m)) {
                     let leaf = old.find(m).unwrap();
-                    let keys: Vec<Scalar> = old.path(leaf).iter().filter_map(|&v| old.nodes[v].key.clone()).collect();
+                    let keys: Vec<Scalar> = old.path(leaf).iter().filter_map(|&v| old.nodes[v].key).collect();
                     let held: Vec<Elem> = old_secret.iter().cloned().collect();
                     prop_assert!(!reaches(keys, &held, &publics, secret, 2), "{:?}: a leaver reaches the key", algo);
                 }
