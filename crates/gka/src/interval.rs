@@ -72,7 +72,8 @@
 //! rounds delivered ([`Rekeyed::plan`]). At the start every member holds the
 //! blinded keys of every node of the old tree that is not renewed (this
 //! crate's TGDH keeps the whole tree, and SEAL's rekey message carries it to
-//! joiners), not those of T' unless it is in T', nor a joiner's leaf's
+//! joiners), the old root's included (SEAL broadcast it for key
+//! confirmation), not those of T' unless it is in T', nor a joiner's leaf's
 //! (SEAL's members hold their co-paths only; the election and the lists do
 //! not depend on this, some rounds would).
 //!

@@ -8,8 +8,9 @@
 //! The root's secret element is the group secret.
 //!
 //! This module is the tree and the rules that are a function of the tree
-//! alone: building it ([`Tree::leaf`], [`Tree::merge`], [`Tree::insert_all`]),
-//! removing members ([`Tree::prune`]), who sponsors what
+//! alone: building it ([`Tree::leaf`], [`Tree::merge`], [`Tree::insert_all`],
+//! [`Tree::balanced`], [`Tree::graft`]), removing members ([`Tree::prune`],
+//! [`Tree::prune_leaves`]), who sponsors what
 //! ([`Tree::refresher`], [`Tree::lowest_unknown`], [`Tree::sponsors`]),
 //! computing the keys on a member's path, their blinded keys and the group
 //! secret ([`Tree::climb`], [`Tree::blind`], [`Tree::group_secret`]), and the
