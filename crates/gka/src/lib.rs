@@ -15,6 +15,8 @@
 //! * [`protocols`]: the five protocols.
 //! * `tree`: the TGDH key tree, shared by the engines built on it (TGDH
 //!   today; SEAL's interval-based rekeying and the daemon-level TGDH next).
+//! * `interval`: SEAL's interval-based rekeying on that tree (Rebuild,
+//!   Batch, Queue-batch) and its sponsor coordination, as pure functions.
 //! * [`meter`]: the per-member cost meter that benchmarks and tests read.
 //! * [`message`], [`codec`]: wire formats, whose decoders never panic.
 #![forbid(unsafe_code)]
@@ -23,6 +25,7 @@
 pub mod codec;
 pub mod engine;
 pub mod harness;
+pub(crate) mod interval;
 pub mod key;
 pub mod message;
 pub mod meter;

@@ -8,8 +8,9 @@
 //! The root's secret element is the group secret.
 //!
 //! This module is the tree and the rules that are a function of the tree
-//! alone: building it ([`Tree::leaf`], [`Tree::merge`], [`Tree::insert_all`]),
-//! removing members ([`Tree::prune`]), who sponsors what
+//! alone: building it ([`Tree::leaf`], [`Tree::merge`], [`Tree::insert_all`],
+//! [`Tree::balanced`], [`Tree::graft`]), removing members ([`Tree::prune`],
+//! [`Tree::prune_leaves`]), who sponsors what
 //! ([`Tree::refresher`], [`Tree::lowest_unknown`], [`Tree::sponsors`]),
 //! computing the keys on a member's path, their blinded keys and the group
 //! secret ([`Tree::climb`], [`Tree::blind`], [`Tree::group_secret`]), and the
@@ -286,6 +287,13 @@ impl<G: Group> Tree<G> {
     /// leaf of the subtree that took the removed node's place (empty if
     /// nobody was removed).
     pub fn prune(&self, keep: impl Fn(&MemberId) -> bool) -> Option<(Self, Vec<usize>)> {
+        self.prune_leaves(|v| self.nodes[v].member.as_ref().is_some_and(&keep))
+    }
+
+    /// [`Tree::prune`] by leaf index: keeps the leaves `keep` accepts (and
+    /// that have a member). Also drops the nodes no longer reachable from
+    /// the root (see [`Tree::graft`]): the result is a compact arena.
+    pub fn prune_leaves(&self, keep: impl Fn(usize) -> bool) -> Option<(Self, Vec<usize>)> {
         let mut out: Vec<Node<G>> = Vec::new();
         // For each old node: its new index and whether its new parent must be invalidated.
         let mut res: Vec<Option<(usize, bool)>> = vec![None; self.nodes.len()];
@@ -294,7 +302,7 @@ impl<G: Group> Tree<G> {
             let n = &self.nodes[v];
             res[v] = match n.kids {
                 None => match &n.member {
-                    Some(m) if keep(m) => {
+                    Some(m) if keep(v) => {
                         out.push(Node::leaf(m.clone(), n.key.clone(), n.bk.clone()));
                         Some((out.len() - 1, false))
                     }
@@ -495,6 +503,102 @@ impl<G: Group> Tree<G> {
         n
     }
 
+    /// Puts `other` in the place of node `v` and returns `other`'s root in
+    /// this arena. `v`'s subtree leaves the tree, but its nodes stay in the
+    /// arena, unreachable, until a [`Tree::prune_leaves`] (or
+    /// [`Tree::compact`]); `v`'s former ancestors lose their blinded keys and
+    /// keys. Grafting a one-leaf tree at a leaf replaces one member by
+    /// another.
+    pub fn graft(&mut self, v: usize, other: &Self) -> usize {
+        let b = self.append(other);
+        let parent = self.nodes[v].parent;
+        self.nodes[b].parent = parent;
+        self.nodes[v].parent = None;
+        match parent {
+            None => self.root = b,
+            Some(p) => {
+                if let Some(kids) = self.nodes[p].kids.as_mut() {
+                    let slot = if kids[0] == v { 0 } else { 1 };
+                    kids[slot] = b;
+                }
+                self.invalidate_path(p);
+            }
+        }
+        b
+    }
+
+    /// The tree without the nodes that are not reachable from the root
+    /// (left behind by [`Tree::graft`]), renumbered in preorder; keys and
+    /// blinded keys are kept.
+    pub fn compact(&self) -> Self {
+        let order = self.preorder(self.root);
+        let mut new_of = vec![usize::MAX; self.nodes.len()];
+        for (i, &v) in order.iter().enumerate() {
+            new_of[v] = i;
+        }
+        let mut nodes: Vec<Node<G>> = order
+            .iter()
+            .map(|&v| {
+                let mut n = self.nodes[v].clone();
+                n.parent = n.parent.map(|p| new_of[p]);
+                n.kids = n.kids.map(|[l, r]| [new_of[l], new_of[r]]);
+                n
+            })
+            .collect();
+        nodes[0].parent = None;
+        Self { nodes, root: 0 }
+    }
+
+    /// A complete tree of `members`, left to right, without keys or blinded
+    /// keys; `None` for no member. It is the heap-shaped tree of 2n - 1
+    /// nodes (the children of node v are 2v + 1 and 2v + 2): every level is
+    /// full but the last, whose leaves are leftmost, so the height is
+    /// ceil(log2 n) and the leaves' depths differ by at most one.
+    pub fn balanced(members: &[MemberId]) -> Option<Self> {
+        let n = members.len();
+        if n == 0 {
+            return None;
+        }
+        let total = 2 * n - 1;
+        let nodes = (0..total)
+            .map(|v| Node {
+                parent: v.checked_sub(1).map(|u| u / 2),
+                kids: (2 * v + 2 < total).then_some([2 * v + 1, 2 * v + 2]),
+                member: None,
+                bk: None,
+                key: None,
+            })
+            .collect();
+        let mut t = Self { nodes, root: 0 };
+        for (v, m) in t.leaves().into_iter().zip(members) {
+            t.nodes[v].member = Some(m.clone());
+        }
+        Some(t)
+    }
+
+    /// Test helper: computes every missing key bottom up (a leaf's at
+    /// random, an internal node's from its children) and every non-root
+    /// node's missing blinded key, as if every member's keys were pooled.
+    #[cfg(test)]
+    pub fn fill_keys(&mut self, ops: &mut impl KeyOps<G>, rng: &mut dyn rand_core::CryptoRngCore) {
+        for v in self.preorder(self.root).into_iter().rev() {
+            if self.nodes[v].key.is_none() {
+                let key = match self.nodes[v].kids {
+                    None => ops.group().random_scalar(rng),
+                    Some([l, r]) => match (&self.nodes[l].key, &self.nodes[r].bk) {
+                        (Some(k), Some(b)) => node_key(ops, k, b),
+                        _ => unreachable!("children filled first"),
+                    },
+                };
+                self.nodes[v].key = Some(key);
+            }
+            if v != self.root && self.nodes[v].bk.is_none() {
+                let bk = self.nodes[v].key.as_ref().map(|k| ops.exp_g(k));
+                self.nodes[v].bk = bk;
+            }
+        }
+    }
+
     /// Whether both trees have the same shape and the same members at the
     /// same leaves; if so, pairs of corresponding nodes (self, other).
     pub fn correspondence(&self, other: &Self) -> Option<Vec<(usize, usize)>> {
@@ -693,6 +797,57 @@ pub(crate) mod tests {
         all.insert_all(&parts);
         assert_eq!(one.heights(), all.heights());
         assert!(one.correspondence(&all).is_some());
+    }
+
+    #[test]
+    fn a_balanced_tree_is_complete_and_keeps_the_members_in_order() {
+        for n in 1..=40usize {
+            let members: Vec<MemberId> = (0..n).map(id).collect();
+            let t = Tree::<Ristretto255>::balanced(&members).unwrap();
+            assert_eq!(t.members(), members, "n = {n}");
+            let h = n.next_power_of_two().trailing_zeros() as usize;
+            assert_eq!(t.heights()[t.root], h, "n = {n}");
+            // Leaves one level apart at most, the deeper ones leftmost.
+            let depths: Vec<usize> = t.leaves().iter().map(|&v| t.depth(v)).collect();
+            assert!(depths.iter().all(|&d| d <= h && d + 1 >= h), "n = {n}: {depths:?}");
+            assert!(depths.windows(2).all(|w| w[0] >= w[1]), "n = {n}: {depths:?}");
+            let d = decode(&encode(&t)).unwrap();
+            assert!(t.correspondence(&d).is_some(), "n = {n}");
+        }
+        assert!(Tree::<Ristretto255>::balanced(&[]).is_none());
+    }
+
+    #[test]
+    fn grafting_replaces_a_subtree_and_invalidates_only_the_path_above_it() {
+        // ((m0, m1), (m2, m3)), every blinded key known; graft (m7, m8) at m1.
+        let t = full_bks(singletons(4));
+        let mut other = Tree::leaf(id(7), None, None);
+        other.insert(&Tree::leaf(id(8), None, None));
+        let mut a = t.clone();
+        let v = a.find(&id(1)).unwrap();
+        let b = a.graft(v, &other);
+        assert_eq!(a.members(), [id(0), id(7), id(8), id(2), id(3)]);
+        let p = a.nodes[b].parent.unwrap();
+        assert!(!a.has_bk(p) && a.nodes[a.root].bk.is_none());
+        let m0 = a.find(&id(0)).unwrap();
+        let right = a.nodes[a.root].kids.unwrap()[1];
+        assert!(a.has_bk(m0) && a.has_bk(right));
+        // The replaced leaf stays in the arena until compacted.
+        assert!(a.find(&id(1)).is_some());
+        let c = a.compact();
+        assert!(c.find(&id(1)).is_none());
+        assert_eq!(c.nodes.len(), 9);
+        assert!(a.correspondence(&c).is_some());
+        // Pruning by index compacts too.
+        let seven = a.find(&id(7)).unwrap();
+        let (pr, _) = a.prune_leaves(|u| u != seven).unwrap();
+        assert_eq!(pr.members(), [id(0), id(8), id(2), id(3)]);
+        assert_eq!(pr.nodes.len(), 7);
+        // At the root, the graft is the whole tree.
+        let mut r = t.clone();
+        let root = r.root;
+        r.graft(root, &other);
+        assert_eq!(r.compact().members(), [id(7), id(8)]);
     }
 
     #[test]
