@@ -130,18 +130,18 @@ impl Target {
         n: usize,
         runs: usize,
         seed: u64,
-    ) -> Result<Vec<f64>> {
+    ) -> Result<Vec<Sample>> {
         self.time_line(Line::Secure(policy, scheme), event, n, runs, seed)
     }
 
     /// The membership line: the same events as [`Target::time`], with the
     /// same placement and the same leavers as the protocols other than STR,
     /// timed with plain group communication clients (no key agreement).
-    pub fn time_membership(&self, event: TimedEvent, n: usize, runs: usize, seed: u64) -> Result<Vec<f64>> {
+    pub fn time_membership(&self, event: TimedEvent, n: usize, runs: usize, seed: u64) -> Result<Vec<Sample>> {
         self.time_line(Line::Membership, event, n, runs, seed)
     }
 
-    fn time_line(&self, line: Line, event: TimedEvent, n: usize, runs: usize, seed: u64) -> Result<Vec<f64>> {
+    fn time_line(&self, line: Line, event: TimedEvent, n: usize, runs: usize, seed: u64) -> Result<Vec<Sample>> {
         if n < 2 {
             bail!("group size {n} is too small: an event needs at least 2 members");
         }
@@ -186,6 +186,25 @@ impl Target {
     }
 }
 
+/// One timed event: wall-clock ms until every member concerned shows the
+/// new view, and the CPU this process spent meanwhile (every member's
+/// session, and the embedded daemon; not a cluster's daemons or Corosync),
+/// where it is measured.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    pub ms: f64,
+    pub cpu_ms: Option<f64>,
+}
+
+/// CPU time of this process, all threads, in ms.
+fn process_cpu_ms() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_PROCESS_CPUTIME_ID is
+    // supported on every Linux this runs on, and on failure `ts` stays 0.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
+}
+
 /// What one point times: secure sessions of one protocol, or plain clients.
 #[derive(Clone, Copy)]
 enum Line {
@@ -212,7 +231,7 @@ impl Line {
         runs: usize,
         tag: usize,
         seed: u64,
-    ) -> Result<Vec<f64>> {
+    ) -> Result<Vec<Sample>> {
         match self {
             Line::Secure(policy, scheme) => {
                 let group = Group::<Secure>::start(&daemons.sockets, policy, scheme, n, tag, seed).await?;
@@ -543,7 +562,7 @@ async fn point<K: Kind>(
     n: usize,
     runs: usize,
     seed: u64,
-) -> Result<Vec<f64>> {
+) -> Result<Vec<Sample>> {
     let mut rng = ChaCha20Rng::seed_from_u64(seed ^ 0x11fe);
     // The group of n − 1 (join) or n (the others) forms first; members join at once.
     let first = if event == TimedEvent::Join { n - 1 } else { n };
@@ -563,10 +582,11 @@ async fn point<K: Kind>(
         match event {
             TimedEvent::Join => {
                 let joiner = outside.pop().expect("one member waits outside");
-                let t0 = Instant::now();
+                let (t0, cpu0) = (Instant::now(), process_cpu_ms());
                 group.join(joiner)?;
                 inside.push(joiner);
-                times.push(ms_since(t0, group.settled(&inside, n).await?.0));
+                let ms = ms_since(t0, group.settled(&inside, n).await?.0);
+                times.push(Sample { ms, cpu_ms: Some(process_cpu_ms() - cpu0) });
                 // Back to n − 1, untimed: the oldest leaves (and waits outside).
                 let leaver = inside.remove(0);
                 group.leave(leaver)?;
@@ -583,9 +603,10 @@ async fn point<K: Kind>(
                     _ => (rng.next_u64() % n as u64) as usize,
                 };
                 let leaver = inside.remove(at);
-                let t0 = Instant::now();
+                let (t0, cpu0) = (Instant::now(), process_cpu_ms());
                 group.leave(leaver)?;
-                times.push(ms_since(t0, group.settled(&inside, n - 1).await?.0));
+                let ms = ms_since(t0, group.settled(&inside, n - 1).await?.0);
+                times.push(Sample { ms, cpu_ms: Some(process_cpu_ms() - cpu0) });
                 // Back to n, untimed, once the leaver is out.
                 group.departed(leaver).await?;
                 group.join(leaver)?;
@@ -595,7 +616,9 @@ async fn point<K: Kind>(
             TimedEvent::Partition | TimedEvent::Merge => {
                 let net = net.ok_or_else(|| anyhow!("a standalone daemon cannot partition"))?;
                 let (split, merged) = net.partition_and_merge(&mut group, n).await?;
-                times.push(if event == TimedEvent::Partition { split } else { merged });
+                // The cluster's daemons and Corosync run in other processes: no CPU sum.
+                let ms = if event == TimedEvent::Partition { split } else { merged };
+                times.push(Sample { ms, cpu_ms: None });
             }
             TimedEvent::PartitionP1 | TimedEvent::PartitionP2 | TimedEvent::PartitionHalves => {
                 bail!("the member-order splits (Fig. 13's odd/even, the first/last halves) run on the simulator only")
@@ -784,7 +807,9 @@ mod tests {
         for protocol in [ProtocolId::Tgdh, ProtocolId::Gdh] {
             for event in [TimedEvent::Join, TimedEvent::Leave] {
                 let policy = Policy::new(protocol, GroupId::Ristretto255);
-                let times = target.time(policy, SignatureId::Ed25519, event, 3, 2, 9).unwrap();
+                let samples = target.time(policy, SignatureId::Ed25519, event, 3, 2, 9).unwrap();
+                assert!(samples.iter().all(|s| s.cpu_ms.is_some_and(|c| c > 0.0)), "{samples:?}");
+                let times: Vec<f64> = samples.iter().map(|s| s.ms).collect();
                 assert_eq!(times.len(), 2);
                 assert!(times.iter().all(|&t| t > 0.0 && t < WAIT.as_secs_f64() * 1e3), "{times:?}");
             }
@@ -795,7 +820,7 @@ mod tests {
     fn the_membership_line_times_joins_and_leaves_with_plain_clients() {
         let target = Target::start(None, Wan::Lan, &mut std::io::sink()).unwrap();
         for event in [TimedEvent::Join, TimedEvent::Leave] {
-            let times = target.time_membership(event, 3, 2, 9).unwrap();
+            let times: Vec<f64> = target.time_membership(event, 3, 2, 9).unwrap().iter().map(|s| s.ms).collect();
             assert_eq!(times.len(), 2);
             assert!(times.iter().all(|&t| t.is_finite() && t > 0.0 && t < WAIT.as_secs_f64() * 1e3), "{times:?}");
         }

@@ -187,12 +187,8 @@ impl Algorithm {
 /// Leaves of `leavers` in `t`, shallowest first, then rightmost first.
 fn by_depth_then_right<G: Group>(t: &Tree<G>, leavers: &[MemberId]) -> Vec<usize> {
     let leaving: BTreeSet<&MemberId> = leavers.iter().collect();
-    let mut v: Vec<(usize, usize)> = t
-        .leaves()
-        .into_iter()
-        .enumerate()
-        .filter(|&(_, u)| t.member(u).is_some_and(|m| leaving.contains(m)))
-        .collect();
+    let mut v: Vec<(usize, usize)> =
+        t.leaves().into_iter().enumerate().filter(|&(_, u)| t.member(u).is_some_and(|m| leaving.contains(m))).collect();
     v.sort_by_key(|&(i, u)| (t.depth(u), std::cmp::Reverse(i)));
     v.into_iter().map(|(_, u)| u).collect()
 }
@@ -425,9 +421,8 @@ impl<G: Group> Rekeyed<G> {
                 queued[u] = true;
             }
         }
-        let fresh: Vec<bool> = (0..n)
-            .map(|v| !queued[v] && tree.nodes[v].member.as_ref().is_some_and(|m| joining.contains(m)))
-            .collect();
+        let fresh: Vec<bool> =
+            (0..n).map(|v| !queued[v] && tree.nodes[v].member.as_ref().is_some_and(|m| joining.contains(m))).collect();
         for v in 0..n {
             if renewed[v] || fresh[v] {
                 tree.nodes[v].bk = None;
@@ -441,7 +436,12 @@ impl<G: Group> Rekeyed<G> {
     #[cfg(test)]
     pub fn with_renewed(tree: Tree<G>, renewed: &BTreeSet<usize>) -> Self {
         let n = tree.nodes.len();
-        Self { renewed: (0..n).map(|v| renewed.contains(&v)).collect(), fresh: vec![false; n], queued: vec![false; n], tree }
+        Self {
+            renewed: (0..n).map(|v| renewed.contains(&v)).collect(),
+            fresh: vec![false; n],
+            queued: vec![false; n],
+            tree,
+        }
     }
 
     /// Whether node `v`'s key is computed anew.
