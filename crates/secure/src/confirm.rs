@@ -151,6 +151,17 @@ pub(crate) fn policy_signed(
     t
 }
 
+/// What a timeout notice's signature covers: the group, the view, the
+/// sender and the names part, under a domain of its own.
+pub(crate) fn timeout_signed(group: &GroupName, view: ViewId, sender: &MemberId, names: &[u8]) -> Vec<u8> {
+    let mut t = b"conclave/secure/v1/timeout-signature\0".to_vec();
+    put(&mut t, group.as_str().as_bytes());
+    t.extend_from_slice(&view.to_bytes());
+    put(&mut t, sender.as_str().as_bytes());
+    t.extend_from_slice(names);
+    t
+}
+
 fn put(t: &mut Vec<u8>, part: &[u8]) {
     t.extend_from_slice(&(part.len() as u16).to_be_bytes());
     t.extend_from_slice(part);

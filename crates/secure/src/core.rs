@@ -26,9 +26,12 @@ use conclave_gka::{Config, Directory, Engine, Epoch, Output, SecureView, StaticD
 use rand_core::CryptoRngCore;
 use sha2::{Digest, Sha256};
 
-use crate::confirm::{confirm_signed, policy_signed, Confirmer};
+use crate::confirm::{confirm_signed, policy_signed, timeout_signed, Confirmer};
 use crate::data::{DataError, DataHeader, EpochKeys, TAG_LEN};
-use crate::payload::{cert_body, decode_policy, split_cert, timeout_body, timeout_names, Frame, TrustKind};
+use crate::payload::{
+    cert_body, decode_policy, split_cert, split_timeout, timeout_body, timeout_names, timeout_names_part, Frame,
+    TrustKind,
+};
 use crate::trust::{Authority, Identity, Refusal};
 use crate::{Policy, RejectReason, SecureEvent, SecureViewInfo, SessionError};
 
@@ -737,9 +740,11 @@ impl SessionCore {
             if !matches!(gs.verdicts.get(&self.me), Some(Verdict::Accepted(_))) {
                 continue;
             }
-            let body = timeout_body(view.ids().filter(|m| !gs.verdicts.contains_key(*m)));
-            if !body.is_empty() {
+            let names = timeout_names_part(view.ids().filter(|m| !gs.verdicts.contains_key(*m)));
+            if !names.is_empty() {
                 tracing::info!(%group, "certificates missing at the deadline");
+                let signature = self.signer.sign(&timeout_signed(&group, view.id, &self.me, &names));
+                let body = timeout_body(&names, &signature);
                 let p = Frame::Trust { kind: TrustKind::Timeout, view: view.id, body: &body }.encode();
                 self.push(Transmit::Multicast(group.clone(), p.into()))?;
             }
@@ -830,13 +835,18 @@ impl SessionCore {
         group: &GroupName,
         sender: &MemberId,
         view: ViewId,
-        names: &[u8],
+        body: &[u8],
     ) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         if self.certified.is_none() || !gs.admission.is_waiting() || gs.view.as_ref().map(|v| v.id) != Some(view) {
             return Ok(());
         }
-        if !matches!(gs.verdicts.get(sender), Some(Verdict::Accepted(_))) {
+        let Some(Verdict::Accepted(key)) = gs.verdicts.get(sender) else { return Ok(()) };
+        // Signed by its sender: one forged on a member's link (which can
+        // deliver anything under any name) must not refuse anyone there.
+        let Some((names, signature)) = split_timeout(body) else { return Ok(()) };
+        if key.verify(&timeout_signed(group, view, sender, names), signature).is_err() {
+            tracing::debug!(%group, %sender, "timeout notice whose signature does not verify; ignored");
             return Ok(());
         }
         let Some(view) = gs.view.as_ref() else { return Ok(()) };
@@ -1478,6 +1488,16 @@ impl SessionCore {
         let sig = self.signer.sign(&proof_transcript(&group, view, &self.me, cert_der));
         let body = cert_body(cert_der, &sig);
         Some(Frame::Trust { kind: TrustKind::Cert, view, body: &body }.encode())
+    }
+
+    /// Test hook: a timeout notice of this member's naming `names` in `view`
+    /// of `group`, signed as it would sign one there.
+    pub fn timeout_message(&self, group: &str, view: ViewId, names: &[MemberId]) -> Option<Vec<u8>> {
+        let group = GroupName::new(group).ok()?;
+        let names = timeout_names_part(names);
+        let signature = self.signer.sign(&timeout_signed(&group, view, &self.me, &names));
+        let body = timeout_body(&names, &signature);
+        Some(Frame::Trust { kind: TrustKind::Timeout, view, body: &body }.encode())
     }
 
     /// Test hook: multicasts a raw data message (`header ‖ ciphertext`) as is.

@@ -10,7 +10,7 @@
 //! | 2 | data | multicast | `header ‖ u16 length ‖ signature ‖ ciphertext` ([`crate::data`]) |
 //! | 3 | policy | unicast | `view ‖ u8 protocol ‖ u8 group ‖ signature` |
 //! | 4 | certificate | multicast | `view ‖ u16 length ‖ certificate DER ‖ signature` |
-//! | 5 | timeout | multicast | `view ‖ (u8 length ‖ name)*` |
+//! | 5 | timeout | multicast | `view ‖ u16 length ‖ signature ‖ (u8 length ‖ name)*` |
 //! | 6 | refusal | unicast | `view ‖ refusal` |
 //! | 7 | key confirmation | multicast | `epoch ‖ 32-byte MAC ‖ signature` |
 //!
@@ -68,8 +68,12 @@ pub mod tag {
     /// `tag ‖ view ‖ u16 length ‖ certificate DER ‖ Ed25519 signature`
     /// binding the certificate to the group, the view and the member.
     pub const CERT: u8 = 4;
-    /// An accepted member giving up on members that presented no
-    /// certificate (agreed multicast): `tag ‖ view ‖ (u8 length ‖ name)*`.
+    /// An accepted member giving up on members that presented no valid
+    /// certificate (agreed multicast): `tag ‖ view ‖ u16 signature length ‖
+    /// signature ‖ (u8 length ‖ name)*`, signed by the sender's identity key
+    /// over the group, the view, its name and the names (an unsigned notice
+    /// could be forged on any one member's link and refuse a member there
+    /// alone).
     pub const TIMEOUT: u8 = 5;
     /// The oldest accepted member telling a refused member why (unicast):
     /// `tag ‖ view ‖ refusal`.
@@ -226,15 +230,31 @@ pub(crate) fn cert_body(der: &[u8], signature: &[u8]) -> Vec<u8> {
     [&len.to_be_bytes()[..], der, signature].concat()
 }
 
-/// A timeout notice's body naming `members`: the inverse of [`timeout_names`].
-pub(crate) fn timeout_body<'a>(members: impl IntoIterator<Item = &'a conclave_gcs::MemberId>) -> Vec<u8> {
-    let mut body = Vec::new();
+/// The names part of a timeout notice listing `members`: the inverse of
+/// [`timeout_names`].
+pub(crate) fn timeout_names_part<'a>(members: impl IntoIterator<Item = &'a conclave_gcs::MemberId>) -> Vec<u8> {
+    let mut names = Vec::new();
     for m in members {
         // Member names are at most 255 bytes (the naming rules).
-        body.push(m.as_str().len() as u8);
-        body.extend_from_slice(m.as_str().as_bytes());
+        names.push(m.as_str().len() as u8);
+        names.extend_from_slice(m.as_str().as_bytes());
     }
-    body
+    names
+}
+
+/// A timeout notice's body: the signature over `names`, then `names` (the
+/// inverse of [`split_timeout`]).
+pub(crate) fn timeout_body(names: &[u8], signature: &[u8]) -> Vec<u8> {
+    let len = u16::try_from(signature.len()).expect("a signature is shorter than 64 KiB");
+    [&len.to_be_bytes()[..], signature, names].concat()
+}
+
+/// Splits a timeout notice's body into its names part and its signature;
+/// `None` if the signature's framing is malformed or it is empty.
+pub(crate) fn split_timeout(body: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = body.split_first_chunk::<2>()?;
+    let (signature, names) = rest.split_at_checked(u16::from_be_bytes(*len) as usize)?;
+    (!signature.is_empty()).then_some((names, signature))
 }
 
 /// The member names of a timeout notice's body: `(u8 length ‖ name)*`. A
@@ -293,8 +313,9 @@ pub enum ParsedPayload {
         /// The view it was made for.
         view: ViewId,
         /// The names it lists (raw bytes, as a session compares them with
-        /// its view's member names).
-        names: Vec<Vec<u8>>,
+        /// its view's member names), and the length of its signature; `None`
+        /// if the signature's framing is malformed (a session ignores it).
+        signed: Option<(Vec<Vec<u8>>, usize)>,
     },
     /// A refusal notice ([`tag::REFUSED`]).
     Refused {
@@ -346,7 +367,9 @@ pub fn parse_payload(bytes: &[u8]) -> Result<ParsedPayload, PayloadError> {
             ParsedPayload::Cert { view, certificate }
         }
         Frame::Trust { kind: TrustKind::Timeout, view, body } => {
-            ParsedPayload::Timeout { view, names: timeout_names(body).map(<[u8]>::to_vec).collect() }
+            let signed = split_timeout(body)
+                .map(|(names, signature)| (timeout_names(names).map(<[u8]>::to_vec).collect(), signature.len()));
+            ParsedPayload::Timeout { view, signed }
         }
         Frame::Trust { kind: TrustKind::Refused, view, body } => {
             ParsedPayload::Refused { view, reason: Refusal::decode(body) }
@@ -397,7 +420,7 @@ mod tests {
             vec![tag::DATA, 9, 9],
             [&[tag::POLICY][..], &view, &[1, 2, 3]].concat(),
             [&[tag::CERT][..], &view, &[0, 1, 7, 8]].concat(),
-            [&[tag::TIMEOUT][..], &view, &[1, b'a']].concat(),
+            [&[tag::TIMEOUT][..], &view, &[0, 1, 9, 1, b'a']].concat(),
             [&[tag::REFUSED][..], &view, &[0]].concat(),
             [&[tag::CONFIRM][..], &[3; EPOCH_LEN], &[7; 32], &[1, 2]].concat(),
         ];
@@ -406,8 +429,11 @@ mod tests {
         }
         assert_eq!(split_cert(&cert_body(&[9, 9], &[5])), Ok((&[9u8, 9][..], &[5u8][..])));
         let names = [conclave_gcs::MemberId::new("a").unwrap(), conclave_gcs::MemberId::new("bc").unwrap()];
-        let body = timeout_body(&names);
-        assert_eq!(timeout_names(&body).collect::<Vec<_>>(), [&b"a"[..], b"bc"]);
+        let part = timeout_names_part(&names);
+        assert_eq!(timeout_names(&part).collect::<Vec<_>>(), [&b"a"[..], b"bc"]);
+        assert_eq!(split_timeout(&timeout_body(&part, &[7, 7])), Some((&part[..], &[7u8, 7][..])));
+        assert_eq!(split_timeout(&timeout_body(&part, &[])), None, "unsigned");
+        assert_eq!(split_timeout(&[0, 5, 1]), None, "signature cut short");
     }
 
     #[test]

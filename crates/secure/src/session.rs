@@ -198,6 +198,11 @@ impl Session {
         self.core.cert_message(group, view)
     }
 
+    /// Test hook: see [`SessionCore::timeout_message`].
+    pub fn timeout_message(&self, group: &str, view: crate::ViewId, names: &[MemberId]) -> Option<Vec<u8>> {
+        self.core.timeout_message(group, view, names)
+    }
+
     /// Test hook: see [`SessionCore::tamper_key_agreement`].
     pub fn tamper_key_agreement(
         &mut self,

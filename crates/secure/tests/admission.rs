@@ -292,3 +292,77 @@ fn intruders_are_refused_str() {
 fn intruders_are_refused_bd() {
     intruders_are_refused(conclave_secure::ProtocolId::Bd);
 }
+
+/// A compromised link delivers to alice alone, in the view that carol's
+/// join makes and before carol's certificate, a timeout notice under bob's
+/// name that names carol: once unsigned (as notices were), once with a
+/// signature that is not bob's. Either would refuse carol at alice alone
+/// while bob accepts her. Neither may change anything: every member ends
+/// with carol, under one key, and alice reports no refusal.
+#[test]
+fn a_timeout_notice_forged_on_one_link_refuses_nobody() {
+    use conclave_secure::payload::tag;
+    let t = SystemTime::UNIX_EPOCH + 20_000 * DAY;
+    let mut rng = ChaCha20Rng::seed_from_u64(10);
+    let (issuer, _) = Issuer::create("conclave test authority", t - DAY, t + 365 * DAY, &mut rng).unwrap();
+    let authority = Arc::new(Authority::from_pem(issuer.ca_pem(), None).unwrap());
+    let mut net = Net::new(&[], 10);
+    for (i, name) in ["alice", "bob"].into_iter().enumerate() {
+        let m = net.add(name, certified(&issuer, &authority, name, 400 + i as u64));
+        net.join(m, Policy::default());
+    }
+    let carol = net.add("carol", certified(&issuer, &authority, "carol", 402));
+    let now = net.now();
+    net.members[carol].session.join(now, GROUP, Policy::default()).unwrap();
+    net.drain(carol);
+    let view = net.members[0]
+        .inbox
+        .iter()
+        .find_map(|d| match d {
+            conclave_gcs::core::Delivery::View { view, .. } => Some(view.id),
+            _ => None,
+        })
+        .expect("the view of carol's join is queued for alice");
+    // Deliver one by one until carol's certificate waits in alice's inbox
+    // (alice has accepted bob by then: his went out before carol's), and put
+    // the forgeries right before it.
+    let carols_cert = |d: &conclave_gcs::core::Delivery| {
+        matches!(d, conclave_gcs::core::Delivery::Message { sender, payload, .. }
+            if sender.as_str() == "carol" && payload.first() == Some(&tag::CERT))
+    };
+    let at = loop {
+        if let Some(at) = net.members[0].inbox.iter().position(carols_cert) {
+            break at;
+        }
+        for i in 0..3 {
+            if let Some(d) = net.members[i].inbox.pop_front() {
+                let now = net.now();
+                net.members[i].session.handle_delivery(now, d).unwrap();
+                net.drain(i);
+            }
+        }
+    };
+    let names = [&[5u8][..], b"carol"].concat();
+    let unsigned = [&[tag::TIMEOUT][..], &view.to_bytes(), &names].concat();
+    let badly_signed = [&[tag::TIMEOUT][..], &view.to_bytes(), &[0, 64], &[7; 64], &names].concat();
+    for forged in [badly_signed, unsigned] {
+        let d = conclave_gcs::core::Delivery::Message {
+            group: GroupName::new(GROUP).unwrap(),
+            sender: MemberId::new("bob").unwrap(),
+            service: conclave_gcs::core::Service::Agreed,
+            view,
+            payload: forged.into(),
+        };
+        net.members[0].inbox.insert(at, d);
+    }
+    net.settle();
+    net.advance(DEFAULT_CERT_TIMEOUT * 2);
+    let last: Vec<_> = (0..3).map(|i| net.last_view(i).expect("a secure view")).collect();
+    assert!(last.iter().all(|v| v.2 == 3), "everyone's last secure view has carol: {last:?}");
+    assert!(last.iter().all(|v| v.1 == last[0].1 && v.0 == last[0].0), "one key: {last:?}");
+    assert!(
+        !net.members[0].log.iter().any(|e| matches!(e, SecureEvent::Refused { .. })),
+        "alice refused somebody: {:?}",
+        net.members[0].log
+    );
+}

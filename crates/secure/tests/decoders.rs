@@ -141,19 +141,22 @@ fn cert() -> impl Strategy<Value = Valid> {
 }
 
 fn timeout() -> impl Strategy<Value = Valid> {
-    (any::<(u64, u64)>(), prop::collection::vec(member_name(), 0..6)).prop_map(|(v, names)| {
-        let view = ViewId::new(v.0, v.1);
-        let mut bytes = vec![tag::TIMEOUT];
-        bytes.extend_from_slice(&view.to_bytes());
-        let mut lengths = Vec::new();
-        for n in &names {
-            lengths.push((bytes.len(), 1));
-            bytes.push(n.as_str().len() as u8);
-            bytes.extend_from_slice(n.as_str().as_bytes());
-        }
-        let names = names.iter().map(|n| n.as_str().as_bytes().to_vec()).collect();
-        Valid { bytes, expected: ParsedPayload::Timeout { view, names }, lengths }
-    })
+    (any::<(u64, u64)>(), prop::collection::vec(member_name(), 0..6), prop::collection::vec(any::<u8>(), 1..80))
+        .prop_map(|(v, names, sig)| {
+            let view = ViewId::new(v.0, v.1);
+            let mut bytes = vec![tag::TIMEOUT];
+            bytes.extend_from_slice(&view.to_bytes());
+            let mut lengths = vec![(bytes.len(), 2)];
+            bytes.extend_from_slice(&(sig.len() as u16).to_be_bytes());
+            bytes.extend_from_slice(&sig);
+            for n in &names {
+                lengths.push((bytes.len(), 1));
+                bytes.push(n.as_str().len() as u8);
+                bytes.extend_from_slice(n.as_str().as_bytes());
+            }
+            let names = names.iter().map(|n| n.as_str().as_bytes().to_vec()).collect();
+            Valid { bytes, expected: ParsedPayload::Timeout { view, signed: Some((names, sig.len())) }, lengths }
+        })
 }
 
 fn refusal() -> impl Strategy<Value = Valid> {

@@ -331,12 +331,8 @@ async fn a_pipelined_timeout_notice_refuses_nobody_for_good() {
                 s.join(common::GROUP, policy).unwrap();
                 let cert = s.cert_message(common::GROUP, rejoin).unwrap();
                 s.send_raw(common::GROUP, &cert).unwrap();
-                let mut notice = vec![conclave_secure::payload::tag::TIMEOUT];
-                notice.extend_from_slice(&rejoin.to_bytes());
-                for n in ["alice", "bob"] {
-                    notice.push(n.len() as u8);
-                    notice.extend_from_slice(n.as_bytes());
-                }
+                let honest = [MemberId::new("alice").unwrap(), MemberId::new("bob").unwrap()];
+                let notice = s.timeout_message(common::GROUP, rejoin, &honest).unwrap();
                 s.send_raw(common::GROUP, &notice).unwrap();
             })
             .await;
