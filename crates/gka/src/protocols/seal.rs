@@ -19,7 +19,7 @@
 //!    longest-standing member: the view's first member (views list members
 //!    oldest first). On its driver's tick ([`IntervalTgdh::tick`]) it
 //!    broadcasts the algorithm, the batch and, if anybody joins, its tree's
-//!    public part ([`crate::tree::Tree::encode`]; absent for a leader with no
+//!    public part (`Tree::encode`; absent for a leader with no
 //!    tree, which starts from an empty tree and makes every member of the
 //!    view a joiner). Its delivery starts the next run of the view (the
 //!    next [`crate::Epoch`]) at every member: a member that shares the
