@@ -369,6 +369,12 @@ pub(crate) struct Change {
 pub(crate) trait Protocol<G: Group>: Send + Sized + 'static {
     /// Which protocol.
     const ID: ProtocolId;
+    /// An interval protocol (SEAL's, `protocols::seal`): a view starts no
+    /// run and does not forget the installed key (it stays in use until the
+    /// next rekey); runs start when the protocol calls [`Ctx::next_run`] on
+    /// an agreed message, after its leader's [`Protocol::on_tick`];
+    /// [`Engine::rekey`] and [`Engine::restart`] are refused.
+    const INTERVAL: bool = false;
     /// A member with no state yet.
     fn new() -> Self;
     /// Forget all state (the member starts over as a newcomer).
@@ -385,6 +391,11 @@ pub(crate) trait Protocol<G: Group>: Send + Sized + 'static {
     /// ever used and no verification is wasted.
     fn wants(&self, _view: &View, _me: usize, _from: &MemberId, _round: u8) -> bool {
         true
+    }
+    /// The interval's tick, given to the leader by its driver (interval
+    /// protocols only).
+    fn on_tick(&mut self, _cx: &mut Ctx<'_, G>) -> Result<(), Error> {
+        Err(Error::BadView("this protocol has no rekeying interval"))
     }
     /// The member's secrets (test hook).
     #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
@@ -438,6 +449,19 @@ impl<G: Group> Ctx<'_, G> {
     pub fn exp_small(&mut self, b: &G::Element, e: u64) -> G::Element {
         self.st.costs.small_exps += 1;
         self.g.exp_small(b, e)
+    }
+    /// Starts the next run of the current view (interval protocols, on the
+    /// delivery of an agreed message that starts a rekey): the key it
+    /// installs is the next [`Epoch`] of the view; sequence numbers, replay
+    /// and own-broadcast records start afresh, so nothing of the earlier run
+    /// is accepted in it. Call it only once every check of the input passed.
+    pub fn next_run(&mut self) -> Result<(), Error> {
+        let st = &mut *self.st;
+        st.run = st.run.checked_add(1).ok_or(Error::RunsExhausted)?;
+        st.next_seq = 0;
+        st.seen.clear();
+        st.own.clear();
+        Ok(())
     }
     /// Broadcasts a message of `round` to the current view.
     pub fn broadcast(&mut self, round: u8, body: Vec<u8>) {
@@ -588,7 +612,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             self.st.out.clear();
             return Err(e);
         }
-        if install.is_some() && self.secure_view().is_some() {
+        if install.is_some() && self.st.secure.as_ref().is_some_and(|sv| sv.epoch == epoch) {
             self.st.out.clear();
             return Err(Error::Internal("second key in one run"));
         }
@@ -606,6 +630,21 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             }
         }
         Ok(std::mem::take(&mut self.st.out))
+    }
+
+    /// The protocol, to configure it (interval protocols: the algorithm).
+    pub fn protocol_mut(&mut self) -> &mut P {
+        &mut self.proto
+    }
+
+    /// The protocol's state, read-only.
+    pub fn protocol_ref(&self) -> &P {
+        &self.proto
+    }
+
+    /// The interval's tick (see [`Protocol::on_tick`]).
+    pub fn tick(&mut self, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+        self.with_ctx(rng, |p, cx| p.on_tick(cx))
     }
 
     /// The checks every view given to the engine passes: it contains this
@@ -735,9 +774,12 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
         }
         self.observed = Some(view.clone());
         // No run (and no key) until `start`: messages of the abandoned run
-        // are refused, and the previous key is forgotten.
+        // are refused, and the previous key is forgotten (an interval
+        // protocol keeps using it until its next rekey).
         self.st.view = None;
-        self.st.secure = None;
+        if !P::INTERVAL {
+            self.st.secure = None;
+        }
         Ok(())
     }
 
@@ -760,6 +802,9 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
         run: u32,
         rng: &mut dyn CryptoRngCore,
     ) -> Result<Vec<Output>, Error> {
+        if P::INTERVAL {
+            return Err(Error::BadView("an interval engine rekeys on its leader's tick"));
+        }
         let view = self.admitted_view(admitted)?;
         if run == 0 {
             return Err(Error::BadView("a restart is a later run than the view's own"));
@@ -773,6 +818,9 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
     }
 
     fn rekey(&mut self, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+        if P::INTERVAL {
+            return Err(Error::BadView("an interval engine rekeys on its leader's tick"));
+        }
         let n = self.st.view.as_ref().ok_or(Error::BadView("no view yet"))?.members.len();
         self.proto.reset();
         self.st.known = BTreeMap::from([(self.me.clone(), Tag::Fresh)]);
@@ -790,14 +838,19 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
 
     fn on_message(&mut self, from: &MemberId, bytes: &[u8], rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
         let env = self.open(from, bytes)?;
+        let run = self.st.run;
         let out = self.with_ctx(rng, |p, cx| p.on_message(cx, &env.sender, env.round, &env.body))?;
-        self.st.seen.insert((env.sender, env.seq));
+        // A message that started the next run (Ctx::next_run) belongs to the
+        // run before it, whose records are gone with it.
+        if self.st.run == run {
+            self.st.seen.insert((env.sender, env.seq));
+        }
         Ok(out)
     }
 
     fn secure_view(&self) -> Option<&SecureView> {
         let sv = self.st.secure.as_ref()?;
-        (Some(sv.epoch) == self.current_epoch()).then_some(sv)
+        (P::INTERVAL || Some(sv.epoch) == self.current_epoch()).then_some(sv)
     }
 
     fn in_progress(&self) -> bool {

@@ -89,7 +89,8 @@
 //! are agreed during the interval (the paper measures the same). Checking
 //! the received root blinded key (key confirmation) is not counted.
 
-// Nothing outside the tests calls this module until the SEAL driver lands.
+// The engine (`protocols::seal`) uses part of this module; the rest (Table 2's
+// averages, the figures' trees) serves the tests and the coming `gauge`.
 #![cfg_attr(not(test), allow(dead_code))]
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

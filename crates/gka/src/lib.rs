@@ -17,6 +17,9 @@
 //!   today; SEAL's interval-based rekeying and the daemon-level TGDH next).
 //! * `interval`: SEAL's interval-based rekeying on that tree (Rebuild,
 //!   Batch, Queue-batch) and its sponsor coordination, as pure functions.
+//! * [`protocols::seal`]: the interval TGDH engine that drives them (leader,
+//!   signed rekey message, sponsors' BKEY packets, restarts on cascades);
+//!   not yet offered by [`new_engine`] or the secure layer.
 //! * [`meter`]: the per-member cost meter that benchmarks and tests read.
 //! * [`message`], [`codec`]: wire formats, whose decoders never panic.
 #![forbid(unsafe_code)]

@@ -30,6 +30,7 @@
 pub mod bd;
 pub mod ckd;
 pub mod gdh;
+pub mod seal;
 pub mod str;
 #[cfg(test)]
 pub(crate) mod testnet;

@@ -1,0 +1,1253 @@
+//! SEAL's interval-based TGDH rekeying (Rebuild, Batch, Queue-batch) as a
+//! sans-IO engine: a leader, a signed rekey message, sponsors and their BKEY
+//! messages (SEAL §3.3–3.6), on the algorithms of `crate::interval`.
+//!
+//! # What it does
+//! Views are *followed*, not rekeyed: a view starts no key agreement, and
+//! the key installed last stays in use ([`IntervalTgdh::secure_view`]) until
+//! the next rekey. The joins and leaves since the last rekey form the batch.
+//! It is not kept as a list of events but derived from the key tree and the
+//! views: the leavers are the tree's members that have not been in every
+//! view since the rekey with this member (the engine's `Change::mine`, which
+//! follows the transitional sets), the joiners are the view's other members,
+//! in view order. So a join then a leave of the same member within one
+//! interval cancels, and a leave then a join is a leave and a join (the
+//! member comes back with another `prev`), as SEAL §3.6 asks.
+//!
+//! # Rounds
+//! 1. **Rekey message** (round tag [`ROUND_REKEY`]). The leader is the
+//!    longest-standing member: the view's first member (views list members
+//!    oldest first). On its driver's tick ([`IntervalTgdh::tick`]) it
+//!    broadcasts the algorithm, the batch and, if anybody joins, its tree's
+//!    public part (`Tree::encode`; absent for a leader with no
+//!    tree, which starts from an empty tree and makes every member of the
+//!    view a joiner). Its delivery starts the next run of the view (the
+//!    next [`crate::Epoch`]) at every member: a member that shares the
+//!    leader's tree checks the batch against its own and applies it; a
+//!    joiner (listed in the batch) applies it to the received tree.
+//! 2. **BKEY messages** (round tag [`ROUND_BKEY`]). Every member computes
+//!    the same renewed nodes, sponsors, broadcast lists and packet plan
+//!    (SEAL Fig. 3, `Rekeyed::plan`). Each sponsor broadcasts its packets in
+//!    the plan's order, each as soon as it can compute every blinded key in
+//!    it; a packet's nodes are implied by the plan (the body carries the
+//!    blinded keys only), and a receiver accepts the next packet of that
+//!    sponsor only, checking every key against those it holds. Members
+//!    compute the keys of their path as the blinded keys arrive.
+//! 3. **Install.** When the plan's last packet is delivered every member
+//!    computes the group secret and installs the new key; a batch that
+//!    renews nothing installs at the rekey message.
+//!
+//! Queue-batch runs Queue-subtree first, in the same run: the joiners'
+//!    subtree T' is keyed by its own plan (all its internal nodes renewed,
+//!    its members the sponsors; a lone joiner draws its leaf key and blinded
+//!    key when the merge starts), then Queue-merge's plan.
+//!
+//! # Cascades (SEAL §3.6)
+//! A view during a rekey abandons it: every member goes back to the tree of
+//! the last install, and the batch is derived again from the views. If the
+//! abandoned rekey's leader left, or a sponsor that still had packets to
+//! send, the new view's leader restarts at once (the batch then renews their
+//! nodes); otherwise the batch waits for the next tick. Members that moved
+//! together all delivered the same packets (virtual synchrony), so they all
+//! installed or none did; a member that installed a key the leader did not
+//! share is a joiner of the next rekey, so no view splits the group and none
+//! leaves a member waiting for a packet that will never come.
+//!
+//! # How it differs from SEAL
+//! * A rekey interrupted by a view is abandoned rather than continued with
+//!   a member gone: the commit point is the plan's last packet, delivered in
+//!   one view, so members that stay together never disagree on the tree.
+//!   A departure other than the leader's or an unsent sponsor's therefore
+//!   waits for the next tick, as in SEAL, but so does the abandoned batch.
+//! * Members install at the plan's last packet, not as soon as they can
+//!   compute the root (for the same reason); no key confirmation (§3.5) yet.
+//! * The leader is the view's first member, and a merge of partitions is a
+//!   batch in which the other side's members join the leader's tree.
+//! * Messages travel in the TGDH envelope (`ProtocolId::Tgdh`, round tags 3
+//!   and 4, which per-view TGDH does not use); a group runs one policy.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use conclave_gcs::{MemberId, View};
+use rand_core::CryptoRngCore;
+use zeroize::Zeroize;
+
+use super::{get_elem, get_member, put_elem, put_member, MAX_MEMBERS};
+use crate::codec::{DecodeError, Reader, Writer};
+use crate::domains;
+use crate::engine::{Change, Ctx, Directory, Engine, Error, Misbehaved, Output, Protocol, Runner};
+use crate::interval::{queue_merge, Algorithm, Batch, Packet, Rekeyed};
+use crate::key::{Epoch, SecureView};
+use crate::meter::Costs;
+use crate::suite::{Group, Signer};
+use crate::tree::Tree;
+use crate::ProtocolId;
+
+/// The leader's rekey message: algorithm, batch, tree for the joiners.
+pub const ROUND_REKEY: u8 = 3;
+/// A sponsor's BKEY packet: blinded keys of one packet of the plan.
+pub const ROUND_BKEY: u8 = 4;
+
+/// Which of SEAL's algorithms a group uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IntervalAlgorithm {
+    /// Rebuild a complete tree; every member a sponsor.
+    Rebuild,
+    /// Joiners replace leavers, then go in at the shallowest positions.
+    Batch,
+    /// Joiners gathered into a subtree, merged at the interval's end.
+    QueueBatch,
+}
+
+impl IntervalAlgorithm {
+    /// Every algorithm.
+    pub const ALL: [Self; 3] = [Self::Rebuild, Self::Batch, Self::QueueBatch];
+
+    fn code(self) -> u8 {
+        match self {
+            Self::Rebuild => 1,
+            Self::Batch => 2,
+            Self::QueueBatch => 3,
+        }
+    }
+
+    fn inner(self) -> Algorithm {
+        match self {
+            Self::Rebuild => Algorithm::Rebuild,
+            Self::Batch => Algorithm::Batch,
+            Self::QueueBatch => Algorithm::QueueBatch,
+        }
+    }
+}
+
+/// What one member has done on the interval protocol's own account (the
+/// engine's [`Costs`] meter the rest).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IntervalStats {
+    /// Blinded keys this member broadcast in BKEY packets.
+    pub bks_sent: u64,
+    /// BKEY packets this member broadcast.
+    pub packets_sent: u64,
+    /// Rekey messages this member sent as the leader.
+    pub rekeys_led: u64,
+    /// Rekeys this member started again at once after a view abandoned one
+    /// whose leader or unsent sponsor left.
+    pub restarts: u64,
+}
+
+/// The rekey message's body.
+struct RekeyMsg<G: Group> {
+    algorithm: u8,
+    batch: Batch,
+    tree: Option<Tree<G>>,
+}
+
+impl<G: Group> RekeyMsg<G> {
+    fn encode(&self, g: &G) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u8(self.algorithm);
+        for list in [&self.batch.joins, &self.batch.leaves] {
+            w.count(list.len());
+            for m in list {
+                put_member(&mut w, m);
+            }
+        }
+        match &self.tree {
+            None => {
+                w.u8(0);
+            }
+            Some(t) => {
+                w.u8(1);
+                t.encode(&mut w, g);
+            }
+        }
+        w.buf
+    }
+
+    fn decode(body: &[u8], g: &G) -> Result<Self, Error> {
+        let mut r = Reader::new(body);
+        let algorithm = r.u8("algorithm")?;
+        let mut lists = [Vec::new(), Vec::new()];
+        for list in &mut lists {
+            let n = r.count(MAX_MEMBERS, 2, "batch members")?;
+            for _ in 0..n {
+                list.push(get_member(&mut r)?);
+            }
+        }
+        let tree = match r.u8("tree flag")? {
+            0 => None,
+            1 => Some(Tree::decode(&mut r, g)?),
+            _ => return Err(DecodeError::Bad("tree flag").into()),
+        };
+        r.finish()?;
+        let [joins, leaves] = lists;
+        Ok(Self { algorithm, batch: Batch { joins, leaves }, tree })
+    }
+}
+
+/// Which part of a rekey a phase is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Queue-subtree: the joiners key T'.
+    Subtree = 1,
+    /// The rekey proper (Queue-merge for Queue-batch).
+    Main = 2,
+}
+
+/// One plan's worth of BKEY packets on one tree.
+struct Phase<G: Group> {
+    kind: Kind,
+    r: Rekeyed<G>,
+    /// This member's leaf, if it is in the phase's tree.
+    me: Option<usize>,
+    plan: Vec<Packet>,
+    /// Per sponsor leaf, the plan indices of its packets, in order.
+    by_sponsor: HashMap<usize, Vec<usize>>,
+    /// Per sponsor leaf, how many of its packets were delivered.
+    delivered: HashMap<usize, usize>,
+    /// Packets delivered in all.
+    total: usize,
+    /// This member's packets sent.
+    sent: usize,
+    leaf: HashMap<MemberId, usize>,
+    secret: Option<G::Element>,
+}
+
+impl<G: Group> Drop for Phase<G> {
+    fn drop(&mut self) {
+        if let Some(s) = self.secret.as_mut() {
+            s.zeroize();
+        }
+    }
+}
+
+impl<G: Group> Phase<G> {
+    fn new(kind: Kind, r: Rekeyed<G>, me: &MemberId) -> Self {
+        let plan = r.plan();
+        let mut by_sponsor: HashMap<usize, Vec<usize>> = HashMap::new();
+        for (i, p) in plan.iter().enumerate() {
+            by_sponsor.entry(p.sponsor).or_default().push(i);
+        }
+        let leaf = r.tree.leaf_index();
+        Self {
+            kind,
+            me: leaf.get(me).copied(),
+            r,
+            plan,
+            by_sponsor,
+            delivered: HashMap::new(),
+            total: 0,
+            sent: 0,
+            leaf,
+            secret: None,
+        }
+    }
+
+    fn lone(&self) -> bool {
+        self.r.tree.nodes.len() == 1
+    }
+}
+
+/// A rekey in progress.
+struct Rekey<G: Group> {
+    leader: MemberId,
+    batch: Batch,
+    /// The tree the batch applies to, as this member holds it.
+    base: Option<Tree<G>>,
+    phase: Phase<G>,
+}
+
+/// One member's state of SEAL's interval-based TGDH.
+pub struct Seal<G: Group> {
+    algorithm: IntervalAlgorithm,
+    /// The tree as of the last install (keys on this member's path).
+    saved: Option<Tree<G>>,
+    /// Members of the view that share `saved` (the engine's `Change::mine`).
+    mine: Vec<MemberId>,
+    rekey: Option<Rekey<G>>,
+    /// The leader's rekey message is on its way.
+    ticked: bool,
+    stats: IntervalStats,
+}
+
+impl<G: Group> Seal<G> {
+    /// The batch as this member sees it: leavers from its tree, joiners the
+    /// view's members that do not share it.
+    fn own_batch(&self, view: &View) -> Batch {
+        let mine: BTreeSet<&MemberId> = self.mine.iter().collect();
+        let tree_members = self.saved.as_ref().map(|t| t.members()).unwrap_or_default();
+        Batch {
+            joins: view.ids().filter(|m| !mine.contains(m) || self.saved.is_none()).cloned().collect(),
+            leaves: tree_members.into_iter().filter(|m| !mine.contains(m)).collect(),
+        }
+    }
+
+    /// Whether this member shares the leader's tree (else it joins).
+    fn shares_leaders_tree(&self, leader: &MemberId) -> bool {
+        self.saved.is_some() && self.mine.contains(leader)
+    }
+
+    fn start_rekey(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
+        let batch = self.own_batch(cx.view);
+        if batch.joins.is_empty() && batch.leaves.is_empty() {
+            return Ok(());
+        }
+        let tree = if batch.joins.is_empty() { None } else { self.saved.as_ref().map(|t| t.public()) };
+        let msg = RekeyMsg { algorithm: self.algorithm.code(), batch, tree };
+        cx.broadcast(ROUND_REKEY, msg.encode(cx.g));
+        self.ticked = true;
+        self.stats.rekeys_led += 1;
+        Ok(())
+    }
+
+    fn on_rekey(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
+        let round = ROUND_REKEY;
+        let msg = RekeyMsg::decode(body, cx.g)?;
+        let leader = &cx.view.members[0].id;
+        if from != leader {
+            return Err(Misbehaved::NotController { round }.by(from));
+        }
+        if self.rekey.is_some() {
+            return Err(Misbehaved::OutsideItsRun { round }.by(from));
+        }
+        if msg.algorithm != self.algorithm.code() {
+            return Err(Misbehaved::WrongShape { round }.by(from));
+        }
+        let batch = msg.batch;
+        let base = if self.shares_leaders_tree(from) {
+            if batch != self.own_batch(cx.view) {
+                return Err(Misbehaved::Inconsistent { round }.by(from));
+            }
+            if let (Some(t), Some(mine)) = (&msg.tree, &self.saved) {
+                let same = mine
+                    .correspondence(t)
+                    .is_some_and(|pairs| pairs.iter().all(|&(x, y)| mine.nodes[x].bk == t.nodes[y].bk));
+                if !same {
+                    return Err(Misbehaved::Inconsistent { round }.by(from));
+                }
+            }
+            self.saved.clone()
+        } else {
+            // A joiner: the batch must name it and cover the view exactly.
+            if !batch.joins.contains(cx.me) || (msg.tree.is_none() && !batch.leaves.is_empty()) {
+                return Err(Misbehaved::WrongShape { round }.by(from));
+            }
+            let leaving: BTreeSet<&MemberId> = batch.leaves.iter().collect();
+            let mut after: BTreeSet<&MemberId> = BTreeSet::new();
+            let old = msg.tree.as_ref().map(|t| t.members()).unwrap_or_default();
+            after.extend(old.iter().filter(|m| !leaving.contains(m)));
+            after.extend(batch.joins.iter());
+            let view: BTreeSet<&MemberId> = cx.view.ids().collect();
+            if after != view || old.len() - batch.leaves.len().min(old.len()) + batch.joins.len() != view.len() {
+                return Err(Misbehaved::WrongShape { round }.by(from));
+            }
+            msg.tree
+        };
+        let algorithm = self.algorithm.inner();
+        let phase = first_phase(algorithm, base.as_ref(), &batch, cx.me)
+            .map_err(|_| Misbehaved::WrongShape { round }.by(from))?;
+        // Every check passed: the rekey starts, in the next run.
+        cx.next_run()?;
+        self.ticked = false;
+        let mut phase = phase;
+        draw_fresh(cx, &mut phase);
+        self.rekey = Some(Rekey { leader: from.clone(), batch, base, phase });
+        self.advance(cx)
+    }
+
+    fn on_bkey(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
+        let round = ROUND_BKEY;
+        let Some(rk) = &mut self.rekey else {
+            return Err(Misbehaved::OutsideItsRun { round }.by(from));
+        };
+        let ph = &mut rk.phase;
+        let mut r = Reader::new(body);
+        let kind = r.u8("BKEY phase")?;
+        if kind != ph.kind as u8 {
+            return Err(Misbehaved::OutsideItsRun { round }.by(from));
+        }
+        let s = *ph.leaf.get(from).ok_or_else(|| Misbehaved::NotSponsor { round }.by(from))?;
+        let done = ph.delivered.get(&s).copied().unwrap_or(0);
+        let idx = *ph
+            .by_sponsor
+            .get(&s)
+            .and_then(|l| l.get(done))
+            .ok_or_else(|| Misbehaved::NotSponsor { round }.by(from))?;
+        let nodes = ph.plan[idx].nodes.clone();
+        let k = r.count(MAX_MEMBERS, cx.g.element_len(), "BKEY blinded keys")?;
+        if k != nodes.len() {
+            return Err(Misbehaved::WrongShape { round }.by(from));
+        }
+        let mut bks = Vec::with_capacity(k);
+        for _ in 0..k {
+            bks.push(get_elem(&mut r, cx.g)?);
+        }
+        r.finish()?;
+        let t = &mut ph.r.tree;
+        if nodes.iter().zip(&bks).any(|(&v, bk)| t.nodes[v].bk.as_ref().is_some_and(|b| b != bk)) {
+            return Err(Misbehaved::Inconsistent { round }.by(from));
+        }
+        for (&v, bk) in nodes.iter().zip(bks) {
+            t.nodes[v].bk = Some(bk);
+        }
+        ph.delivered.insert(s, done + 1);
+        ph.total += 1;
+        self.advance(cx)
+    }
+
+    /// After any change: compute own path keys, send the packets that are
+    /// ready, finish phases whose last packet was delivered.
+    fn advance(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
+        loop {
+            let Some(rk) = &mut self.rekey else { return Ok(()) };
+            let ph = &mut rk.phase;
+            if let Some(me) = ph.me {
+                if ph.lone() {
+                    if ph.secret.is_none() {
+                        let t = &mut ph.r.tree;
+                        let r = t.nodes[me].key.clone().ok_or(Error::Internal("lone member without a key"))?;
+                        let bk = cx.exp_g(&r);
+                        ph.secret = Some(cx.exp(&bk, &r));
+                        t.nodes[me].bk = Some(bk);
+                    }
+                } else {
+                    ph.r.tree.climb(cx, me, false);
+                    if ph.secret.is_none() {
+                        ph.secret = ph.r.tree.group_secret(cx, me);
+                    }
+                    send_ready(cx, ph, &mut self.stats)?;
+                }
+            }
+            if ph.total < ph.plan.len() {
+                return Ok(());
+            }
+            // The phase's last packet is in.
+            let rk = self.rekey.take().ok_or(Error::Internal("rekey lost"))?;
+            match rk.phase.kind {
+                Kind::Subtree => {
+                    let mut sub = rk.phase.r.tree.clone();
+                    if let (Some(_), Some(s)) = (rk.phase.me, &rk.phase.secret) {
+                        let root = sub.root;
+                        sub.nodes[root].key = Some(cx.g.hash_to_scalar(domains::TGDH_NODE, s));
+                    }
+                    let merged = queue_merge(rk.base.as_ref(), Some(&sub), &rk.batch.leaves)
+                        .map_err(|_| Error::Internal("Queue-merge refused a checked batch"))?
+                        .ok_or(Error::Internal("Queue-merge of nobody"))?;
+                    let mut phase = Phase::new(Kind::Main, merged, cx.me);
+                    draw_fresh(cx, &mut phase);
+                    self.rekey = Some(Rekey { phase, ..rk });
+                }
+                Kind::Main => {
+                    let mut phase = rk.phase;
+                    match phase.secret.take() {
+                        Some(mut secret) => {
+                            cx.install(&secret);
+                            secret.zeroize();
+                            let mut t = phase.r.tree.clone();
+                            if phase.lone() {
+                                // The lone member's blinded key would be its
+                                // secret's base: keep it to itself.
+                                t.nodes[t.root].bk = None;
+                            }
+                            self.saved = Some(t);
+                            self.mine = cx.view.ids().cloned().collect();
+                        }
+                        None => return Err(Error::Internal("rekey complete without the group secret")),
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// The first phase of a rekey: Queue-subtree for Queue-batch with two or
+/// more joiners, else the rekey proper.
+fn first_phase<G: Group>(
+    algorithm: Algorithm,
+    base: Option<&Tree<G>>,
+    batch: &Batch,
+    me: &MemberId,
+) -> Result<Phase<G>, crate::interval::BatchError> {
+    match algorithm {
+        Algorithm::QueueBatch if batch.joins.len() >= 2 => {
+            // Check the whole batch first; T' alone is a Batch from nothing.
+            Algorithm::QueueBatch.apply(base, batch)?;
+            let sub = Algorithm::Batch.apply::<G>(None, &Batch { joins: batch.joins.clone(), leaves: Vec::new() })?;
+            Ok(Phase::new(Kind::Subtree, sub.expect("joiners"), me))
+        }
+        Algorithm::QueueBatch => {
+            let sub = batch.joins.first().map(|j| Tree::leaf(j.clone(), None, None));
+            let r = queue_merge(base, sub.as_ref(), &batch.leaves)?;
+            r.map(|r| Phase::new(Kind::Main, r, me)).ok_or(crate::interval::BatchError::TooMany)
+        }
+        a => a.apply(base, batch)?.map(|r| Phase::new(Kind::Main, r, me)).ok_or(crate::interval::BatchError::TooMany),
+    }
+}
+
+/// A joiner draws its leaf key: a fresh leaf, a lone T' leaf (Queue-batch
+/// with one joiner: its blinded key too, as Queue-subtree would have), or a
+/// lone member's refreshed leaf.
+fn draw_fresh<G: Group>(cx: &mut Ctx<'_, G>, ph: &mut Phase<G>) {
+    let Some(me) = ph.me else { return };
+    let fresh = ph.r.is_fresh(me);
+    let t = &mut ph.r.tree;
+    if fresh || t.nodes.len() == 1 {
+        t.nodes[me].key = Some(cx.random());
+    } else if t.nodes[me].key.is_none() {
+        let k = cx.random();
+        t.nodes[me].bk = Some(cx.exp_g(&k));
+        t.nodes[me].key = Some(k);
+    }
+}
+
+/// Sends this member's next packets of the plan while it can compute them.
+fn send_ready<G: Group>(cx: &mut Ctx<'_, G>, ph: &mut Phase<G>, stats: &mut IntervalStats) -> Result<(), Error> {
+    let Some(me) = ph.me else { return Ok(()) };
+    let Some(mine) = ph.by_sponsor.get(&me) else { return Ok(()) };
+    while let Some(&idx) = mine.get(ph.sent) {
+        let nodes = &ph.plan[idx].nodes;
+        let t = &ph.r.tree;
+        let can =
+            |v: usize| t.nodes[v].bk.is_some() || t.nodes[v].key.is_some() || (v == t.root && ph.secret.is_some());
+        if !nodes.iter().all(|&v| can(v)) {
+            return Ok(());
+        }
+        let mut bks = Vec::with_capacity(nodes.len());
+        for &v in nodes {
+            let n = &ph.r.tree.nodes[v];
+            let bk = if let Some(b) = &n.bk {
+                b.clone()
+            } else if v == ph.r.tree.root {
+                let s = ph.secret.as_ref().ok_or(Error::Internal("root without the secret"))?;
+                let mut k = cx.g.hash_to_scalar(domains::TGDH_NODE, s);
+                let b = cx.exp_g(&k);
+                k.zeroize();
+                b
+            } else {
+                let k = n.key.clone().ok_or(Error::Internal("node without a key"))?;
+                cx.exp_g(&k)
+            };
+            bks.push(bk);
+        }
+        let mut w = Writer::new();
+        w.u8(ph.kind as u8);
+        w.count(bks.len());
+        for bk in &bks {
+            put_elem(&mut w, cx.g, bk);
+        }
+        for (&v, bk) in nodes.iter().zip(bks) {
+            ph.r.tree.nodes[v].bk = Some(bk);
+        }
+        stats.bks_sent += nodes.len() as u64;
+        stats.packets_sent += 1;
+        cx.broadcast(ROUND_BKEY, w.buf);
+        ph.sent += 1;
+    }
+    Ok(())
+}
+
+impl<G: Group> Protocol<G> for Seal<G> {
+    const ID: ProtocolId = ProtocolId::Tgdh;
+    const INTERVAL: bool = true;
+
+    fn new() -> Self {
+        Self {
+            algorithm: IntervalAlgorithm::Batch,
+            saved: None,
+            mine: Vec::new(),
+            rekey: None,
+            ticked: false,
+            stats: IntervalStats::default(),
+        }
+    }
+
+    fn reset(&mut self) {
+        let (algorithm, stats) = (self.algorithm, self.stats);
+        *self = Self::new();
+        self.algorithm = algorithm;
+        self.stats = stats;
+    }
+
+    fn on_view(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
+        self.mine = change.mine.clone();
+        self.ticked = false;
+        let Some(rk) = self.rekey.take() else { return Ok(()) };
+        // The view abandons the rekey. SEAL restarts at once if its leader
+        // left, or a sponsor that had not sent all its packets.
+        let gone = |m: &MemberId| !cx.contains(m);
+        let ph = &rk.phase;
+        let unsent = ph.by_sponsor.iter().any(|(&s, list)| {
+            ph.delivered.get(&s).copied().unwrap_or(0) < list.len() && ph.r.tree.member(s).is_some_and(gone)
+        });
+        if (gone(&rk.leader) || unsent) && &cx.view.members[0].id == cx.me {
+            self.stats.restarts += 1;
+            self.start_rekey(cx)?;
+        }
+        Ok(())
+    }
+
+    fn on_tick(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
+        if &cx.view.members[0].id != cx.me {
+            return Err(Error::BadView("only the leader ticks"));
+        }
+        if self.rekey.is_some() || self.ticked {
+            return Ok(());
+        }
+        self.start_rekey(cx)
+    }
+
+    fn on_message(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, round: u8, body: &[u8]) -> Result<(), Error> {
+        match round {
+            ROUND_REKEY => self.on_rekey(cx, from, body),
+            ROUND_BKEY => self.on_bkey(cx, from, body),
+            _ => Err(Misbehaved::UnknownRound { round }.by(from)),
+        }
+    }
+
+    fn secrets(&self) -> (Vec<G::Scalar>, Vec<G::Element>) {
+        let mut keys: Vec<G::Scalar> = self.saved.iter().flat_map(|t| t.keys()).cloned().collect();
+        let mut elems = Vec::new();
+        if let Some(rk) = &self.rekey {
+            keys.extend(rk.phase.r.tree.keys().cloned());
+            elems.extend(rk.phase.secret.iter().cloned());
+        }
+        (keys, elems)
+    }
+
+    fn public_elements(g: &G, round: u8, body: &[u8]) -> Result<Vec<G::Element>, Error> {
+        match round {
+            ROUND_REKEY => {
+                Ok(RekeyMsg::decode(body, g)?.tree.iter().flat_map(|t| t.bks().cloned().collect::<Vec<_>>()).collect())
+            }
+            ROUND_BKEY => {
+                let mut r = Reader::new(body);
+                r.u8("BKEY phase")?;
+                let k = r.count(MAX_MEMBERS, g.element_len(), "BKEY blinded keys")?;
+                (0..k).map(|_| get_elem(&mut r, g)).collect()
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+}
+
+/// One member's interval TGDH engine (SEAL): see the module doc. Driven
+/// like the other engines — views, messages in agreed order, randomness
+/// injected — plus the interval's tick, which the driver gives the leader.
+pub struct IntervalTgdh<G: Group> {
+    runner: Runner<G, Seal<G>>,
+}
+
+impl<G: Group> IntervalTgdh<G> {
+    /// A member with no state yet, computing in `g`, in `group`, using
+    /// `algorithm`, trusting `directory`.
+    pub fn new(
+        g: G,
+        group: String,
+        me: MemberId,
+        signer: Arc<dyn Signer>,
+        directory: Arc<dyn Directory>,
+        algorithm: IntervalAlgorithm,
+    ) -> Self {
+        let mut runner = Runner::<G, Seal<G>>::new(g, group, me, signer, directory);
+        runner.protocol_mut().algorithm = algorithm;
+        Self { runner }
+    }
+
+    /// A view from the group communication layer: followed, not rekeyed
+    /// (abandons a rekey in progress; the new leader may restart one).
+    pub fn on_view(&mut self, view: &View, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+        self.runner.on_view(view, rng)
+    }
+
+    /// The interval's tick: the leader broadcasts the rekey message if the
+    /// batch is not empty and no rekey is under way. Refused at other
+    /// members.
+    pub fn tick(&mut self, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+        self.runner.tick(rng)
+    }
+
+    /// A message delivered in the current view. A rejected message changes
+    /// no state.
+    pub fn on_message(
+        &mut self,
+        from: &MemberId,
+        bytes: &[u8],
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<Vec<Output>, Error> {
+        self.runner.on_message(from, bytes, rng)
+    }
+
+    /// The key in use: the last one installed (it outlives views until the
+    /// next rekey), `None` before the first.
+    pub fn secure_view(&self) -> Option<&SecureView> {
+        self.runner.secure_view()
+    }
+
+    /// The epoch the next install would carry's view and current run.
+    pub fn current_epoch(&self) -> Option<Epoch> {
+        self.runner.current_epoch()
+    }
+
+    /// Whether a rekey is under way.
+    pub fn rekeying(&self) -> bool {
+        self.runner.protocol_ref().rekey.is_some()
+    }
+
+    /// Whether this member holds no key of the current group yet (it waits
+    /// for the next rekey).
+    pub fn waiting(&self) -> bool {
+        self.runner.protocol_ref().saved.is_none()
+    }
+
+    /// Engine costs (exponentiations, signatures, verifications, broadcasts,
+    /// bytes).
+    pub fn costs(&self) -> Costs {
+        self.runner.costs()
+    }
+
+    /// Blinded keys and packets sent, rekeys led, restarts.
+    pub fn stats(&self) -> IntervalStats {
+        self.runner.protocol_ref().stats
+    }
+
+    /// Test hook: the member's secrets.
+    #[cfg(feature = "test-hooks")]
+    pub fn leak(&self) -> crate::engine::Leak {
+        self.runner.leak()
+    }
+
+    /// Test hook: the group elements a message carries.
+    #[cfg(feature = "test-hooks")]
+    pub fn public_elements(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+        self.runner.public_elements(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Arc;
+
+    use conclave_gcs::view::Cause;
+    use conclave_gcs::{MemberId, View, ViewId, ViewMember};
+    use rand_chacha::ChaCha20Rng;
+    use rand_core::SeedableRng;
+
+    use super::{IntervalAlgorithm, IntervalStats, IntervalTgdh, ROUND_BKEY, ROUND_REKEY};
+    use crate::engine::{Error, Misbehaved, Output, StaticDirectory};
+    use crate::interval::{Algorithm, Batch, IntervalCosts};
+    use crate::message::Envelope;
+    use crate::suite::ristretto::Ristretto255;
+    use crate::suite::{generate_signer, Signer};
+    use crate::{GroupId, ProtocolId, SignatureId};
+
+    type E = IntervalTgdh<Ristretto255>;
+
+    /// Members m0.. with engines, views in agreed order, and a FIFO of
+    /// outputs delivered to every member of the current view.
+    struct Net {
+        algorithm: IntervalAlgorithm,
+        names: Vec<MemberId>,
+        signers: Vec<Arc<dyn Signer>>,
+        dir: Arc<StaticDirectory>,
+        engines: Vec<E>,
+        /// The current view's members, oldest first.
+        view: Vec<usize>,
+        seq: u64,
+        queue: VecDeque<(usize, Vec<u8>)>,
+        /// Every broadcast so far (what a leaver listening on could see).
+        wire: Vec<Vec<u8>>,
+        rng: ChaCha20Rng,
+    }
+
+    impl Net {
+        fn new(algorithm: IntervalAlgorithm, n: usize, seed: u64) -> Net {
+            let mut rng = ChaCha20Rng::seed_from_u64(seed);
+            let names: Vec<MemberId> = (0..n).map(|i| MemberId::new(format!("m{i}")).unwrap()).collect();
+            let signers: Vec<Arc<dyn Signer>> =
+                names.iter().map(|_| generate_signer(SignatureId::Ed25519, &mut rng).unwrap()).collect();
+            let mut dir = StaticDirectory::new();
+            for (m, s) in names.iter().zip(&signers) {
+                dir.insert(m.clone(), s.verifier());
+            }
+            let dir = Arc::new(dir);
+            let mut net = Net {
+                algorithm,
+                names,
+                signers,
+                dir,
+                engines: Vec::new(),
+                view: Vec::new(),
+                seq: 0,
+                queue: VecDeque::new(),
+                wire: Vec::new(),
+                rng,
+            };
+            net.engines = (0..n).map(|i| net.fresh(i)).collect();
+            net
+        }
+
+        fn fresh(&self, i: usize) -> E {
+            E::new(
+                Ristretto255,
+                "seal".into(),
+                self.names[i].clone(),
+                self.signers[i].clone(),
+                self.dir.clone(),
+                self.algorithm,
+            )
+        }
+
+        fn push(&mut self, from: usize, outs: Vec<Output>) {
+            for o in outs {
+                if let Output::Send { bytes, .. } = o {
+                    self.wire.push(bytes.clone());
+                    self.queue.push_back((from, bytes));
+                }
+            }
+        }
+
+        /// A view of the current members minus `leave`, plus `join` (new
+        /// processes) at the end: undelivered messages are lost.
+        fn change(&mut self, join: &[usize], leave: &[usize]) {
+            self.queue.clear();
+            let last = (self.seq > 0).then(|| ViewId::new(1, self.seq));
+            self.seq += 1;
+            let mut members: Vec<ViewMember> = Vec::new();
+            let mut now = Vec::new();
+            for &i in &self.view {
+                if !leave.contains(&i) {
+                    members.push(ViewMember { id: self.names[i].clone(), prev: last });
+                    now.push(i);
+                }
+            }
+            for &j in join {
+                self.engines[j] = self.fresh(j);
+                members.push(ViewMember { id: self.names[j].clone(), prev: None });
+                now.push(j);
+            }
+            let view = View { id: ViewId::new(1, self.seq), members, cause: Cause::Join };
+            self.view = now;
+            for &i in &self.view.clone() {
+                let outs = self.engines[i].on_view(&view, &mut self.rng).unwrap();
+                self.push(i, outs);
+            }
+        }
+
+        fn leader(&self) -> usize {
+            self.view[0]
+        }
+
+        fn tick(&mut self) {
+            let l = self.leader();
+            let outs = self.engines[l].tick(&mut self.rng).unwrap();
+            self.push(l, outs);
+        }
+
+        /// Delivers up to `limit` queued messages (all if `None`), each to
+        /// every member of the view; every delivery must be accepted.
+        fn pump(&mut self, limit: Option<usize>) {
+            let mut n = 0;
+            while limit.is_none_or(|l| n < l) {
+                let Some((from, bytes)) = self.queue.pop_front() else { break };
+                n += 1;
+                for &j in &self.view.clone() {
+                    let sender = self.names[from].clone();
+                    let outs = self.engines[j].on_message(&sender, &bytes, &mut self.rng).unwrap();
+                    self.push(j, outs);
+                }
+            }
+        }
+
+        /// Everyone in the view holds the same key, of a run after the
+        /// view's first; returns it.
+        fn agreed(&self) -> [u8; 32] {
+            let first = self.engines[self.view[0]].secure_view().expect("a key");
+            for &i in &self.view {
+                let sv = self.engines[i].secure_view().unwrap_or_else(|| panic!("{} has no key", self.names[i]));
+                assert_eq!(sv.key.expose_secret(), first.key.expose_secret(), "{} differs", self.names[i]);
+                assert_eq!(sv.epoch, first.epoch);
+                assert_eq!(sv.epoch.view, ViewId::new(1, self.seq), "the key is of the current view");
+                assert!(sv.epoch.run >= 1, "installed by a rekey, not by the view");
+                assert!(!self.engines[i].rekeying() && !self.engines[i].waiting());
+                let mut ids: Vec<&MemberId> = sv.members.iter().collect();
+                ids.sort();
+                let mut want: Vec<&MemberId> = self.view.iter().map(|&i| &self.names[i]).collect();
+                want.sort();
+                assert_eq!(ids, want);
+            }
+            *first.key.expose_secret()
+        }
+
+        fn rekey(&mut self) -> [u8; 32] {
+            self.tick();
+            self.pump(None);
+            self.agreed()
+        }
+
+        /// A signed message from member `i` in the current view and run.
+        fn forge(&self, i: usize, run: u32, seq: u32, round: u8, body: Vec<u8>) -> Vec<u8> {
+            let mut env = Envelope {
+                protocol: ProtocolId::Tgdh,
+                group_id: GroupId::Ristretto255,
+                group: "seal".into(),
+                view: ViewId::new(1, self.seq),
+                run,
+                sender: self.names[i].clone(),
+                recipient: None,
+                round,
+                seq,
+                body,
+                signature: Vec::new(),
+            };
+            env.signature = self.signers[i].sign(&env.signed_bytes());
+            env.encode()
+        }
+    }
+
+    #[test]
+    fn every_algorithm_gives_every_member_one_key_at_each_rekey_over_intervals_of_joins_and_leaves() {
+        for a in IntervalAlgorithm::ALL {
+            let mut net = Net::new(a, 14, 1);
+            // The group forms: views come and go, nobody has a key until
+            // the first tick.
+            net.change(&[0, 1], &[]);
+            net.change(&[2, 3, 4], &[]);
+            assert!(net.view.iter().all(|&i| net.engines[i].secure_view().is_none() && net.engines[i].waiting()));
+            let mut keys = vec![net.rekey()];
+            // Intervals: (joins, leaves) per view, then a tick.
+            let script: [&[(&[usize], &[usize])]; 6] = [
+                &[(&[5], &[]), (&[6], &[1])],
+                &[(&[], &[3]), (&[7, 8], &[])],
+                // m9 joins and leaves within the interval: no trace of it.
+                &[(&[9], &[]), (&[], &[9]), (&[10], &[2])],
+                // The leader leaves between ticks: m4 leads next.
+                &[(&[], &[0])],
+                &[(&[11, 12], &[5, 6])],
+                &[(&[13], &[]), (&[], &[8])],
+            ];
+            for interval in script {
+                let before = net.view.clone();
+                for (j, l) in interval {
+                    net.change(j, l);
+                    // The old key stays in use until the rekey, for those who had it.
+                    for &i in &net.view {
+                        if before.contains(&i) {
+                            let k = net.engines[i].secure_view().map(|sv| *sv.key.expose_secret());
+                            assert_eq!(k, keys.last().copied(), "{a:?}");
+                        }
+                    }
+                }
+                let k = net.rekey();
+                assert!(!keys.contains(&k), "{a:?}: a new key");
+                keys.push(k);
+            }
+            // Re-joining under the same name (a new process) is a leave and a join.
+            net.change(&[], &[7]);
+            net.change(&[7], &[]);
+            let k = net.rekey();
+            assert!(!keys.contains(&k), "{a:?}");
+        }
+    }
+
+    #[test]
+    fn a_tick_with_nothing_to_do_sends_nothing_and_only_the_leader_ticks() {
+        let mut net = Net::new(IntervalAlgorithm::Batch, 3, 2);
+        net.change(&[0, 1, 2], &[]);
+        let k = net.rekey();
+        let l = net.leader();
+        assert!(net.engines[l].tick(&mut net.rng).unwrap().is_empty());
+        assert!(matches!(net.engines[1].tick(&mut net.rng), Err(Error::BadView(_))));
+        assert_eq!(net.agreed(), k);
+    }
+
+    /// What interval.rs says one member spends on `batch` applied to the
+    /// tree `leader` holds (Queue-batch: Queue-subtree's plan, then
+    /// Queue-merge's; a lone queued joiner blinds its own leaf).
+    fn expected(net: &Net, leader: usize, batch: &Batch) -> (IntervalCosts, Option<IntervalCosts>) {
+        let p = net.engines[leader].runner.protocol_ref();
+        let old = p.saved.as_ref();
+        let main = net.algorithm.inner().apply(old, batch).unwrap().unwrap().costs();
+        let sub = (net.algorithm == IntervalAlgorithm::QueueBatch && batch.joins.len() >= 2).then(|| {
+            Algorithm::Batch
+                .apply::<Ristretto255>(None, &Batch { joins: batch.joins.clone(), leaves: vec![] })
+                .unwrap()
+                .unwrap()
+                .costs()
+        });
+        (main, sub)
+    }
+
+    #[test]
+    fn exponentiations_blinded_keys_and_packets_metered_on_real_rekeys_equal_the_interval_counts() {
+        for a in IntervalAlgorithm::ALL {
+            let mut net = Net::new(a, 16, 3);
+            net.change(&[0, 1, 2, 3, 4, 5, 6, 7], &[]);
+            net.rekey();
+            let cases: [(&[usize], &[usize]); 5] =
+                [(&[8], &[3]), (&[9, 10, 11], &[0, 5]), (&[], &[1, 6]), (&[12, 13], &[]), (&[14], &[])];
+            for (join, leave) in cases {
+                net.change(join, leave);
+                let leader = net.leader();
+                let batch = net.engines[leader].runner.protocol_ref().own_batch(&view_of(&net));
+                let (main, sub) = expected(&net, leader, &batch);
+                let before: Vec<(u64, IntervalStats)> =
+                    net.engines.iter().map(|e| (e.costs().exps, e.stats())).collect();
+                net.rekey();
+                let mut bks = 0;
+                let mut packets = 0;
+                for &i in &net.view {
+                    let m = &net.names[i];
+                    let e = &net.engines[i];
+                    let mut want = main.members[m];
+                    if let Some(s) = sub.as_ref().and_then(|s| s.members.get(m)) {
+                        want.exps += s.exps;
+                        want.bks_sent += s.bks_sent;
+                        want.packets_sent += s.packets_sent;
+                    }
+                    if a == IntervalAlgorithm::QueueBatch && join == [i] {
+                        want.exps += 1; // Queue-subtree of one: its leaf's blinded key
+                    }
+                    let got_exps = e.costs().exps - before[i].0;
+                    let st = e.stats();
+                    let got_bks = st.bks_sent - before[i].1.bks_sent;
+                    let got_packets = st.packets_sent - before[i].1.packets_sent;
+                    assert_eq!(
+                        (got_exps, got_bks, got_packets),
+                        (want.exps, want.bks_sent, want.packets_sent),
+                        "{a:?} {m}"
+                    );
+                    bks += got_bks;
+                    packets += got_packets;
+                }
+                let total = |c: &IntervalCosts| (c.bks, c.packets);
+                let (sb, sp) = sub.as_ref().map(total).unwrap_or((0, 0));
+                assert_eq!((bks, packets), (main.bks + sb, main.packets + sp), "{a:?} {join:?} {leave:?}");
+            }
+        }
+    }
+
+    fn view_of(net: &Net) -> View {
+        let members = net
+            .view
+            .iter()
+            .map(|&i| ViewMember { id: net.names[i].clone(), prev: Some(ViewId::new(1, net.seq - 1)) })
+            .collect();
+        View { id: ViewId::new(1, net.seq), members, cause: Cause::Join }
+    }
+
+    #[test]
+    fn a_sponsor_leaving_before_it_sent_restarts_the_rekey_with_its_nodes_renewed() {
+        for a in IntervalAlgorithm::ALL {
+            let mut net = Net::new(a, 10, 4);
+            net.change(&[0, 1, 2, 3, 4, 5], &[]);
+            let k0 = net.rekey();
+            net.change(&[6, 7], &[2]);
+            net.tick();
+            // The rekey message only: every sponsor still has to send.
+            net.pump(Some(1));
+            let leader = net.leader();
+            let sponsors: Vec<usize> = {
+                let rk = net.engines[leader].runner.protocol_ref().rekey.as_ref().expect("rekeying");
+                let ph = &rk.phase;
+                ph.by_sponsor
+                    .keys()
+                    .map(|&s| ph.r.tree.member(s).unwrap().clone())
+                    .map(|m| net.names.iter().position(|n| *n == m).unwrap())
+                    .collect()
+            };
+            let gone = *sponsors.iter().find(|&&s| s != leader).expect("a sponsor other than the leader");
+            net.change(&[], &[gone]);
+            assert!(net.engines[net.leader()].rekeying() || !net.queue.is_empty(), "{a:?}: restarted at once");
+            assert_eq!(net.engines[net.leader()].stats().restarts, 1, "{a:?}");
+            net.pump(None);
+            let k = net.agreed();
+            assert_ne!(k, k0, "{a:?}");
+        }
+    }
+
+    #[test]
+    fn the_leader_leaving_mid_rekey_hands_the_restart_to_the_next_oldest() {
+        for a in IntervalAlgorithm::ALL {
+            let mut net = Net::new(a, 8, 5);
+            net.change(&[0, 1, 2, 3], &[]);
+            net.rekey();
+            net.change(&[4, 5], &[]);
+            net.tick();
+            net.pump(Some(2));
+            assert!(net.engines[1].rekeying(), "{a:?}");
+            net.change(&[], &[0]);
+            assert_eq!(net.leader(), 1);
+            assert_eq!(net.engines[1].stats().restarts, 1, "{a:?}");
+            net.pump(None);
+            net.agreed();
+        }
+    }
+
+    #[test]
+    fn a_view_during_a_rekey_that_takes_no_sponsor_abandons_it_until_the_next_tick() {
+        let mut net = Net::new(IntervalAlgorithm::Batch, 8, 6);
+        net.change(&[0, 1, 2, 3, 4], &[]);
+        let k0 = net.rekey();
+        net.change(&[5], &[]);
+        net.tick();
+        net.pump(Some(1));
+        // A newcomer arrives mid-rekey: nobody left, nothing restarts.
+        net.change(&[6], &[]);
+        assert!(net.queue.is_empty() && net.view.iter().all(|&i| !net.engines[i].rekeying()));
+        assert_eq!(net.engines[1].secure_view().map(|sv| *sv.key.expose_secret()), Some(k0), "the old key stays");
+        assert!(net.engines[5].waiting() && net.engines[6].waiting());
+        // Cascade: another view before the next tick, then the tick.
+        net.change(&[], &[3]);
+        let k = net.rekey();
+        assert_ne!(k, k0);
+    }
+
+    #[test]
+    fn forged_replayed_and_stale_rekey_and_bkey_messages_are_refused_without_a_state_change() {
+        let mut net = Net::new(IntervalAlgorithm::Batch, 6, 7);
+        net.change(&[0, 1, 2, 3], &[]);
+        net.rekey();
+        // A recorded BKEY of the finished rekey and its rekey message.
+        let old_rekey = net.wire.iter().find(|b| Envelope::decode(b).unwrap().round == ROUND_REKEY).unwrap().clone();
+        let old_bkey =
+            net.wire.iter().rev().find(|b| Envelope::decode(b).unwrap().round == ROUND_BKEY).unwrap().clone();
+        net.change(&[4], &[2]);
+        let epoch = net.engines[1].current_epoch();
+        let view = view_of(&net);
+        let batch = net.engines[0].runner.protocol_ref().own_batch(&view);
+        let body = |net: &Net, b: &Batch| {
+            let p = net.engines[0].runner.protocol_ref();
+            super::RekeyMsg { algorithm: 2, batch: b.clone(), tree: p.saved.as_ref().map(|t| t.public()) }
+                .encode(&Ristretto255)
+        };
+        let check = |net: &mut Net, from: usize, bytes: &[u8], what: &dyn Fn(&Error) -> bool| {
+            // (The sender itself refuses what it did not send as a bad
+            // signature: its own broadcasts are recognized by their hash.)
+            for &i in net.view.clone().iter().filter(|&&i| i != from) {
+                let err = net.engines[i].on_message(&net.names[from], bytes, &mut net.rng).unwrap_err();
+                assert!(what(&err), "{}: {err}", net.names[i]);
+                assert_eq!(net.engines[i].current_epoch(), epoch);
+                assert!(!net.engines[i].rekeying());
+            }
+        };
+        // Stale: the last view's messages.
+        check(&mut net, 0, &old_rekey, &|e| matches!(e, Error::WrongView { .. }));
+        check(&mut net, 3, &old_bkey, &|e| matches!(e, Error::WrongView { .. } | Error::NotAMember(_)));
+        // Forged: a rekey message from a member that is not the leader.
+        let good = body(&net, &batch);
+        let forged = net.forge(1, 0, 0, ROUND_REKEY, good.clone());
+        check(&mut net, 1, &forged, &|e| matches!(e, Error::Misbehaved { what: Misbehaved::NotController { .. }, .. }));
+        // Forged: the leader's name, another's signature.
+        let mut env = Envelope::decode(&net.forge(0, 0, 0, ROUND_REKEY, good.clone())).unwrap();
+        env.signature = net.signers[1].sign(&env.signed_bytes());
+        check(&mut net, 0, &env.encode(), &|e| matches!(e, Error::BadSignature(_)));
+        // The leader lying about the batch (keeping the leaver m2 in):
+        // refused by those who share its tree.
+        let lie = Batch { joins: batch.joins.clone(), leaves: vec![] };
+        let lying = net.forge(0, 0, 0, ROUND_REKEY, body(&net, &lie));
+        for &i in &[1usize, 3] {
+            let err = net.engines[i].on_message(&net.names[0], &lying, &mut net.rng).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::Misbehaved { what: Misbehaved::Inconsistent { .. } | Misbehaved::WrongShape { .. }, .. }
+                ),
+                "{err}"
+            );
+            assert!(!net.engines[i].rekeying());
+        }
+        // A BKEY before any rekey, and garbage.
+        let early = net.forge(3, 0, 0, ROUND_BKEY, vec![2, 0, 0, 0, 0]);
+        check(&mut net, 3, &early, &|e| matches!(e, Error::Misbehaved { what: Misbehaved::OutsideItsRun { .. }, .. }));
+        let junk = net.forge(0, 0, 1, ROUND_REKEY, vec![2, 0xff]);
+        check(&mut net, 0, &junk, &|e| matches!(e, Error::Decode(_)));
+        // The real rekey goes through; the rekey message replayed after it
+        // is of the previous run.
+        net.tick();
+        let rekey_msg = net.queue.front().unwrap().1.clone();
+        net.pump(Some(1));
+        let run1 = net.engines[1].current_epoch();
+        for &i in &net.view.clone() {
+            let err = net.engines[i].on_message(&net.names[0], &rekey_msg, &mut net.rng).unwrap_err();
+            assert!(matches!(err, Error::WrongRun { got: 0, current: 1 }), "{err}");
+        }
+        // A BKEY from a member the plan gives nothing (or nothing more) to send.
+        let leader = net.leader();
+        let (idle, busy) = {
+            let ph = &net.engines[leader].runner.protocol_ref().rekey.as_ref().unwrap().phase;
+            let pos = |s: usize| net.names.iter().position(|n| n == ph.r.tree.member(s).unwrap()).unwrap();
+            let idle = net.view.iter().copied().find(|&i| !ph.by_sponsor.contains_key(&ph.leaf[&net.names[i]]));
+            (idle, pos(*ph.by_sponsor.keys().next().unwrap()))
+        };
+        if let Some(idle) = idle {
+            let bogus = net.forge(idle, 1, 7, ROUND_BKEY, vec![2, 0, 0, 0, 1]);
+            for &i in net.view.clone().iter().filter(|&&i| i != idle) {
+                let err = net.engines[i].on_message(&net.names[idle], &bogus, &mut net.rng).unwrap_err();
+                assert!(matches!(err, Error::Misbehaved { what: Misbehaved::NotSponsor { .. }, .. }), "{err}");
+            }
+        }
+        // A sponsor's packet with the wrong number of keys.
+        let short = net.forge(busy, 1, 9, ROUND_BKEY, vec![2, 0, 0, 0, 0]);
+        for &i in net.view.clone().iter().filter(|&&i| i != busy) {
+            let err = net.engines[i].on_message(&net.names[busy], &short, &mut net.rng).unwrap_err();
+            assert!(matches!(err, Error::Misbehaved { what: Misbehaved::WrongShape { .. }, .. }), "{err}");
+            assert_eq!(net.engines[i].current_epoch(), run1);
+        }
+        // None of it changed anything: the rekey completes with one key, and
+        // each packet replayed after it is refused.
+        let sent: Vec<(usize, Vec<u8>)> = net.queue.iter().cloned().collect();
+        net.pump(None);
+        net.agreed();
+        for (from, bytes) in sent {
+            let err = net.engines[1].on_message(&net.names[from], &bytes, &mut net.rng).unwrap_err();
+            assert!(matches!(err, Error::Replay(..) | Error::Misbehaved { .. }), "{err}");
+        }
+    }
+
+    #[cfg(feature = "test-hooks")]
+    #[test]
+    fn a_member_that_left_before_a_rekey_cannot_reach_the_new_key_from_what_it_held_and_saw() {
+        use crate::engine::Engine;
+        use crate::testing::domains;
+        for a in IntervalAlgorithm::ALL {
+            let mut net = Net::new(a, 8, 8);
+            net.change(&[0, 1, 2, 3, 4], &[]);
+            net.rekey();
+            let leaver = 2;
+            let held = net.engines[leaver].leak();
+            net.change(&[5], &[leaver]);
+            net.rekey();
+            let target = net.engines[1].leak().group_secret.expect("a secret");
+            // Every element broadcast in the group, before and after it left.
+            let publics: Vec<Vec<u8>> =
+                net.wire.iter().flat_map(|b| net.engines[1].public_elements(b).unwrap_or_default()).collect();
+            let mut secrets = held.elements.clone();
+            secrets.extend(held.group_secret.clone());
+            let reach = net.engines[1].runner.attacker().can_reach(
+                &held.scalars,
+                &secrets,
+                &publics,
+                &target,
+                &domains(ProtocolId::Tgdh),
+                2,
+                2_000_000,
+            );
+            assert_eq!(reach, Some(false), "{a:?}: the leaver reaches the new key");
+            // The model finds keys it can reach: a stayer's own keys reach it.
+            let stay = net.engines[1].leak();
+            let mine = net.engines[1].runner.attacker().can_reach(
+                &stay.scalars,
+                &stay.elements,
+                &publics,
+                &target,
+                &domains(ProtocolId::Tgdh),
+                2,
+                2_000_000,
+            );
+            assert_eq!(mine, Some(true), "{a:?}");
+        }
+    }
+}
