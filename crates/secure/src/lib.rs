@@ -72,8 +72,9 @@
 //! * **No valid certificate.** A member that presents none that verifies
 //!   would hold the view forever, so each member has a deadline (1 s by
 //!   default, [`Session::set_certificate_timeout`]). When an accepted member's
-//!   deadline passes it multicasts a notice naming the members still
-//!   without a verdict; the first notice from an accepted member in the
+//!   deadline passes it multicasts a notice, signed with its identity key,
+//!   naming the members still without a verdict; the first notice from an
+//!   accepted member whose signature verifies in the
 //!   agreed order refuses them at every member (reported with the doubt
 //!   about each, or "no certificate"), *provisionally*: a valid
 //!   certificate that comes later in the same view readmits its member, and
