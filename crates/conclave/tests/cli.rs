@@ -574,3 +574,59 @@ fn chat_web_refuses_bad_addresses_clearly() {
     let (status, out, _) = run(conclave().args(["chat", "--help"]));
     assert!(status.success() && out.contains("--web [<ADDR>]") && out.contains("--open"), "{out}");
 }
+
+/// Runs `cmd` with TMPDIR at `tmp` and its stdout into a pipe whose reader
+/// takes `lines` lines and closes it, as `| head -1` does (`lines` = 0: the
+/// reader is gone before the first write). Returns the exit status, what was
+/// read and stderr.
+fn read_then_close(cmd: &mut Command, tmp: &Path, lines: usize) -> (ExitStatus, String, String) {
+    use std::io::BufRead;
+    let mut p =
+        Proc::spawn(cmd.env("TMPDIR", tmp).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()));
+    let mut read = String::new();
+    let mut stdout = std::io::BufReader::new(p.child.stdout.take().unwrap());
+    for _ in 0..lines {
+        stdout.read_line(&mut read).unwrap();
+    }
+    drop(stdout); // the pipe has no reader any more
+    let (status, _, err) = p.finish();
+    (status, read, err)
+}
+
+/// `conclave demo | head -1`, `conclave bench counts | head -1` and
+/// `conclave keys list | head -1` end with success, no panic message and no
+/// temporary files left behind; so do they when stdout has no reader from
+/// the start. `keys list` and `bench counts` print more than a pipe holds
+/// (64 KiB), so their writes outlast the reader whatever the timing; the
+/// demo prints for seconds after its first line.
+#[test]
+fn a_closed_stdout_ends_quietly_with_success_and_no_leftovers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = tmp.path().join("keys");
+    let (status, _, err) = run(conclave().args(["keys", "authority", "--dir"]).arg(&keys));
+    assert!(status.success(), "{err}");
+    let (status, _, err) = run(conclave().args(["keys", "issue", "alice", "--dir"]).arg(&keys));
+    assert!(status.success(), "{err}");
+    // Enough members for `keys list` to print more than a pipe holds.
+    let members = keys.join("members");
+    for i in 0..1500 {
+        std::fs::copy(members.join("alice.crt"), members.join(format!("m{i:04}.crt"))).unwrap();
+    }
+    let scratch = tmp.path().join("tmp");
+    std::fs::create_dir(&scratch).unwrap();
+    let commands: [(&str, Vec<std::ffi::OsString>); 3] = [
+        ("keys list", vec!["keys".into(), "list".into(), "--dir".into(), keys.clone().into()]),
+        ("bench counts", ["bench", "counts", "--sizes", "2,3,4,5,6,7,8", "--json"].map(Into::into).to_vec()),
+        ("demo", vec!["demo".into()]),
+    ];
+    for (what, args) in &commands {
+        for lines in [1, 0] {
+            let (status, read, err) = read_then_close(conclave().args(args), &scratch, lines);
+            assert_eq!(read.lines().count(), lines, "{what} printed too little: {err}");
+            assert!(status.success(), "{what} | head -{lines} ended with {status}:\n{err}");
+            assert!(!err.contains("panicked"), "{what} panicked:\n{err}");
+            let left: Vec<_> = std::fs::read_dir(&scratch).unwrap().map(|e| e.unwrap().path()).collect();
+            assert!(left.is_empty(), "{what} left temporary files: {left:?}");
+        }
+    }
+}
