@@ -630,3 +630,16 @@ fn a_closed_stdout_ends_quietly_with_success_and_no_leftovers() {
         }
     }
 }
+
+/// A message cannot act on the reader's terminal: `conclave client` prints
+/// its control characters (a clear-screen escape sequence, a bell, a line
+/// break that would fake a line from someone else) as escapes.
+#[test]
+fn client_escapes_control_characters() {
+    let d = TestDaemon::start();
+    let (status, out, err) =
+        d.client("eve", "join g\nwait g 1\nsend g \x1b[2Jhello\x07 there\rfake\nwait-msgs g 1\n").finish();
+    assert!(status.success(), "{out}\n{err}");
+    assert!(!out.contains(['\x1b', '\x07', '\r']), "raw control characters printed: {out:?}");
+    assert!(has_line(&out, |l| l.ends_with("] eve: \\x1b[2Jhello\\x07 there\\rfake")), "{out}");
+}
