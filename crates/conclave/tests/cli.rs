@@ -643,3 +643,38 @@ fn client_escapes_control_characters() {
     assert!(!out.contains(['\x1b', '\x07', '\r']), "raw control characters printed: {out:?}");
     assert!(has_line(&out, |l| l.ends_with("] eve: \\x1b[2Jhello\\x07 there\\rfake")), "{out}");
 }
+
+/// `keys issue --days 0` is refused (the certificate would be expired when
+/// issued); a revoked member's name can be issued again with `--replace`,
+/// which a valid certificate is not replaced by.
+#[test]
+fn keys_refuse_zero_days_and_reissue_revoked_names_with_replace() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = |args: &[&str]| run(conclave().arg("keys").args(args).arg("--dir").arg(dir.path()));
+    let ok = |args: &[&str]| {
+        let (status, out, err) = keys(args);
+        assert!(status.success(), "keys {args:?}: {out}\n{err}");
+        out
+    };
+    ok(&["authority"]);
+    let (status, _, err) = keys(&["issue", "alice", "--days", "0"]);
+    assert!(!status.success() && err.contains("--days must be at least 1"), "{err}");
+    assert!(!dir.path().join("members/alice.crt").exists(), "an expired certificate was issued");
+
+    ok(&["issue", "alice"]);
+    // A valid certificate is replaced only after it is revoked.
+    let (status, _, err) = keys(&["issue", "alice"]);
+    assert!(!status.success() && err.contains("already has a valid certificate"), "{err}");
+    let (status, _, err) = keys(&["issue", "alice", "--replace"]);
+    assert!(!status.success() && err.contains("revoke it first"), "{err}");
+    ok(&["revoke", "alice"]);
+    // Revoked: the error says how to re-issue, not to revoke again.
+    let (status, _, err) = keys(&["issue", "alice"]);
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("is revoked") && err.contains("--replace") && !err.contains("revoke it"), "{err}");
+    ok(&["issue", "alice", "--replace"]);
+    let list = ok(&["list"]);
+    let alice: Vec<&str> = list.lines().filter(|l| l.starts_with("alice ")).collect();
+    assert_eq!(alice.len(), 1, "{list}");
+    assert!(alice[0].ends_with("valid"), "the new certificate is not valid:\n{list}");
+}
