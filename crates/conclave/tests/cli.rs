@@ -678,3 +678,26 @@ fn keys_refuse_zero_days_and_reissue_revoked_names_with_replace() {
     assert_eq!(alice.len(), 1, "{list}");
     assert!(alice[0].ends_with("valid"), "the new certificate is not valid:\n{list}");
 }
+
+/// docs/wire.md's table of error codes has a row for every code the daemon
+/// sends, with its number, name and whether it is fatal.
+#[test]
+fn wire_md_documents_every_error_code() {
+    use conclave_gcs::core::ErrorCode;
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/wire.md")).unwrap();
+    let rows: Vec<Vec<&str>> = doc
+        .lines()
+        .filter(|l| l.starts_with('|'))
+        .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
+        .collect();
+    let mut n = 1;
+    while !matches!(ErrorCode::from_u16(n), ErrorCode::Other(_)) {
+        let code = ErrorCode::from_u16(n);
+        let row = rows.iter().find(|r| r.len() == 4 && r[0] == n.to_string());
+        let row = row.unwrap_or_else(|| panic!("docs/wire.md has no row for error code {n} ({code:?})"));
+        assert_eq!(row[1], format!("{code:?}"), "docs/wire.md names code {n} wrongly");
+        assert_eq!(row[2], if code.is_fatal() { "yes" } else { "no" }, "docs/wire.md: is code {n} fatal?");
+        n += 1;
+    }
+    assert!(n > 15, "the codes stopped at {n}");
+}
