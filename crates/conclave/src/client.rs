@@ -368,7 +368,7 @@ pub fn run(args: ClientArgs) -> Result<()> {
                 Ok(Next::Quit) => break,
                 Err(e) => {
                     rejected = true;
-                    println!("error: {e:#}");
+                    println!("error: {}", crate::error_text(&e));
                 }
             }
         }

@@ -394,7 +394,7 @@ impl KeyDir {
             let info = match read(&path).and_then(|pem| Ok(trust::cert_info(&pem)?)) {
                 Ok(i) => i,
                 Err(e) => {
-                    println!("{}: unreadable: {e:#}", path.display());
+                    println!("{}: unreadable: {}", path.display(), crate::error_text(&e));
                     continue;
                 }
             };

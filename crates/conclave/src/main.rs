@@ -77,7 +77,7 @@ fn main() {
     match r {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
-            eprintln!("conclave: {e:#}");
+            eprintln!("conclave: {}", error_text(&e));
             std::process::exit(1);
         }
         Err(panic) => std::panic::resume_unwind(panic),
@@ -97,6 +97,24 @@ fn run(command: Command) -> Result<()> {
         Command::Sim(args) => sim::run(args),
         Command::Keys { which } => keys::run(which),
     }
+}
+
+/// An error and its causes on one line, each said once: a cause whose text
+/// its context already shows (`i/o error: {0}` over the i/o error itself) is
+/// not repeated.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let said = cause.to_string();
+        if said.is_empty() || text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
 }
 
 /// Set once a print to stdout failed because the reader went away.

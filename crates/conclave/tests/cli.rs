@@ -701,3 +701,55 @@ fn wire_md_documents_every_error_code() {
     }
     assert!(n > 15, "the codes stopped at {n}");
 }
+
+/// Errors are said once and in words: a cause that its context already
+/// states is not repeated, and no internal type name shows.
+#[test]
+fn errors_are_printed_once_in_words() {
+    let pki = Pki::new();
+    pki.issue("daemon", &["localhost"]);
+    pki.issue("other", &["localhost"]);
+    let missing = pki.path("missing");
+    let once = |err: &str, what: &str| {
+        assert_eq!(err.matches(what).count(), 1, "{what:?} not said exactly once:\n{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    };
+    // A socket in a directory that does not exist.
+    let (status, _, err) = run(conclave().arg("daemon").arg("--unix").arg(missing.join("x.sock")));
+    assert!(!status.success());
+    once(&err, "No such file or directory");
+    // A TLS file that does not exist, for the daemon and for the client.
+    let (status, _, err) = run(conclave()
+        .args(["daemon", "--no-unix", "--tls-listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(&missing)
+        .arg("--tls-key")
+        .arg(&missing));
+    assert!(!status.success());
+    once(&err, "No such file or directory");
+    let (status, _, err) = run(conclave().args(["client", "--name", "x", "--tls", "127.0.0.1:1", "--ca"]).arg(&missing));
+    assert!(!status.success());
+    once(&err, "No such file or directory");
+    // A key that is not the certificate's, for the daemon and for the client.
+    let (status, _, err) = run(conclave()
+        .args(["daemon", "--no-unix", "--tls-listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(pki.path("daemon.crt"))
+        .arg("--tls-key")
+        .arg(pki.path("other.key")));
+    assert!(!status.success());
+    assert!(err.contains("the private key does not belong to the certificate") && !err.contains("KeyMismatch"), "{err}");
+    let (status, _, err) = run(conclave()
+        .args(["client", "--name", "x", "--tls", "127.0.0.1:1", "--ca"])
+        .arg(pki.path("ca.pem"))
+        .arg("--cert")
+        .arg(pki.path("daemon.crt"))
+        .arg("--key")
+        .arg(pki.path("other.key")));
+    assert!(!status.success());
+    assert!(err.contains("the private key does not belong to the certificate") && !err.contains("KeyMismatch"), "{err}");
+    // A configuration value of the wrong kind says what the setting takes.
+    let config = pki.path("bad.toml");
+    std::fs::write(&config, "[listen]\nunix = 3\n").unwrap();
+    let (status, _, err) = run(conclave().arg("daemon").arg("--config").arg(&config));
+    assert!(!status.success());
+    assert!(err.contains("a socket path (a string) or false") && !err.contains("UnixSetting"), "{err}");
+}
