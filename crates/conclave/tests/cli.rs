@@ -753,3 +753,39 @@ fn errors_are_printed_once_in_words() {
     assert!(!status.success());
     assert!(err.contains("a socket path (a string) or false") && !err.contains("UnixSetting"), "{err}");
 }
+
+/// The README's `conclave client` lines ("Using the daemon by hand") run as
+/// written, against a daemon on their socket (here in a temporary directory),
+/// and end with success after both members heard both messages.
+#[test]
+fn the_readmes_client_example_works_as_written() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let block = readme.split("### Using the daemon by hand").nth(1).unwrap();
+    let block = block.split("```sh\n").nth(1).unwrap().split("```").next().unwrap();
+    let clients: Vec<&str> = block.lines().filter(|l| l.contains("conclave client")).collect();
+    assert!(!clients.is_empty(), "{block}");
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("conclave.sock");
+    let log = File::create(dir.path().join("daemon.log")).unwrap();
+    let proc = Proc::spawn(conclave().arg("daemon").arg("--unix").arg(&socket).stderr(log).stdout(Stdio::null()));
+    wait_for_socket(&socket);
+    let _d = TestDaemon { proc, dir, socket: socket.clone() };
+    // As typed into a shell; then wait for the clients sent to the background.
+    let mut script = String::new();
+    for line in &clients {
+        script.push_str(&line.replace("/tmp/conclave.sock", socket.to_str().unwrap()));
+        if line.trim_end().ends_with('&') {
+            script.push_str("\npids=\"$pids $!\"");
+        }
+        script.push('\n');
+    }
+    script.push_str("for pid in $pids; do wait $pid || exit 1; done\n");
+    let bin = Path::new(env!("CARGO_BIN_EXE_conclave")).parent().unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let (status, out, err) = run(Command::new("sh").arg("-ec").arg(&script).env("PATH", path).env_remove("RUST_LOG"));
+    assert!(status.success(), "the README's client example failed:\n{script}\n{out}\n{err}");
+    for (who, said) in [("alice", "hello"), ("bob", "hi")] {
+        let heard = out.lines().filter(|l| l.starts_with("[chat v") && l.ends_with(&format!("] {who}: {said}")));
+        assert_eq!(heard.count(), 2, "both should hear {who}:\n{out}\n{err}");
+    }
+}
