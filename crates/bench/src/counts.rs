@@ -2,8 +2,6 @@
 //! counted by the engines' cost meters on the seeded simulator, beside the
 //! TISSEC paper's Tables I and II.
 
-use std::io::Write;
-
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use conclave_gcs::sim::Flush;
@@ -222,10 +220,8 @@ pub fn run(args: CountsArgs) -> Result<()> {
     let signer = conclave_gka::suite::generate_signer(scheme, &mut rng).map_err(|e| anyhow::anyhow!("{e}"))?;
     let signature_len = signer.sign(b"").len();
     let mut rows = Vec::new();
-    let mut out = std::io::stdout().lock();
     if !args.json {
-        writeln!(
-            out,
+        println!(
             "Counts per membership event on the simulator ({} / {}, seed {}).\n\
              Serial = critical path (Table II); totals over all members. A≠B: measured A, paper B; A~: the paper gives no exact count.\n\
              confirm: what key confirmation adds after the event (secure layer, not in the paper's counts): \
@@ -233,7 +229,7 @@ pub fn run(args: CountsArgs) -> Result<()> {
             group_id.name(),
             scheme.name(),
             args.seed
-        )?;
+        );
     }
     let header = [
         "proto",
@@ -285,11 +281,10 @@ pub fn run(args: CountsArgs) -> Result<()> {
         rows.push(row);
     }
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &rows)?;
-        writeln!(out)?;
+        println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        writeln!(out, "{table}")?;
-        writeln!(out, "{} of {} exact paper entries match; README explains the rest.", matches.0, matches.1)?;
+        println!("{table}");
+        println!("{} of {} exact paper entries match; README explains the rest.", matches.0, matches.1);
     }
     Ok(())
 }

@@ -170,27 +170,50 @@ fn describe(ev: &Event, me: &str) -> String {
                 Cause::Disconnect => "disconnect",
                 Cause::Network => "network",
             };
-            let members: Vec<&str> = view.ids().map(|m| m.as_str()).collect();
-            format!("view {} of {group} ({cause}): {}", view.id, members.join(" "))
+            let members: Vec<String> = view.ids().map(|m| safe(m.as_str())).collect();
+            format!("view {} of {} ({cause}): {}", view.id, safe(group.as_str()), members.join(" "))
         }
-        Event::ViewChangeBegins { group } => format!("view change begins in {group}"),
-        Event::Left { group } => format!("left {group}"),
+        Event::ViewChangeBegins { group } => format!("view change begins in {}", safe(group.as_str())),
+        Event::Left { group } => format!("left {}", safe(group.as_str())),
         Event::Message { group, sender, service, view, payload } => {
             let tag = if *service == Service::Fifo { " fifo" } else { "" };
-            format!("[{group} {view}{tag}] {sender}: {}", text(payload))
+            format!("[{} {view}{tag}] {}: {}", safe(group.as_str()), safe(sender.as_str()), text(payload))
         }
         Event::Unicast { group, sender, view, payload } => {
-            format!("[{group} {view} -> {me}] {sender}: {}", text(payload))
+            format!("[{} {view} -> {}] {}: {}", safe(group.as_str()), safe(me), safe(sender.as_str()), text(payload))
         }
-        Event::Error { code, text } => format!("error ({code:?}): {text}"),
+        Event::Error { code, text } => format!("error ({code:?}): {}", safe(text)),
     }
 }
 
 fn text(payload: &Bytes) -> String {
     match std::str::from_utf8(payload) {
-        Ok(s) => s.to_string(),
+        Ok(s) => safe(s),
         Err(_) => format!("<{} bytes of binary>", payload.len()),
     }
+}
+
+/// `s` made safe to print on a terminal: control characters (escape
+/// sequences, bells, carriage returns, newlines that would fake a line from
+/// someone else) and the Unicode controls that reorder text are shown as
+/// escapes (`\x1b`, `\u{202e}`), so what a member sends cannot act on the
+/// reader's terminal.
+fn safe(s: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x80 && c.is_control() => write!(out, "\\x{:02x}", c as u32).unwrap(),
+            c if c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') => {
+                write!(out, "\\u{{{:x}}}", c as u32).unwrap()
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Prints events until the connection closes; returns why it closed.
@@ -345,7 +368,7 @@ pub fn run(args: ClientArgs) -> Result<()> {
                 Ok(Next::Quit) => break,
                 Err(e) => {
                     rejected = true;
-                    println!("error: {e:#}");
+                    println!("error: {}", crate::error_text(&e));
                 }
             }
         }

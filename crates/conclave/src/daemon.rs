@@ -177,7 +177,7 @@ struct Listen {
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a socket path (a string) or false")]
 enum UnixSetting {
     Enabled(bool),
     Path(PathBuf),

@@ -46,23 +46,29 @@ const WAIT: Duration = Duration::from_secs(30);
 pub fn run(args: DemoArgs) -> Result<()> {
     let protocols = conclave_testkit::names::protocols(&args.protocols)?;
     let group_id = conclave_testkit::names::group(&args.suite)?;
+    // Removed when this returns, and when a print to a closed stdout unwinds.
+    let dir = tempfile::Builder::new()
+        .prefix("conclave-demo-")
+        .tempdir()
+        .context("cannot create a temporary directory for the embedded daemon's socket")?;
+    let socket = dir.path().join("daemon.sock");
     crate::block_on(async move {
-        let dir = std::env::temp_dir().join(format!("conclave-demo-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let socket = dir.join("daemon.sock");
         let daemon = Daemon::start(DaemonConfig { unix: Some(socket.clone()), ..DaemonConfig::default() })
             .await
             .context("starting the embedded daemon")?;
         println!("embedded daemon on {}", socket.display());
-        let mut result = Ok(());
-        for protocol in protocols {
-            result = script(&socket, Policy::new(protocol, group_id), args.seed).await;
-            if result.is_err() {
-                break;
+        let scripts = async {
+            for protocol in protocols {
+                script(&socket, Policy::new(protocol, group_id), args.seed).await?;
             }
-        }
+            Ok(())
+        };
+        // Ctrl-C ends the demo the same way as the end of the script.
+        let result = tokio::select! {
+            r = scripts => r,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        };
         daemon.shutdown().await;
-        let _ = std::fs::remove_dir_all(&dir);
         result
     })
 }

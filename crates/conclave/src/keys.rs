@@ -52,9 +52,12 @@ pub enum KeysCommand {
         name: String,
         #[command(flatten)]
         dir: DirArg,
-        /// Validity of the certificate, in days.
+        /// Validity of the certificate, in days (at least 1).
         #[arg(long, default_value_t = 365)]
         days: u64,
+        /// Replace NAME's certificate if it is revoked or expired (a valid one must be revoked first).
+        #[arg(long)]
+        replace: bool,
     },
     /// Revoke a member's certificate: adds its serial to the CRL and re-signs it.
     Revoke {
@@ -151,9 +154,9 @@ pub fn run(cmd: KeysCommand) -> Result<()> {
             kd.create_authority(&name, days, rng)?;
             println!("created the authority {name:?} in {}", kd.dir.display());
         }
-        KeysCommand::Issue { name, dir, days } => {
+        KeysCommand::Issue { name, dir, days, replace } => {
             let kd = KeyDir::new(dir.path());
-            let serial = kd.issue(&name, days, rng)?;
+            let serial = kd.issue(&name, days, replace, rng)?;
             println!("issued {name} (serial {serial}): {}", kd.member_cert(&name).display());
         }
         KeysCommand::Revoke { name, dir, reason } => {
@@ -248,8 +251,7 @@ impl KeyDir {
         let now = SystemTime::now();
         // Back-date by an hour so clocks a little behind still accept it.
         let from = now - Duration::from_secs(3600);
-        let (issuer, key_pem) =
-            Issuer::create(name, from, now + Duration::from_secs(days.saturating_mul(86_400)), rng)?;
+        let (issuer, key_pem) = Issuer::create(name, from, now + validity(days)?, rng)?;
         write_secret(&self.ca_key(), &key_pem)?;
         write_public(&self.ca_cert(), issuer.ca_pem())?;
         write_public(&self.crl(), &issuer.crl(1, &[], now, now + 365 * DAY)?)?;
@@ -269,24 +271,43 @@ impl KeyDir {
         Issuer::load(&cert, &key).with_context(|| format!("bad authority in {}", self.dir.display()))
     }
 
-    /// Issues `name`'s identity; refuses to overwrite one. Returns the serial.
-    pub fn issue(&self, name: &str, days: u64, rng: &mut dyn CryptoRngCore) -> Result<String> {
+    /// Issues `name`'s identity. Refuses to overwrite one, unless `replace`
+    /// and the one there is revoked or expired. Returns the serial.
+    pub fn issue(&self, name: &str, days: u64, replace: bool, rng: &mut dyn CryptoRngCore) -> Result<String> {
         let member = MemberId::new(name).with_context(|| format!("bad member name {name:?}"))?;
         if !file_safe(name) {
             bail!("member name {name:?} cannot name a key file");
         }
-        if self.member_cert(name).exists() || self.member_key(name).exists() {
-            bail!("{name} already has an identity in {}; revoke it, or choose another name", self.members().display());
+        let validity = validity(days)?;
+        let existing = self.member_cert(name).exists() || self.member_key(name).exists();
+        if existing {
+            match (self.unusable(name)?, replace) {
+                (Some(_), true) => {}
+                (Some(why), false) => bail!(
+                    "{name}'s certificate in {} {why}; issue a new one with `conclave keys issue {name} --replace`",
+                    self.members().display()
+                ),
+                (None, _) => bail!(
+                    "{name} already has a valid certificate in {}; to replace it, revoke it first \
+                     (`conclave keys revoke {name}`) and then issue with --replace, or choose another name",
+                    self.members().display()
+                ),
+            }
         }
         let issuer = self.issuer()?;
         self.mkdirs()?;
         let now = SystemTime::now();
-        let issued = issuer.issue(
-            &member,
-            now - Duration::from_secs(3600),
-            now + Duration::from_secs(days.saturating_mul(86_400)),
-            rng,
-        )?;
+        let issued = issuer.issue(&member, now - Duration::from_secs(3600), now + validity, rng)?;
+        if existing {
+            for old in [self.member_cert(name), self.member_key(name)] {
+                match std::fs::remove_file(&old) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(e).with_context(|| format!("cannot remove {}", old.display()))
+                    }
+                    _ => {}
+                }
+            }
+        }
         write_secret(&self.member_key(name), &issued.key_pem)?;
         write_public(&self.member_cert(name), &issued.cert_pem)?;
         Ok(issued.serial)
@@ -298,19 +319,34 @@ impl KeyDir {
         if self.daemon_cert().exists() || self.daemon_key().exists() {
             bail!("{} already holds a daemon certificate; remove daemon.crt and daemon.key first", self.dir.display());
         }
+        let validity = validity(days)?;
         let issuer = self.issuer()?;
         let now = SystemTime::now();
         let issued = issuer
-            .issue_daemon(
-                hosts,
-                now - Duration::from_secs(3600),
-                now + Duration::from_secs(days.saturating_mul(86_400)),
-                rng,
-            )
+            .issue_daemon(hosts, now - Duration::from_secs(3600), now + validity, rng)
             .context("cannot issue the daemon certificate (host names must be DNS names or IP addresses)")?;
         write_secret(&self.daemon_key(), &issued.key_pem)?;
         write_public(&self.daemon_cert(), &issued.cert_pem)?;
         Ok(issued.serial)
+    }
+
+    /// Why `name`'s certificate can no longer be used ("is revoked", "has
+    /// expired", "is unreadable"), or `None` if it can.
+    fn unusable(&self, name: &str) -> Result<Option<&'static str>> {
+        let Ok(pem) = std::fs::read_to_string(self.member_cert(name)) else { return Ok(Some("is missing")) };
+        let Ok(info) = trust::cert_info(&pem) else { return Ok(Some("is unreadable")) };
+        let revoked = match std::fs::read_to_string(self.crl()) {
+            Ok(pem) => trust::read_crl(&pem).with_context(|| format!("bad CRL {}", self.crl().display()))?.1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", self.crl().display())),
+        };
+        Ok(if revoked.iter().any(|r| r.serial == info.serial_bytes) {
+            Some("is revoked")
+        } else if info.not_after < SystemTime::now() {
+            Some("has expired")
+        } else {
+            None
+        })
     }
 
     /// Revokes `name`'s certificate. Returns its serial and the new CRL number.
@@ -358,7 +394,7 @@ impl KeyDir {
             let info = match read(&path).and_then(|pem| Ok(trust::cert_info(&pem)?)) {
                 Ok(i) => i,
                 Err(e) => {
-                    println!("{}: unreadable: {e:#}", path.display());
+                    println!("{}: unreadable: {}", path.display(), crate::error_text(&e));
                     continue;
                 }
             };
@@ -423,10 +459,18 @@ pub fn chat_identity(dir: &Path, name: &str, rng: &mut dyn CryptoRngCore) -> Res
                 dir.display()
             );
         }
-        let serial = kd.issue(name, 365, rng)?;
+        let serial = kd.issue(name, 365, false, rng)?;
         eprintln!("conclave: issued a certificate for {name} (serial {serial}) in {}", kd.members().display());
     }
     Ok((kd.identity(name)?, kd.authority()?))
+}
+
+/// A certificate's validity of `days` days; at least one.
+fn validity(days: u64) -> Result<Duration> {
+    if days == 0 {
+        bail!("--days must be at least 1: a certificate valid for 0 days has already expired when it is issued");
+    }
+    Ok(Duration::from_secs(days.saturating_mul(86_400)))
 }
 
 /// Whether `name` may name a key file (no path separators, no hidden files).
@@ -480,12 +524,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let kd = KeyDir::new(dir.path().join("keys"));
         let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(1);
-        assert!(kd.issue("alice", 1, &mut rng).is_err(), "no authority yet");
+        assert!(kd.issue("alice", 1, false, &mut rng).is_err(), "no authority yet");
         kd.create_authority("test", 10, &mut rng).unwrap();
         assert!(kd.create_authority("test", 10, &mut rng).is_err(), "refuses a second authority");
-        kd.issue("alice", 1, &mut rng).unwrap();
-        kd.issue("bob", 1, &mut rng).unwrap();
-        assert!(kd.issue("alice", 1, &mut rng).is_err(), "refuses to overwrite");
+        kd.issue("alice", 1, false, &mut rng).unwrap();
+        kd.issue("bob", 1, false, &mut rng).unwrap();
+        assert!(kd.issue("alice", 1, false, &mut rng).is_err(), "refuses to overwrite");
         let mode = std::fs::metadata(kd.member_key("alice")).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         let mode = std::fs::metadata(kd.ca_key()).unwrap().permissions().mode();

@@ -23,6 +23,8 @@ mod flood;
 mod keys;
 mod sim;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
@@ -64,7 +66,26 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    let r = match cli.command {
+    quiet_when_stdout_closes();
+    // A print to a closed stdout (`conclave demo | head -1`) panics in
+    // `println!`; the panic unwinds through the command, so its guards remove
+    // temporary files and stop embedded daemons, and the run ends quietly.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli.command)));
+    if STDOUT_CLOSED.load(Ordering::SeqCst) {
+        std::process::exit(0);
+    }
+    match r {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            eprintln!("conclave: {}", error_text(&e));
+            std::process::exit(1);
+        }
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+fn run(command: Command) -> Result<()> {
+    match command {
         #[cfg(feature = "bench")]
         Command::Bench(which) => conclave_bench::run(which),
         Command::Demo(args) => demo::run(args),
@@ -75,11 +96,51 @@ fn main() {
         Command::Flood(args) => flood::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Keys { which } => keys::run(which),
-    };
-    if let Err(e) = r {
-        eprintln!("conclave: {e:#}");
-        std::process::exit(1);
     }
+}
+
+/// An error and its causes on one line, each said once: a cause whose text
+/// its context already shows (`i/o error: {0}` over the i/o error itself) is
+/// not repeated.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let said = cause.to_string();
+        if said.is_empty() || text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
+}
+
+/// Set once a print to stdout failed because the reader went away.
+static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// Makes a print to a closed stdout (EPIPE: Rust ignores SIGPIPE, so
+/// `println!` panics instead of the process dying) end the run quietly: the
+/// panic hook records it and prints nothing, nor for the panics that follow
+/// from it (a worker thread that died printing); `main` then exits 0. Every
+/// other panic is reported as usual.
+fn quiet_when_stdout_closes() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            STDOUT_CLOSED.store(true, Ordering::SeqCst);
+        }
+        if !STDOUT_CLOSED.load(Ordering::SeqCst) {
+            report(info);
+        }
+    }));
 }
 
 /// Runs a networked command on a tokio runtime. The runtime does not wait

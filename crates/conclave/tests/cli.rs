@@ -574,3 +574,218 @@ fn chat_web_refuses_bad_addresses_clearly() {
     let (status, out, _) = run(conclave().args(["chat", "--help"]));
     assert!(status.success() && out.contains("--web [<ADDR>]") && out.contains("--open"), "{out}");
 }
+
+/// Runs `cmd` with TMPDIR at `tmp` and its stdout into a pipe whose reader
+/// takes `lines` lines and closes it, as `| head -1` does (`lines` = 0: the
+/// reader is gone before the first write). Returns the exit status, what was
+/// read and stderr.
+fn read_then_close(cmd: &mut Command, tmp: &Path, lines: usize) -> (ExitStatus, String, String) {
+    use std::io::BufRead;
+    let mut p =
+        Proc::spawn(cmd.env("TMPDIR", tmp).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()));
+    let mut read = String::new();
+    let mut stdout = std::io::BufReader::new(p.child.stdout.take().unwrap());
+    for _ in 0..lines {
+        stdout.read_line(&mut read).unwrap();
+    }
+    drop(stdout); // the pipe has no reader any more
+    let (status, _, err) = p.finish();
+    (status, read, err)
+}
+
+/// `conclave demo | head -1`, `conclave bench counts | head -1` and
+/// `conclave keys list | head -1` end with success, no panic message and no
+/// temporary files left behind; so do they when stdout has no reader from
+/// the start. `keys list` and `bench counts` print more than a pipe holds
+/// (64 KiB), so their writes outlast the reader whatever the timing; the
+/// demo prints for seconds after its first line.
+#[test]
+fn a_closed_stdout_ends_quietly_with_success_and_no_leftovers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = tmp.path().join("keys");
+    let (status, _, err) = run(conclave().args(["keys", "authority", "--dir"]).arg(&keys));
+    assert!(status.success(), "{err}");
+    let (status, _, err) = run(conclave().args(["keys", "issue", "alice", "--dir"]).arg(&keys));
+    assert!(status.success(), "{err}");
+    // Enough members for `keys list` to print more than a pipe holds.
+    let members = keys.join("members");
+    for i in 0..1500 {
+        std::fs::copy(members.join("alice.crt"), members.join(format!("m{i:04}.crt"))).unwrap();
+    }
+    let scratch = tmp.path().join("tmp");
+    std::fs::create_dir(&scratch).unwrap();
+    let commands: [(&str, Vec<std::ffi::OsString>); 3] = [
+        ("keys list", vec!["keys".into(), "list".into(), "--dir".into(), keys.clone().into()]),
+        ("bench counts", ["bench", "counts", "--sizes", "2,3,4,5,6,7,8", "--json"].map(Into::into).to_vec()),
+        ("demo", vec!["demo".into()]),
+    ];
+    for (what, args) in &commands {
+        for lines in [1, 0] {
+            let (status, read, err) = read_then_close(conclave().args(args), &scratch, lines);
+            assert_eq!(read.lines().count(), lines, "{what} printed too little: {err}");
+            assert!(status.success(), "{what} | head -{lines} ended with {status}:\n{err}");
+            assert!(!err.contains("panicked"), "{what} panicked:\n{err}");
+            let left: Vec<_> = std::fs::read_dir(&scratch).unwrap().map(|e| e.unwrap().path()).collect();
+            assert!(left.is_empty(), "{what} left temporary files: {left:?}");
+        }
+    }
+}
+
+/// A message cannot act on the reader's terminal: `conclave client` prints
+/// its control characters (a clear-screen escape sequence, a bell, a line
+/// break that would fake a line from someone else) as escapes.
+#[test]
+fn client_escapes_control_characters() {
+    let d = TestDaemon::start();
+    let (status, out, err) =
+        d.client("eve", "join g\nwait g 1\nsend g \x1b[2Jhello\x07 there\rfake\nwait-msgs g 1\n").finish();
+    assert!(status.success(), "{out}\n{err}");
+    assert!(!out.contains(['\x1b', '\x07', '\r']), "raw control characters printed: {out:?}");
+    assert!(has_line(&out, |l| l.ends_with("] eve: \\x1b[2Jhello\\x07 there\\rfake")), "{out}");
+}
+
+/// `keys issue --days 0` is refused (the certificate would be expired when
+/// issued); a revoked member's name can be issued again with `--replace`,
+/// which a valid certificate is not replaced by.
+#[test]
+fn keys_refuse_zero_days_and_reissue_revoked_names_with_replace() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = |args: &[&str]| run(conclave().arg("keys").args(args).arg("--dir").arg(dir.path()));
+    let ok = |args: &[&str]| {
+        let (status, out, err) = keys(args);
+        assert!(status.success(), "keys {args:?}: {out}\n{err}");
+        out
+    };
+    ok(&["authority"]);
+    let (status, _, err) = keys(&["issue", "alice", "--days", "0"]);
+    assert!(!status.success() && err.contains("--days must be at least 1"), "{err}");
+    assert!(!dir.path().join("members/alice.crt").exists(), "an expired certificate was issued");
+
+    ok(&["issue", "alice"]);
+    // A valid certificate is replaced only after it is revoked.
+    let (status, _, err) = keys(&["issue", "alice"]);
+    assert!(!status.success() && err.contains("already has a valid certificate"), "{err}");
+    let (status, _, err) = keys(&["issue", "alice", "--replace"]);
+    assert!(!status.success() && err.contains("revoke it first"), "{err}");
+    ok(&["revoke", "alice"]);
+    // Revoked: the error says how to re-issue, not to revoke again.
+    let (status, _, err) = keys(&["issue", "alice"]);
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("is revoked") && err.contains("--replace") && !err.contains("revoke it"), "{err}");
+    ok(&["issue", "alice", "--replace"]);
+    let list = ok(&["list"]);
+    let alice: Vec<&str> = list.lines().filter(|l| l.starts_with("alice ")).collect();
+    assert_eq!(alice.len(), 1, "{list}");
+    assert!(alice[0].ends_with("valid"), "the new certificate is not valid:\n{list}");
+}
+
+/// docs/wire.md's table of error codes has a row for every code the daemon
+/// sends, with its number, name and whether it is fatal.
+#[test]
+fn wire_md_documents_every_error_code() {
+    use conclave_gcs::core::ErrorCode;
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/wire.md")).unwrap();
+    let rows: Vec<Vec<&str>> = doc
+        .lines()
+        .filter(|l| l.starts_with('|'))
+        .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
+        .collect();
+    let mut n = 1;
+    while !matches!(ErrorCode::from_u16(n), ErrorCode::Other(_)) {
+        let code = ErrorCode::from_u16(n);
+        let row = rows.iter().find(|r| r.len() == 4 && r[0] == n.to_string());
+        let row = row.unwrap_or_else(|| panic!("docs/wire.md has no row for error code {n} ({code:?})"));
+        assert_eq!(row[1], format!("{code:?}"), "docs/wire.md names code {n} wrongly");
+        assert_eq!(row[2], if code.is_fatal() { "yes" } else { "no" }, "docs/wire.md: is code {n} fatal?");
+        n += 1;
+    }
+    assert!(n > 15, "the codes stopped at {n}");
+}
+
+/// Errors are said once and in words: a cause that its context already
+/// states is not repeated, and no internal type name shows.
+#[test]
+fn errors_are_printed_once_in_words() {
+    let pki = Pki::new();
+    pki.issue("daemon", &["localhost"]);
+    pki.issue("other", &["localhost"]);
+    let missing = pki.path("missing");
+    let once = |err: &str, what: &str| {
+        assert_eq!(err.matches(what).count(), 1, "{what:?} not said exactly once:\n{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    };
+    // A socket in a directory that does not exist.
+    let (status, _, err) = run(conclave().arg("daemon").arg("--unix").arg(missing.join("x.sock")));
+    assert!(!status.success());
+    once(&err, "No such file or directory");
+    // A TLS file that does not exist, for the daemon and for the client.
+    let (status, _, err) = run(conclave()
+        .args(["daemon", "--no-unix", "--tls-listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(&missing)
+        .arg("--tls-key")
+        .arg(&missing));
+    assert!(!status.success());
+    once(&err, "No such file or directory");
+    let (status, _, err) = run(conclave().args(["client", "--name", "x", "--tls", "127.0.0.1:1", "--ca"]).arg(&missing));
+    assert!(!status.success());
+    once(&err, "No such file or directory");
+    // A key that is not the certificate's, for the daemon and for the client.
+    let (status, _, err) = run(conclave()
+        .args(["daemon", "--no-unix", "--tls-listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(pki.path("daemon.crt"))
+        .arg("--tls-key")
+        .arg(pki.path("other.key")));
+    assert!(!status.success());
+    assert!(err.contains("the private key does not belong to the certificate") && !err.contains("KeyMismatch"), "{err}");
+    let (status, _, err) = run(conclave()
+        .args(["client", "--name", "x", "--tls", "127.0.0.1:1", "--ca"])
+        .arg(pki.path("ca.pem"))
+        .arg("--cert")
+        .arg(pki.path("daemon.crt"))
+        .arg("--key")
+        .arg(pki.path("other.key")));
+    assert!(!status.success());
+    assert!(err.contains("the private key does not belong to the certificate") && !err.contains("KeyMismatch"), "{err}");
+    // A configuration value of the wrong kind says what the setting takes.
+    let config = pki.path("bad.toml");
+    std::fs::write(&config, "[listen]\nunix = 3\n").unwrap();
+    let (status, _, err) = run(conclave().arg("daemon").arg("--config").arg(&config));
+    assert!(!status.success());
+    assert!(err.contains("a socket path (a string) or false") && !err.contains("UnixSetting"), "{err}");
+}
+
+/// The README's `conclave client` lines ("Using the daemon by hand") run as
+/// written, against a daemon on their socket (here in a temporary directory),
+/// and end with success after both members heard both messages.
+#[test]
+fn the_readmes_client_example_works_as_written() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let block = readme.split("### Using the daemon by hand").nth(1).unwrap();
+    let block = block.split("```sh\n").nth(1).unwrap().split("```").next().unwrap();
+    let clients: Vec<&str> = block.lines().filter(|l| l.contains("conclave client")).collect();
+    assert!(!clients.is_empty(), "{block}");
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("conclave.sock");
+    let log = File::create(dir.path().join("daemon.log")).unwrap();
+    let proc = Proc::spawn(conclave().arg("daemon").arg("--unix").arg(&socket).stderr(log).stdout(Stdio::null()));
+    wait_for_socket(&socket);
+    let _d = TestDaemon { proc, dir, socket: socket.clone() };
+    // As typed into a shell; then wait for the clients sent to the background.
+    let mut script = String::new();
+    for line in &clients {
+        script.push_str(&line.replace("/tmp/conclave.sock", socket.to_str().unwrap()));
+        if line.trim_end().ends_with('&') {
+            script.push_str("\npids=\"$pids $!\"");
+        }
+        script.push('\n');
+    }
+    script.push_str("for pid in $pids; do wait $pid || exit 1; done\n");
+    let bin = Path::new(env!("CARGO_BIN_EXE_conclave")).parent().unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let (status, out, err) = run(Command::new("sh").arg("-ec").arg(&script).env("PATH", path).env_remove("RUST_LOG"));
+    assert!(status.success(), "the README's client example failed:\n{script}\n{out}\n{err}");
+    for (who, said) in [("alice", "hello"), ("bob", "hi")] {
+        let heard = out.lines().filter(|l| l.starts_with("[chat v") && l.ends_with(&format!("] {who}: {said}")));
+        assert_eq!(heard.count(), 2, "both should hear {who}:\n{out}\n{err}");
+    }
+}

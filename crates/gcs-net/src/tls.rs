@@ -43,6 +43,9 @@ pub enum TlsError {
     /// rustls refused the certificates or the key.
     #[error("TLS setup: {0}")]
     Rustls(#[from] rustls::Error),
+    /// The private key is not the key of the certificate it comes with.
+    #[error("the private key does not belong to the certificate")]
+    KeyMismatch,
     /// The client verifier could not be built (no usable CA, bad CRL).
     #[error("client certificate verification: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
@@ -155,7 +158,15 @@ pub fn server_config(identity: Identity, client_auth: Option<ClientAuth>) -> Res
         }
         None => builder.with_no_client_auth(),
     };
-    Ok(Arc::new(builder.with_single_cert(identity.cert_chain, identity.key)?))
+    Ok(Arc::new(builder.with_single_cert(identity.cert_chain, identity.key).map_err(identity_error)?))
+}
+
+/// rustls's refusal of an identity, with a mismatched key said in words.
+fn identity_error(e: rustls::Error) -> TlsError {
+    match e {
+        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => TlsError::KeyMismatch,
+        e => TlsError::Rustls(e),
+    }
 }
 
 /// How a client connects over TLS: the authorities it trusts for the
@@ -173,7 +184,7 @@ impl TlsClientOptions {
             .with_safe_default_protocol_versions()?
             .with_root_certificates(root_store(roots)?);
         let config = match identity {
-            Some(id) => builder.with_client_auth_cert(id.cert_chain, id.key)?,
+            Some(id) => builder.with_client_auth_cert(id.cert_chain, id.key).map_err(identity_error)?,
             None => builder.with_no_client_auth(),
         };
         Ok(Self { config: Arc::new(config) })
