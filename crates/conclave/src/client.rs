@@ -207,7 +207,9 @@ fn safe(s: &str) -> String {
             '\t' => out.push_str("\\t"),
             '\r' => out.push_str("\\r"),
             c if (c as u32) < 0x80 && c.is_control() => write!(out, "\\x{:02x}", c as u32).unwrap(),
-            c if c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') => {
+            c if c.is_control()
+                || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') =>
+            {
                 write!(out, "\\u{{{:x}}}", c as u32).unwrap()
             }
             c => out.push(c),

@@ -581,8 +581,7 @@ fn chat_web_refuses_bad_addresses_clearly() {
 /// read and stderr.
 fn read_then_close(cmd: &mut Command, tmp: &Path, lines: usize) -> (ExitStatus, String, String) {
     use std::io::BufRead;
-    let mut p =
-        Proc::spawn(cmd.env("TMPDIR", tmp).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()));
+    let mut p = Proc::spawn(cmd.env("TMPDIR", tmp).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()));
     let mut read = String::new();
     let mut stdout = std::io::BufReader::new(p.child.stdout.take().unwrap());
     for _ in 0..lines {
@@ -726,7 +725,8 @@ fn errors_are_printed_once_in_words() {
         .arg(&missing));
     assert!(!status.success());
     once(&err, "No such file or directory");
-    let (status, _, err) = run(conclave().args(["client", "--name", "x", "--tls", "127.0.0.1:1", "--ca"]).arg(&missing));
+    let (status, _, err) =
+        run(conclave().args(["client", "--name", "x", "--tls", "127.0.0.1:1", "--ca"]).arg(&missing));
     assert!(!status.success());
     once(&err, "No such file or directory");
     // A key that is not the certificate's, for the daemon and for the client.
@@ -736,7 +736,10 @@ fn errors_are_printed_once_in_words() {
         .arg("--tls-key")
         .arg(pki.path("other.key")));
     assert!(!status.success());
-    assert!(err.contains("the private key does not belong to the certificate") && !err.contains("KeyMismatch"), "{err}");
+    assert!(
+        err.contains("the private key does not belong to the certificate") && !err.contains("KeyMismatch"),
+        "{err}"
+    );
     let (status, _, err) = run(conclave()
         .args(["client", "--name", "x", "--tls", "127.0.0.1:1", "--ca"])
         .arg(pki.path("ca.pem"))
@@ -745,7 +748,10 @@ fn errors_are_printed_once_in_words() {
         .arg("--key")
         .arg(pki.path("other.key")));
     assert!(!status.success());
-    assert!(err.contains("the private key does not belong to the certificate") && !err.contains("KeyMismatch"), "{err}");
+    assert!(
+        err.contains("the private key does not belong to the certificate") && !err.contains("KeyMismatch"),
+        "{err}"
+    );
     // A configuration value of the wrong kind says what the setting takes.
     let config = pki.path("bad.toml");
     std::fs::write(&config, "[listen]\nunix = 3\n").unwrap();

@@ -105,28 +105,7 @@ fn outsiders_churning_cost_at_most_the_deadline_per_view() {
 /// one key, and alice reports no refusal.
 #[test]
 fn a_certificate_message_forged_on_one_link_refuses_nobody() {
-    let t = SystemTime::UNIX_EPOCH + 20_000 * DAY;
-    let mut rng = ChaCha20Rng::seed_from_u64(9);
-    let (issuer, _) = Issuer::create("conclave test authority", t - DAY, t + 365 * DAY, &mut rng).unwrap();
-    let authority = Arc::new(Authority::from_pem(issuer.ca_pem(), None).unwrap());
-    let mut net = Net::new(&[], 9);
-    for (i, name) in ["alice", "bob"].into_iter().enumerate() {
-        let m = net.add(name, certified(&issuer, &authority, name, 200 + i as u64));
-        net.join(m, Policy::default());
-    }
-    let carol = net.add("carol", certified(&issuer, &authority, "carol", 202));
-    let now = net.now();
-    net.members[carol].session.join(now, GROUP, Policy::default()).unwrap();
-    net.drain(carol);
-    // carol's join is ordered; its view now waits in every inbox.
-    let view = net.members[0]
-        .inbox
-        .iter()
-        .find_map(|d| match d {
-            conclave_gcs::core::Delivery::View { view, .. } => Some(view.id),
-            _ => None,
-        })
-        .expect("the view of carol's join is queued for alice");
+    let (mut net, carol, view) = carol_joins(9, 200);
     let group = GroupName::new(GROUP).unwrap();
     let bobs = net.members[1].session.cert_message(GROUP, view).unwrap();
     let mut tampered = net.members[carol].session.cert_message(GROUP, view).unwrap();
@@ -141,16 +120,7 @@ fn a_certificate_message_forged_on_one_link_refuses_nobody() {
             payload: forged.into(),
         });
     }
-    net.settle();
-    net.advance(DEFAULT_CERT_TIMEOUT * 2);
-    let last: Vec<_> = (0..3).map(|i| net.last_view(i).expect("a secure view")).collect();
-    assert!(last.iter().all(|v| v.2 == 3), "everyone's last secure view has carol: {last:?}");
-    assert!(last.iter().all(|v| v.1 == last[0].1 && v.0 == last[0].0), "one key: {last:?}");
-    assert!(
-        !net.members[0].log.iter().any(|e| matches!(e, SecureEvent::Refused { .. })),
-        "alice refused somebody: {:?}",
-        net.members[0].log
-    );
+    carol_is_in_one_group_and_alice_refused_nobody(net);
 }
 
 /// A session for `name` presenting `issued` (perhaps another's), trusting
@@ -302,27 +272,7 @@ fn intruders_are_refused_bd() {
 #[test]
 fn a_timeout_notice_forged_on_one_link_refuses_nobody() {
     use conclave_secure::payload::tag;
-    let t = SystemTime::UNIX_EPOCH + 20_000 * DAY;
-    let mut rng = ChaCha20Rng::seed_from_u64(10);
-    let (issuer, _) = Issuer::create("conclave test authority", t - DAY, t + 365 * DAY, &mut rng).unwrap();
-    let authority = Arc::new(Authority::from_pem(issuer.ca_pem(), None).unwrap());
-    let mut net = Net::new(&[], 10);
-    for (i, name) in ["alice", "bob"].into_iter().enumerate() {
-        let m = net.add(name, certified(&issuer, &authority, name, 400 + i as u64));
-        net.join(m, Policy::default());
-    }
-    let carol = net.add("carol", certified(&issuer, &authority, "carol", 402));
-    let now = net.now();
-    net.members[carol].session.join(now, GROUP, Policy::default()).unwrap();
-    net.drain(carol);
-    let view = net.members[0]
-        .inbox
-        .iter()
-        .find_map(|d| match d {
-            conclave_gcs::core::Delivery::View { view, .. } => Some(view.id),
-            _ => None,
-        })
-        .expect("the view of carol's join is queued for alice");
+    let (mut net, _carol, view) = carol_joins(10, 400);
     // Deliver one by one until carol's certificate waits in alice's inbox
     // (alice has accepted bob by then: his went out before carol's), and put
     // the forgeries right before it.
@@ -355,6 +305,42 @@ fn a_timeout_notice_forged_on_one_link_refuses_nobody() {
         };
         net.members[0].inbox.insert(at, d);
     }
+    carol_is_in_one_group_and_alice_refused_nobody(net);
+}
+
+/// Certified alice and bob in a group, and certified carol's join ordered:
+/// its view waits in every inbox, unhandled. Returns the net, carol's index
+/// and the view's id. `seed` drives the net and the authority, `first` the
+/// members' keys.
+fn carol_joins(seed: u64, first: u64) -> (Net, usize, conclave_gcs::ViewId) {
+    let t = SystemTime::UNIX_EPOCH + 20_000 * DAY;
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let (issuer, _) = Issuer::create("conclave test authority", t - DAY, t + 365 * DAY, &mut rng).unwrap();
+    let authority = Arc::new(Authority::from_pem(issuer.ca_pem(), None).unwrap());
+    let mut net = Net::new(&[], seed);
+    for (i, name) in ["alice", "bob"].into_iter().enumerate() {
+        let m = net.add(name, certified(&issuer, &authority, name, first + i as u64));
+        net.join(m, Policy::default());
+    }
+    let carol = net.add("carol", certified(&issuer, &authority, "carol", first + 2));
+    let now = net.now();
+    net.members[carol].session.join(now, GROUP, Policy::default()).unwrap();
+    net.drain(carol);
+    let view = net.members[0]
+        .inbox
+        .iter()
+        .find_map(|d| match d {
+            conclave_gcs::core::Delivery::View { view, .. } => Some(view.id),
+            _ => None,
+        })
+        .expect("the view of carol's join is queued for alice");
+    (net, carol, view)
+}
+
+/// Delivers everything and waits out the certificate deadline twice: every
+/// member must end with carol in its last secure view, all under one key,
+/// and alice must have refused nobody.
+fn carol_is_in_one_group_and_alice_refused_nobody(mut net: Net) {
     net.settle();
     net.advance(DEFAULT_CERT_TIMEOUT * 2);
     let last: Vec<_> = (0..3).map(|i| net.last_view(i).expect("a secure view")).collect();
