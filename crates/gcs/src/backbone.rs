@@ -15,11 +15,11 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::core::{ClientState, ConnId, DaemonId, DaemonState, ErrorCode, Membership, Op, OpId, Service};
+use crate::core::{AppliedOps, ClientState, ConnId, DaemonId, DaemonState, ErrorCode, Membership, Op, OpId, Service};
 use crate::wire::{Fields, WireError, MAX_ERROR_TEXT};
 
 /// The version of the daemon–daemon encoding this module speaks.
-pub const OP_VERSION: u8 = 3;
+pub const OP_VERSION: u8 = 4;
 
 const CONNECT: u8 = 0x01;
 const DISCONNECT: u8 = 0x02;
@@ -125,7 +125,12 @@ fn put_op(op: &Op, out: &mut BytesMut) {
             out.put_u16(state.daemon.0);
             out.put_u64(state.next_view);
             out.put_u64(state.incarnation);
-            out.put_u64(state.applied);
+            out.put_u64(state.applied.floor);
+            out.put_u8(u8::try_from(state.applied.ranges.len()).expect("at most 64 ranges"));
+            for &(start, end) in &state.applied.ranges {
+                out.put_u64(start);
+                out.put_u64(end);
+            }
             out.put_u16(u16::try_from(state.cut.len()).expect("at most 65535 daemons"));
             for d in &state.cut {
                 out.put_u16(d.0);
@@ -191,7 +196,16 @@ pub fn decode_op(msg: Bytes) -> Result<Op, OpError> {
             let daemon = DaemonId(f.u16("daemon")?);
             let next_view = f.u64("next view")?;
             let incarnation = f.u64("incarnation")?;
-            let applied = f.u64("applied")?;
+            let floor = f.u64("applied floor")?;
+            let n = f.u8("applied range count")?;
+            let mut ranges = Vec::with_capacity(usize::from(n).min(f.rest_len() / 16));
+            for _ in 0..n {
+                ranges.push((f.u64("applied range start")?, f.u64("applied range end")?));
+            }
+            let applied = AppliedOps { floor, ranges };
+            if !applied.is_canonical() {
+                return Err(WireError::BadValue { what: "applied ranges", value: n.into() }.into());
+            }
             let cut_len = usize::from(f.u16("cut length")?);
             let mut cut = Vec::with_capacity(cut_len.min(f.rest_len() / 2));
             for _ in 0..cut_len {
@@ -289,6 +303,21 @@ mod tests {
         ]
     }
 
+    /// A canonical record: a floor, then ranges laid out by gap and length.
+    fn applied_ops() -> impl Strategy<Value = AppliedOps> {
+        (any::<u32>(), proptest::collection::vec((1u64..1000, 0u64..1000), 0..6)).prop_map(|(floor, steps)| {
+            let floor = u64::from(floor);
+            let mut last = floor;
+            let mut ranges = Vec::new();
+            for (gap, len) in steps {
+                let start = last + gap + u64::from(!ranges.is_empty());
+                ranges.push((start, start + len));
+                last = start + len;
+            }
+            AppliedOps { floor, ranges }
+        })
+    }
+
     fn client_op_s() -> impl Strategy<Value = Op> {
         unnumbered_op().prop_filter("a client operation", Op::is_plain_client_op)
     }
@@ -326,11 +355,12 @@ mod tests {
             (
                 any::<u64>(),
                 any::<u16>(),
-                any::<(u64, u64, u64)>(),
+                any::<(u64, u64)>(),
+                applied_ops(),
                 proptest::collection::vec(any::<u16>(), 0..4),
                 proptest::collection::vec(client, 0..4)
             )
-                .prop_map(|(epoch, d, (next_view, incarnation, applied), cut, clients)| Op::State {
+                .prop_map(|(epoch, d, (next_view, incarnation), applied, cut, clients)| Op::State {
                     epoch,
                     state: DaemonState {
                         daemon: DaemonId(d),
@@ -421,9 +451,43 @@ mod tests {
     }
 
     #[test]
+    fn applied_ranges_are_refused_unless_canonical() {
+        let state = |floor, ranges: &[(u64, u64)]| Op::State {
+            epoch: 1,
+            state: DaemonState {
+                daemon: DaemonId(1),
+                next_view: 1,
+                incarnation: 1,
+                applied: AppliedOps { floor, ranges: ranges.to_vec() },
+                cut: Vec::new(),
+                clients: Vec::new(),
+            },
+        };
+        let good = state(5, &[(7, 9), (11, 11)]);
+        assert_eq!(decode_op(op_bytes(&good)), Ok(good));
+        let too_many: Vec<(u64, u64)> = (0..65).map(|i| (10 + 2 * i, 10 + 2 * i)).collect();
+        for (floor, ranges) in [
+            (5, vec![(5, 9)]),           // touches the floor
+            (5, vec![(4, 9)]),           // below it
+            (5, vec![(9, 7)]),           // backwards
+            (5, vec![(7, 9), (10, 12)]), // touching
+            (5, vec![(7, 9), (8, 12)]),  // overlapping
+            (5, vec![(11, 12), (7, 9)]), // descending
+            (5, vec![(7, u64::MAX), (u64::MAX, u64::MAX)]),
+            (5, too_many),
+        ] {
+            let err = decode_op(op_bytes(&state(floor, &ranges))).unwrap_err();
+            assert!(
+                matches!(err, OpError::Malformed(WireError::BadValue { what: "applied ranges", .. })),
+                "{ranges:?}: {err:?}"
+            );
+        }
+    }
+
+    #[test]
     fn a_huge_count_is_refused_without_allocating_for_it() {
         let mut msg = vec![OP_VERSION, STATE];
-        msg.extend_from_slice(&[0; 8 + 2 + 8 + 8 + 8 + 2]);
+        msg.extend_from_slice(&[0; 8 + 2 + 8 + 8 + 8 + 1 + 2]);
         msg.extend_from_slice(&u32::MAX.to_be_bytes());
         assert!(matches!(decode_op(Bytes::from(msg)), Err(OpError::Malformed(WireError::Truncated(_)))));
     }

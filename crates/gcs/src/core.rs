@@ -96,30 +96,49 @@
 //! ([`Core::incarnation`]) and the daemon's next number, 0, 1, 2, … in the
 //! order it submits client operations; the origin is the daemon of the
 //! operation's connection. Held operations are submitted again with the ids
-//! they had. A core applies a numbered operation only if it has not applied
-//! one with the same origin and id (it is skipped silently otherwise), so an
-//! operation that is ordered twice is delivered once. Plain client operations
-//! (the standalone backbone's) are applied as they come.
+//! they had. Plain client operations (the standalone backbone's) are applied
+//! as they come.
+//!
+//! An operation has its effect in one of two places, and a core keeps one
+//! record of applied numbers per origin for each:
+//!
+//! * **In the groups** (connect, disconnect, join, leave). An exchange
+//!   rebuilds the groups from the states, and each daemon's state speaks for
+//!   its own clients only, so the rebuilt groups hold the effects of exactly
+//!   the operations each origin had applied. A state therefore carries its
+//!   daemon's record ([`DaemonState::applied`]), and when an exchange
+//!   completes every core takes each origin's record as its own for that
+//!   origin (the *lineage* record), before it applies the held operations.
+//!   Such an operation is applied if the lineage record does not have it. A
+//!   core that applied it in an exchange its origin never completed applies
+//!   it again: the rebuild dropped its effect. Every core of a configuration
+//!   starts from the same states and sees the same stream, so all make the
+//!   same choice.
+//! * **In a delivery** (multicast, unicast, reject). A delivery cannot be
+//!   taken back, so a core applies such an operation only if it never did,
+//!   by its own history (the *delivered* record). It delivers only to its own
+//!   clients, so the cores' different histories change nothing they share.
+//!
+//! Both records count every numbered operation a core processes (applied or
+//! skipped), so an origin's record says which of its operations its groups
+//! have seen.
 //!
 //! What a core remembers is bounded: per origin daemon, the latest
 //! incarnation only, a floor below which every number counts as applied, and
-//! at most a few ranges of applied numbers above it. The floor is safe
-//! because of where copies come from: only an origin makes them, only of
-//! operations it holds (ordered but not applied by it), and it holds at most
-//! one copy at a time, which it gives up when it submits the next. So once
-//! the origin has applied an operation, no copy of it is ordered again. Each
-//! [`DaemonState`] carries the lowest number its daemon has not applied
-//! ([`DaemonState::applied`]); nothing below it is ordered after the state.
-//! A core raises its floor for that origin to it when an exchange completes,
-//! after it applied the held operations (which were ordered before the
-//! state, and may include some it has yet to apply). The ranges above the
-//! floor are what the core applied in between: without gaps in normal
-//! running, one gap per configuration change the core goes through without
-//! completing an exchange with the origin. If an origin's ranges exceed the
-//! bound, the lowest gap counts as applied (see `Applied`). An origin's new
-//! incarnation replaces the old one: the old incarnation's operations were
-//! all ordered before the configuration that dropped it, so before any
-//! operation of the new one.
+//! at most [`MAX_APPLIED_RANGES`] ranges of applied numbers above it. The
+//! floor is safe because of where copies come from: only an origin makes
+//! them, only of operations it holds (ordered but not applied by it), and it
+//! holds at most one copy at a time, which it gives up when it submits the
+//! next. So once the origin has applied an operation, no copy of it is
+//! ordered again, and its own record's floor can rise past it. The ranges
+//! above the floor are gaps' bookkeeping: without gaps in normal running, one
+//! per configuration change gone through without a completed exchange. If
+//! the ranges exceed the bound, the lowest gap counts as applied (see
+//! `Applied`): an operation in it would have to come back after all those
+//! changes. The delivered record's floor for an origin rises to the origin's
+//! own floor when an exchange completes. An origin's new incarnation replaces
+//! the old one: the old incarnation's operations were all ordered before the
+//! configuration that dropped it, so before any operation of the new one.
 //!
 //! A core has at most one state of its own in flight: a change that comes
 //! while its last state has not come back through the stream sends none,
@@ -325,11 +344,12 @@ pub struct DaemonState {
     pub next_view: u64,
     /// The daemon's incarnation (random per boot; see [`ViewId`]).
     pub incarnation: u64,
-    /// Every client operation this daemon numbered below this, in this
-    /// incarnation ([`OpId::seq`]), has been applied by it, so none of them
-    /// is ever ordered again (see *Operation identities* in the [module
-    /// docs](self)): the other cores may forget them.
-    pub applied: u64,
+    /// The client operations this daemon numbered, in this incarnation
+    /// ([`OpId::seq`]), that its groups have seen: the effects the rebuilt
+    /// groups hold for its clients, and (below the floor) numbers never
+    /// ordered again (see *Operation identities* in the [module
+    /// docs](self)).
+    pub applied: AppliedOps,
     /// The daemon group in which this daemon's clients delivered their last
     /// messages in their current views: the one whose change began the
     /// exchanges this state answers. Clients that name the same view but
@@ -593,23 +613,46 @@ struct Exchange {
 }
 
 /// Most ranges of applied numbers remembered per origin daemon above its
-/// floor (see [`Applied`]).
-const MAX_RANGES: usize = 64;
+/// floor (see *Operation identities* in the [module docs](self)).
+pub const MAX_APPLIED_RANGES: usize = 64;
+
+/// The numbered client operations of one daemon incarnation that a core has
+/// applied, as a [`DaemonState`] carries them: every number below `floor`,
+/// and the inclusive ranges above it.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct AppliedOps {
+    /// Every number below this is applied.
+    pub floor: u64,
+    /// Applied numbers above `floor`, as inclusive `(start, end)` ranges in
+    /// ascending order; see [`AppliedOps::is_canonical`].
+    pub ranges: Vec<(u64, u64)>,
+}
+
+impl AppliedOps {
+    /// Whether this is the one form a core produces: at most
+    /// [`MAX_APPLIED_RANGES`] ranges, each with `start <= end`, ascending,
+    /// and separated by at least one number from each other and from the
+    /// floor. A decoder refuses any other.
+    pub fn is_canonical(&self) -> bool {
+        let mut last = self.floor;
+        self.ranges.len() <= MAX_APPLIED_RANGES
+            && self.ranges.iter().enumerate().all(|(i, &(start, end))| {
+                let apart = if i == 0 { start > last } else { last.checked_add(1).is_some_and(|l| start > l) };
+                last = end;
+                apart && start <= end
+            })
+    }
+}
 
 /// The numbered operations of one origin daemon (one incarnation) that this
 /// core has applied: every number below `floor`, and the ranges in `above`.
 ///
-/// The bound: at most [`MAX_RANGES`] ranges (16 bytes each) per origin
-/// daemon, and one origin entry per daemon id (the latest incarnation only).
-/// Why forgetting is safe is argued under *Operation identities* in the
-/// module docs; in short, `floor` only rises to an origin's own
-/// [`DaemonState::applied`], below which nothing of that origin is ever
-/// ordered again, and the ranges are the gaps' bookkeeping in between. If
-/// more than [`MAX_RANGES`] ranges pile up (more than that many gaps in
-/// what this core saw of one origin, each a configuration change without an
-/// exchange that both completed), the lowest gap is taken as applied: an
-/// operation in it would have to come back after all those changes.
-#[derive(Debug)]
+/// The bound: at most [`MAX_APPLIED_RANGES`] ranges (16 bytes each) per
+/// origin daemon, and one origin entry per daemon id (the latest incarnation
+/// only). Why forgetting is safe is argued under *Operation identities* in
+/// the module docs. If more ranges pile up, the lowest gap is taken as
+/// applied.
+#[derive(Clone, Debug)]
 struct Applied {
     incarnation: u64,
     /// Every number below this counts as applied.
@@ -622,6 +665,18 @@ struct Applied {
 impl Applied {
     fn new(incarnation: u64) -> Self {
         Self { incarnation, floor: 0, above: BTreeMap::new() }
+    }
+
+    /// The record a state carries.
+    fn ops(&self) -> AppliedOps {
+        AppliedOps { floor: self.floor, ranges: self.above.iter().map(|(&s, &e)| (s, e)).collect() }
+    }
+
+    /// The record of `incarnation` that a state carried.
+    fn from_ops(incarnation: u64, ops: &AppliedOps) -> Self {
+        let mut applied = Self { incarnation, floor: ops.floor, above: ops.ranges.iter().copied().collect() };
+        applied.settle();
+        applied
     }
 
     /// Records `n` as applied; `false` if it was already.
@@ -661,7 +716,7 @@ impl Applied {
     /// Folds ranges that reach the floor into it, and keeps the bound.
     fn settle(&mut self) {
         while let Some((&s, &e)) = self.above.first_key_value() {
-            if s > self.floor && self.above.len() <= MAX_RANGES {
+            if s > self.floor && self.above.len() <= MAX_APPLIED_RANGES {
                 break;
             }
             self.above.remove(&s);
@@ -687,8 +742,12 @@ pub struct Core {
     exchange: Option<Exchange>,
     /// A state of ours was submitted and has not come back yet.
     state_in_flight: bool,
-    /// The numbered operations applied, by origin daemon.
-    applied: BTreeMap<DaemonId, Applied>,
+    /// The lineage record of numbered operations, by origin daemon: what the
+    /// groups have seen (see *Operation identities* in the module docs).
+    lineage: BTreeMap<DaemonId, Applied>,
+    /// The delivered record: numbered operations this core processed, by
+    /// origin daemon.
+    delivered: BTreeMap<DaemonId, Applied>,
 }
 
 const COUNTER_BITS: u32 = 48;
@@ -711,7 +770,8 @@ impl Core {
             groups: BTreeMap::new(),
             exchange: None,
             state_in_flight: false,
-            applied: BTreeMap::new(),
+            lineage: BTreeMap::new(),
+            delivered: BTreeMap::new(),
         }
     }
 
@@ -789,7 +849,13 @@ impl Core {
             Op::Reject { conn, code, text } => self.reply(conn, Delivery::error(code, text), out),
             Op::Numbered { id, op } => {
                 let origin = op.conn().expect("a numbered operation is a client operation").daemon;
-                if self.first_application(origin, id) {
+                let new_to_groups = Self::record(&mut self.lineage, origin, id);
+                let new_to_me = Self::record(&mut self.delivered, origin, id);
+                let apply = match *op {
+                    Op::Multicast { .. } | Op::Unicast { .. } | Op::Reject { .. } => new_to_me,
+                    _ => new_to_groups,
+                };
+                if apply {
                     self.client_op(*op, out);
                 }
             }
@@ -797,25 +863,16 @@ impl Core {
         }
     }
 
-    /// Records operation `id` of `origin` as applied; `false` if it was
-    /// already (a copy submitted again after an interrupted exchange).
-    fn first_application(&mut self, origin: DaemonId, id: OpId) -> bool {
-        let applied = self.applied.entry(origin).or_insert_with(|| Applied::new(id.incarnation));
+    /// Records operation `id` of `origin` in `record`; `false` if it was
+    /// there already (a copy submitted again after an interrupted exchange).
+    fn record(record: &mut BTreeMap<DaemonId, Applied>, origin: DaemonId, id: OpId) -> bool {
+        let applied = record.entry(origin).or_insert_with(|| Applied::new(id.incarnation));
         if applied.incarnation != id.incarnation {
             // The origin restarted: its former incarnation's operations were
             // all ordered before it left, and so before this one's.
             *applied = Applied::new(id.incarnation);
         }
         applied.insert(id.seq)
-    }
-
-    /// Forgets what `origin` (in `incarnation`) says is never ordered again.
-    fn forget_below(&mut self, origin: DaemonId, incarnation: u64, floor: u64) {
-        let applied = self.applied.entry(origin).or_insert_with(|| Applied::new(incarnation));
-        if applied.incarnation != incarnation {
-            *applied = Applied::new(incarnation);
-        }
-        applied.raise(floor);
     }
 
     /// Delivers to those of `conns` that are this daemon's clients: only
@@ -986,7 +1043,11 @@ impl Core {
             })
             .collect();
         let cut = cut.iter().copied().collect();
-        let applied = self.applied.get(&self.me).filter(|a| a.incarnation == self.incarnation).map_or(0, |a| a.floor);
+        let applied = self
+            .lineage
+            .get(&self.me)
+            .filter(|a| a.incarnation == self.incarnation)
+            .map_or_else(AppliedOps::default, Applied::ops);
         DaemonState { daemon: self.me, next_view: self.next_view, incarnation: self.incarnation, applied, cut, clients }
     }
 
@@ -1040,8 +1101,16 @@ impl Core {
         self.tag = self.daemons.first().map_or(self.me.0, |d| d.0);
         self.next_view = x.states.values().map(|s| s.next_view).max().unwrap_or(self.next_view);
         self.view_incarnation = x.states.get(&DaemonId(self.tag)).map_or(self.incarnation, |s| s.incarnation);
-        let floors: Vec<(DaemonId, u64, u64)> =
-            x.states.values().map(|s| (s.daemon, s.incarnation, s.applied)).collect();
+        // What the rebuilt groups have seen of each origin is what its own
+        // state says; the delivered record forgets what no copy can bring.
+        self.lineage = x.states.values().map(|s| (s.daemon, Applied::from_ops(s.incarnation, &s.applied))).collect();
+        for (&origin, lineage) in &self.lineage {
+            let delivered = self.delivered.entry(origin).or_insert_with(|| Applied::new(lineage.incarnation));
+            if delivered.incarnation != lineage.incarnation {
+                *delivered = Applied::new(lineage.incarnation);
+            }
+            delivered.raise(lineage.floor);
+        }
         let mut groups: BTreeMap<GroupName, Vec<(Membership, NewSeat, Vec<DaemonId>)>> = BTreeMap::new();
         for state in x.states.into_values() {
             for c in state.clients.into_iter().filter(|c| c.conn.daemon == state.daemon) {
@@ -1068,11 +1137,6 @@ impl Core {
         }
         for op in x.held {
             self.handle(op, out);
-        }
-        // Only now: a held operation was ordered before the states, and may
-        // be one this core has yet to apply although its origin has.
-        for (origin, incarnation, floor) in floors {
-            self.forget_below(origin, incarnation, floor);
         }
     }
 
@@ -1112,7 +1176,7 @@ impl Core {
 
 #[cfg(test)]
 mod tests {
-    use super::{Applied, MAX_RANGES};
+    use super::{Applied, MAX_APPLIED_RANGES as MAX_RANGES};
 
     #[test]
     fn applied_numbers_are_told_once_in_any_order_and_fold_into_the_floor() {

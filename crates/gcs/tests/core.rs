@@ -556,7 +556,7 @@ fn operations_during_an_exchange_are_held_then_applied_in_order() {
         daemon: DaemonId(2),
         next_view: 40,
         incarnation: inc(2),
-        applied: 0,
+        applied: Default::default(),
         cut: vec![DaemonId(1), DaemonId(2)],
         clients: Vec::new(),
     };
@@ -752,4 +752,98 @@ fn a_numbered_operation_is_applied_once_however_often_it_is_ordered() {
             .numbered(OpId { incarnation: inc(1) + 1, seq: 0 });
     one.feed(restarted);
     assert_eq!(one.take(conn(1, 1)).len(), 1, "a new incarnation's number 0 is another operation");
+}
+
+/// Seed 34699 of `conclave sim`, reduced. Daemon 2's client operations are
+/// ordered during an exchange that daemon 1 completes (applying them) and
+/// daemon 2, their origin, does not: its transitional set missed daemon 1's
+/// state. Daemon 2's state leaves them out, so after the next merge the
+/// rebuilt groups do not have their effects, and daemon 2 submits them
+/// again. Every core must apply the connect and the join again (or daemon 1
+/// would end with a view without `z`, and the daemons disagree), while the
+/// multicast, whose effect is a delivery, reaches `a` only once.
+#[test]
+fn operations_applied_in_an_exchange_their_origin_missed_are_applied_again() {
+    use conclave_gcs::core::OpId;
+    let mut pair = Component::new(&[1, 2]);
+    pair.feed(daemons(1, &[1, 2]));
+    pair.connect(conn(1, 1), "a");
+    pair.join(conn(1, 1), "g");
+    pair.connect(conn(2, 1), "b");
+    pair.join(conn(2, 1), "g");
+    pair.log.clear();
+    let mut cores = pair.cores;
+    let id = |seq| OpId { incarnation: inc(2), seq };
+    let held = [
+        Op::Multicast { conn: conn(2, 1), group: g("g"), service: Service::Agreed, payload: Bytes::from("m") }
+            .numbered(id(0)),
+        Op::Connect { conn: conn(2, 2), name: m("z") }.numbered(id(1)),
+        Op::Join { conn: conn(2, 2), group: g("g"), open: false }.numbered(id(2)),
+    ];
+
+    // Configuration 2: both send their states; the held operations are
+    // ordered before them. Daemon 1 gets both states, daemon 2 only its own.
+    let mut states = Vec::new();
+    for core in &mut cores {
+        let mut out = Vec::new();
+        core.handle(daemons(2, &[1, 2]), &mut out);
+        states.extend(submitted_states(&out));
+    }
+    let mut log = Vec::new();
+    for op in &held {
+        for core in &mut cores {
+            core.handle(op.clone(), &mut log);
+        }
+    }
+    for state in &states {
+        cores[0].handle(Op::State { epoch: 2, state: state.clone() }, &mut log);
+    }
+    cores[1].handle(Op::State { epoch: 2, state: states[1].clone() }, &mut log);
+    assert!(!cores[0].exchanging() && cores[1].exchanging());
+    assert_eq!(names(cores[0].view(&g("g")).unwrap()), ["a", "b", "z"], "daemon 1 applied them");
+    let delivered_m = |log: &[Output]| {
+        log.iter()
+            .filter(|o| {
+                matches!(o, Output::Deliver { to, delivery: Delivery::Message { payload, .. } }
+                if to.contains(&conn(1, 1)) && payload == "m")
+            })
+            .count()
+    };
+    assert_eq!(delivered_m(&log), 1);
+
+    // Each alone (their states for it stay in flight), then together again.
+    let mut in_flight = Vec::new();
+    for (core, epoch) in cores.iter_mut().zip([3, 4]) {
+        let mut out = Vec::new();
+        core.handle(daemons(epoch, &[core.me().0]), &mut out);
+        in_flight.extend(submitted_states(&out));
+    }
+    let mut merged = Component::with(cores);
+    let mut submitted = Vec::new();
+    for core in &mut merged.cores {
+        let mut out = Vec::new();
+        core.handle(daemons(5, &[1, 2]), &mut out);
+        submitted.extend(out.into_iter().filter_map(|o| match o {
+            Output::Submit(op) => Some(op),
+            Output::Deliver { .. } => None,
+        }));
+    }
+    assert_eq!(submitted.len(), 3, "daemon 2 submits its held operations again");
+    for op in submitted {
+        merged.feed(op);
+    }
+    for state in in_flight {
+        merged.feed(Op::State { epoch: 5, state });
+    }
+    assert!(merged.cores.iter().all(|c| !c.exchanging()));
+    let v = merged.cores[1].view(&g("g")).cloned().unwrap();
+    assert_eq!(names(&v), ["a", "b", "z"]);
+    assert_eq!(merged.cores[0].view(&g("g")), Some(&v), "the daemons agree");
+    assert_eq!(merged.cores[0].member(conn(2, 2)), Some(&m("z")));
+    let again: Vec<Output> =
+        merged.take(conn(1, 1)).into_iter().map(|d| Output::Deliver { to: vec![conn(1, 1)], delivery: d }).collect();
+    assert_eq!(delivered_m(&again), 0, "a got m once, before");
+    let at_b = merged.take(conn(2, 1));
+    let m_at_b = at_b.iter().filter(|d| matches!(d, Delivery::Message { payload, .. } if payload == "m")).count();
+    assert_eq!(m_at_b, 1, "b, at the origin, gets m once, now");
 }
