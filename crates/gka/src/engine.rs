@@ -317,6 +317,18 @@ pub trait Engine: Send {
     ) -> Result<Vec<Output>, Error>;
     /// The epoch the current run will install (the current view and run).
     fn current_epoch(&self) -> Option<Epoch>;
+    /// Whether keys outlive views (SEAL's interval rekeying; see
+    /// [`crate::protocols::seal`]): a view starts no run, the last key
+    /// installed stays in use ([`Engine::secure_view`]) until the next
+    /// rekey, and rekeys start at the leader's [`Engine::tick`]. Such an
+    /// engine refuses [`Engine::rekey`] and [`Engine::restart`].
+    fn interval(&self) -> bool {
+        false
+    }
+    /// The interval's tick, which the driver gives the view's leader (its
+    /// first member) every interval: starts a rekey if the batch of joins and
+    /// leaves is not empty. Refused by other engines and other members.
+    fn tick(&mut self, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
     /// A message delivered in the current view by `from`.
     fn on_message(&mut self, from: &MemberId, bytes: &[u8], rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
     /// The secure view of the current view, once its key is agreed.
@@ -834,6 +846,14 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
 
     fn current_epoch(&self) -> Option<Epoch> {
         self.st.view.as_ref().map(|v| Epoch::new(v.id, self.st.run))
+    }
+
+    fn interval(&self) -> bool {
+        P::INTERVAL
+    }
+
+    fn tick(&mut self, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+        Runner::tick(self, rng)
     }
 
     fn on_message(&mut self, from: &MemberId, bytes: &[u8], rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {

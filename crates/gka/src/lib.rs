@@ -44,6 +44,7 @@ pub use conclave_gcs::{Cause, MemberId, View, ViewId, ViewMember};
 pub use engine::{Directory, Engine, Error, Misbehaved, Output, StaticDirectory};
 pub use key::{Epoch, GroupKey, SecureView};
 pub use meter::Costs;
+pub use protocols::seal::IntervalAlgorithm;
 pub use suite::{GroupId, SignatureId};
 
 /// Hash domains for turning elements into exponents (see [`suite`]).
@@ -135,6 +136,31 @@ pub fn new_engine(c: Config) -> Box<dyn Engine> {
         GroupId::Ristretto255 => engine_in(Memo::new(suite::ristretto::Ristretto255, memo::ENGINE_CAPACITY), c),
         id => engine_in(Memo::new(suite::modp::Modp::new(id), memo::ENGINE_CAPACITY), c),
     }
+}
+
+/// The engine of SEAL's interval rekeying ([`protocols::seal`]) with
+/// `algorithm`, for a [`Config`] whose protocol is TGDH (the tree it keeps);
+/// `None` for any other protocol.
+pub fn new_interval_engine(c: Config, algorithm: protocols::seal::IntervalAlgorithm) -> Option<Box<dyn Engine>> {
+    use suite::memo::{self, Memo};
+    if c.protocol != ProtocolId::Tgdh {
+        return None;
+    }
+    Some(match c.group_id {
+        GroupId::Ristretto255 => {
+            interval_engine_in(Memo::new(suite::ristretto::Ristretto255, memo::ENGINE_CAPACITY), c, algorithm)
+        }
+        id => interval_engine_in(Memo::new(suite::modp::Modp::new(id), memo::ENGINE_CAPACITY), c, algorithm),
+    })
+}
+
+fn interval_engine_in<G: suite::Group>(
+    g: G,
+    c: Config,
+    algorithm: protocols::seal::IntervalAlgorithm,
+) -> Box<dyn Engine> {
+    let Config { group, me, signer, directory, .. } = c;
+    Box::new(protocols::seal::runner(g, group, me, signer, directory, algorithm))
 }
 
 /// The engine a [`Config`] describes, computing in `g` (which must be the

@@ -340,6 +340,9 @@ struct GroupState {
     run: u32,
     /// Members readmitted in the current view (see `readmit`).
     readmissions: u32,
+    /// Interval rekeying: when this member, the view's leader, next gives
+    /// the engine the interval's tick.
+    next_tick: Option<Instant>,
     #[cfg(feature = "test-hooks")]
     captured: Vec<(MemberId, Bytes)>,
     /// Test hook: an insider's tampering with its own key agreement messages.
@@ -456,14 +459,22 @@ impl SessionCore {
             Some(_) => Arc::new(StaticDirectory::new()) as Arc<dyn Directory>,
             None => self.directory.clone(),
         };
-        let engine = conclave_gka::new_engine(Config {
+        let config = Config {
             protocol: policy.protocol,
             group_id: policy.group_id,
             group: engine_context(&name, &policy),
             me: self.me.clone(),
             signer: self.signer.clone(),
             directory,
-        });
+        };
+        let engine = match policy.interval {
+            None => conclave_gka::new_engine(config),
+            Some(_) if self.certified.is_some() => {
+                return Err(SessionError::Unsupported("interval rekeying in certified mode"));
+            }
+            Some(interval) => conclave_gka::new_interval_engine(config, interval.algorithm)
+                .ok_or(SessionError::Unsupported("interval rekeying with another protocol than TGDH"))?,
+        };
         self.groups.insert(
             name.clone(),
             GroupState {
@@ -488,6 +499,7 @@ impl SessionCore {
                 held_ka: Held::default(),
                 run: 0,
                 readmissions: 0,
+                next_tick: None,
                 #[cfg(feature = "test-hooks")]
                 captured: Vec::new(),
                 #[cfg(feature = "test-hooks")]
@@ -562,7 +574,7 @@ impl SessionCore {
 
     /// When [`SessionCore::handle_timeout`] is next due, if ever.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.groups.values().filter_map(|g| g.admission.deadline()).min()
+        self.groups.values().flat_map(|g| [g.admission.deadline(), g.next_tick]).flatten().min()
     }
 
     fn push(&mut self, o: Transmit) -> Result<(), SessionError> {
@@ -607,6 +619,9 @@ impl SessionCore {
 
     fn on_view(&mut self, group: GroupName, view: View) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(&group).filter(|g| !matches!(g.phase, Phase::Ousted)) else { return Ok(()) };
+        if gs.engine.interval() {
+            return self.on_interval_view(group, view);
+        }
         // A new view ends the epoch: its keys are erased now (messages
         // delivered from here on are of the new view), and sends wait.
         gs.phase = Phase::Agreeing;
@@ -652,6 +667,39 @@ impl SessionCore {
             self.push(Transmit::Multicast(group.clone(), p.into()))?;
         }
         self.try_start(&group)
+    }
+
+    /// A view of a group with interval rekeying (SEAL): the key in use, and
+    /// a confirmation under way, outlive it; the engine follows the view
+    /// (and may restart an abandoned rekey), and the leader's ticks are
+    /// scheduled. A leader with no key ticks at once, so a new group gets
+    /// its first key without waiting an interval.
+    fn on_interval_view(&mut self, group: GroupName, view: View) -> Result<(), SessionError> {
+        let Some(gs) = self.groups.get_mut(&group) else { return Ok(()) };
+        tracing::debug!(%group, view = %view.id, n = view.members.len(), "view; the key in use stays until the next rekey");
+        let keyed = matches!(gs.phase, Phase::Secure(_) | Phase::Confirming(_));
+        if !keyed {
+            gs.rekey_since.get_or_insert(self.now);
+        }
+        gs.view = Some(view.clone());
+        let leader = view.members[0].id == self.me;
+        let res = gs.engine.on_view(&view, &mut *self.rng);
+        self.engine_result(&group, None, res)?;
+        let Some(gs) = self.groups.get_mut(&group) else { return Ok(()) };
+        let Some(period) = gs.policy.interval.map(|i| i.period) else { return Ok(()) };
+        gs.next_tick = match (leader, gs.next_tick) {
+            (false, _) => None,
+            (true, Some(t)) => Some(t),
+            (true, None) if keyed => Some(self.now + period),
+            (true, None) => {
+                gs.next_tick = Some(self.now + period);
+                let res = gs.engine.tick(&mut *self.rng);
+                self.engine_result(&group, None, res)?;
+                return self.check_confirmed(&group);
+            }
+        };
+        // Confirmations of members that left will never come.
+        self.check_confirmed(&group)
     }
 
     /// Starts key agreement on the current view once every member has a
@@ -727,6 +775,15 @@ impl SessionCore {
     /// still without a verdict; the first such notice in the agreed order
     /// refuses them at every member.
     fn on_deadline(&mut self, now: Instant) -> Result<(), SessionError> {
+        let ticks: Vec<GroupName> =
+            self.groups.iter().filter(|(_, g)| g.next_tick.is_some_and(|t| t <= now)).map(|(n, _)| n.clone()).collect();
+        for group in ticks {
+            let gs = self.groups.get_mut(&group).expect("listed above");
+            let period = gs.policy.interval.map_or(Duration::MAX, |i| i.period);
+            gs.next_tick = now.checked_add(period);
+            let res = gs.engine.tick(&mut *self.rng);
+            self.engine_result(&group, None, res)?;
+        }
         let due: Vec<GroupName> = self
             .groups
             .iter()
@@ -979,8 +1036,11 @@ impl SessionCore {
         signature: &[u8],
     ) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        if gs.phase.is_aside() || gs.engine.current_epoch() != Some(epoch) || gs.confirms.accepted.contains_key(&sender)
-        {
+        // Interval rekeying: the key being confirmed outlives views, and so
+        // does its confirmation.
+        let confirming = gs.phase.confirming().map(|c| c.view.epoch);
+        let expected = gs.engine.current_epoch() == Some(epoch) || (gs.engine.interval() && confirming == Some(epoch));
+        if gs.phase.is_aside() || !expected || gs.confirms.accepted.contains_key(&sender) {
             tracing::debug!(%group, %sender, %epoch, "confirmation of another run, or a second one, dropped");
             return Ok(());
         }
@@ -1026,7 +1086,13 @@ impl SessionCore {
     fn check_confirmed(&mut self, group: &GroupName) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let Some(c) = gs.phase.confirming() else { return Ok(()) };
-        if !c.view.members.iter().all(|m| gs.confirms.has(m)) {
+        // Interval rekeying: the key's members that have left since will
+        // never confirm, and need not.
+        let interval = gs.engine.interval();
+        let view = gs.view.as_ref();
+        let awaited: Vec<MemberId> =
+            c.view.members.iter().filter(|m| !interval || view.is_some_and(|v| v.contains(m))).cloned().collect();
+        if !awaited.iter().all(|m| gs.confirms.has(m)) {
             return Ok(());
         }
         let forged = {
@@ -1043,11 +1109,11 @@ impl SessionCore {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let Some(c) = gs.phase.confirming() else { return Ok(()) };
         let accepted = &gs.confirms.accepted;
-        if !c.view.members.iter().all(|m| accepted.contains_key(m)) {
+        if !awaited.iter().all(|m| accepted.contains_key(m)) {
             return Ok(()); // a forged one was dropped: wait for the real one
         }
         let unconfirmed: Vec<MemberId> =
-            c.view.members.iter().filter(|m| !c.confirmer.matches(m, &accepted[*m])).cloned().collect();
+            awaited.iter().filter(|m| !c.confirmer.matches(m, &accepted[*m])).cloned().collect();
         let Phase::Confirming(c) = std::mem::replace(&mut gs.phase, Phase::Agreeing) else {
             unreachable!("checked above")
         };
@@ -1058,6 +1124,12 @@ impl SessionCore {
         tracing::warn!(%group, epoch = %c.view.epoch, ?unconfirmed, "key confirmation failed; rekeying");
         self.events.push_back(SecureEvent::KeyMismatch { group: group.clone(), epoch: c.view.epoch, unconfirmed });
         gs.early.clear();
+        if interval {
+            // Every member saw the same confirmations: all forget the tree,
+            // and the next view rebuilds it with every member a joiner.
+            gs.engine.stand_aside();
+            return Ok(());
+        }
         gs.run += 1;
         let res = gs.engine.rekey(&mut *self.rng);
         self.engine_result(group, None, res)
@@ -1286,7 +1358,13 @@ impl SessionCore {
         if header.group != *group || header.sender != *sender {
             return Err(RejectReason::UnknownSender);
         }
-        let Some(current) = current else { return Err(RejectReason::UnknownEpoch(header.epoch)) };
+        let Some(current) = current else {
+            if gs.engine.interval() {
+                // Waiting for the next rekey: the group's traffic is not for us yet.
+                return Ok(None);
+            }
+            return Err(RejectReason::UnknownEpoch(header.epoch));
+        };
         if header.epoch != current {
             // Earlier: an earlier run of this view, or an earlier view of this
             // daemon incarnation (ids of one incarnation count up).
@@ -1338,17 +1416,21 @@ impl SessionCore {
 }
 
 /// The context every key agreement envelope of the group signs (and every
-/// key derives from): the group's name, and whether its data messages are
-/// signed. The policy's codes travel unsigned before the envelope; without
+/// key derives from): the group's name, whether its data messages are
+/// signed, and its interval algorithm if any. The policy's codes travel unsigned before the envelope; without
 /// this, flipping the sender-signatures bit on the way would make an honest
 /// member's message pass for one of another policy (and talk newcomers out of
 /// the group).
 fn engine_context(group: &GroupName, policy: &Policy) -> String {
-    if policy.sender_signatures {
-        group.as_str().to_owned()
-    } else {
-        format!("{group}\0unsigned-data")
+    let mut context = group.as_str().to_owned();
+    if !policy.sender_signatures {
+        context.push_str("\0unsigned-data");
     }
+    if let Some(i) = policy.interval {
+        context.push_str("\0interval:");
+        context.push_str(i.algorithm.name());
+    }
+    context
 }
 
 /// Whether this member's authority is not the group's: the oldest member
@@ -1380,6 +1462,14 @@ fn admitted(gs: &GroupState) -> StaticDirectory {
 /// The epoch of the group's current view: the engine's run, or (while the
 /// view is held for certificates, before the engine has it) its first run.
 fn current_epoch(gs: &GroupState) -> Option<Epoch> {
+    if gs.engine.interval() {
+        // The key in use (or being confirmed), whatever the view.
+        return match &gs.phase {
+            Phase::Secure(keys) => Some(keys.epoch()),
+            Phase::Confirming(c) => Some(c.view.epoch),
+            _ => None,
+        };
+    }
     let view = gs.view.as_ref()?.id;
     Some(match gs.engine.current_epoch() {
         Some(e) if e.view == view => e,

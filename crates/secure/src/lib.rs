@@ -158,7 +158,7 @@ pub use crate::core::{
 };
 pub use conclave_gcs::core::ErrorCode;
 pub use conclave_gcs::{GroupName, MemberId};
-pub use conclave_gka::{Epoch, GroupId, ProtocolId, ViewId};
+pub use conclave_gka::{Epoch, GroupId, IntervalAlgorithm, ProtocolId, ViewId};
 pub use confirm::{confirmation_cost, ConfirmCost};
 pub use data::{DataError, DataHeader, EpochKeys};
 #[cfg(feature = "tokio")]
@@ -178,21 +178,119 @@ pub struct Policy {
     /// message: any member can write in another's name. Turn it off only
     /// where every member trusts every other and throughput matters more.
     pub sender_signatures: bool,
+    /// SEAL's interval rekeying (TGDH only), or `None` to rekey on every
+    /// view (the default). See [`Interval`] for what it trades away.
+    pub interval: Option<Interval>,
+}
+
+/// SEAL's interval rekeying: the joins and leaves of an interval are batched
+/// into one TGDH rekey, which the view's leader (its longest-standing member)
+/// starts at the end of every `period`
+/// ([`conclave_gka::protocols::seal`]).
+///
+/// What it gives up, against rekeying on every view:
+/// * **A joiner waits.** It holds no key, and reads and sends nothing, until
+///   the next rekey: up to one `period` after its join (plus the rekey's
+///   own time). Its sends wait, and go out under that key.
+/// * **A leaver's last key stays in use** until the next rekey, up to one
+///   `period` after the leave: a leaver that kept listening to the network
+///   could read what the group sends in that time (the daemon no longer
+///   delivers it to the leaver, but the packets are encrypted under a key it
+///   knows). Forward secrecy holds from the next rekey on.
+///
+/// In return a burst of joins and leaves costs one rekey, not one per view.
+/// A new group's first member, being the leader with no key, rekeys at once.
+/// The period is each leader's own: only the algorithm is part of the
+/// group's policy on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Interval {
+    /// Rebuild, Batch or Queue-batch.
+    pub algorithm: IntervalAlgorithm,
+    /// Time between the leader's rekeys.
+    pub period: Duration,
 }
 
 impl Policy {
-    /// `protocol` over `group_id`, data messages signed by their senders.
+    /// `protocol` over `group_id`, data messages signed by their senders,
+    /// rekeyed on every view.
     pub fn new(protocol: ProtocolId, group_id: GroupId) -> Self {
-        Self { protocol, group_id, sender_signatures: true }
+        Self { protocol, group_id, sender_signatures: true, interval: None }
+    }
+
+    /// TGDH over ristretto255 with SEAL's interval rekeying.
+    pub fn interval(algorithm: IntervalAlgorithm, period: Duration) -> Self {
+        Self { interval: Some(Interval { algorithm, period }), ..Self::new(ProtocolId::Tgdh, GroupId::Ristretto255) }
     }
 
     /// The policy's two wire codes (see [`payload::tag::KA`]): the
-    /// protocol's code, with [`payload::UNSIGNED_DATA`] set if data messages
-    /// are not signed, and the group's code.
+    /// protocol's code (low four bits), the interval algorithm's code
+    /// shifted left by four (0: rekeyed on every view), with
+    /// [`payload::UNSIGNED_DATA`] set if data messages are not signed; and
+    /// the group's code.
     pub fn codes(&self) -> (u8, u8) {
         let unsigned = if self.sender_signatures { 0 } else { payload::UNSIGNED_DATA };
-        (self.protocol.code() | unsigned, self.group_id.code())
+        let interval = self.interval.map_or(0, |i| i.algorithm.code() << 4);
+        (self.protocol.code() | interval | unsigned, self.group_id.code())
     }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.interval {
+            None => write!(f, "{}", self.protocol.name())?,
+            Some(i) => write!(f, "tgdh-interval:{}:{}s", i.algorithm.name(), i.period.as_secs_f64())?,
+        }
+        if self.group_id != GroupId::Ristretto255 {
+            write!(f, " over {:?}", self.group_id)?;
+        }
+        if !self.sender_signatures {
+            f.write_str(" (data unsigned)")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a policy name did not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown key agreement policy {0:?}: expected gdh, ckd, tgdh, str or bd (rekeyed on every view), or \
+     tgdh-interval:ALGORITHM:PERIOD / ALGORITHM:PERIOD with ALGORITHM rebuild, batch or queue-batch and PERIOD \
+     like 15s, 500ms or 2m (SEAL's interval rekeying)"
+)]
+pub struct PolicyParseError(String);
+
+impl std::str::FromStr for Policy {
+    type Err = PolicyParseError;
+
+    /// `gdh`, `ckd`, `tgdh`, `str`, `bd`, or `tgdh-interval:queue-batch:15s`
+    /// (also `queue-batch:15s`), over ristretto255, data signed.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || PolicyParseError(s.to_owned());
+        if let Some(p) = ProtocolId::from_name(s) {
+            return Ok(Policy::new(p, GroupId::Ristretto255));
+        }
+        let rest = s.strip_prefix("tgdh-interval:").unwrap_or(s);
+        let (algorithm, period) = rest.split_once(':').ok_or_else(err)?;
+        let algorithm = IntervalAlgorithm::from_name(algorithm).ok_or_else(err)?;
+        let period = parse_period(period).filter(|p| !p.is_zero()).ok_or_else(err)?;
+        Ok(Policy::interval(algorithm, period))
+    }
+}
+
+/// `15s`, `500ms`, `2m`, or a bare number of seconds.
+fn parse_period(s: &str) -> Option<Duration> {
+    let (number, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = number.parse().ok()?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" | "min" => n * 60.0,
+        _ => return None,
+    };
+    Duration::try_from_secs_f64(secs).ok()
 }
 
 impl Default for Policy {
@@ -367,6 +465,9 @@ pub enum SessionError {
     /// [`SecureEvent::Left`]; join again after it.
     #[error("still leaving group {0}: join again after its Left event")]
     StillLeaving(GroupName),
+    /// The policy asks for something this version cannot do.
+    #[error("not supported: {0}")]
+    Unsupported(&'static str),
     /// The message is too large.
     #[error("message of {len} bytes exceeds the limit of {max}")]
     TooLarge {

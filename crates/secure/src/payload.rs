@@ -205,10 +205,18 @@ impl Frame<'_> {
 pub const UNSIGNED_DATA: u8 = 0x80;
 
 /// The policy named by a pair of codes, if both are known.
+/// An interval policy's period is not on the wire (each leader ticks at its
+/// own): one decoded from codes has a zero period.
 pub(crate) fn decode_policy((p, g): (u8, u8)) -> Option<Policy> {
-    let mut policy =
-        Policy::new(ProtocolId::from_code(p & !UNSIGNED_DATA)?, GroupId::ALL.into_iter().find(|x| x.code() == g)?);
+    let mut policy = Policy::new(ProtocolId::from_code(p & 0x0f)?, GroupId::ALL.into_iter().find(|x| x.code() == g)?);
     policy.sender_signatures = p & UNSIGNED_DATA == 0;
+    policy.interval = match (p >> 4) & 0x07 {
+        0 => None,
+        a => Some(crate::Interval {
+            algorithm: conclave_gka::IntervalAlgorithm::from_code(a)?,
+            period: std::time::Duration::ZERO,
+        }),
+    };
     Some(policy)
 }
 

@@ -12,11 +12,11 @@ use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use conclave_gka::message::Envelope;
-use conclave_gka::{Epoch, GroupId, ProtocolId, ViewId};
+use conclave_gka::{Epoch, GroupId, IntervalAlgorithm, ProtocolId, ViewId};
 use conclave_secure::data::DataError;
 use conclave_secure::payload::{parse_payload, tag, ParsedPayload, PayloadError, PresentedCert};
 use conclave_secure::trust::{Identity, Issuer};
-use conclave_secure::{DataHeader, EpochKeys, GroupName, MemberId, Policy, Refusal};
+use conclave_secure::{DataHeader, EpochKeys, GroupName, Interval, MemberId, Policy, Refusal};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use rand_core::SeedableRng;
@@ -64,9 +64,19 @@ fn header() -> impl Strategy<Value = DataHeader> {
 }
 
 fn policy() -> impl Strategy<Value = Policy> {
-    (prop::sample::select(ProtocolId::ALL.to_vec()), prop::sample::select(GroupId::ALL.to_vec()), any::<bool>())
-        .prop_map(|(protocol, group_id, sender_signatures)| Policy {
+    // Decoded from the wire, an interval policy's period is zero (it is not
+    // sent), so that is what the strategy makes.
+    let interval = prop::option::of(prop::sample::select(IntervalAlgorithm::ALL.to_vec()))
+        .prop_map(|a| a.map(|algorithm| Interval { algorithm, period: Duration::ZERO }));
+    (
+        prop::sample::select(ProtocolId::ALL.to_vec()),
+        prop::sample::select(GroupId::ALL.to_vec()),
+        any::<bool>(),
+        interval,
+    )
+        .prop_map(|(protocol, group_id, sender_signatures, interval)| Policy {
             sender_signatures,
+            interval,
             ..Policy::new(protocol, group_id)
         })
 }

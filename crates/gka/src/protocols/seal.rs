@@ -104,12 +104,32 @@ impl IntervalAlgorithm {
     /// Every algorithm.
     pub const ALL: [Self; 3] = [Self::Rebuild, Self::Batch, Self::QueueBatch];
 
-    fn code(self) -> u8 {
+    /// Wire code (1–3).
+    pub fn code(self) -> u8 {
         match self {
             Self::Rebuild => 1,
             Self::Batch => 2,
             Self::QueueBatch => 3,
         }
+    }
+
+    /// Parses [`IntervalAlgorithm::code`].
+    pub fn from_code(c: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.code() == c)
+    }
+
+    /// Name as in SEAL, lower case: `rebuild`, `batch`, `queue-batch`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Rebuild => "rebuild",
+            Self::Batch => "batch",
+            Self::QueueBatch => "queue-batch",
+        }
+    }
+
+    /// Parses [`IntervalAlgorithm::name`] (case-insensitive).
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name().eq_ignore_ascii_case(s))
     }
 
     fn inner(self) -> Algorithm {
@@ -632,6 +652,21 @@ impl<G: Group> Protocol<G> for Seal<G> {
     }
 }
 
+/// The interval engine as an [`Engine`] (what `crate::new_interval_engine`
+/// returns): [`Engine::tick`] is the interval's tick.
+pub(crate) fn runner<G: Group>(
+    g: G,
+    group: String,
+    me: MemberId,
+    signer: Arc<dyn Signer>,
+    directory: Arc<dyn Directory>,
+    algorithm: IntervalAlgorithm,
+) -> Runner<G, Seal<G>> {
+    let mut runner = Runner::<G, Seal<G>>::new(g, group, me, signer, directory);
+    runner.protocol_mut().algorithm = algorithm;
+    runner
+}
+
 /// One member's interval TGDH engine (SEAL): see the module doc. Driven
 /// like the other engines — views, messages in agreed order, randomness
 /// injected — plus the interval's tick, which the driver gives the leader.
@@ -650,9 +685,7 @@ impl<G: Group> IntervalTgdh<G> {
         directory: Arc<dyn Directory>,
         algorithm: IntervalAlgorithm,
     ) -> Self {
-        let mut runner = Runner::<G, Seal<G>>::new(g, group, me, signer, directory);
-        runner.protocol_mut().algorithm = algorithm;
-        Self { runner }
+        Self { runner: runner(g, group, me, signer, directory, algorithm) }
     }
 
     /// A view from the group communication layer: followed, not rekeyed

@@ -1,0 +1,219 @@
+//! SEAL's interval rekeying in the session core: real [`SessionCore`]s as
+//! clients of a real daemon core, in virtual time. Keys outlive views: a
+//! joiner waits for the next rekey (and reads nothing before it), a leaver's
+//! last key stays in use until then, and every rekey is confirmed.
+
+use std::time::Duration;
+
+use conclave_secure::{IntervalAlgorithm, Policy, SecureEvent};
+
+mod vnet;
+use vnet::Net;
+
+const PERIOD: Duration = Duration::from_secs(10);
+
+/// The data messages member `i` received, as text.
+fn received(net: &Net, i: usize) -> Vec<String> {
+    net.members[i]
+        .log
+        .iter()
+        .filter_map(|e| match e {
+            SecureEvent::Message { data, .. } => Some(String::from_utf8(data.clone()).unwrap()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The secure views member `i` delivered: (fingerprint, members).
+fn keys(net: &Net, i: usize) -> Vec<(String, Vec<String>)> {
+    net.members[i]
+        .log
+        .iter()
+        .filter_map(|e| match e {
+            SecureEvent::View(v) => {
+                Some((v.fingerprint.clone(), v.members.iter().map(|m| m.as_str().to_owned()).collect()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn send(net: &mut Net, i: usize, text: &str) {
+    let now = net.now();
+    net.members[i].session.send(now, vnet::GROUP, text.as_bytes()).unwrap();
+    net.drain(i);
+    net.settle();
+}
+
+fn leave(net: &mut Net, i: usize) {
+    let now = net.now();
+    net.members[i].session.leave(now, vnet::GROUP).unwrap();
+    net.drain(i);
+    net.settle();
+}
+
+fn no_rejections(net: &Net) {
+    for m in &net.members {
+        let bad: Vec<&SecureEvent> = m
+            .log
+            .iter()
+            .filter(|e| matches!(e, SecureEvent::Rejected { .. } | SecureEvent::KeyMismatch { .. }))
+            .collect();
+        assert!(bad.is_empty(), "{}: {bad:?}", m.name);
+    }
+}
+
+#[test]
+fn joins_wait_for_the_leaders_tick_and_leaves_keep_the_key_until_then() {
+    for (k, algorithm) in IntervalAlgorithm::ALL.into_iter().enumerate() {
+        let mut net = Net::new(&["alice", "bob", "carol", "dave"], 40 + k as u64);
+        let policy = Policy::interval(algorithm, PERIOD);
+
+        // The first member is the leader with no key: it rekeys at once.
+        net.join(0, policy);
+        assert_eq!(keys(&net, 0).len(), 1, "{algorithm:?}: a new group gets its first key at once");
+
+        // Bob joins: no key for him until the tick, and nothing to read.
+        net.join(1, policy);
+        send(&mut net, 0, "before bob's key");
+        send(&mut net, 1, "bob, queued until his key");
+        assert!(keys(&net, 1).is_empty(), "{algorithm:?}: bob got a key before the tick");
+        assert_eq!(keys(&net, 0).len(), 1, "{algorithm:?}: the join rekeyed at once");
+        assert_eq!(received(&net, 0), ["before bob's key"]);
+        assert!(received(&net, 1).is_empty(), "{algorithm:?}: bob read the group before his key");
+
+        // Carol and dave join; carol leaves again within the interval.
+        net.join(2, policy);
+        net.join(3, policy);
+        leave(&mut net, 2);
+        net.advance(PERIOD);
+        let alice = keys(&net, 0);
+        assert_eq!(alice.len(), 2, "{algorithm:?}: one rekey for the whole batch: {alice:?}");
+        let (fp, members) = alice.last().unwrap().clone();
+        assert_eq!(members, ["alice", "bob", "dave"], "{algorithm:?}: carol's join and leave cancelled");
+        for i in [1, 3] {
+            assert_eq!(keys(&net, i).last(), Some(&(fp.clone(), members.clone())), "{algorithm:?}: member {i}");
+        }
+        assert!(keys(&net, 2).is_empty(), "{algorithm:?}: carol left before any rekey");
+        assert_eq!(received(&net, 0), ["before bob's key", "bob, queued until his key"]);
+        assert_eq!(received(&net, 3), ["bob, queued until his key"], "{algorithm:?}: dave");
+
+        // Dave leaves: the key stays in use (he knows it) until the next tick.
+        leave(&mut net, 3);
+        send(&mut net, 1, "under dave's last key");
+        assert_eq!(keys(&net, 0).len(), 2, "{algorithm:?}: the leave rekeyed at once");
+        let epochs: Vec<_> = net.members[0]
+            .log
+            .iter()
+            .filter_map(|e| match e {
+                SecureEvent::Message { data, epoch, .. } if data == b"under dave's last key" => Some(*epoch),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(epochs.len(), 1);
+        net.advance(PERIOD);
+        let (fp2, members2) = keys(&net, 0).last().unwrap().clone();
+        assert_eq!(members2, ["alice", "bob"], "{algorithm:?}");
+        assert_ne!(fp2, fp, "{algorithm:?}: the tick after the leave renews the key");
+        assert_eq!(keys(&net, 1).last(), Some(&(fp2.clone(), members2.clone())));
+        assert_eq!(keys(&net, 3).last().map(|k| &k.0), Some(&fp), "dave's last key is the one he left with");
+        send(&mut net, 0, "after the rekey");
+        assert_eq!(received(&net, 1).last().map(String::as_str), Some("after the rekey"));
+        assert!(!received(&net, 3).iter().any(|m| m == "after the rekey"));
+
+        // A tick with nothing to batch changes nothing.
+        net.advance(PERIOD);
+        assert_eq!(keys(&net, 0).len(), 3, "{algorithm:?}: an empty batch rekeyed");
+        no_rejections(&net);
+    }
+}
+
+/// The leader leaves: the next member in line leads, and the batch (with the
+/// old leader's departure) is rekeyed at its first tick.
+#[test]
+fn the_next_member_leads_when_the_leader_leaves() {
+    let mut net = Net::new(&["alice", "bob", "carol"], 7);
+    let policy = Policy::interval(IntervalAlgorithm::QueueBatch, PERIOD);
+    for i in 0..3 {
+        net.join(i, policy);
+    }
+    net.advance(PERIOD);
+    assert_eq!(keys(&net, 2).last().map(|k| k.1.len()), Some(3));
+    leave(&mut net, 0);
+    net.advance(PERIOD);
+    let (fp, members) = keys(&net, 1).last().unwrap().clone();
+    assert_eq!(members, ["bob", "carol"]);
+    assert_eq!(keys(&net, 2).last(), Some(&(fp, members)));
+    no_rejections(&net);
+}
+
+/// A join ordered in the middle of a rekey (after the leader's rekey
+/// message, before the sponsors' packets) abandons it: nobody installs a key
+/// of it, none is left waiting for a packet, and the next tick keys the
+/// whole group, both joiners included.
+#[test]
+fn a_view_during_a_rekey_abandons_it_and_the_next_tick_keys_everyone() {
+    for algorithm in IntervalAlgorithm::ALL {
+        let mut net = Net::new(&["alice", "bob", "carol", "dave"], 9);
+        let policy = Policy::interval(algorithm, PERIOD);
+        for i in 0..2 {
+            net.join(i, policy);
+        }
+        net.advance(PERIOD);
+        assert_eq!(keys(&net, 1).len(), 1);
+        net.join(2, policy);
+        // The tick (the rekey message goes out), then dave's join at once.
+        let due = net.members[0].session.poll_timeout().unwrap();
+        net.advance(due.saturating_duration_since(net.now()) - Duration::from_millis(1));
+        assert_eq!(keys(&net, 0).len(), 2, "{algorithm:?}: the tick came early");
+        net.members[0].session.handle_timeout(due).unwrap();
+        net.drain(0);
+        let now = net.now();
+        net.members[3].session.join(now, vnet::GROUP, policy).unwrap();
+        net.drain(3);
+        net.settle();
+        assert_eq!(keys(&net, 0).len(), 2, "{algorithm:?}: the abandoned rekey installed a key");
+        assert!(keys(&net, 2).is_empty() && keys(&net, 3).is_empty());
+        net.advance(PERIOD);
+        let (fp, members) = keys(&net, 0).last().unwrap().clone();
+        assert_eq!(members, ["alice", "bob", "carol", "dave"], "{algorithm:?}");
+        assert_eq!(keys(&net, 0).len(), 3, "{algorithm:?}: one key for both joins");
+        for i in 1..4 {
+            assert_eq!(keys(&net, i).last(), Some(&(fp.clone(), members.clone())), "{algorithm:?}: member {i}");
+        }
+        send(&mut net, 3, "dave is in");
+        assert_eq!(received(&net, 2).last().map(String::as_str), Some("dave is in"));
+        no_rejections(&net);
+    }
+}
+
+/// A member that joins with another policy (here, rekeying on every view)
+/// hears the group's policy and is taken out of the group; the interval
+/// algorithm is part of the policy, the period is not.
+#[test]
+fn a_member_with_another_policy_is_taken_out() {
+    let mut net = Net::new(&["alice", "bob", "carol"], 8);
+    net.join(0, Policy::interval(IntervalAlgorithm::Batch, PERIOD));
+    net.join(1, Policy::interval(IntervalAlgorithm::Batch, 3 * PERIOD));
+    net.join(2, Policy::interval(IntervalAlgorithm::Rebuild, PERIOD));
+    net.advance(PERIOD);
+    let mismatch = net.members[2].log.iter().any(|e| matches!(e, SecureEvent::PolicyMismatch { .. }));
+    assert!(mismatch, "carol's Rebuild was not noticed: {:?}", net.members[2].log);
+    let (_, members) = keys(&net, 1).last().unwrap().clone();
+    assert_eq!(members, ["alice", "bob"], "bob's period is his own business");
+}
+
+#[test]
+fn policies_parse_from_their_names() {
+    let p: Policy = "queue-batch:15s".parse().unwrap();
+    assert_eq!(p, Policy::interval(IntervalAlgorithm::QueueBatch, Duration::from_secs(15)));
+    assert_eq!(p.to_string(), "tgdh-interval:queue-batch:15s");
+    let p: Policy = "tgdh-interval:batch:500ms".parse().unwrap();
+    assert_eq!(p.interval.map(|i| i.period), Some(Duration::from_millis(500)));
+    assert_eq!("tgdh-interval:rebuild:2m".parse::<Policy>().unwrap().interval.unwrap().period.as_secs(), 120);
+    assert_eq!("str".parse::<Policy>().unwrap().interval, None);
+    for bad in ["queue-batch", "queue-batch:0s", "queue-batch:15h", "tree:15s", "tgdh-interval:batch:x", ""] {
+        let err = bad.parse::<Policy>().unwrap_err().to_string();
+        assert!(err.contains("queue-batch"), "{bad}: {err}");
+    }
+}
