@@ -343,6 +343,9 @@ struct GroupState {
     /// Interval rekeying: when this member, the view's leader, next gives
     /// the engine the interval's tick.
     next_tick: Option<Instant>,
+    /// Interval rekeying: a tick came while the view waited for verdicts;
+    /// it is given as soon as the engine runs the view.
+    tick_due: bool,
     #[cfg(feature = "test-hooks")]
     captured: Vec<(MemberId, Bytes)>,
     /// Test hook: an insider's tampering with its own key agreement messages.
@@ -469,9 +472,6 @@ impl SessionCore {
         };
         let engine = match policy.interval {
             None => conclave_gka::new_engine(config),
-            Some(_) if self.certified.is_some() => {
-                return Err(SessionError::Unsupported("interval rekeying in certified mode"));
-            }
             Some(interval) => conclave_gka::new_interval_engine(config, interval.algorithm)
                 .ok_or(SessionError::Unsupported("interval rekeying with another protocol than TGDH"))?,
         };
@@ -500,6 +500,7 @@ impl SessionCore {
                 run: 0,
                 readmissions: 0,
                 next_tick: None,
+                tick_due: false,
                 #[cfg(feature = "test-hooks")]
                 captured: Vec::new(),
                 #[cfg(feature = "test-hooks")]
@@ -636,12 +637,19 @@ impl SessionCore {
         gs.doubts.clear();
         gs.admission = Admission::Decided;
         gs.run = 0;
-        let Some(cert) = self.certified.as_ref() else {
+        if self.certified.is_none() {
             let res = gs.engine.on_view(&view, &mut *self.rng);
             return self.engine_result(&group, None, res);
-        };
-        // Key agreement waits for the view's verdicts; the engine follows
-        // the view now (it derives who stays with it from every view).
+        }
+        self.admit(group, previous, view)
+    }
+
+    /// Certified mode: key agreement waits for the view's verdicts; the
+    /// engine follows the view now (it derives who stays with it from every
+    /// view), and this member presents its certificate if the view needs it.
+    fn admit(&mut self, group: GroupName, previous: Option<View>, view: View) -> Result<(), SessionError> {
+        let Some(gs) = self.groups.get_mut(&group) else { return Ok(()) };
+        let Some(cert) = self.certified.as_ref() else { return Ok(()) };
         if let Err(e) = gs.engine.observe(&view) {
             return self.engine_result(&group, None, Err(e));
         }
@@ -671,35 +679,57 @@ impl SessionCore {
 
     /// A view of a group with interval rekeying (SEAL): the key in use, and
     /// a confirmation under way, outlive it; the engine follows the view
-    /// (and may restart an abandoned rekey), and the leader's ticks are
-    /// scheduled. A leader with no key ticks at once, so a new group gets
-    /// its first key without waiting an interval.
+    /// (and may restart an abandoned rekey) among the members it admits —
+    /// certified, once every member has a verdict, as for any view — and the
+    /// leader's ticks are scheduled ([`Self::interval_started`]).
     fn on_interval_view(&mut self, group: GroupName, view: View) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(&group) else { return Ok(()) };
         tracing::debug!(%group, view = %view.id, n = view.members.len(), "view; the key in use stays until the next rekey");
-        let keyed = matches!(gs.phase, Phase::Secure(_) | Phase::Confirming(_));
-        if !keyed {
+        if !matches!(gs.phase, Phase::Secure(_) | Phase::Confirming(_)) {
             gs.rekey_since.get_or_insert(self.now);
         }
-        gs.view = Some(view.clone());
-        let leader = view.members[0].id == self.me;
-        let res = gs.engine.on_view(&view, &mut *self.rng);
-        self.engine_result(&group, None, res)?;
-        let Some(gs) = self.groups.get_mut(&group) else { return Ok(()) };
-        let Some(period) = gs.policy.interval.map(|i| i.period) else { return Ok(()) };
+        if gs.phase.is_aside() {
+            gs.phase = Phase::Agreeing; // set aside in the last view only
+        }
+        let previous = gs.view.replace(view.clone());
+        if self.certified.is_none() {
+            let res = gs.engine.on_view(&view, &mut *self.rng);
+            self.engine_result(&group, None, res)?;
+            return self.interval_started(&group);
+        }
+        gs.readmissions = 0;
+        gs.held_ka.clear();
+        gs.doubts.clear();
+        gs.admission = Admission::Decided;
+        gs.run = 0;
+        self.admit(group, previous, view)
+    }
+
+    /// Interval rekeying, once the engine runs the view: the leader (the
+    /// first member the engine admits) ticks every period — at once if it
+    /// holds no key, so a new group gets its first key without waiting —
+    /// and confirmations of members that left are no longer awaited.
+    fn interval_started(&mut self, group: &GroupName) -> Result<(), SessionError> {
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+        let (Some(interval), Some(view)) = (gs.policy.interval, gs.view.as_ref()) else { return Ok(()) };
+        let certified = self.certified.is_some();
+        let leader = view
+            .ids()
+            .find(|m| !certified || matches!(gs.verdicts.get(*m), Some(Verdict::Accepted(_))))
+            .is_some_and(|m| *m == self.me);
+        let keyed = matches!(gs.phase, Phase::Secure(_) | Phase::Confirming(_));
+        // Views do not move the leader's ticks: churn never postpones a rekey.
         gs.next_tick = match (leader, gs.next_tick) {
             (false, _) => None,
             (true, Some(t)) => Some(t),
-            (true, None) if keyed => Some(self.now + period),
-            (true, None) => {
-                gs.next_tick = Some(self.now + period);
-                let res = gs.engine.tick(&mut *self.rng);
-                self.engine_result(&group, None, res)?;
-                return self.check_confirmed(&group);
-            }
+            (true, None) => Some(self.now + interval.period),
         };
-        // Confirmations of members that left will never come.
-        self.check_confirmed(&group)
+        let due = std::mem::take(&mut gs.tick_due) || !keyed;
+        if leader && due && !gs.phase.is_aside() {
+            let res = gs.engine.tick(&mut *self.rng);
+            self.engine_result(group, None, res)?;
+        }
+        self.check_confirmed(group)
     }
 
     /// Starts key agreement on the current view once every member has a
@@ -758,8 +788,12 @@ impl SessionCore {
         }
         let gs = self.groups.get_mut(group).expect("checked above");
         let held = gs.held_ka.take();
+        let interval = gs.engine.interval();
         let res = gs.engine.start(&admitted(gs), &mut *self.rng);
         self.engine_result(group, None, res)?;
+        if interval {
+            self.interval_started(group)?;
+        }
         for (sender, bytes) in held {
             let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
             if gs.phase.is_aside() || !matches!(gs.verdicts.get(&sender), Some(Verdict::Accepted(_))) {
@@ -781,6 +815,10 @@ impl SessionCore {
             let gs = self.groups.get_mut(&group).expect("listed above");
             let period = gs.policy.interval.map_or(Duration::MAX, |i| i.period);
             gs.next_tick = now.checked_add(period);
+            if gs.admission.is_waiting() {
+                gs.tick_due = true; // given when the view's verdicts are in
+                continue;
+            }
             let res = gs.engine.tick(&mut *self.rng);
             self.engine_result(&group, None, res)?;
         }
@@ -876,6 +914,12 @@ impl SessionCore {
         let accepted = |m: &MemberId| matches!(gs.verdicts.get(m), Some(Verdict::Accepted(_)));
         if !accepted(&self.me) || foreign_authority(&self.me, &view, gs) {
             return Ok(()); // still refused here: stays aside
+        }
+        if gs.engine.interval() {
+            // A rekey restarts nothing here: the readmitted member joins at
+            // the next view's rekey.
+            tracing::info!(%group, "member readmitted; it joins the key at the next view");
+            return Ok(());
         }
         gs.phase = Phase::Agreeing;
         gs.confirms.clear();

@@ -3,9 +3,14 @@
 //! joiner waits for the next rekey (and reads nothing before it), a leaver's
 //! last key stays in use until then, and every rekey is confirmed.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
-use conclave_secure::{IntervalAlgorithm, Policy, SecureEvent};
+use conclave_secure::core::{SessionCore, WallClock};
+use conclave_secure::trust::{Authority, Identity, Issuer};
+use conclave_secure::{IntervalAlgorithm, MemberId, Policy, SecureEvent};
+use rand_chacha::ChaCha20Rng;
+use rand_core::SeedableRng;
 
 mod vnet;
 use vnet::Net;
@@ -185,6 +190,57 @@ fn a_view_during_a_rekey_abandons_it_and_the_next_tick_keys_everyone() {
         assert_eq!(received(&net, 2).last().map(String::as_str), Some("dave is in"));
         no_rejections(&net);
     }
+}
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+struct Fixed(SystemTime);
+
+impl WallClock for Fixed {
+    fn now(&self) -> SystemTime {
+        self.0
+    }
+}
+
+/// Certified members: admission decides who the engine admits in each view,
+/// as with per-view rekeying, and an outsider without a certificate is
+/// refused and never gets the key, while the key in use outlives its view.
+#[test]
+fn certified_members_rekey_at_the_interval_and_outsiders_get_nothing() {
+    let t = SystemTime::UNIX_EPOCH + 20_000 * DAY;
+    let mut rng = ChaCha20Rng::seed_from_u64(11);
+    let (issuer, _) = Issuer::create("conclave test authority", t - DAY, t + 365 * DAY, &mut rng).unwrap();
+    let authority = Arc::new(Authority::from_pem(issuer.ca_pem(), None).unwrap());
+    let mut net = Net::new(&[], 11);
+    let policy = Policy::interval(IntervalAlgorithm::QueueBatch, PERIOD);
+    for (i, name) in ["alice", "bob", "carol"].into_iter().enumerate() {
+        let member = MemberId::new(name).unwrap();
+        let issued = issuer.issue(&member, t - DAY, t + DAY, &mut rng).unwrap();
+        let identity = Identity::from_pem(&issued.cert_pem, &issued.key_pem).unwrap();
+        let (authority, rng) = (authority.clone(), ChaCha20Rng::seed_from_u64(200 + i as u64));
+        let m = net.add(name, move |now| {
+            SessionCore::new_certified(member, identity, authority, Arc::new(Fixed(t)), Box::new(rng), now)
+        });
+        net.join(m, policy);
+        net.advance(Duration::from_millis(10));
+    }
+    assert_eq!(keys(&net, 0).len(), 1, "alice's own key, at once");
+    assert!(keys(&net, 2).is_empty(), "carol before the tick");
+    let group = conclave_gcs::GroupName::new(vnet::GROUP).unwrap();
+    let eve = net.outsider("eve");
+    net.submit(conclave_gcs::core::Op::Join { conn: eve, group, open: false });
+    net.settle();
+    net.advance(PERIOD);
+    let (fp, members) = keys(&net, 0).last().unwrap().clone();
+    assert_eq!(members, ["alice", "bob", "carol"]);
+    for i in 1..3 {
+        assert_eq!(keys(&net, i).last(), Some(&(fp.clone(), members.clone())), "member {i}");
+    }
+    let refused =
+        net.members[0].log.iter().any(|e| matches!(e, SecureEvent::Refused { member, .. } if member.as_str() == "eve"));
+    assert!(refused, "eve was not refused");
+    send(&mut net, 2, "certified only");
+    assert_eq!(received(&net, 0).last().map(String::as_str), Some("certified only"));
 }
 
 /// A member that joins with another policy (here, rekeying on every view)
