@@ -576,3 +576,28 @@ async fn forged_policy_notices_do_not_evict_a_newcomer() {
         bob.events().into_iter().any(|e| matches!(e, SecureEvent::PolicyMismatch { .. } | SecureEvent::Left { .. }));
     assert!(!evicted, "bob was talked out of the group: {:#?}", bob.events());
 }
+
+/// SEAL's interval rekeying over a real daemon: the session shell's timer
+/// gives the leader its ticks. Carol's join and bob's leave wait for the next
+/// rekey, which keys alice and carol alike; carol reads what alice sends then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interval_rekeying_runs_on_the_leaders_timer() {
+    let w = world(&["alice", "bob", "carol"], 12).await;
+    let policy =
+        Policy::interval(conclave_secure::IntervalAlgorithm::QueueBatch, std::time::Duration::from_millis(300));
+    let a = w.member("alice").await;
+    let b = w.member("bob").await;
+    let c = w.member("carol").await;
+    a.join(policy);
+    a.until_view_of(&[&a]).await;
+    b.join(policy);
+    let (ab, fp_ab) = b.until_view(&["alice", "bob"]).await;
+    assert_eq!(a.until_view(&["alice", "bob"]).await, (ab, fp_ab.clone()));
+    c.join(policy);
+    b.leave();
+    let (ac, fp_ac) = c.until_view(&["alice", "carol"]).await;
+    assert_eq!(a.until_view(&["alice", "carol"]).await, (ac, fp_ac.clone()));
+    assert_ne!(fp_ac, fp_ab);
+    a.send("to carol");
+    assert_eq!(c.until_msg("to carol").await, ac);
+}

@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
-use conclave_secure::{MemberId, Policy, ProtocolId, Session};
+use conclave_secure::{MemberId, Policy, Session};
 use crossterm::event::{DisableMouseCapture, EnableMouseCapture, Event, EventStream, KeyEventKind};
 use futures_util::StreamExt;
 use ratatui::DefaultTerminal;
@@ -54,9 +54,12 @@ pub struct ChatArgs {
     /// The chat room (daemon group) to join.
     #[arg(long)]
     group: String,
-    /// Key agreement protocol, if this member creates the group: gdh, ckd, tgdh, str or bd.
-    #[arg(long, default_value = "tgdh", value_parser = parse_protocol)]
-    protocol: ProtocolId,
+    /// Key agreement policy, if this member creates the group: gdh, ckd, tgdh, str or bd (rekeyed on every
+    /// membership change), or SEAL's interval rekeying ALGORITHM:PERIOD with ALGORITHM rebuild, batch or
+    /// queue-batch (e.g. queue-batch:15s): joins and leaves are batched into one rekey per PERIOD, so a joiner
+    /// reads nothing until the next rekey and a leaver's last key stays in use until then.
+    #[arg(long, alias = "protocol", default_value = "tgdh", value_name = "POLICY")]
+    policy: Policy,
     /// Unix socket of the daemon [default: $XDG_RUNTIME_DIR/conclave.sock or /tmp/conclave-$UID.sock].
     #[arg(long, value_name = "PATH", conflicts_with = "tls")]
     unix: Option<PathBuf>,
@@ -80,10 +83,6 @@ pub struct ChatArgs {
     open: bool,
 }
 
-fn parse_protocol(s: &str) -> Result<ProtocolId, String> {
-    ProtocolId::from_name(s).ok_or_else(|| format!("unknown protocol {s:?} (gdh, ckd, tgdh, str or bd)"))
-}
-
 fn parse_web_addr(s: &str) -> Result<SocketAddr, String> {
     s.parse().map_err(|_| {
         format!("{s:?} is not an IP:PORT address (for example 127.0.0.1:8080, or 127.0.0.1:0 for a free port)")
@@ -103,7 +102,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
         }
         None => Endpoint::unix(args.unix.clone()),
     };
-    let policy = Policy { protocol: args.protocol, ..Policy::default() };
+    let policy = args.policy;
     crate::block_on(async move {
         // Bind the page first: a bad address fails before the group sees us.
         let server = match args.web {

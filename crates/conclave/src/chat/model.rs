@@ -86,7 +86,7 @@ impl Chat {
             me: me.into(),
             group: group.into(),
             policy,
-            protocol: policy.protocol.name().to_owned(),
+            protocol: policy.to_string(),
             joined: false,
             connected: true,
             members: Vec::new(),
@@ -128,7 +128,14 @@ impl Chat {
             Ok(()) => {
                 self.joined = true;
                 self.key = KeyState::Waiting;
-                self.status = format!("joining #{}: waiting for key ...", self.group);
+                self.status = match self.policy.interval {
+                    None => format!("joining #{}: waiting for key ...", self.group),
+                    // SEAL: a joiner waits for the leader's next rekey.
+                    Some(i) => format!(
+                        "joining #{}: waiting for the next rekey (interval rekeying: at most {:?} after the join) ...",
+                        self.group, i.period
+                    ),
+                };
                 self.system(format!("joining #{} as {} ({}) ...", self.group, self.me, self.protocol));
             }
             Err(e) => self.warning(format!("cannot join: {e}")),
@@ -190,8 +197,7 @@ impl Chat {
                 self.warning(format!("rejected a message from {sender}: {reason}"))
             }
             SecureEvent::PolicyMismatch { theirs, from, .. } => {
-                let theirs = theirs
-                    .map_or("another policy".to_owned(), |p| format!("{} over {:?}", p.protocol.name(), p.group_id));
+                let theirs = theirs.map_or("another policy".to_owned(), |p| p.to_string().replace(":0s", ""));
                 let msg = format!("#{} runs {theirs} (told by {from}), not {}; left it", self.group, self.protocol);
                 self.warning(msg);
             }
@@ -233,7 +239,9 @@ impl Chat {
             format!("rekey to epoch {} ({}) in {ms:.1} ms, {} members", v.epoch, v.protocol.name(), members.len());
         self.push(Entry::Rekey(self.status.clone()));
         self.members = members;
-        self.protocol = v.protocol.name().to_owned();
+        if self.policy.interval.is_none() {
+            self.protocol = v.protocol.name().to_owned();
+        }
         self.key = KeyState::Keyed { epoch: v.epoch, fingerprint: v.fingerprint };
     }
 }
