@@ -83,7 +83,8 @@ pub const MAX_HELD_BYTES_PER_SENDER: usize = 2 << 20;
 /// Messages held for later, bounded in count, in bytes and per sender.
 #[derive(Default)]
 struct Held {
-    items: Vec<(MemberId, Bytes)>,
+    /// Sender, the daemon view it was delivered in, payload.
+    items: Vec<(MemberId, ViewId, Bytes)>,
     bytes: usize,
     per_sender: BTreeMap<MemberId, usize>,
     /// Messages dropped because a bound was reached, since the group was joined.
@@ -92,7 +93,7 @@ struct Held {
 
 impl Held {
     /// Holds `payload` from `sender` if the bounds allow; says whether it did.
-    fn push(&mut self, sender: MemberId, payload: Bytes) -> bool {
+    fn push(&mut self, sender: MemberId, view: ViewId, payload: Bytes) -> bool {
         let mine = self.per_sender.get(&sender).copied().unwrap_or(0);
         if self.items.len() >= MAX_EARLY
             || self.bytes + payload.len() > MAX_HELD_BYTES
@@ -104,11 +105,11 @@ impl Held {
         }
         self.bytes += payload.len();
         self.per_sender.insert(sender.clone(), mine + payload.len());
-        self.items.push((sender, payload));
+        self.items.push((sender, view, payload));
         true
     }
 
-    fn take(&mut self) -> Vec<(MemberId, Bytes)> {
+    fn take(&mut self) -> Vec<(MemberId, ViewId, Bytes)> {
         self.bytes = 0;
         self.per_sender.clear();
         std::mem::take(&mut self.items)
@@ -516,9 +517,9 @@ impl SessionCore {
     pub fn send(&mut self, now: Instant, group: &str, data: &[u8]) -> Result<(), SessionError> {
         self.now = now;
         let name = GroupName::new(group)?;
-        // tag + header (at most 1 + 128 + 20 + 1 + 255 + 8) + signature
+        // tag + header (at most 1 + 128 + 20 + 16 + 1 + 255 + 8) + signature
         // (length and at most an RSA-2048 signature) + AEAD tag.
-        let overhead = 1 + 413 + 2 + 256 + TAG_LEN;
+        let overhead = 1 + 429 + 2 + 256 + TAG_LEN;
         if data.len() + overhead > self.max_payload {
             return Err(SessionError::TooLarge { len: data.len(), max: self.max_payload.saturating_sub(overhead) });
         }
@@ -794,7 +795,7 @@ impl SessionCore {
         if interval {
             self.interval_started(group)?;
         }
-        for (sender, bytes) in held {
+        for (sender, _, bytes) in held {
             let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
             if gs.phase.is_aside() || !matches!(gs.verdicts.get(&sender), Some(Verdict::Accepted(_))) {
                 continue;
@@ -1200,8 +1201,8 @@ impl SessionCore {
             rekey_time,
         }));
         let early = gs.early.take();
-        for (sender, payload) in early {
-            self.on_data(group, sender, payload)?;
+        for (sender, view, payload) in early {
+            self.on_data(group, sender, view, payload)?;
         }
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let sends = flush(&self.me, self.signer.as_ref(), group, gs);
@@ -1240,7 +1241,7 @@ impl SessionCore {
                     return Ok(()); // from a refused member, or while standing aside
                 }
                 if gs.admission.is_waiting() {
-                    gs.held_ka.push(sender, payload.slice_ref(body));
+                    gs.held_ka.push(sender, view, payload.slice_ref(body));
                     return Ok(());
                 }
                 #[cfg(feature = "test-hooks")]
@@ -1285,8 +1286,7 @@ impl SessionCore {
             Frame::Data(_) if !unicast => {
                 #[cfg(feature = "test-hooks")]
                 gs.captured.push((sender.clone(), payload.slice(1..)));
-                let _ = view; // data names its epoch itself
-                self.on_data(&group, sender, payload)
+                self.on_data(&group, sender, view, payload)
             }
             // On the wrong channel.
             Frame::Policy { .. } | Frame::Data(_) | Frame::Confirm { .. } => {
@@ -1355,8 +1355,14 @@ impl SessionCore {
         Ok(())
     }
 
-    fn on_data(&mut self, group: &GroupName, sender: MemberId, payload: Bytes) -> Result<(), SessionError> {
-        let res = self.open_data(group, &sender, payload);
+    fn on_data(
+        &mut self,
+        group: &GroupName,
+        sender: MemberId,
+        view: ViewId,
+        payload: Bytes,
+    ) -> Result<(), SessionError> {
+        let res = self.open_data(group, &sender, view, payload);
         match res {
             Ok(Some(ev)) => self.events.push_back(ev),
             Ok(None) => {}
@@ -1367,13 +1373,15 @@ impl SessionCore {
         self.push_all(sends)
     }
 
-    /// The checks on a data message, in order: well formed, our own coming
-    /// back, group and sender match what the daemon says, epoch, key,
-    /// membership, authenticity (AEAD, then the sender's signature), replay.
+    /// The checks on a data message delivered in daemon view `delivered_in`,
+    /// in order: well formed, our own coming back, group and sender match
+    /// what the daemon says, sent in this view, epoch, key, membership,
+    /// authenticity (AEAD, then the sender's signature), replay.
     fn open_data(
         &mut self,
         group: &GroupName,
         sender: &MemberId,
+        delivered_in: ViewId,
         payload: Bytes,
     ) -> Result<Option<SecureEvent>, RejectReason> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(None) };
@@ -1388,10 +1396,10 @@ impl SessionCore {
             });
         if own {
             let (epoch, _, pt, _) = gs.in_flight.pop_front().expect("front exists");
-            if Some(epoch) != current {
+            if Some(epoch) != current || header.view != delivered_in {
                 // Sent just before a view change (or a rekey) and delivered
-                // after it, where nobody accepts it: send it again under the
-                // next key, before anything sent later.
+                // after it, where nobody accepts it: send it again in this
+                // view (under the next key), before anything sent later.
                 gs.resend.push_back(pt);
                 return Ok(None);
             }
@@ -1401,6 +1409,20 @@ impl SessionCore {
         }
         if header.group != *group || header.sender != *sender {
             return Err(RejectReason::UnknownSender);
+        }
+        if header.view != delivered_in {
+            // Sent in another view. An earlier one of this daemon incarnation,
+            // by a member that came along (a message that crossed a view
+            // change): its sender sends it again here. Anything else is a
+            // replay from another view, component or daemon lifetime.
+            let (h, d) = (header.view, delivered_in);
+            let earlier = h.incarnation == d.incarnation && h.seq < d.seq;
+            let was_here = gs.view.as_ref().and_then(|v| v.member(sender)).is_some_and(|m| m.prev.is_some());
+            if earlier && was_here {
+                tracing::debug!(%group, %sender, "message sent in an earlier view dropped");
+                return Ok(None);
+            }
+            return Err(RejectReason::OtherView(header.view));
         }
         let Some(current) = current else {
             if gs.engine.interval() {
@@ -1426,7 +1448,7 @@ impl SessionCore {
         }
         let Some(keys) = gs.phase.keys() else {
             // Of this epoch, but its key is not confirmed here yet.
-            if !gs.early.push(sender.clone(), payload) {
+            if !gs.early.push(sender.clone(), delivered_in, payload) {
                 return Err(RejectReason::HeldBudget);
             }
             return Ok(None);
@@ -1542,12 +1564,13 @@ fn sender_key(
 /// still on its way back (so resent messages keep their place in the order).
 fn flush(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut GroupState) -> Vec<Transmit> {
     let Some(keys) = gs.phase.keys() else { return Vec::new() };
+    let Some(view) = gs.view.as_ref().map(|v| v.id) else { return Vec::new() };
     if gs.leaving || gs.in_flight.iter().any(|f| f.0 != keys.epoch()) {
         return Vec::new();
     }
     let mut out = Vec::new();
     while let Some(pt) = gs.resend.pop_front().or_else(|| gs.queue.pop_front()) {
-        let sealed = keys.seal(me, gs.next_seq, &pt, gs.policy.sender_signatures.then_some(signer));
+        let sealed = keys.seal(me, view, gs.next_seq, &pt, gs.policy.sender_signatures.then_some(signer));
         let p = Frame::Data(&sealed).encode();
         let digest = Sha256::digest(&p).into();
         gs.in_flight.push_back((keys.epoch(), gs.next_seq, pt, digest));
@@ -1666,13 +1689,13 @@ mod tests {
         let chunk = Bytes::from(vec![0u8; 64 << 10]);
         let per_sender = MAX_HELD_BYTES_PER_SENDER / chunk.len();
         for _ in 0..per_sender {
-            assert!(held.push(m("mallory"), chunk.clone()));
+            assert!(held.push(m("mallory"), ViewId::new(1, 1), chunk.clone()));
         }
-        assert!(!held.push(m("mallory"), chunk.clone()), "one sender past its share");
+        assert!(!held.push(m("mallory"), ViewId::new(1, 1), chunk.clone()), "one sender past its share");
         assert_eq!(held.dropped, 1);
         // Others still get in, until the total budget is spent.
         let mut others = 0;
-        while held.push(m(&format!("m{}", others / per_sender)), chunk.clone()) {
+        while held.push(m(&format!("m{}", others / per_sender)), ViewId::new(1, 1), chunk.clone()) {
             others += 1;
         }
         assert_eq!(held.bytes, MAX_HELD_BYTES);

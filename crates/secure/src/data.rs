@@ -3,8 +3,12 @@
 //!
 //! A data message is `header ‖ u16 signature length ‖ signature ‖ ciphertext`.
 //! The header carries the group, the key epoch ([`Epoch`]: the view the key
-//! was agreed in and the run in it), the sender and the sender's sequence
-//! number in that epoch; it is authenticated as the AEAD's associated data.
+//! was agreed in and the run in it), the daemon view the sender sent it in,
+//! the sender and the sender's sequence number in that epoch; it is
+//! authenticated as the AEAD's associated data. The view matters where a key
+//! outlives views (interval rekeying): a receiver accepts a message only in
+//! the view it was sent in, so a message of one view (or of another
+//! component under the same key) cannot be delivered in another.
 //!
 //! **Sender authentication.** Every member holds the group key, so the AEAD
 //! alone proves only that *a member* wrote the message: any insider could
@@ -22,7 +26,8 @@
 //!
 //! ```text
 //! u8 group length | group | epoch (20 bytes: view incarnation u64,
-//! view counter u64, run u32) | u8 sender length | sender | u64 seq
+//! view counter u64, run u32) | sent in (16 bytes: view incarnation u64,
+//! view counter u64) | u8 sender length | sender | u64 seq
 //! ```
 
 use std::fmt;
@@ -32,7 +37,7 @@ use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use conclave_gcs::{GroupName, MemberId};
 use conclave_gka::key::EPOCH_LEN;
 use conclave_gka::suite::{Signer, Verifier};
-use conclave_gka::{Epoch, GroupKey};
+use conclave_gka::{Epoch, GroupKey, ViewId};
 use hkdf::Hkdf;
 use sha2::Sha256;
 use zeroize::Zeroizing;
@@ -67,6 +72,8 @@ pub struct DataHeader {
     pub group: GroupName,
     /// The key epoch (whose key encrypts the message).
     pub epoch: Epoch,
+    /// The daemon view the sender sent it in.
+    pub view: ViewId,
     /// The sender.
     pub sender: MemberId,
     /// The sender's sequence number in this epoch (also the nonce).
@@ -82,6 +89,7 @@ impl DataHeader {
         out.push(g.len() as u8);
         out.extend_from_slice(g);
         out.extend_from_slice(&self.epoch.to_bytes());
+        out.extend_from_slice(&self.view.to_bytes());
         out.push(s.len() as u8);
         out.extend_from_slice(s);
         out.extend_from_slice(&self.seq.to_be_bytes());
@@ -112,12 +120,14 @@ impl DataHeader {
         let glen = take(&mut rest, 1)?[0] as usize;
         let group = std::str::from_utf8(take(&mut rest, glen)?).map_err(|_| DataError::Malformed)?;
         let epoch = epoch_of(take(&mut rest, EPOCH_LEN)?);
+        let view = ViewId::from_bytes(take(&mut rest, 16)?.try_into().expect("16 bytes taken"));
         let slen = take(&mut rest, 1)?[0] as usize;
         let sender = std::str::from_utf8(take(&mut rest, slen)?).map_err(|_| DataError::Malformed)?;
         let seq = u64_of(take(&mut rest, 8)?);
         let header = DataHeader {
             group: GroupName::new(group).map_err(|_| DataError::Malformed)?,
             epoch,
+            view,
             sender: MemberId::new(sender).map_err(|_| DataError::Malformed)?,
             seq,
         };
@@ -231,11 +241,18 @@ impl EpochKeys {
         *Nonce::from_slice(&n)
     }
 
-    /// Encrypts `plaintext` as message `seq` of `sender` and signs it with
-    /// `signer` (the sender's identity key), if any:
-    /// `header ‖ u16 signature length ‖ signature ‖ ciphertext`.
-    pub fn seal(&self, sender: &MemberId, seq: u64, plaintext: &[u8], signer: Option<&dyn Signer>) -> Vec<u8> {
-        let header = DataHeader { group: self.group.clone(), epoch: self.epoch, sender: sender.clone(), seq };
+    /// Encrypts `plaintext` as message `seq` of `sender`, sent in daemon
+    /// view `view`, and signs it with `signer` (the sender's identity key),
+    /// if any: `header ‖ u16 signature length ‖ signature ‖ ciphertext`.
+    pub fn seal(
+        &self,
+        sender: &MemberId,
+        view: ViewId,
+        seq: u64,
+        plaintext: &[u8],
+        signer: Option<&dyn Signer>,
+    ) -> Vec<u8> {
+        let header = DataHeader { group: self.group.clone(), epoch: self.epoch, view, sender: sender.clone(), seq };
         let mut aad = Vec::with_capacity(64);
         header.encode(&mut aad);
         let ct = self
@@ -276,7 +293,6 @@ mod tests {
     use super::*;
 
     use conclave_gka::suite::{generate_signer, SignatureId};
-    use conclave_gka::ViewId;
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;
 
@@ -297,7 +313,7 @@ mod tests {
         let k = keys(7, 1);
         let alice = MemberId::new("alice").unwrap();
         let (a, b) = (signer(1), signer(2));
-        let m = k.seal(&alice, 3, b"hello", Some(a.as_ref()));
+        let m = k.seal(&alice, ViewId::new(0xfeed, 1), 3, b"hello", Some(a.as_ref()));
         let (h, pt) = k.open(&m, Some(a.verifier().as_ref())).unwrap();
         assert_eq!((h.epoch, h.seq, h.sender.as_str(), pt.as_slice()), (epoch(7), 3, "alice", &b"hello"[..]));
         for i in 0..m.len() {
@@ -310,7 +326,7 @@ mod tests {
         assert_eq!(k.open(&m[..5], None), Err(DataError::Malformed));
         // Another member, holding the same group key, writes in alice's name:
         // the AEAD accepts it, alice's key refuses it.
-        let forged = k.seal(&alice, 4, b"from alice, honest", Some(b.as_ref()));
+        let forged = k.seal(&alice, ViewId::new(0xfeed, 1), 4, b"from alice, honest", Some(b.as_ref()));
         assert!(k.open(&forged, None).is_ok(), "the group key alone cannot tell members apart");
         assert_eq!(k.open(&forged, Some(a.verifier().as_ref())), Err(DataError::BadSignature));
     }
@@ -319,8 +335,8 @@ mod tests {
     fn senders_get_distinct_keys_and_debug_shows_no_secret() {
         let k = keys(1, 9);
         let s = signer(3);
-        let a = k.seal(&MemberId::new("a").unwrap(), 0, b"same", Some(s.as_ref()));
-        let b = k.seal(&MemberId::new("b").unwrap(), 0, b"same", Some(s.as_ref()));
+        let a = k.seal(&MemberId::new("a").unwrap(), ViewId::new(0xfeed, 1), 0, b"same", Some(s.as_ref()));
+        let b = k.seal(&MemberId::new("b").unwrap(), ViewId::new(0xfeed, 1), 0, b"same", Some(s.as_ref()));
         assert_ne!(a[a.len() - 20..], b[b.len() - 20..]);
         let shown = format!("{k:?}");
         assert!(!shown.contains("9, 9") && !shown.contains("0909"), "{shown}");

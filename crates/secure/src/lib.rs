@@ -330,6 +330,11 @@ pub enum RejectReason {
     /// The message names an epoch that is not the current one.
     #[error("unknown epoch {0}")]
     UnknownEpoch(Epoch),
+    /// The message says it was sent in another daemon view than the one it
+    /// was delivered in (a replay from another view, component or daemon
+    /// lifetime).
+    #[error("sent in another view ({0})")]
+    OtherView(ViewId),
     /// Authentication failed: altered, or encrypted under another key.
     #[error("authentication failed")]
     AuthFailed,

@@ -185,7 +185,7 @@ fn made_for(payload: &[u8]) -> Option<ViewId> {
     use crate::payload::Frame;
     Some(match Frame::parse(payload).ok()? {
         Frame::KeyAgreement { body, .. } => conclave_gka::message::Envelope::decode(body).ok()?.view,
-        Frame::Data(raw) => crate::data::DataHeader::decode(raw).ok()?.0.epoch.view,
+        Frame::Data(raw) => crate::data::DataHeader::decode(raw).ok()?.0.view,
         Frame::Policy { view, .. } | Frame::Trust { view, .. } => view,
         Frame::Confirm { epoch, .. } => epoch.view,
     })

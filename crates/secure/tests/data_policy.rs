@@ -34,9 +34,9 @@ fn run(sender_signatures: bool) -> (usize, Vec<SecureEvent>) {
     // and no signature, and a compromised link delivers it as alice's.
     let keys = net.members[2].session.epoch_keys(GROUP).expect("mallory's keys");
     let alice = MemberId::new("alice").unwrap();
-    let mut payload = vec![tag::DATA];
-    payload.extend_from_slice(&keys.seal(&alice, 1000, b"forged by mallory", None));
     let view = net.core.view(&GroupName::new(GROUP).unwrap()).expect("a view").id;
+    let mut payload = vec![tag::DATA];
+    payload.extend_from_slice(&keys.seal(&alice, view, 1000, b"forged by mallory", None));
     let group = GroupName::new(GROUP).unwrap();
     let forged = Delivery::Message { group, sender: alice, service: Service::Agreed, view, payload: payload.into() };
     let before = net.members[1].log.len();

@@ -58,9 +58,15 @@ fn member_name() -> impl Strategy<Value = MemberId> {
 }
 
 fn header() -> impl Strategy<Value = DataHeader> {
-    (group_name(), any::<(u64, u64, u32)>(), member_name(), any::<u64>()).prop_map(|(group, e, sender, seq)| {
-        DataHeader { group, epoch: Epoch::new(ViewId::new(e.0, e.1), e.2), sender, seq }
-    })
+    (group_name(), any::<(u64, u64, u32)>(), any::<(u64, u64)>(), member_name(), any::<u64>()).prop_map(
+        |(group, e, v, sender, seq)| DataHeader {
+            group,
+            epoch: Epoch::new(ViewId::new(e.0, e.1), e.2),
+            view: ViewId::new(v.0, v.1),
+            sender,
+            seq,
+        },
+    )
 }
 
 fn policy() -> impl Strategy<Value = Policy> {
@@ -117,10 +123,10 @@ fn data() -> impl Strategy<Value = Valid> {
     (header(), bytes(200)).prop_map(|(h, plaintext)| {
         let keys = EpochKeys::fixed_public_for_tests(h.group.clone(), h.epoch);
         let mut bytes = vec![tag::DATA];
-        bytes.extend_from_slice(&keys.seal(&h.sender, h.seq, &plaintext, Some(test_signer().as_ref())));
+        bytes.extend_from_slice(&keys.seal(&h.sender, h.view, h.seq, &plaintext, Some(test_signer().as_ref())));
         let glen = h.group.as_str().len();
         let slen = h.sender.as_str().len();
-        let lengths = vec![(1, 1), (1 + 1 + glen + 20, 1), (1 + 1 + glen + 20 + 1 + slen + 8, 2)];
+        let lengths = vec![(1, 1), (1 + 1 + glen + 20 + 16, 1), (1 + 1 + glen + 20 + 16 + 1 + slen + 8, 2)];
         Valid { bytes, expected: ParsedPayload::Data { header: h, opened: Ok(plaintext) }, lengths }
     })
 }
@@ -361,12 +367,13 @@ fn longest_names_round_trip_and_every_prefix_fails() {
     let h = DataHeader {
         group: GroupName::new("g".repeat(128)).unwrap(),
         epoch: Epoch::new(ViewId::new(u64::MAX, u64::MAX), u32::MAX),
+        view: ViewId::new(u64::MAX, u64::MAX),
         sender: MemberId::new("€".repeat(85)).unwrap(),
         seq: u64::MAX,
     };
     let mut enc = Vec::new();
     h.encode(&mut enc);
-    assert_eq!(enc.len(), 1 + 128 + 20 + 1 + 255 + 8);
+    assert_eq!(enc.len(), 1 + 128 + 20 + 16 + 1 + 255 + 8);
     assert_eq!(DataHeader::decode(&enc).unwrap().0, h);
     for cut in 0..enc.len() {
         assert_eq!(DataHeader::decode(&enc[..cut]).map(|_| ()), Err(DataError::Malformed), "prefix of {cut} bytes");
@@ -387,7 +394,7 @@ fn malformed_framing_and_bodies() {
     // A data header naming an empty group, or a group name with a space.
     assert_eq!(parse_payload(&[tag::DATA, 0]), Err(PayloadError::DataHeader));
     let mut b = vec![tag::DATA, 3, b'a', b' ', b'b'];
-    b.extend_from_slice(&[0; 20]);
+    b.extend_from_slice(&[0; 20 + 16]); // epoch, and the view it was sent in
     b.extend_from_slice(&[1, b'x']);
     b.extend_from_slice(&[0; 8]);
     b.extend_from_slice(&[0, 1, 9]); // a one-byte signature
