@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Args;
 use conclave_secure::sim::{run as run_seed, Outcome, SimConfig};
-use conclave_secure::ProtocolId;
+use conclave_secure::{IntervalAlgorithm, ProtocolId};
 use sha2::{Digest, Sha256};
 
 /// Runs real secure sessions on real daemon cores over a simulated network
@@ -27,8 +27,9 @@ pub struct SimArgs {
     /// The first seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Protocols, comma-separated (gdh, ckd, tgdh, str, bd).
-    #[arg(long, value_delimiter = ',', default_value = "gdh,ckd,tgdh,str,bd")]
+    /// Protocols, comma-separated: gdh, ckd, tgdh, str, bd (rekeyed on every view), and SEAL's interval
+    /// rekeying rebuild, batch, queue-batch (TGDH, rekeyed every 50 ms of virtual time).
+    #[arg(long, value_delimiter = ',', default_value = "gdh,ckd,tgdh,str,bd,rebuild,batch,queue-batch")]
     protocols: Vec<String>,
     /// Member names per run (each comes and goes as the seed says).
     #[arg(long, default_value_t = 5)]
@@ -53,7 +54,7 @@ pub struct SimArgs {
 }
 
 struct Totals {
-    protocol: ProtocolId,
+    protocol: Scheme,
     runs: u64,
     certified: u64,
     views: u64,
@@ -68,12 +69,31 @@ struct Totals {
     trace: String,
 }
 
+/// A protocol rekeyed on every view, or SEAL's interval rekeying.
+#[derive(Clone, Copy)]
+struct Scheme {
+    protocol: ProtocolId,
+    interval: Option<IntervalAlgorithm>,
+}
+
+impl Scheme {
+    fn parse(s: &str) -> anyhow::Result<Self> {
+        if let Some(protocol) = ProtocolId::from_name(s) {
+            return Ok(Scheme { protocol, interval: None });
+        }
+        let algorithm = IntervalAlgorithm::from_name(s).with_context(|| {
+            format!("unknown protocol {s:?} (gdh, ckd, tgdh, str, bd; or rebuild, batch, queue-batch)")
+        })?;
+        Ok(Scheme { protocol: ProtocolId::Tgdh, interval: Some(algorithm) })
+    }
+
+    fn name(&self) -> &'static str {
+        self.interval.map_or(self.protocol.name(), |a| a.name())
+    }
+}
+
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
-    let protocols = args
-        .protocols
-        .iter()
-        .map(|p| ProtocolId::from_name(p).with_context(|| format!("unknown protocol {p:?} (gdh, ckd, tgdh, str, bd)")))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let protocols = args.protocols.iter().map(|p| Scheme::parse(p)).collect::<anyhow::Result<Vec<_>>>()?;
     if args.members < 2 || args.members > conclave_secure::sim::MAX_MEMBERS {
         bail!("--members must be between 2 and {}", conclave_secure::sim::MAX_MEMBERS);
     }
@@ -92,7 +112,8 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let mut all = Vec::new();
     for protocol in protocols {
         let cfg = SimConfig {
-            protocol,
+            protocol: protocol.protocol,
+            interval: protocol.interval,
             members: args.members,
             steps: args.steps,
             daemons: args.daemons,

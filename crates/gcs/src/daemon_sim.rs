@@ -467,6 +467,12 @@ impl DaemonSim {
         }
     }
 
+    /// When the next event is due, if any: a driver whose clients set timers
+    /// as they react runs up to it, then checks its timers.
+    pub fn next_event_at(&self) -> Option<Micros> {
+        self.queue.peek().map(|Reverse(s)| s.at)
+    }
+
     /// Runs until nothing is left to do, with clients that never react.
     pub fn run_idle(&mut self) {
         self.run_until(Micros::MAX, &mut |_, _, _| Reaction::default());

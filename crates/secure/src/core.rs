@@ -128,6 +128,10 @@ impl Held {
 /// why that suffices).
 #[derive(Default)]
 struct Confirmations {
+    /// The run they confirm: confirmations of another are forgotten when
+    /// the first of a new one comes (interval rekeying: two rekeys may follow
+    /// each other without a view between them).
+    epoch: Option<Epoch>,
     accepted: BTreeMap<MemberId, [u8; 32]>,
     pending: BTreeMap<MemberId, Vec<Unchecked>>,
 }
@@ -191,8 +195,18 @@ impl Confirmations {
     }
 
     fn clear(&mut self) {
+        self.epoch = None;
         self.accepted.clear();
         self.pending.clear();
+    }
+
+    /// Makes these the confirmations of `epoch`.
+    fn of(&mut self, epoch: Epoch) -> &mut Self {
+        if self.epoch != Some(epoch) {
+            self.clear();
+            self.epoch = Some(epoch);
+        }
+        self
     }
 }
 
@@ -1066,6 +1080,7 @@ impl SessionCore {
         let mac = confirmer.mac(&self.me);
         let sig = self.signer.sign(&confirm_signed(group, &self.me, sv.epoch, &mac));
         let p = Frame::Confirm { epoch: sv.epoch, mac: &mac, signature: &sig }.encode();
+        gs.confirms.of(sv.epoch);
         gs.phase = Phase::Confirming(Box::new(Confirming { view: sv, confirmer, own_signature: sig }));
         self.push(Transmit::Multicast(group.clone(), p.into()))?;
         self.check_confirmed(group)
@@ -1085,7 +1100,7 @@ impl SessionCore {
         // does its confirmation.
         let confirming = gs.phase.confirming().map(|c| c.view.epoch);
         let expected = gs.engine.current_epoch() == Some(epoch) || (gs.engine.interval() && confirming == Some(epoch));
-        if gs.phase.is_aside() || !expected || gs.confirms.accepted.contains_key(&sender) {
+        if gs.phase.is_aside() || !expected || gs.confirms.of(epoch).accepted.contains_key(&sender) {
             tracing::debug!(%group, %sender, %epoch, "confirmation of another run, or a second one, dropped");
             return Ok(());
         }
