@@ -559,6 +559,8 @@ fn keys_make_everything_a_certifying_tls_daemon_needs() {
 #[test]
 fn chat_web_refuses_bad_addresses_clearly() {
     let keys = tempfile::tempdir().unwrap();
+    // A key directory must be private (tempfile creates directories 0755).
+    std::fs::set_permissions(keys.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let chat = |extra: &[&str]| {
         let mut c = conclave();
         c.args(["chat", "--name", "alice", "--group", "room", "--keys"]).arg(keys.path()).args(extra);
@@ -568,9 +570,10 @@ fn chat_web_refuses_bad_addresses_clearly() {
     assert!(!status.success() && err.contains("not an IP:PORT address"), "{err}");
     let (status, _, err) = chat(&["--open"]);
     assert!(!status.success() && err.contains("--web"), "--open needs --web: {err}");
-    // An address this machine does not have: refused before the daemon is tried.
-    let (status, _, err) = chat(&["--web", "192.0.2.1:0", "--unix", "/nonexistent/conclave.sock"]);
+    // An address this machine does not have: refused before the daemon is tried or anything is created.
+    let (status, _, err) = chat(&["--web", "192.0.2.1:0", "--unix", "/nonexistent/conclave.sock", "--create-identity"]);
     assert!(!status.success() && err.contains("cannot serve the chat page on 192.0.2.1:0"), "{err}");
+    assert_eq!(std::fs::read_dir(keys.path()).unwrap().count(), 0, "chat created files");
     let (status, out, _) = run(conclave().args(["chat", "--help"]));
     assert!(status.success() && out.contains("--web [<ADDR>]") && out.contains("--open"), "{out}");
 }
@@ -649,7 +652,8 @@ fn client_escapes_control_characters() {
 #[test]
 fn keys_refuse_zero_days_and_reissue_revoked_names_with_replace() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = |args: &[&str]| run(conclave().arg("keys").args(args).arg("--dir").arg(dir.path()));
+    let dir = dir.path().join("keys");
+    let keys = |args: &[&str]| run(conclave().arg("keys").args(args).arg("--dir").arg(&dir));
     let ok = |args: &[&str]| {
         let (status, out, err) = keys(args);
         assert!(status.success(), "keys {args:?}: {out}\n{err}");
@@ -658,7 +662,7 @@ fn keys_refuse_zero_days_and_reissue_revoked_names_with_replace() {
     ok(&["authority"]);
     let (status, _, err) = keys(&["issue", "alice", "--days", "0"]);
     assert!(!status.success() && err.contains("--days must be at least 1"), "{err}");
-    assert!(!dir.path().join("members/alice.crt").exists(), "an expired certificate was issued");
+    assert!(!dir.join("members/alice.crt").exists(), "an expired certificate was issued");
 
     ok(&["issue", "alice"]);
     // A valid certificate is replaced only after it is revoked.
