@@ -765,8 +765,9 @@ fn errors_are_printed_once_in_words() {
 }
 
 /// The README's `conclave client` lines ("Using the daemon by hand") run as
-/// written, against a daemon on their socket (here in a temporary directory),
-/// and end with success after both members heard both messages.
+/// written, against a daemon on their default socket (with `$XDG_RUNTIME_DIR`
+/// a temporary directory), and end with success after both members heard
+/// both messages.
 #[test]
 fn the_readmes_client_example_works_as_written() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
@@ -775,6 +776,8 @@ fn the_readmes_client_example_works_as_written() {
     let clients: Vec<&str> = block.lines().filter(|l| l.contains("conclave client")).collect();
     assert!(!clients.is_empty(), "{block}");
     let dir = tempfile::tempdir().unwrap();
+    // $XDG_RUNTIME_DIR must be private (tempfile creates directories 0755).
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let socket = dir.path().join("conclave.sock");
     let log = File::create(dir.path().join("daemon.log")).unwrap();
     let proc = Proc::spawn(conclave().arg("daemon").arg("--unix").arg(&socket).stderr(log).stdout(Stdio::null()));
@@ -783,7 +786,7 @@ fn the_readmes_client_example_works_as_written() {
     // As typed into a shell; then wait for the clients sent to the background.
     let mut script = String::new();
     for line in &clients {
-        script.push_str(&line.replace("/tmp/conclave.sock", socket.to_str().unwrap()));
+        script.push_str(line);
         if line.trim_end().ends_with('&') {
             script.push_str("\npids=\"$pids $!\"");
         }
@@ -792,7 +795,12 @@ fn the_readmes_client_example_works_as_written() {
     script.push_str("for pid in $pids; do wait $pid || exit 1; done\n");
     let bin = Path::new(env!("CARGO_BIN_EXE_conclave")).parent().unwrap();
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let (status, out, err) = run(Command::new("sh").arg("-ec").arg(&script).env("PATH", path).env_remove("RUST_LOG"));
+    let (status, out, err) = run(Command::new("sh")
+        .arg("-ec")
+        .arg(&script)
+        .env("PATH", path)
+        .env("XDG_RUNTIME_DIR", socket.parent().unwrap())
+        .env_remove("RUST_LOG"));
     assert!(status.success(), "the README's client example failed:\n{script}\n{out}\n{err}");
     for (who, said) in [("alice", "hello"), ("bob", "hi")] {
         let heard = out.lines().filter(|l| l.starts_with("[chat v") && l.ends_with(&format!("] {who}: {said}")));
