@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 /// Which daemon to connect to.
 #[derive(Args, Debug, Clone)]
 pub struct Endpoint {
-    /// Unix socket of the daemon [default: $XDG_RUNTIME_DIR/conclave.sock or /tmp/conclave-$UID.sock].
+    /// Unix socket of the daemon [default: $XDG_RUNTIME_DIR/conclave.sock].
     #[arg(long, value_name = "PATH", conflicts_with_all = ["tcp", "tls"])]
     unix: Option<PathBuf>,
     /// TCP address of the daemon, e.g. 127.0.0.1:4803 (plain, for loopback).
@@ -79,7 +79,10 @@ impl Endpoint {
             }
             (None, Some(addr)) => (format!("tcp {addr}"), Client::connect_tcp(addr, name).await),
             (None, None) => {
-                let path = self.unix.clone().unwrap_or_else(crate::daemon::default_socket);
+                let path = match &self.unix {
+                    Some(path) => path.clone(),
+                    None => crate::daemon::default_socket()?,
+                };
                 let r = Client::connect_unix(&path, name).await;
                 (format!("unix socket {}", path.display()), r)
             }

@@ -34,7 +34,7 @@
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -50,7 +50,7 @@ cpg_group, and the sections [listen] (unix = \"PATH\" or false, tcp = \"ADDR\"),
 groups_per_client, queue_depth, queue_bytes, hello_timeout_secs, frame_timeout_secs, handshake_timeout_secs, \
 max_handshakes, max_handshakes_per_ip) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
 client_crl = [...]); command-line options override it. Without either, the daemon listens on \
-$XDG_RUNTIME_DIR/conclave.sock (or /tmp/conclave-$UID.sock) and not on TCP.
+$XDG_RUNTIME_DIR/conclave.sock (without $XDG_RUNTIME_DIR, pass --unix PATH) and not on TCP.
 
 TLS: --tls-listen with --tls-cert and --tls-key serves clients over TLS (plain --tcp is meant for loopback). \
 With --client-ca, every TLS client must show a certificate issued by that authority (and not revoked by a \
@@ -62,7 +62,7 @@ pub struct DaemonArgs {
     /// TOML configuration file.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Unix socket to listen on [default: $XDG_RUNTIME_DIR/conclave.sock or /tmp/conclave-$UID.sock].
+    /// Unix socket to listen on [default: $XDG_RUNTIME_DIR/conclave.sock; without $XDG_RUNTIME_DIR there is none].
     #[arg(long, value_name = "PATH", conflicts_with = "no_unix")]
     unix: Option<PathBuf>,
     /// Do not listen on a Unix socket (then --tcp is needed).
@@ -198,14 +198,19 @@ struct FileLimits {
 }
 
 /// Where the daemon listens and clients connect by default:
-/// `$XDG_RUNTIME_DIR/conclave.sock`, else `/tmp/conclave-$UID.sock`.
-pub fn default_socket() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(dir) if !dir.is_empty() => Path::new(&dir).join("conclave.sock"),
-        _ => {
-            let uid = std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(0);
-            PathBuf::from(format!("/tmp/conclave-{uid}.sock"))
+/// `$XDG_RUNTIME_DIR/conclave.sock`, in a directory that must be a private
+/// one of this user's; without `$XDG_RUNTIME_DIR` (an absolute path) an
+/// error that says to pass `--unix PATH`. Never a shared `/tmp` path.
+pub fn default_socket() -> Result<PathBuf> {
+    match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).filter(|p| p.is_absolute()) {
+        Some(dir) => {
+            crate::keys::check_private_dir(&dir, "$XDG_RUNTIME_DIR")?;
+            Ok(dir.join("conclave.sock"))
         }
+        None => bail!(
+            "cannot choose a default socket: $XDG_RUNTIME_DIR is not set (to an absolute path); pass the socket with \
+             --unix PATH, in a directory only you can write to"
+        ),
     }
 }
 
@@ -224,7 +229,7 @@ fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, bool
         (Some(path), _, _) => Some(path.clone()),
         (None, true, _) | (None, false, Some(UnixSetting::Enabled(false))) => None,
         (None, false, Some(UnixSetting::Path(path))) => Some(path),
-        (None, false, Some(UnixSetting::Enabled(true)) | None) => Some(default_socket()),
+        (None, false, Some(UnixSetting::Enabled(true)) | None) => Some(default_socket()?),
     };
     let backbone = BackboneChoice {
         kind: args.backbone.or(file.backbone).unwrap_or(BackboneKind::Standalone),

@@ -1,7 +1,7 @@
 //! `conclave keys`: the group authority and the members' certified identities.
 //!
-//! A key directory (`--dir DIR`, by default `$XDG_RUNTIME_DIR/conclave-keys`
-//! or `/tmp/conclave-keys-$UID`) holds:
+//! A key directory (`--dir DIR`, by default `$XDG_STATE_HOME/conclave/keys`,
+//! else `~/.local/state/conclave/keys`; never a shared `/tmp` path) holds:
 //!
 //! * `authority.crt` — the authority's self-signed CA certificate (PEM), what
 //!   members trust; `authority.key` — its Ed25519 secret key (PKCS#8 PEM, mode
@@ -14,13 +14,21 @@
 //!   certificate (serverAuth usage, its host names as subject alternative
 //!   names) and secret key, for `conclave daemon --tls-cert/--tls-key`.
 //!
-//! Secret keys readable by group or others are refused. Keys are drawn from
-//! the OS's RNG. The crypto is `conclave_secure::trust`'s; this module only
-//! reads and writes the files.
+//! The directory and `members/` must be real directories (not symbolic
+//! links), owned by the user and private (mode 0700); anything else is
+//! refused with the command that fixes it. Directories are created 0700,
+//! parents too. Every file is written to a new file of a random name
+//! (`O_CREAT|O_EXCL|O_NOFOLLOW`, 0600 or 0644), synced, then renamed over
+//! its target, so a link planted at either name is never written through
+//! (one at the target is replaced); key files are read with `O_NOFOLLOW`,
+//! so a link there is refused, not trusted. Secret keys readable by group
+//! or others are refused. Keys are drawn from the OS's RNG. The crypto is
+//! `conclave_secure::trust`'s; this module only reads and writes the files.
 
-use std::fs::{DirBuilder, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::ffi::OsString;
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -28,7 +36,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use conclave_secure::trust::{self, Authority, Identity, Issuer, Revocation};
 use conclave_secure::MemberId;
-use rand_core::CryptoRngCore;
+use rand_core::{CryptoRngCore, RngCore};
 
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -91,14 +99,19 @@ pub enum KeysCommand {
 /// The key directory option.
 #[derive(Args, Debug)]
 pub struct DirArg {
-    /// Key directory [default: $XDG_RUNTIME_DIR/conclave-keys or /tmp/conclave-keys-$UID].
+    /// Key directory, private to you (mode 0700) [default: $XDG_STATE_HOME/conclave/keys, else
+    /// ~/.local/state/conclave/keys].
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
 }
 
 impl DirArg {
-    fn path(&self) -> PathBuf {
-        self.dir.clone().unwrap_or_else(default_dir)
+    /// The key directory, checked (see [`KeyDir::open`]).
+    fn open(&self) -> Result<KeyDir> {
+        KeyDir::open(match &self.dir {
+            Some(dir) => dir.clone(),
+            None => default_dir("--dir DIR")?,
+        })
     }
 }
 
@@ -133,16 +146,69 @@ impl Reason {
     }
 }
 
-/// `$XDG_RUNTIME_DIR/conclave-keys`, or `/tmp/conclave-keys-$UID`.
-pub fn default_dir() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(dir) if !dir.is_empty() => Path::new(&dir).join("conclave-keys"),
-        _ => {
-            use std::os::unix::fs::MetadataExt;
-            let uid = std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(0);
-            PathBuf::from(format!("/tmp/conclave-keys-{uid}"))
-        }
+/// The default key directory: `$XDG_STATE_HOME/conclave/keys`, else
+/// `$HOME/.local/state/conclave/keys`; an error that says to pass `option`
+/// if neither variable holds an absolute path. Never a shared `/tmp` path.
+pub fn default_dir(option: &str) -> Result<PathBuf> {
+    default_dir_from(|var| std::env::var_os(var), option)
+}
+
+fn default_dir_from(env: impl Fn(&str) -> Option<OsString>, option: &str) -> Result<PathBuf> {
+    // The XDG base directory spec: relative paths are invalid and ignored.
+    let absolute = |var: &str| env(var).map(PathBuf::from).filter(|p| p.is_absolute());
+    if let Some(state) = absolute("XDG_STATE_HOME") {
+        Ok(state.join("conclave").join("keys"))
+    } else if let Some(home) = absolute("HOME") {
+        Ok(home.join(".local/state/conclave/keys"))
+    } else {
+        bail!(
+            "cannot choose a default key directory: neither $XDG_STATE_HOME nor $HOME is set (to an absolute \
+             path); pass a directory of your own with {option}"
+        )
     }
+}
+
+/// The effective user id of this process.
+fn my_uid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
+/// Refuses an existing `dir` unless it is a real directory (not a symbolic
+/// link), owned by this user, with no permission bits for group or others;
+/// the error says what is wrong and how to fix it. Says whether `dir` exists.
+pub fn check_private_dir(dir: &Path, what: &str) -> Result<bool> {
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("cannot check {what} {}", dir.display())),
+    };
+    let shown = dir.display();
+    if meta.file_type().is_symlink() {
+        bail!(
+            "{what} {shown} is a symbolic link; refusing it (whoever controls the link controls the keys): \
+             pass the real directory, or remove the link (rm {shown})"
+        );
+    }
+    if !meta.is_dir() {
+        bail!("{what} {shown} is not a directory");
+    }
+    let me = my_uid();
+    if meta.uid() != me {
+        bail!(
+            "{what} {shown} is owned by uid {}, not by you (uid {me}); refusing it (its owner can read and \
+             replace the keys): use a directory of your own, or, if it should be yours, `chown {me} {shown}` \
+             (as root) and `chmod 700 {shown}`",
+            meta.uid()
+        );
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        bail!(
+            "{what} {shown} has mode {mode:o}: group or others have access to it, and it must be private to you \
+             (mode 700); fix it with `chmod 700 {shown}`"
+        );
+    }
+    Ok(true)
 }
 
 /// Runs `conclave keys`.
@@ -150,22 +216,22 @@ pub fn run(cmd: KeysCommand) -> Result<()> {
     let rng = &mut rand_core::OsRng;
     match cmd {
         KeysCommand::Authority { dir, name, days } => {
-            let kd = KeyDir::new(dir.path());
+            let kd = dir.open()?;
             kd.create_authority(&name, days, rng)?;
             println!("created the authority {name:?} in {}", kd.dir.display());
         }
         KeysCommand::Issue { name, dir, days, replace } => {
-            let kd = KeyDir::new(dir.path());
+            let kd = dir.open()?;
             let serial = kd.issue(&name, days, replace, rng)?;
             println!("issued {name} (serial {serial}): {}", kd.member_cert(&name).display());
         }
         KeysCommand::Revoke { name, dir, reason } => {
-            let kd = KeyDir::new(dir.path());
+            let kd = dir.open()?;
             let (serial, number) = kd.revoke(&name, reason)?;
             println!("revoked {name} (serial {serial}); CRL number {number}: {}", kd.crl().display());
         }
         KeysCommand::Daemon { hosts, dir, days } => {
-            let kd = KeyDir::new(dir.path());
+            let kd = dir.open()?;
             let serial = kd.issue_daemon(&hosts, days, rng)?;
             println!(
                 "issued the daemon certificate for {} (serial {serial}): {} and {}",
@@ -174,7 +240,7 @@ pub fn run(cmd: KeysCommand) -> Result<()> {
                 kd.daemon_key().display()
             );
         }
-        KeysCommand::List { dir } => KeyDir::new(dir.path()).list()?,
+        KeysCommand::List { dir } => dir.open()?.list()?,
     }
     Ok(())
 }
@@ -185,9 +251,15 @@ pub struct KeyDir {
 }
 
 impl KeyDir {
-    /// The directory at `dir` (not created until something is written).
-    pub fn new(dir: PathBuf) -> KeyDir {
-        KeyDir { dir }
+    /// The directory at `dir` (not created until something is written);
+    /// refused if it, or its `members/`, exists and is not a private
+    /// directory of this user's ([`check_private_dir`]).
+    pub fn open(dir: PathBuf) -> Result<KeyDir> {
+        let kd = KeyDir { dir };
+        if check_private_dir(&kd.dir, "key directory")? {
+            check_private_dir(&kd.members(), "key directory")?;
+        }
+        Ok(kd)
     }
 
     /// Path of the file (see the module doc).
@@ -221,25 +293,30 @@ impl KeyDir {
 
     /// Whether the directory holds an authority certificate.
     pub fn has_authority(&self) -> bool {
-        self.ca_cert().exists()
+        present(&self.ca_cert())
     }
 
     /// Whether the directory holds a certificate for `name`.
     pub fn has_member(&self, name: &str) -> bool {
-        self.member_cert(name).exists()
+        present(&self.member_cert(name))
     }
 
     /// Whether this directory can issue (holds the authority's secret key).
     pub fn can_issue(&self) -> bool {
-        self.ca_key().exists()
+        present(&self.ca_key())
     }
 
+    /// Creates the directory and `members/` (and missing parents) 0700, and
+    /// checks them again (they may have been there already).
     fn mkdirs(&self) -> Result<()> {
         DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(self.members())
-            .with_context(|| format!("cannot create key directory {}", self.dir.display()))
+            .with_context(|| format!("cannot create key directory {}", self.dir.display()))?;
+        check_private_dir(&self.dir, "key directory")?;
+        check_private_dir(&self.members(), "key directory")?;
+        Ok(())
     }
 
     /// Creates the authority; refuses if one exists.
@@ -279,7 +356,7 @@ impl KeyDir {
             bail!("member name {name:?} cannot name a key file");
         }
         let validity = validity(days)?;
-        let existing = self.member_cert(name).exists() || self.member_key(name).exists();
+        let existing = present(&self.member_cert(name)) || present(&self.member_key(name));
         if existing {
             match (self.unusable(name)?, replace) {
                 (Some(_), true) => {}
@@ -316,11 +393,12 @@ impl KeyDir {
     /// Issues the daemon's TLS server certificate for `hosts`; refuses to
     /// overwrite one. Returns the serial.
     pub fn issue_daemon(&self, hosts: &[String], days: u64, rng: &mut dyn CryptoRngCore) -> Result<String> {
-        if self.daemon_cert().exists() || self.daemon_key().exists() {
+        if present(&self.daemon_cert()) || present(&self.daemon_key()) {
             bail!("{} already holds a daemon certificate; remove daemon.crt and daemon.key first", self.dir.display());
         }
         let validity = validity(days)?;
         let issuer = self.issuer()?;
+        self.mkdirs()?;
         let now = SystemTime::now();
         let issued = issuer
             .issue_daemon(hosts, now - Duration::from_secs(3600), now + validity, rng)
@@ -333,12 +411,11 @@ impl KeyDir {
     /// Why `name`'s certificate can no longer be used ("is revoked", "has
     /// expired", "is unreadable"), or `None` if it can.
     fn unusable(&self, name: &str) -> Result<Option<&'static str>> {
-        let Ok(pem) = std::fs::read_to_string(self.member_cert(name)) else { return Ok(Some("is missing")) };
+        let Some(pem) = read_opt(&self.member_cert(name))? else { return Ok(Some("is missing")) };
         let Ok(info) = trust::cert_info(&pem) else { return Ok(Some("is unreadable")) };
-        let revoked = match std::fs::read_to_string(self.crl()) {
-            Ok(pem) => trust::read_crl(&pem).with_context(|| format!("bad CRL {}", self.crl().display()))?.1,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(e).with_context(|| format!("cannot read {}", self.crl().display())),
+        let revoked = match read_opt(&self.crl())? {
+            Some(pem) => trust::read_crl(&pem).with_context(|| format!("bad CRL {}", self.crl().display()))?.1,
+            None => Vec::new(),
         };
         Ok(if revoked.iter().any(|r| r.serial == info.serial_bytes) {
             Some("is revoked")
@@ -355,10 +432,9 @@ impl KeyDir {
         let cert_path = self.member_cert(name);
         let info =
             trust::cert_info(&read(&cert_path)?).with_context(|| format!("bad certificate {}", cert_path.display()))?;
-        let (number, mut revoked) = match std::fs::read_to_string(self.crl()) {
-            Ok(pem) => trust::read_crl(&pem).with_context(|| format!("bad CRL {}", self.crl().display()))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (0, Vec::new()),
-            Err(e) => return Err(e).with_context(|| format!("cannot read {}", self.crl().display())),
+        let (number, mut revoked) = match read_opt(&self.crl())? {
+            Some(pem) => trust::read_crl(&pem).with_context(|| format!("bad CRL {}", self.crl().display()))?,
+            None => (0, Vec::new()),
         };
         if revoked.iter().any(|r| r.serial == info.serial_bytes) {
             bail!("{name}'s certificate (serial {}) is already revoked", info.serial);
@@ -373,9 +449,9 @@ impl KeyDir {
     /// Prints the members.
     fn list(&self) -> Result<()> {
         let authority = self.authority()?;
-        let revoked = match std::fs::read_to_string(self.crl()) {
-            Ok(pem) => trust::read_crl(&pem)?.1,
-            Err(_) => Vec::new(),
+        let revoked = match read_opt(&self.crl())? {
+            Some(pem) => trust::read_crl(&pem)?.1,
+            None => Vec::new(),
         };
         println!("authority {} (CRL number {})", self.ca_cert().display(), authority.crl_number().unwrap_or("none"));
         let mut names: Vec<PathBuf> = match std::fs::read_dir(self.members()) {
@@ -419,11 +495,7 @@ impl KeyDir {
     /// The authority members trust (certificate and CRL, if any).
     pub fn authority(&self) -> Result<Authority> {
         let cert = read(&self.ca_cert())?;
-        let crl = match std::fs::read_to_string(self.crl()) {
-            Ok(c) => Some(c),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(e).with_context(|| format!("cannot read {}", self.crl().display())),
-        };
+        let crl = read_opt(&self.crl())?;
         Authority::from_pem(&cert, crl.as_deref()).with_context(|| format!("bad authority in {}", self.dir.display()))
     }
 
@@ -443,26 +515,47 @@ impl KeyDir {
     }
 }
 
-/// Zero-config identities for `conclave chat`: creates the authority if the
-/// directory has none and issues `name`'s certificate if the directory can,
-/// saying so on stderr. Returns the identity and the authority.
-pub fn chat_identity(dir: &Path, name: &str, rng: &mut dyn CryptoRngCore) -> Result<(Identity, Authority)> {
-    let kd = KeyDir::new(dir.to_owned());
-    if !kd.has_authority() {
+/// Why `conclave chat` cannot run as `name` from `kd` without creating
+/// something, and what creates it; `None` if `kd` holds `name`'s certificate.
+pub fn chat_identity_missing(kd: &KeyDir, name: &str) -> Option<String> {
+    if kd.has_member(name) {
+        return None;
+    }
+    let dir = kd.dir.display();
+    Some(if kd.has_authority() && !kd.can_issue() {
+        format!(
+            "no certificate for {name} in {dir}, and this directory cannot issue one (it holds no authority key): \
+             ask the group's authority to run `conclave keys issue {name}` and copy members/{name}.crt and \
+             members/{name}.key here"
+        )
+    } else {
+        let authority =
+            if kd.has_authority() { String::new() } else { format!("`conclave keys authority --dir {dir}` and then ") };
+        format!(
+            "no certificate for {name} in {dir}; nothing was created. Create it with {authority}`conclave keys issue \
+             {name} --dir {dir}`, or run chat again with --create-identity to have it do so"
+        )
+    })
+}
+
+/// `conclave chat --create-identity`: creates the authority if `kd` has
+/// none and issues `name`'s certificate if `kd` has none for it. Returns a
+/// one-line notice of what was created (`None` if nothing was).
+pub fn create_chat_identity(kd: &KeyDir, name: &str, rng: &mut dyn CryptoRngCore) -> Result<Option<String>> {
+    if kd.has_member(name) {
+        return Ok(None);
+    }
+    let mut created = Vec::new();
+    if !kd.has_authority() && !kd.can_issue() {
         kd.create_authority("Conclave group authority", 3650, rng)?;
-        eprintln!("conclave: created a new group authority in {}", dir.display());
+        created.push("a new group authority".to_owned());
     }
-    if !kd.has_member(name) {
-        if !kd.can_issue() {
-            bail!(
-                "no certificate for {name} in {}; ask the authority to run `conclave keys issue {name}`",
-                dir.display()
-            );
-        }
-        let serial = kd.issue(name, 365, false, rng)?;
-        eprintln!("conclave: issued a certificate for {name} (serial {serial}) in {}", kd.members().display());
+    if !kd.can_issue() {
+        bail!("{}", chat_identity_missing(kd, name).unwrap_or_default());
     }
-    Ok((kd.identity(name)?, kd.authority()?))
+    let serial = kd.issue(name, 365, false, rng)?;
+    created.push(format!("a certificate for {name} (serial {serial})"));
+    Ok(Some(format!("created {} in {}", created.join(" and "), kd.dir.display())))
 }
 
 /// A certificate's validity of `days` days; at least one.
@@ -482,36 +575,113 @@ fn date(t: SystemTime) -> String {
     time::OffsetDateTime::from(t).date().to_string()
 }
 
-fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+/// Whether something (a file, a link, anything) is at `path`.
+fn present(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok()
 }
 
-/// Reads a secret key, refusing one that group or others may read.
+/// `O_NOFOLLOW`: opening a symbolic link fails.
+fn nofollow() -> i32 {
+    rustix::fs::OFlags::NOFOLLOW.bits() as i32
+}
+
+/// Opens a key file to read, refusing a symbolic link or anything but a
+/// regular file; `None` if there is none.
+fn open_key_file(path: &Path) -> Result<Option<File>> {
+    let f = match OpenOptions::new().read(true).custom_flags(nofollow()).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+                bail!(
+                    "{} is a symbolic link; refusing it (key files must be regular files): remove it (rm {})",
+                    path.display(),
+                    path.display()
+                );
+            }
+            return Err(e).with_context(|| format!("cannot read {}", path.display()));
+        }
+    };
+    let meta = f.metadata().with_context(|| format!("cannot read {}", path.display()))?;
+    if !meta.is_file() {
+        bail!("{} is not a regular file", path.display());
+    }
+    Ok(Some(f))
+}
+
+fn read_file(mut f: File, path: &Path) -> Result<String> {
+    let mut text = String::new();
+    f.read_to_string(&mut text).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(text)
+}
+
+/// Reads a key file (never through a link); `None` if there is none.
+fn read_opt(path: &Path) -> Result<Option<String>> {
+    open_key_file(path)?.map(|f| read_file(f, path)).transpose()
+}
+
+/// Reads a key file (never through a link).
+fn read(path: &Path) -> Result<String> {
+    read_opt(path)?.with_context(|| format!("cannot read {}: no such file", path.display()))
+}
+
+/// Reads a secret key (never through a link), refusing one that group or
+/// others may read.
 fn read_secret(path: &Path) -> Result<String> {
-    let mode = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?.permissions().mode();
+    let f = open_key_file(path)?.with_context(|| format!("cannot read {}: no such file", path.display()))?;
+    let mode = f.metadata().with_context(|| format!("cannot read {}", path.display()))?.permissions().mode();
     if mode & 0o077 != 0 {
         bail!("secret key {} is accessible by group or others (mode {:o}); chmod 600 it", path.display(), mode & 0o777);
     }
-    read(path)
+    read_file(f, path)
 }
 
-/// Writes a new secret key file, mode 0600; never overwrites.
+/// Writes a secret key file, mode 0600.
 fn write_secret(path: &Path, text: &str) -> Result<()> {
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    f.write_all(text.as_bytes()).with_context(|| format!("cannot write {}", path.display()))
+    write_file(path, text, 0o600)
 }
 
-/// Writes a public file by write-then-rename, so readers never see half of it.
+/// Writes a public file, mode 0644.
 fn write_public(path: &Path, text: &str) -> Result<()> {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = path.with_file_name(format!(".{name}.{}", std::process::id()));
-    std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+    write_file(path, text, 0o644)
+}
+
+/// Writes `path` safely: to a new file of a random name next to it, created
+/// with `O_CREAT|O_EXCL|O_NOFOLLOW` and `mode` (so nothing already there, a
+/// planted link least of all, is ever opened), synced, then renamed over
+/// `path` (which replaces a link at `path`, never follows it). Readers see
+/// the old file or the whole new one.
+fn write_file(path: &Path, text: &str, mode: u32) -> Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().map_or("file".into(), |n| n.to_string_lossy());
+    let mut random = [0u8; 8];
+    rand_core::OsRng.fill_bytes(&mut random);
+    let tmp = dir.join(format!(".{name}.{}.tmp", hex::encode(random)));
+    let written = create_new_file(&tmp, mode).and_then(|mut f| {
+        f.write_all(text.as_bytes())?;
+        // The umask may have taken bits off; never added any.
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("cannot write {}", tmp.display()));
+    }
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("cannot write {}", path.display()));
+    }
+    // Make the rename itself durable.
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Creates a new file at `path` with `mode`; fails if anything (a link
+/// included) is there.
+fn create_new_file(path: &Path, mode: u32) -> std::io::Result<File> {
+    OpenOptions::new().write(true).create_new(true).mode(mode).custom_flags(nofollow()).open(path)
 }
 
 #[cfg(test)]
@@ -522,7 +692,7 @@ mod tests {
     #[test]
     fn authority_issue_revoke_round_trip() {
         let dir = tempfile::tempdir().unwrap();
-        let kd = KeyDir::new(dir.path().join("keys"));
+        let kd = KeyDir::open(dir.path().join("keys")).unwrap();
         let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(1);
         assert!(kd.issue("alice", 1, false, &mut rng).is_err(), "no authority yet");
         kd.create_authority("test", 10, &mut rng).unwrap();
@@ -557,15 +727,110 @@ mod tests {
     }
 
     #[test]
-    fn chat_creates_what_is_missing() {
+    fn chat_creates_what_is_missing_only_when_asked() {
         let dir = tempfile::tempdir().unwrap();
+        let kd = KeyDir::open(dir.path().join("keys")).unwrap();
         let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(2);
-        let (id, authority) = chat_identity(dir.path(), "alice", &mut rng).unwrap();
-        assert_eq!(id.name(), "alice");
-        let (id2, _) = chat_identity(dir.path(), "alice", &mut rng).unwrap();
-        assert_eq!(id.cert_der(), id2.cert_der(), "the second run reuses the identity");
+        let hint = chat_identity_missing(&kd, "alice").unwrap();
+        assert!(hint.contains("conclave keys authority") && hint.contains("--create-identity"), "{hint}");
+        let notice = create_chat_identity(&kd, "alice", &mut rng).unwrap().unwrap();
+        assert!(notice.contains("new group authority") && notice.contains("certificate for alice"), "{notice}");
+        assert!(chat_identity_missing(&kd, "alice").is_none());
+        let id = kd.identity("alice").unwrap();
+        assert_eq!(create_chat_identity(&kd, "alice", &mut rng).unwrap(), None, "the second run creates nothing");
+        assert_eq!(kd.identity("alice").unwrap().cert_der(), id.cert_der(), "the second run reuses the identity");
+        let authority = kd.authority().unwrap();
         assert!(authority.verify(id.cert_der(), &MemberId::new("alice").unwrap(), SystemTime::now()).is_ok());
-        std::fs::remove_file(dir.path().join("authority.key")).unwrap();
-        assert!(chat_identity(dir.path(), "bob", &mut rng).is_err(), "cannot issue without the authority key");
+        let notice = create_chat_identity(&kd, "bob", &mut rng).unwrap().unwrap();
+        assert!(!notice.contains("authority") && notice.contains("certificate for bob"), "{notice}");
+        std::fs::remove_file(dir.path().join("keys/authority.key")).unwrap();
+        let hint = chat_identity_missing(&kd, "carol").unwrap();
+        assert!(hint.contains("cannot issue"), "{hint}");
+        assert!(create_chat_identity(&kd, "carol", &mut rng).is_err(), "cannot issue without the authority key");
+    }
+
+    #[test]
+    fn default_key_directory_is_never_in_tmp() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| OsString::from(v))
+        };
+        let dir = |vars: &'static [(&'static str, &'static str)]| default_dir_from(env(vars), "--dir DIR");
+        assert_eq!(dir(&[("XDG_STATE_HOME", "/s"), ("HOME", "/h")]).unwrap(), Path::new("/s/conclave/keys"));
+        assert_eq!(dir(&[("HOME", "/h")]).unwrap(), Path::new("/h/.local/state/conclave/keys"));
+        assert_eq!(
+            dir(&[("XDG_STATE_HOME", "rel"), ("HOME", "/h")]).unwrap(),
+            Path::new("/h/.local/state/conclave/keys")
+        );
+        let err = dir(&[("XDG_RUNTIME_DIR", "/run/user/0"), ("HOME", "")]).unwrap_err().to_string();
+        assert!(err.contains("--dir DIR") && !err.contains("/tmp"), "{err}");
+    }
+
+    /// The temporary file is created anew: a link (or anything) at its name
+    /// fails the write, the link's target untouched; a link at the target
+    /// is replaced by the new file, its target untouched.
+    #[test]
+    fn writes_never_follow_links() {
+        let t = tempfile::tempdir().unwrap();
+        let victim = t.path().join("victim");
+        std::fs::write(&victim, "mine").unwrap();
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        assert!(create_new_file(&link, 0o600).is_err());
+        write_public(&link, "public").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "mine");
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_file());
+        assert_eq!(std::fs::read_to_string(&link).unwrap(), "public");
+        let mode = std::fs::metadata(&link).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644);
+        let leftovers: Vec<_> = std::fs::read_dir(t.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(leftovers.len(), 2, "{leftovers:?}");
+    }
+}
+
+/// Files planted as symbolic links by someone else are never written through
+/// nor trusted.
+#[cfg(test)]
+mod planted_links {
+    use super::*;
+    use rand_core::SeedableRng;
+
+    /// A link at the temporary name a write goes through (the old
+    /// `.NAME.PID`, predictable) to a file of the victim's: the victim's file
+    /// is not modified and the key files are regular files.
+    #[test]
+    fn a_symlink_planted_at_the_temporary_name_is_not_written_through() {
+        let t = tempfile::tempdir().unwrap();
+        let victim = t.path().join("victim");
+        std::fs::write(&victim, "the victim's private file").unwrap();
+        let keys = t.path().join("keys");
+        DirBuilder::new().mode(0o700).create(&keys).unwrap();
+        for name in ["authority.crt", "authority.crl", "authority.key"] {
+            std::os::unix::fs::symlink(&victim, keys.join(format!(".{name}.{}", std::process::id()))).unwrap();
+        }
+        let kd = KeyDir::open(keys.clone()).unwrap();
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(3);
+        let _ = kd.create_authority("test", 10, &mut rng);
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "the victim's private file");
+        for name in ["authority.crt", "authority.crl"] {
+            let meta = std::fs::symlink_metadata(keys.join(name)).unwrap();
+            assert!(meta.file_type().is_file(), "{name} is a {:?}", meta.file_type());
+        }
+    }
+
+    /// `authority.crt` replaced by a link to another authority's certificate
+    /// (trust-anchor substitution): refused, not trusted.
+    #[test]
+    fn a_symlinked_authority_certificate_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(4);
+        let (ours, theirs) = (t.path().join("ours"), t.path().join("theirs"));
+        KeyDir::open(ours.clone()).unwrap().create_authority("ours", 10, &mut rng).unwrap();
+        KeyDir::open(theirs.clone()).unwrap().create_authority("theirs", 10, &mut rng).unwrap();
+        std::fs::remove_file(ours.join("authority.crt")).unwrap();
+        std::os::unix::fs::symlink(theirs.join("authority.crt"), ours.join("authority.crt")).unwrap();
+        let Err(err) = KeyDir::open(ours.clone()).unwrap().authority() else {
+            panic!("a linked authority certificate was trusted");
+        };
+        assert!(format!("{err:#}").contains("symbolic link"), "{err:#}");
     }
 }

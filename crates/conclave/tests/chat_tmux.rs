@@ -50,7 +50,7 @@ fn three_members_chat_and_one_quits() {
     // stopped pane process, so only a grandchild can be frozen below.
     let command = |name: &str| {
         format!(
-            "env -u RUST_LOG {} chat --name {name} --group room --unix {} --keys {} 2>{}; true",
+            "env -u RUST_LOG {} chat --create-identity --name {name} --group room --unix {} --keys {} 2>{}; true",
             sh_quote(exe),
             sh_quote(&socket),
             sh_quote(&keys),
@@ -67,6 +67,12 @@ fn three_members_chat_and_one_quits() {
         tmux.until(name, &[" alice", " bob", " carol", "rekey to epoch", "(tgdh)", "3 members"], Some(dir.path()));
     }
     assert!(std::fs::metadata(keys.join("members/alice.crt")).is_ok(), "alice's certificate was issued");
+    // Said in one line before the screen started (stderr goes to NAME.err).
+    let said = |name: &str| std::fs::read_to_string(dir.path().join(format!("{name}.err"))).unwrap();
+    let alice = said("alice");
+    assert!(alice.starts_with("conclave: created a new group authority and a certificate for alice"), "{alice}");
+    let bob = said("bob");
+    assert!(bob.starts_with("conclave: created a certificate for bob") && !bob.contains("authority"), "{bob}");
 
     for name in names {
         tmux.type_line(name, &format!("hello from {name}"));

@@ -43,7 +43,7 @@ fn free_port() -> u16 {
 fn web_chat(exe: &Path, name: &str, socket: &Path, keys: &Path, dir: &Path) -> (Proc, String) {
     let mut child = Command::new(exe)
         .env_remove("RUST_LOG")
-        .args(["chat", "--web", "--name", name, "--group", "room", "--unix"])
+        .args(["chat", "--web", "--create-identity", "--name", name, "--group", "room", "--unix"])
         .arg(socket)
         .arg("--keys")
         .arg(keys)
@@ -221,7 +221,7 @@ async fn web_and_terminal_members_share_a_group() {
     let tmux = Tmux::new("web-test", 110, WAIT);
     let term = |name: &str| {
         format!(
-            "env -u RUST_LOG {} chat --name {name} --group room --unix {} --keys {} 2>{}",
+            "env -u RUST_LOG {} chat --create-identity --name {name} --group room --unix {} --keys {} 2>{}",
             sh_quote(exe),
             sh_quote(&socket),
             sh_quote(&keys),

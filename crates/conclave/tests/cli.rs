@@ -559,6 +559,8 @@ fn keys_make_everything_a_certifying_tls_daemon_needs() {
 #[test]
 fn chat_web_refuses_bad_addresses_clearly() {
     let keys = tempfile::tempdir().unwrap();
+    // A key directory must be private (tempfile creates directories 0755).
+    std::fs::set_permissions(keys.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let chat = |extra: &[&str]| {
         let mut c = conclave();
         c.args(["chat", "--name", "alice", "--group", "room", "--keys"]).arg(keys.path()).args(extra);
@@ -568,9 +570,10 @@ fn chat_web_refuses_bad_addresses_clearly() {
     assert!(!status.success() && err.contains("not an IP:PORT address"), "{err}");
     let (status, _, err) = chat(&["--open"]);
     assert!(!status.success() && err.contains("--web"), "--open needs --web: {err}");
-    // An address this machine does not have: refused before the daemon is tried.
-    let (status, _, err) = chat(&["--web", "192.0.2.1:0", "--unix", "/nonexistent/conclave.sock"]);
+    // An address this machine does not have: refused before the daemon is tried or anything is created.
+    let (status, _, err) = chat(&["--web", "192.0.2.1:0", "--unix", "/nonexistent/conclave.sock", "--create-identity"]);
     assert!(!status.success() && err.contains("cannot serve the chat page on 192.0.2.1:0"), "{err}");
+    assert_eq!(std::fs::read_dir(keys.path()).unwrap().count(), 0, "chat created files");
     let (status, out, _) = run(conclave().args(["chat", "--help"]));
     assert!(status.success() && out.contains("--web [<ADDR>]") && out.contains("--open"), "{out}");
 }
@@ -649,7 +652,8 @@ fn client_escapes_control_characters() {
 #[test]
 fn keys_refuse_zero_days_and_reissue_revoked_names_with_replace() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = |args: &[&str]| run(conclave().arg("keys").args(args).arg("--dir").arg(dir.path()));
+    let dir = dir.path().join("keys");
+    let keys = |args: &[&str]| run(conclave().arg("keys").args(args).arg("--dir").arg(&dir));
     let ok = |args: &[&str]| {
         let (status, out, err) = keys(args);
         assert!(status.success(), "keys {args:?}: {out}\n{err}");
@@ -658,7 +662,7 @@ fn keys_refuse_zero_days_and_reissue_revoked_names_with_replace() {
     ok(&["authority"]);
     let (status, _, err) = keys(&["issue", "alice", "--days", "0"]);
     assert!(!status.success() && err.contains("--days must be at least 1"), "{err}");
-    assert!(!dir.path().join("members/alice.crt").exists(), "an expired certificate was issued");
+    assert!(!dir.join("members/alice.crt").exists(), "an expired certificate was issued");
 
     ok(&["issue", "alice"]);
     // A valid certificate is replaced only after it is revoked.
@@ -761,8 +765,9 @@ fn errors_are_printed_once_in_words() {
 }
 
 /// The README's `conclave client` lines ("Using the daemon by hand") run as
-/// written, against a daemon on their socket (here in a temporary directory),
-/// and end with success after both members heard both messages.
+/// written, against a daemon on their default socket (with `$XDG_RUNTIME_DIR`
+/// a temporary directory), and end with success after both members heard
+/// both messages.
 #[test]
 fn the_readmes_client_example_works_as_written() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
@@ -771,6 +776,8 @@ fn the_readmes_client_example_works_as_written() {
     let clients: Vec<&str> = block.lines().filter(|l| l.contains("conclave client")).collect();
     assert!(!clients.is_empty(), "{block}");
     let dir = tempfile::tempdir().unwrap();
+    // $XDG_RUNTIME_DIR must be private (tempfile creates directories 0755).
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let socket = dir.path().join("conclave.sock");
     let log = File::create(dir.path().join("daemon.log")).unwrap();
     let proc = Proc::spawn(conclave().arg("daemon").arg("--unix").arg(&socket).stderr(log).stdout(Stdio::null()));
@@ -779,7 +786,7 @@ fn the_readmes_client_example_works_as_written() {
     // As typed into a shell; then wait for the clients sent to the background.
     let mut script = String::new();
     for line in &clients {
-        script.push_str(&line.replace("/tmp/conclave.sock", socket.to_str().unwrap()));
+        script.push_str(line);
         if line.trim_end().ends_with('&') {
             script.push_str("\npids=\"$pids $!\"");
         }
@@ -788,7 +795,12 @@ fn the_readmes_client_example_works_as_written() {
     script.push_str("for pid in $pids; do wait $pid || exit 1; done\n");
     let bin = Path::new(env!("CARGO_BIN_EXE_conclave")).parent().unwrap();
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let (status, out, err) = run(Command::new("sh").arg("-ec").arg(&script).env("PATH", path).env_remove("RUST_LOG"));
+    let (status, out, err) = run(Command::new("sh")
+        .arg("-ec")
+        .arg(&script)
+        .env("PATH", path)
+        .env("XDG_RUNTIME_DIR", socket.parent().unwrap())
+        .env_remove("RUST_LOG"));
     assert!(status.success(), "the README's client example failed:\n{script}\n{out}\n{err}");
     for (who, said) in [("alice", "hello"), ("bob", "hi")] {
         let heard = out.lines().filter(|l| l.starts_with("[chat v") && l.ends_with(&format!("] {who}: {said}")));

@@ -22,9 +22,13 @@
 //! authority's key directory): it presents `DIR/members/<name>.crt` and
 //! trusts `DIR/authority.crt` and its CRL, so members not certified by that
 //! authority, or revoked, are refused (shown as `!` lines) and never get the
-//! room's key. For zero-config use, a directory without an authority gets
-//! one on first run, and a member without a certificate gets one when the
-//! directory holds the authority's key; chat says so on stderr.
+//! room's key. Chat never creates an authority or a certificate unless
+//! asked to: without `--create-identity` and without a certificate for the
+//! name, it exits before its screen starts and names the `conclave keys`
+//! commands that create one. With it, it first reaches the daemon (over the
+//! Unix socket), then creates what is missing (an authority if the directory
+//! has none, the member's certificate if the directory holds the authority's
+//! key) and says so in one line before the screen starts.
 
 mod model;
 mod ui;
@@ -34,7 +38,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use conclave_secure::{MemberId, Policy, Session};
 use crossterm::event::{DisableMouseCapture, EnableMouseCapture, Event, EventStream, KeyEventKind};
@@ -42,6 +46,7 @@ use futures_util::StreamExt;
 use ratatui::DefaultTerminal;
 
 use crate::client::Endpoint;
+use crate::keys::KeyDir;
 use model::{Chat, Flow};
 use ui::{Action, Screen};
 
@@ -60,7 +65,7 @@ pub struct ChatArgs {
     /// reads nothing until the next rekey and a leaver's last key stays in use until then.
     #[arg(long, alias = "protocol", default_value = "tgdh", value_name = "POLICY")]
     policy: Policy,
-    /// Unix socket of the daemon [default: $XDG_RUNTIME_DIR/conclave.sock or /tmp/conclave-$UID.sock].
+    /// Unix socket of the daemon [default: $XDG_RUNTIME_DIR/conclave.sock].
     #[arg(long, value_name = "PATH", conflicts_with = "tls")]
     unix: Option<PathBuf>,
     /// TLS address of a remote daemon, HOST:PORT. The key directory's authority must have certified the daemon
@@ -70,10 +75,14 @@ pub struct ChatArgs {
     /// Name the daemon's certificate must carry [default: the HOST of --tls].
     #[arg(long, value_name = "NAME", requires = "tls")]
     server_name: Option<String>,
-    /// Key directory of `conclave keys` (authority + members/<name>.crt/.key); created with a new
-    /// authority if empty [default: $XDG_RUNTIME_DIR/conclave-keys or /tmp/conclave-keys-$UID].
+    /// Key directory of `conclave keys` (authority + members/<name>.crt/.key), private to you (mode 0700)
+    /// [default: $XDG_STATE_HOME/conclave/keys, else ~/.local/state/conclave/keys].
     #[arg(long, value_name = "DIR")]
     keys: Option<PathBuf>,
+    /// If the key directory holds no certificate for --name: create an authority there if it has none, and
+    /// issue the certificate (if it holds the authority's key). Without this chat creates nothing.
+    #[arg(long)]
+    create_identity: bool,
     /// Chat in the browser: serve the chat page on ADDR (IP:PORT) [default: 127.0.0.1 and a free port] and print
     /// its URL, which carries a per-run token. Anything but loopback is warned about.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:0", value_parser = parse_web_addr)]
@@ -91,25 +100,50 @@ fn parse_web_addr(s: &str) -> Result<SocketAddr, String> {
 
 /// Runs `conclave chat`.
 pub fn run(args: ChatArgs) -> Result<()> {
-    let dir = args.keys.clone().unwrap_or_else(crate::keys::default_dir);
     let me = MemberId::new(args.name.clone()).with_context(|| format!("bad member name {:?}", args.name))?;
-    let (identity, authority) = crate::keys::chat_identity(&dir, &args.name, &mut rand_core::OsRng)?;
+    let dir = match &args.keys {
+        Some(dir) => dir.clone(),
+        None => crate::keys::default_dir("--keys DIR")?,
+    };
+    let kd = KeyDir::open(dir)?;
+    // Nothing to chat as and not asked to create it: say how, before anything else.
+    let missing = crate::keys::chat_identity_missing(&kd, &args.name);
+    if let (Some(hint), false) = (&missing, args.create_identity) {
+        bail!("{hint}");
+    }
     let endpoint = match &args.tls {
         Some(addr) => {
-            let kd = crate::keys::KeyDir::new(dir.clone());
             let cert_key = (kd.member_cert(&args.name), kd.member_key(&args.name));
             Endpoint::tls(addr.clone(), kd.ca_cert(), Some(cert_key), args.server_name.clone())
         }
         None => Endpoint::unix(args.unix.clone()),
     };
+    let create = |kd: &KeyDir| -> Result<()> {
+        if missing.is_some() {
+            if let Some(notice) = crate::keys::create_chat_identity(kd, &args.name, &mut rand_core::OsRng)? {
+                eprintln!("conclave: {notice}");
+            }
+        }
+        Ok(())
+    };
     let policy = args.policy;
-    crate::block_on(async move {
+    crate::block_on(async {
         // Bind the page first: a bad address fails before the group sees us.
         let server = match args.web {
             Some(addr) => Some(web::Server::bind(addr).await?),
             None => None,
         };
+        // Reach the daemon before creating anything, unless the connection
+        // itself needs the certificate (TLS).
+        if args.tls.is_some() {
+            create(&kd)?;
+        }
         let client = endpoint.connect(&args.name).await?;
+        if args.tls.is_none() {
+            create(&kd)?;
+        }
+        let identity = kd.identity(&args.name)?;
+        let authority = kd.authority()?;
         let mut session = Session::connect_certified(client, me, identity, Arc::new(authority));
         let mut chat = Chat::new(&args.name, &args.group, policy);
         match server {
