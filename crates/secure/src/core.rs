@@ -739,7 +739,11 @@ impl SessionCore {
             (true, Some(t)) => Some(t),
             (true, None) => Some(self.now + interval.period),
         };
-        let due = std::mem::take(&mut gs.tick_due) || !keyed;
+        // A key holder gone from the view, with rekey_on_leave: rekey now.
+        let holder_left = interval.rekey_on_leave
+            && matches!(gs.phase, Phase::Secure(_))
+            && gs.members.iter().any(|m| !view.contains(m));
+        let due = std::mem::take(&mut gs.tick_due) || !keyed || holder_left;
         if leader && due && !gs.phase.is_aside() {
             let res = gs.engine.tick(&mut *self.rng);
             self.engine_result(group, None, res)?;

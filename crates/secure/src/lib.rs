@@ -200,14 +200,20 @@ pub struct Policy {
 ///
 /// In return a burst of joins and leaves costs one rekey, not one per view.
 /// A new group's first member, being the leader with no key, rekeys at once.
-/// The period is each leader's own: only the algorithm is part of the
-/// group's policy on the wire.
+/// With `rekey_on_leave` the leader rekeys at once when a view drops a
+/// member that holds the key (a leave, a crash, a partition), so a leaver's
+/// key is never used after it, while joins still wait for the period (or ride
+/// along with such a rekey). The period and `rekey_on_leave` are each
+/// leader's own: only the algorithm is part of the group's policy on the
+/// wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Interval {
     /// Rebuild, Batch or Queue-batch.
     pub algorithm: IntervalAlgorithm,
     /// Time between the leader's rekeys.
     pub period: Duration,
+    /// Rekey at once when a key holder leaves the view (joins still batch).
+    pub rekey_on_leave: bool,
 }
 
 impl Policy {
@@ -219,7 +225,8 @@ impl Policy {
 
     /// TGDH over ristretto255 with SEAL's interval rekeying.
     pub fn interval(algorithm: IntervalAlgorithm, period: Duration) -> Self {
-        Self { interval: Some(Interval { algorithm, period }), ..Self::new(ProtocolId::Tgdh, GroupId::Ristretto255) }
+        let interval = Interval { algorithm, period, rekey_on_leave: false };
+        Self { interval: Some(interval), ..Self::new(ProtocolId::Tgdh, GroupId::Ristretto255) }
     }
 
     /// The policy's two wire codes (see [`payload::tag::KA`]): the
@@ -238,7 +245,12 @@ impl std::fmt::Display for Policy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.interval {
             None => write!(f, "{}", self.protocol.name())?,
-            Some(i) => write!(f, "tgdh-interval:{}:{}s", i.algorithm.name(), i.period.as_secs_f64())?,
+            Some(i) => {
+                write!(f, "tgdh-interval:{}:{}s", i.algorithm.name(), i.period.as_secs_f64())?;
+                if i.rekey_on_leave {
+                    f.write_str(":rekey-on-leave")?;
+                }
+            }
         }
         if self.group_id != GroupId::Ristretto255 {
             write!(f, " over {:?}", self.group_id)?;
@@ -255,7 +267,7 @@ impl std::fmt::Display for Policy {
 #[error(
     "unknown key agreement policy {0:?}: expected gdh, ckd, tgdh, str or bd (rekeyed on every view), or \
      tgdh-interval:ALGORITHM:PERIOD / ALGORITHM:PERIOD with ALGORITHM rebuild, batch or queue-batch and PERIOD \
-     like 15s, 500ms or 2m (SEAL's interval rekeying)"
+     like 15s, 500ms or 2m (SEAL's interval rekeying), optionally followed by :rekey-on-leave"
 )]
 pub struct PolicyParseError(String);
 
@@ -263,17 +275,24 @@ impl std::str::FromStr for Policy {
     type Err = PolicyParseError;
 
     /// `gdh`, `ckd`, `tgdh`, `str`, `bd`, or `tgdh-interval:queue-batch:15s`
-    /// (also `queue-batch:15s`), over ristretto255, data signed.
+    /// (also `queue-batch:15s`), either with `:rekey-on-leave` appended,
+    /// over ristretto255, data signed.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = || PolicyParseError(s.to_owned());
         if let Some(p) = ProtocolId::from_name(s) {
             return Ok(Policy::new(p, GroupId::Ristretto255));
         }
         let rest = s.strip_prefix("tgdh-interval:").unwrap_or(s);
+        let (rest, rekey_on_leave) = match rest.strip_suffix(":rekey-on-leave") {
+            Some(rest) => (rest, true),
+            None => (rest, false),
+        };
         let (algorithm, period) = rest.split_once(':').ok_or_else(err)?;
         let algorithm = IntervalAlgorithm::from_name(algorithm).ok_or_else(err)?;
         let period = parse_period(period).filter(|p| !p.is_zero()).ok_or_else(err)?;
-        Ok(Policy::interval(algorithm, period))
+        let mut policy = Policy::interval(algorithm, period);
+        policy.interval = policy.interval.map(|i| Interval { rekey_on_leave, ..i });
+        Ok(policy)
     }
 }
 

@@ -205,8 +205,9 @@ impl Frame<'_> {
 pub const UNSIGNED_DATA: u8 = 0x80;
 
 /// The policy named by a pair of codes, if both are known.
-/// An interval policy's period is not on the wire (each leader ticks at its
-/// own): one decoded from codes has a zero period.
+/// An interval policy's period and `rekey_on_leave` are not on the wire
+/// (each leader's own): one decoded from codes has a zero period and no
+/// `rekey_on_leave`.
 pub(crate) fn decode_policy((p, g): (u8, u8)) -> Option<Policy> {
     let mut policy = Policy::new(ProtocolId::from_code(p & 0x0f)?, GroupId::ALL.into_iter().find(|x| x.code() == g)?);
     policy.sender_signatures = p & UNSIGNED_DATA == 0;
@@ -215,6 +216,7 @@ pub(crate) fn decode_policy((p, g): (u8, u8)) -> Option<Policy> {
         a => Some(crate::Interval {
             algorithm: conclave_gka::IntervalAlgorithm::from_code(a)?,
             period: std::time::Duration::ZERO,
+            rekey_on_leave: false,
         }),
     };
     Some(policy)

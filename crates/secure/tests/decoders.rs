@@ -73,7 +73,7 @@ fn policy() -> impl Strategy<Value = Policy> {
     // Decoded from the wire, an interval policy's period is zero (it is not
     // sent), so that is what the strategy makes.
     let interval = prop::option::of(prop::sample::select(IntervalAlgorithm::ALL.to_vec()))
-        .prop_map(|a| a.map(|algorithm| Interval { algorithm, period: Duration::ZERO }));
+        .prop_map(|a| a.map(|algorithm| Interval { algorithm, period: Duration::ZERO, rekey_on_leave: false }));
     (
         prop::sample::select(ProtocolId::ALL.to_vec()),
         prop::sample::select(GroupId::ALL.to_vec()),

@@ -307,3 +307,28 @@ fn a_data_message_is_accepted_only_in_the_view_it_was_sent_in() {
     // sender sends those again in the new view); never read.
     assert!(received(&net, 1).is_empty(), "bob read a message of another view");
 }
+
+/// With `rekey_on_leave`, a leave is rekeyed at once (the leaver's key is
+/// never used after it), while a join still waits for the tick.
+#[test]
+fn rekey_on_leave_rekeys_a_leave_at_once_and_batches_joins() {
+    let mut net = Net::new(&["alice", "bob", "carol", "dave"], 14);
+    let policy: Policy = "batch:10s:rekey-on-leave".parse().unwrap();
+    assert_eq!(policy.to_string(), "tgdh-interval:batch:10s:rekey-on-leave");
+    for i in 0..3 {
+        net.join(i, policy);
+    }
+    net.advance(PERIOD);
+    let (fp, members) = keys(&net, 0).last().unwrap().clone();
+    assert_eq!(members, ["alice", "bob", "carol"]);
+    net.join(3, policy);
+    assert_eq!(keys(&net, 0).last().unwrap().0, fp, "a join waits for the tick");
+    leave(&mut net, 2);
+    let (fp2, members2) = keys(&net, 0).last().unwrap().clone();
+    assert_ne!(fp2, fp, "the leave was not rekeyed at once");
+    assert_eq!(members2, ["alice", "bob", "dave"], "dave's join rode along");
+    assert_eq!(keys(&net, 3).last(), Some(&(fp2.clone(), members2.clone())));
+    send(&mut net, 1, "after carol");
+    assert!(!received(&net, 2).iter().any(|m| m == "after carol"));
+    no_rejections(&net);
+}

@@ -62,7 +62,8 @@ pub struct ChatArgs {
     /// Key agreement policy, if this member creates the group: gdh, ckd, tgdh, str or bd (rekeyed on every
     /// membership change), or SEAL's interval rekeying ALGORITHM:PERIOD with ALGORITHM rebuild, batch or
     /// queue-batch (e.g. queue-batch:15s): joins and leaves are batched into one rekey per PERIOD, so a joiner
-    /// reads nothing until the next rekey and a leaver's last key stays in use until then.
+    /// reads nothing until the next rekey and a leaver's last key stays in use until then (append
+    /// :rekey-on-leave to rekey at once when a member leaves).
     #[arg(long, alias = "protocol", default_value = "tgdh", value_name = "POLICY")]
     policy: Policy,
     /// Unix socket of the daemon [default: $XDG_RUNTIME_DIR/conclave.sock].
