@@ -1165,9 +1165,9 @@ impl Core {
             .collect();
         for (view, cut) in split {
             let set = |(m, _, c): &&mut (Membership, NewSeat, Vec<DaemonId>)| m.view == view && *c == cut;
-            let seats: Vec<NewSeat> = entries.iter_mut().filter(|e| set(&e)).map(|(_, s, _)| s.clone()).collect();
+            let seats: Vec<NewSeat> = entries.iter_mut().filter(|e| set(e)).map(|(_, s, _)| s.clone()).collect();
             let id = self.install_detached(group, open, seats, out);
-            for (_, seat, _) in entries.iter_mut().filter(|e| set(&e)) {
+            for (_, seat, _) in entries.iter_mut().filter(|e| set(e)) {
                 seat.prev = Some(id);
             }
         }
