@@ -36,7 +36,10 @@
 //!
 //! A TLS client that showed a certificate is bound to the member name the
 //! certificate certifies: a Hello with another name ends the connection with
-//! [`ErrorCode::IdentityMismatch`].
+//! [`ErrorCode::IdentityMismatch`]. The certificates it demands can change
+//! while it runs ([`Daemon::reload_client_auth`]): a member revoked then is cut
+//! off ([`ErrorCode::Revoked`]) and leaves its groups like any client that
+//! disconnects, so that secure groups rekey without it.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -44,7 +47,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -56,13 +59,16 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::tls::{HandshakeLimits, TlsListen, TlsListener};
+use crate::tls::{
+    Certified, ClientAuth, HandshakeLimits, Identity, SharedTrust, TlsError, TlsListen, TlsListener, Trust,
+};
 
 /// How a daemon is set up.
 #[derive(Clone, Debug)]
 pub struct DaemonConfig {
     /// Path of the Unix socket to listen on, if any. Nothing may exist at
-    /// the path; the daemon removes the socket when it stops.
+    /// the path; the daemon removes the socket when it stops (or fails to
+    /// start).
     pub unix: Option<PathBuf>,
     /// TCP address to listen on, if any (port 0 picks a free port).
     pub tcp: Option<SocketAddr>,
@@ -185,6 +191,9 @@ struct ConnHandle {
     queued: Arc<AtomicUsize>,
     /// Most bytes `queued` may hold ([`DaemonConfig::queue_bytes`]).
     budget: usize,
+    /// The certificate the client showed, if it did: checked again when the
+    /// daemon's trust changes.
+    certified: Option<Certified>,
 }
 
 /// Closes a connection after one last error frame, dropping what is queued.
@@ -202,12 +211,17 @@ struct Shared {
     submit: mpsc::Sender<Op>,
     me: DaemonId,
     next_conn: AtomicU64,
+    /// What TLS handshakes are checked against, if there is a TLS listener.
+    trust: Option<SharedTrust>,
 }
 
 /// A running daemon. Dropping it stops it; [`Daemon::shutdown`] stops it
 /// telling its clients why.
 pub struct Daemon {
     conns: Conns,
+    submit: mpsc::Sender<Op>,
+    /// The daemon's TLS identity and what its TLS listener trusts, if it has one.
+    tls_trust: Option<(Identity, SharedTrust)>,
     unix: Option<PathBuf>,
     tcp: Option<SocketAddr>,
     tls: Option<SocketAddr>,
@@ -219,9 +233,15 @@ pub struct Daemon {
     _backbone: Option<Box<dyn Send + Sync>>,
 }
 
-/// Errors starting a daemon.
+/// Errors starting or reconfiguring a daemon.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
+    /// The TLS identity or the client certificate authority was refused.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// Client certificates were given to a daemon that does not listen for TLS.
+    #[error("the daemon has no TLS listener whose client certificates could change")]
+    NoTls,
     /// No Unix socket, TCP or TLS address was configured.
     #[error("no listener configured: give a Unix socket path, a TCP address or a TLS address")]
     NoListener,
@@ -270,11 +290,10 @@ impl Daemon {
         if config.max_handshakes == 0 || config.max_handshakes_per_ip == 0 {
             return Err(DaemonError::Config("TLS handshake limits must be at least 1"));
         }
-        let unix = match &config.unix {
-            Some(path) => {
-                let l = UnixListener::bind(path)
-                    .map_err(|source| DaemonError::Bind { what: path.display().to_string(), source })?;
-                Some(l)
+        let trust = match &config.tls {
+            Some(listen) => {
+                let trust = Trust::new(&listen.identity, listen.client_auth.as_ref())?;
+                Some((listen.identity.clone(), Arc::new(RwLock::new(trust))))
             }
             None => None,
         };
@@ -289,10 +308,11 @@ impl Daemon {
             .map(|l| l.local_addr())
             .transpose()
             .map_err(|source| DaemonError::Bind { what: "tcp".into(), source })?;
-        let tls = match &config.tls {
-            Some(listen) => Some(
+        let tls = match (&config.tls, &trust) {
+            (Some(listen), Some((_, trust))) => Some(
                 TlsListener::bind(
-                    listen,
+                    listen.addr,
+                    trust.clone(),
                     HandshakeLimits {
                         timeout: config.handshake_timeout,
                         max: config.max_handshakes,
@@ -302,13 +322,22 @@ impl Daemon {
                 .await
                 .map_err(|source| DaemonError::Bind { what: format!("tls {}", listen.addr), source })?,
             ),
-            None => None,
+            _ => None,
         };
         let tls_addr = tls
             .as_ref()
             .map(|l| l.local_addr())
             .transpose()
             .map_err(|source| DaemonError::Bind { what: "tls".into(), source })?;
+        // The Unix socket last: nothing after it can fail and leave its file behind.
+        let unix = match &config.unix {
+            Some(path) => {
+                let l = UnixListener::bind(path)
+                    .map_err(|source| DaemonError::Bind { what: path.display().to_string(), source })?;
+                Some(l)
+            }
+            None => None,
+        };
 
         let Backbone { me, incarnation, submit, ordered, failure, resources } = backbone;
         let conns: Conns = Arc::default();
@@ -317,8 +346,14 @@ impl Daemon {
         let (report, failed) = oneshot::channel();
         let backbone = BackboneEnds { ordered, failure, report };
         let sequencer = tokio::spawn(sequence(core, backbone, submit.clone(), conns.clone(), stopped));
-        let shared =
-            Arc::new(Shared { config: config.clone(), conns: conns.clone(), submit, me, next_conn: AtomicU64::new(1) });
+        let shared = Arc::new(Shared {
+            config: config.clone(),
+            conns: conns.clone(),
+            submit: submit.clone(),
+            me,
+            next_conn: AtomicU64::new(1),
+            trust: trust.as_ref().map(|(_, t)| t.clone()),
+        });
 
         let mut tasks = Vec::new();
         if let Some(l) = unix {
@@ -332,6 +367,8 @@ impl Daemon {
         }
         Ok(Self {
             conns,
+            submit,
+            tls_trust: trust,
             unix: config.unix,
             tcp: tcp_addr,
             tls: tls_addr,
@@ -366,6 +403,40 @@ impl Daemon {
     /// The TCP address the daemon listens on for TLS clients.
     pub fn tls_addr(&self) -> Option<SocketAddr> {
         self.tls
+    }
+
+    /// Replaces the client certificates TLS clients must show (`None`: none
+    /// at all), keeping the daemon's own identity. New handshakes use the new
+    /// trust at once. Every connected client whose certificate it no longer
+    /// accepts (revoked, expired, of another authority) is told why
+    /// ([`ErrorCode::Revoked`]) and disconnected, and its groups see it leave.
+    /// Returns the names of those cut off. A refused authority or CRL (one
+    /// past its nextUpdate, say) changes nothing.
+    pub async fn reload_client_auth(&self, client_auth: Option<ClientAuth>) -> Result<Vec<MemberId>, DaemonError> {
+        let Some((identity, trust)) = &self.tls_trust else { return Err(DaemonError::NoTls) };
+        let next = Trust::new(identity, client_auth.as_ref())?;
+        let mut cut = Vec::new();
+        {
+            // The table before the trust, as connections register: one that
+            // registers after this was verified under the new trust.
+            let mut table = self.conns.lock().expect("connection table");
+            let mut current = trust.write().expect("TLS trust");
+            current.replace(next);
+            table.retain(|&conn, handle| {
+                let Some(certified) = &handle.certified else { return true };
+                let Err(why) = current.recheck(certified) else { return true };
+                tracing::info!(conn = %conn, "{why}: disconnecting");
+                kill(&handle.kill, ErrorCode::Revoked, format!("{why}: disconnected"));
+                cut.push((conn, certified.name.clone()));
+                false
+            });
+        }
+        for (conn, _) in &cut {
+            // The reader would say so too, once the connection is closed; the
+            // groups need not wait for the client to take its last frame.
+            let _ = self.submit.send(Op::Disconnect { conn: *conn }).await;
+        }
+        Ok(cut.into_iter().map(|(_, name)| name).collect())
     }
 
     /// Stops accepting, tells every client the daemon is shutting down, and
@@ -405,21 +476,21 @@ impl Drop for Daemon {
 trait Listener: Send + 'static {
     /// One accepted connection.
     type Stream: AsyncRead + AsyncWrite + Send + 'static;
-    /// Waits for the next connection; with it, the member name the client's
-    /// certificate certifies, if it showed one.
-    fn next(&mut self) -> impl Future<Output = io::Result<(Self::Stream, Option<MemberId>)>> + Send;
+    /// Waits for the next connection; with it, the client's certificate, if
+    /// it showed one.
+    fn next(&mut self) -> impl Future<Output = io::Result<(Self::Stream, Option<Certified>)>> + Send;
 }
 
 impl Listener for UnixListener {
     type Stream = UnixStream;
-    async fn next(&mut self) -> io::Result<(UnixStream, Option<MemberId>)> {
+    async fn next(&mut self) -> io::Result<(UnixStream, Option<Certified>)> {
         Ok((self.accept().await?.0, None))
     }
 }
 
 impl Listener for TcpListener {
     type Stream = TcpStream;
-    async fn next(&mut self) -> io::Result<(TcpStream, Option<MemberId>)> {
+    async fn next(&mut self) -> io::Result<(TcpStream, Option<Certified>)> {
         let (stream, _) = self.accept().await?;
         stream.set_nodelay(true)?;
         Ok((stream, None))
@@ -428,7 +499,7 @@ impl Listener for TcpListener {
 
 impl Listener for TlsListener {
     type Stream = tokio_rustls::server::TlsStream<TcpStream>;
-    async fn next(&mut self) -> io::Result<(Self::Stream, Option<MemberId>)> {
+    async fn next(&mut self) -> io::Result<(Self::Stream, Option<Certified>)> {
         TlsListener::next(self).await
     }
 }
@@ -568,7 +639,7 @@ fn deliver(table: &mut HashMap<ConnId, ConnHandle>, c: ConnId, bytes: Bytes, fat
     resubmit(submit, Op::Disconnect { conn: c });
 }
 
-fn spawn_conn<S>(stream: S, certified: Option<MemberId>, shared: Arc<Shared>)
+fn spawn_conn<S>(stream: S, certified: Option<Certified>, shared: Arc<Shared>)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -577,11 +648,27 @@ where
     let (queue, queue_rx) = mpsc::channel(shared.config.queue_depth);
     let (kill, kill_rx) = mpsc::channel(1);
     let queued = Arc::new(AtomicUsize::new(0));
-    let handle = ConnHandle { queue, kill: kill.clone(), queued: queued.clone(), budget: shared.config.queue_bytes };
-    shared.conns.lock().expect("connection table").insert(conn, handle);
+    let name = certified.as_ref().map(|c| c.name.clone());
+    {
+        let mut table = shared.conns.lock().expect("connection table");
+        // A handshake that ran under trust replaced since is checked again.
+        let refused = match (&certified, &shared.trust) {
+            (Some(c), Some(trust)) => trust.read().expect("TLS trust").recheck(c).err(),
+            _ => None,
+        };
+        if let Some(why) = refused {
+            drop(table);
+            tracing::info!(conn = %conn, "{why}: disconnecting");
+            self::kill(&kill, ErrorCode::Revoked, format!("{why}: disconnected"));
+            tokio::spawn(write_loop(wr, queue_rx, kill_rx, queued));
+            return;
+        }
+        let budget = shared.config.queue_bytes;
+        table.insert(conn, ConnHandle { queue, kill: kill.clone(), queued: queued.clone(), budget, certified });
+    }
     let writer = tokio::spawn(write_loop(wr, queue_rx, kill_rx, queued));
     tokio::spawn(async move {
-        read_loop(rd, conn, certified.as_ref(), &shared, &kill, writer).await;
+        read_loop(rd, conn, name.as_ref(), &shared, &kill, writer).await;
         tracing::info!(conn = %conn, "client disconnected");
         let _ = shared.submit.send(Op::Disconnect { conn }).await;
     });
