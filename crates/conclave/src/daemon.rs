@@ -11,6 +11,12 @@
 //! does not silently mean "nothing is ever revoked"; one past its nextUpdate
 //! is refused.
 //!
+//! Names are first come, first served, so with client certificates a local
+//! process must not take a name a certified member could claim: the Unix
+//! socket (and plain TCP) are off unless asked for, and clients without a
+//! certificate may take only the names `[unix_names]` lists for their Unix
+//! user.
+//!
 //! A configuration file looks like this (every key is optional):
 //!
 //! ```toml
@@ -18,7 +24,7 @@
 //! cpg_group = "conclave"        # the CPG group the daemons of a cluster share
 //!
 //! [listen]
-//! unix = "/run/conclave.sock"   # or `false` for no Unix socket
+//! unix = "/run/conclave.sock"   # or `false` for no Unix socket (off by default with client_ca)
 //! tcp = "127.0.0.1:4803"        # no TCP unless given
 //!
 //! [limits]
@@ -39,8 +45,12 @@
 //! client_ca = "authority.crt"   # demand client certificates issued by this CA
 //! client_crl = ["authority.crl"] # and not revoked by these CRLs (reloaded when they change)
 //! no_crl = false                # true: client_ca without any CRL (no revocation)
+//!
+//! [unix_names]                  # with client_ca: names local clients of each uid may take
+//! 1000 = ["alice", "bot-*"]     # `*` stands for any run of characters
 //! ```
 
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -49,7 +59,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use conclave_gcs_net::{Backbone, ClientAuth, Daemon, DaemonConfig, Identity, TlsListen};
+use conclave_gcs_net::{Backbone, ClientAuth, Daemon, DaemonConfig, Identity, TlsListen, UncertifiedNames};
 use serde::Deserialize;
 
 /// Options of `conclave daemon`.
@@ -58,7 +68,8 @@ use serde::Deserialize;
 cpg_group, and the sections [listen] (unix = \"PATH\" or false, tcp = \"ADDR\"), [limits] (max_message_size, \
 groups_per_client, queue_depth, queue_bytes, hello_timeout_secs, frame_timeout_secs, handshake_timeout_secs, \
 max_handshakes, max_handshakes_per_ip) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
-client_crl = [...], no_crl); command-line options override it. Without either, the daemon listens on \
+client_crl = [...], no_crl) and [unix_names] (UID = [\"NAME\", \"PATTERN-*\", ...]); command-line options \
+override it. Without either, the daemon listens on \
 $XDG_RUNTIME_DIR/conclave.sock (or /tmp/conclave-$UID.sock) and not on TCP.
 
 TLS: --tls-listen with --tls-cert and --tls-key serves clients over TLS (plain --tcp is meant for loopback). \
@@ -67,14 +78,17 @@ With --client-ca, every TLS client must show a certificate issued by that author
 A CRL is required with --client-ca (`conclave keys authority` writes authority.crl, `conclave keys revoke` \
 updates it) unless --no-crl is given; one past its nextUpdate is refused. The daemon reloads --client-ca and \
 --client-crl on SIGHUP and when a CRL file changes: members revoked since are disconnected at once and their \
-groups see them leave. Files are PEM, as `conclave keys` writes them.
+groups see them leave. With --client-ca the Unix socket is off unless --unix PATH (or [listen] unix) asks for \
+it, and clients without a certificate may take only the names [unix_names] lists for their Unix user; any \
+other name, and any name over plain TCP, is refused. Files are PEM, as `conclave keys` writes them.
 
 Set RUST_LOG=debug|info|warn|error for more or less logging.")]
 pub struct DaemonArgs {
     /// TOML configuration file.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Unix socket to listen on [default: $XDG_RUNTIME_DIR/conclave.sock or /tmp/conclave-$UID.sock].
+    /// Unix socket to listen on [default: $XDG_RUNTIME_DIR/conclave.sock or /tmp/conclave-$UID.sock; none with
+    /// --client-ca].
     #[arg(long, value_name = "PATH", conflicts_with = "no_unix")]
     unix: Option<PathBuf>,
     /// Do not listen on a Unix socket (then --tcp is needed).
@@ -172,6 +186,10 @@ struct FileConfig {
     limits: FileLimits,
     #[serde(default)]
     tls: FileTls,
+    /// Unix user id (as a string: TOML keys are) → the names its local
+    /// clients may take, with client certificates demanded.
+    #[serde(default)]
+    unix_names: BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -239,11 +257,16 @@ fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, Opti
         }
         None => FileConfig::default(),
     };
+    let (tls, trust) = tls_config(args, file.tls)?.unzip();
+    let trust = trust.flatten();
     let unix = match (&args.unix, args.no_unix, file.listen.unix) {
         (Some(path), _, _) => Some(path.clone()),
         (None, true, _) | (None, false, Some(UnixSetting::Enabled(false))) => None,
         (None, false, Some(UnixSetting::Path(path))) => Some(path),
-        (None, false, Some(UnixSetting::Enabled(true)) | None) => Some(default_socket()),
+        (None, false, Some(UnixSetting::Enabled(true))) => Some(default_socket()),
+        // With certified names, uncertified local clients only when asked for.
+        (None, false, None) if trust.is_some() => None,
+        (None, false, None) => Some(default_socket()),
     };
     let backbone = BackboneChoice {
         kind: args.backbone.or(file.backbone).unwrap_or(BackboneKind::Standalone),
@@ -278,14 +301,36 @@ fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, Opti
     if let Some(n) = args.max_handshakes_per_ip.or(limits.max_handshakes_per_ip) {
         config.max_handshakes_per_ip = n;
     }
-    let (tls, trust) = tls_config(args, file.tls)?.unzip();
     config.tls = tls;
+    config.uncertified_names = unix_names(file.unix_names, trust.is_some())?;
     if config.unix.is_none() && config.tcp.is_none() && config.tls.is_none() {
         bail!(
             "no listener: the Unix socket is switched off and no TCP address is given (use --tcp ADDR or --tls-listen ADDR)"
         );
     }
-    Ok((config, backbone, trust.flatten()))
+    Ok((config, backbone, trust))
+}
+
+/// The names clients without a certificate may take: any, unless the daemon
+/// demands client certificates (`certified`); then those `[unix_names]` lists.
+fn unix_names(table: BTreeMap<String, Vec<String>>, certified: bool) -> Result<UncertifiedNames> {
+    if !certified {
+        if !table.is_empty() {
+            bail!(
+                "[unix_names] is given but no client CA (--client-ca): without certified names any local client \
+                 may take any name, so there is nothing to restrict"
+            );
+        }
+        return Ok(UncertifiedNames::Any);
+    }
+    let mut names = BTreeMap::new();
+    for (uid, patterns) in table {
+        let Ok(n) = uid.parse::<u32>() else {
+            bail!("[unix_names]: {uid:?} is not a Unix user id (a number such as 1000; `id -u` shows yours)");
+        };
+        names.insert(n, patterns);
+    }
+    Ok(UncertifiedNames::ByUid(names))
 }
 
 /// The TLS listener from the flags and the `[tls]` section, with the
@@ -517,6 +562,19 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         }
         if let Some(addr) = daemon.tcp_addr() {
             tracing::info!("listening on tcp {addr}");
+        }
+        if let (Some(_), UncertifiedNames::ByUid(names)) = (&trust, &config.uncertified_names) {
+            if config.unix.is_some() {
+                let users: Vec<String> = names.keys().map(|uid| uid.to_string()).collect();
+                tracing::info!(
+                    "local clients without a certificate may take only the names [unix_names] lists for their user \
+                     (users: {})",
+                    if users.is_empty() { "none".to_owned() } else { users.join(", ") }
+                );
+            }
+            if config.tcp.is_some() {
+                tracing::warn!("plain TCP clients cannot show a certificate: on this daemon they may take no name");
+            }
         }
         if let Some(addr) = daemon.tls_addr() {
             let who = if trust.is_some() { "client certificates required" } else { "no client certificates" };

@@ -676,6 +676,76 @@ fn keys_revoke_disconnects_a_connected_member_of_a_running_daemon() {
     assert!(daemon.child.try_wait().unwrap().is_none(), "the daemon stopped:\n{log}");
 }
 
+/// With client certificates, the Unix socket is off unless asked for; when
+/// it is on, a local client may take only the names `[unix_names]` lists for
+/// its user: a squatter's Hello as bob is refused and the real bob, with his
+/// certificate, gets in over TLS.
+#[test]
+fn a_certifying_daemon_binds_local_clients_to_the_names_of_their_user() {
+    use std::os::unix::fs::MetadataExt;
+    let pki = Pki::new();
+    pki.issue("daemon", &["localhost"]);
+    pki.issue("bob", &[]);
+    pki.crl("authority.crl", 2100);
+    let file = |name: &str| format!("{:?}", pki.path(name).display().to_string());
+    let tls = format!(
+        "[tls]\nlisten = \"127.0.0.1:0\"\ncert = {}\nkey = {}\nclient_ca = {}\nclient_crl = [{}]\n",
+        file("daemon.crt"),
+        file("daemon.key"),
+        file("ca.pem"),
+        file("authority.crl")
+    );
+    // Starts a daemon from `config_text`; returns it, its TLS address and its log.
+    let start = |name: &str, config_text: String| {
+        let config = pki.path(&format!("{name}.toml"));
+        std::fs::write(&config, config_text).unwrap();
+        let log_path = pki.path(&format!("{name}.log"));
+        let log = File::create(&log_path).unwrap();
+        let daemon =
+            Proc::spawn(conclave().arg("daemon").arg("--config").arg(&config).stderr(log).stdout(Stdio::null()));
+        until_line(&log_path, LIMIT, "TLS address", |l| l.contains("listening on tls "));
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        let addr = log.split("listening on tls ").nth(1).unwrap().split_whitespace().next().unwrap().to_string();
+        (daemon, addr, log)
+    };
+    let (daemon, _, log) = start("no-unix", tls.clone());
+    assert!(!log.contains("listening on unix socket"), "{log}");
+    drop(daemon);
+
+    let socket = pki.path("conclave.sock");
+    let uid = std::fs::metadata("/proc/self").unwrap().uid();
+    let (_daemon, addr, _) = start(
+        "unix",
+        format!(
+            "[listen]\nunix = {:?}\n\n{tls}\n[unix_names]\n{uid} = [\"alice\", \"bot-*\"]\n",
+            socket.display().to_string()
+        ),
+    );
+    let local = |name: &str, script: &str| {
+        let mut cmd = conclave();
+        cmd.args(["client", "--name", name, "--unix"]).arg(&socket);
+        let mut p = Proc::spawn(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()));
+        p.child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        p.finish()
+    };
+    let (status, _, err) = local("bob", "join g\n");
+    assert!(!status.success(), "a local client took bob: {err}");
+    assert!(err.contains(&format!("a local client of user {uid} may not take the name bob")), "{err}");
+    let mut cmd = conclave();
+    cmd.args(["client", "--name", "bob", "--tls", &addr, "--server-name", "localhost", "--ca"])
+        .arg(pki.path("ca.pem"))
+        .arg("--cert")
+        .arg(pki.path("bob.crt"))
+        .arg("--key")
+        .arg(pki.path("bob.key"));
+    let mut bob = Proc::spawn(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()));
+    bob.child.stdin.take().unwrap().write_all(b"join g\nwait g 1\n").unwrap();
+    let (status, out, err) = bob.finish();
+    assert!(status.success(), "the real bob was refused: {out}\n{err}");
+    let (status, out, err) = local("bot-7", "join g\nwait g 1\n");
+    assert!(status.success(), "a listed pattern was refused: {out}\n{err}");
+}
+
 #[test]
 fn chat_web_refuses_bad_addresses_clearly() {
     let keys = tempfile::tempdir().unwrap();

@@ -40,8 +40,14 @@
 //! while it runs ([`Daemon::reload_client_auth`]): a member revoked then is cut
 //! off ([`ErrorCode::Revoked`]) and leaves its groups like any client that
 //! disconnects, so that secure groups rekey without it.
+//!
+//! Names are first come, first served, so on a daemon that certifies names a
+//! client without a certificate must not take one a certified member could
+//! claim: [`DaemonConfig::uncertified_names`] restricts such clients to the
+//! names listed for their Unix user (the socket's peer credentials), and
+//! refuses any other Hello with [`ErrorCode::IdentityMismatch`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -99,6 +105,58 @@ pub struct DaemonConfig {
     /// new connection beyond that evicts the oldest pending handshake of the
     /// same address.
     pub max_handshakes_per_ip: usize,
+    /// The member names clients without a certificate may take (default: any).
+    pub uncertified_names: UncertifiedNames,
+}
+
+/// The member names clients without a certificate (on the Unix socket, over
+/// TCP, over TLS without a client certificate) may take.
+#[derive(Clone, Debug, Default)]
+pub enum UncertifiedNames {
+    /// Any name: the daemon certifies no one, names are first come, first served.
+    #[default]
+    Any,
+    /// On the Unix socket, the names listed for the Unix user id of the
+    /// connecting process: exact names, or patterns where `*` stands for any
+    /// run of characters (`bot-*`). Over TCP, none.
+    ByUid(BTreeMap<u32, Vec<String>>),
+}
+
+impl UncertifiedNames {
+    /// Whether a client may say Hello as `name`; if not, why, in words.
+    fn check(&self, peer: &Peer, name: &MemberId) -> Result<(), String> {
+        match (peer, self) {
+            (Peer::Certified(c), _) if c.name == *name => Ok(()),
+            (Peer::Certified(c), _) => Err(format!("certificate is for {}, Hello says {name}", c.name)),
+            (_, UncertifiedNames::Any) => Ok(()),
+            (Peer::Local { uid }, UncertifiedNames::ByUid(names)) => {
+                if names.get(uid).is_some_and(|patterns| patterns.iter().any(|p| matches_pattern(p, name.as_str()))) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "this daemon certifies member names: a local client of user {uid} may not take the name \
+                         {name} (the daemon's configuration lists the names each user may take), or connect over \
+                         TLS with a certificate for {name}"
+                    ))
+                }
+            }
+            (Peer::Remote, UncertifiedNames::ByUid(_)) => {
+                Err(format!("this daemon certifies member names: connect over TLS with a certificate for {name}"))
+            }
+        }
+    }
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of
+/// characters and everything else for itself.
+fn matches_pattern(pattern: &str, name: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == name,
+        Some((head, rest)) => {
+            let Some(tail) = name.strip_prefix(head) else { return false };
+            (0..=tail.len()).filter(|&i| tail.is_char_boundary(i)).any(|i| matches_pattern(rest, &tail[i..]))
+        }
+    }
 }
 
 impl Default for DaemonConfig {
@@ -116,6 +174,7 @@ impl Default for DaemonConfig {
             handshake_timeout: Duration::from_secs(3),
             max_handshakes: 1024,
             max_handshakes_per_ip: 64,
+            uncertified_names: UncertifiedNames::Any,
         }
     }
 }
@@ -472,35 +531,47 @@ impl Drop for Daemon {
     }
 }
 
+/// Who is at the other end of a new connection, as far as the daemon can tell.
+enum Peer {
+    /// A TLS client that showed a certificate.
+    Certified(Certified),
+    /// A process on this machine, run by this Unix user.
+    Local { uid: u32 },
+    /// A client over TCP, or over TLS without a certificate.
+    Remote,
+}
+
 /// A listening socket clients connect to.
 trait Listener: Send + 'static {
     /// One accepted connection.
     type Stream: AsyncRead + AsyncWrite + Send + 'static;
-    /// Waits for the next connection; with it, the client's certificate, if
-    /// it showed one.
-    fn next(&mut self) -> impl Future<Output = io::Result<(Self::Stream, Option<Certified>)>> + Send;
+    /// Waits for the next connection; with it, who is at the other end.
+    fn next(&mut self) -> impl Future<Output = io::Result<(Self::Stream, Peer)>> + Send;
 }
 
 impl Listener for UnixListener {
     type Stream = UnixStream;
-    async fn next(&mut self) -> io::Result<(UnixStream, Option<Certified>)> {
-        Ok((self.accept().await?.0, None))
+    async fn next(&mut self) -> io::Result<(UnixStream, Peer)> {
+        let (stream, _) = self.accept().await?;
+        let uid = stream.peer_cred()?.uid();
+        Ok((stream, Peer::Local { uid }))
     }
 }
 
 impl Listener for TcpListener {
     type Stream = TcpStream;
-    async fn next(&mut self) -> io::Result<(TcpStream, Option<Certified>)> {
+    async fn next(&mut self) -> io::Result<(TcpStream, Peer)> {
         let (stream, _) = self.accept().await?;
         stream.set_nodelay(true)?;
-        Ok((stream, None))
+        Ok((stream, Peer::Remote))
     }
 }
 
 impl Listener for TlsListener {
     type Stream = tokio_rustls::server::TlsStream<TcpStream>;
-    async fn next(&mut self) -> io::Result<(Self::Stream, Option<Certified>)> {
-        TlsListener::next(self).await
+    async fn next(&mut self) -> io::Result<(Self::Stream, Peer)> {
+        let (stream, certified) = TlsListener::next(self).await?;
+        Ok((stream, certified.map_or(Peer::Remote, Peer::Certified)))
     }
 }
 
@@ -509,7 +580,7 @@ impl Listener for TlsListener {
 async fn accept_loop(mut listener: impl Listener, shared: Arc<Shared>) {
     loop {
         match listener.next().await {
-            Ok((stream, certified)) => spawn_conn(stream, certified, shared.clone()),
+            Ok((stream, peer)) => spawn_conn(stream, peer, shared.clone()),
             Err(e) => {
                 tracing::warn!("accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -639,7 +710,7 @@ fn deliver(table: &mut HashMap<ConnId, ConnHandle>, c: ConnId, bytes: Bytes, fat
     resubmit(submit, Op::Disconnect { conn: c });
 }
 
-fn spawn_conn<S>(stream: S, certified: Option<Certified>, shared: Arc<Shared>)
+fn spawn_conn<S>(stream: S, peer: Peer, shared: Arc<Shared>)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -648,7 +719,10 @@ where
     let (queue, queue_rx) = mpsc::channel(shared.config.queue_depth);
     let (kill, kill_rx) = mpsc::channel(1);
     let queued = Arc::new(AtomicUsize::new(0));
-    let name = certified.as_ref().map(|c| c.name.clone());
+    let certified = match &peer {
+        Peer::Certified(c) => Some(c.clone()),
+        Peer::Local { .. } | Peer::Remote => None,
+    };
     {
         let mut table = shared.conns.lock().expect("connection table");
         // A handshake that ran under trust replaced since is checked again.
@@ -668,18 +742,19 @@ where
     }
     let writer = tokio::spawn(write_loop(wr, queue_rx, kill_rx, queued));
     tokio::spawn(async move {
-        read_loop(rd, conn, name.as_ref(), &shared, &kill, writer).await;
+        read_loop(rd, conn, &peer, &shared, &kill, writer).await;
         tracing::info!(conn = %conn, "client disconnected");
         let _ = shared.submit.send(Op::Disconnect { conn }).await;
     });
 }
 
 /// Reads requests and submits them until the client leaves, misbehaves, or
-/// its writer ends. A client with a `certified` name must say Hello with it.
+/// its writer ends. Its Hello must use a name its `peer` may take
+/// ([`DaemonConfig::uncertified_names`]; a certified client, the certified name).
 async fn read_loop<R: AsyncRead>(
     rd: R,
     conn: ConnId,
-    certified: Option<&MemberId>,
+    peer: &Peer,
     shared: &Shared,
     killer: &mpsc::Sender<Bytes>,
     mut writer: JoinHandle<()>,
@@ -714,8 +789,7 @@ async fn read_loop<R: AsyncRead>(
             };
             progressed = true;
             if let Op::Connect { name, .. } = &op {
-                if let Some(certified) = certified.filter(|&c| c != name) {
-                    let text = format!("certificate is for {certified}, Hello says {name}");
+                if let Err(text) = cfg.uncertified_names.check(peer, name) {
                     tracing::info!(conn = %conn, "{text}");
                     kill(killer, ErrorCode::IdentityMismatch, text);
                     return;
@@ -825,4 +899,26 @@ async fn write_loop<W: AsyncWrite>(
         let _ = tokio::time::timeout(LAST_WORDS, wr.write_all(&pending)).await;
     }
     let _ = tokio::time::timeout(LAST_WORDS, wr.shutdown()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::matches_pattern;
+
+    #[test]
+    fn a_star_stands_for_any_run_of_characters() {
+        for (pattern, name, matches) in [
+            ("alice", "alice", true),
+            ("alice", "alice2", false),
+            ("bot-*", "bot-", true),
+            ("bot-*", "bot-7", true),
+            ("bot-*", "bots", false),
+            ("*-test", "a-b-test", true),
+            ("a*b*c", "a-x-b-y-c", true),
+            ("a*b*c", "a-x-c", false),
+            ("*", "anyone", true),
+        ] {
+            assert_eq!(matches_pattern(pattern, name), matches, "{pattern:?} vs {name:?}");
+        }
+    }
 }

@@ -249,7 +249,7 @@ impl Trust {
 
 /// A client that showed a certificate: the member name it certifies, the
 /// chain it showed, and the generation of the trust that accepted it.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Certified {
     pub(crate) name: MemberId,
     chain: Vec<CertificateDer<'static>>,

@@ -17,7 +17,7 @@ use tokio::net::{TcpSocket, TcpStream};
 
 use conclave_gcs_net::{
     tls, Client, ClientAuth, ClientError, Daemon, DaemonConfig, DaemonError, ErrorCode, Event, Identity, Service,
-    TlsClientOptions, TlsError, TlsListen,
+    TlsClientOptions, TlsError, TlsListen, UncertifiedNames,
 };
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType, IsCa, KeyIdMethod, KeyPair,
@@ -371,6 +371,44 @@ async fn a_crl_past_its_next_update_is_refused_at_start_and_at_reload() {
     };
     let e = Daemon::start(config).await.map(|_| ()).unwrap_err().to_string();
     assert!(e.contains("out of date"), "{e}");
+}
+
+/// On a daemon that certifies names, a local process without a certificate
+/// cannot squat a member's name: its Hello as bob is refused and the real
+/// bob gets in over TLS. A name the configuration lists for the process's
+/// user (exactly or by pattern) is accepted; plain TCP takes no name at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_client_cannot_take_a_name_a_certified_member_could_claim() {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").unwrap().uid();
+    let names = [(uid, vec!["alice".to_string(), "bot-*".to_string()])].into_iter().collect();
+    let s = start_with(true, &[99], |c| {
+        c.uncertified_names = UncertifiedNames::ByUid(names);
+        c.tcp = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let unix = s.daemon.unix_path().unwrap();
+    match Client::connect_unix(unix, "bob").await {
+        Err(ClientError::Refused { code, text }) => {
+            assert_eq!(code, ErrorCode::IdentityMismatch);
+            assert!(text.contains(&format!("user {uid} may not take the name bob")), "{text}");
+        }
+        other => panic!("a local client took bob: {:?}", other.map(|_| ())),
+    }
+    let mut bob = s.connect(&s.options(Some(("bob", 3))), "bob").await.unwrap();
+    let bot = Client::connect_unix(unix, "bot-7").await.unwrap();
+    let _alice = Client::connect_unix(unix, "alice").await.unwrap();
+    match Client::connect_tcp(s.daemon.tcp_addr().unwrap(), "bot-8").await {
+        Err(ClientError::Refused { code, text }) => {
+            assert_eq!(code, ErrorCode::IdentityMismatch);
+            assert!(text.contains("connect over TLS with a certificate for bot-8"), "{text}");
+        }
+        other => panic!("a TCP client took a name: {:?}", other.map(|_| ())),
+    }
+    bob.join("g").await.unwrap();
+    until_view(&mut bob, "g", 1).await;
+    bot.join("g").await.unwrap();
+    until_view(&mut bob, "g", 2).await;
 }
 
 #[tokio::test]
