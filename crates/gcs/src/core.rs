@@ -415,7 +415,8 @@ pub enum ErrorCode {
     Timeout,
     /// The daemon is shutting down.
     ShuttingDown,
-    /// The name in Hello is not the name the client's certificate certifies.
+    /// The name in Hello is not the name the client's certificate certifies,
+    /// or, for a client without a certificate, not one it may take.
     IdentityMismatch,
     /// The client's certificate was revoked (or is no longer trusted) while
     /// it was connected.
