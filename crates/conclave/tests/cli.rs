@@ -458,7 +458,8 @@ fn tls_daemon_with_client_certificates() {
             cmd.arg("--cert").arg(pki.path("alice.crt")).arg("--key").arg(pki.path("alice.key"));
         }
         let mut p = Proc::spawn(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()));
-        p.child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        // A client the daemon refuses may be gone before it reads its script.
+        let _ = p.child.stdin.take().unwrap().write_all(script.as_bytes());
         p.finish()
     };
     let (status, out, err) = client("alice", true, "join g\nwait g 1\nsend g over tls\nwait-msgs g 1\n");
@@ -570,7 +571,8 @@ fn keys_make_everything_a_certifying_tls_daemon_needs() {
             .arg("--key")
             .arg(member.join(format!("{name}.key")));
         let mut p = Proc::spawn(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()));
-        p.child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        // A client the daemon refuses may be gone before it reads its script.
+        let _ = p.child.stdin.take().unwrap().write_all(script.as_bytes());
         p.finish()
     };
     // The daemon's certificate is good for both of its names.
@@ -725,7 +727,8 @@ fn a_certifying_daemon_binds_local_clients_to_the_names_of_their_user() {
         let mut cmd = conclave();
         cmd.args(["client", "--name", name, "--unix"]).arg(&socket);
         let mut p = Proc::spawn(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()));
-        p.child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        // A client the daemon refuses may be gone before it reads its script.
+        let _ = p.child.stdin.take().unwrap().write_all(script.as_bytes());
         p.finish()
     };
     let (status, _, err) = local("bob", "join g\n");
