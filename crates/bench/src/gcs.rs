@@ -35,9 +35,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use conclave_gcs_net::{
-    tls, Client, ClientReceiver, Daemon, DaemonConfig, Event, Identity, TlsClientOptions, TlsListen,
-};
+use conclave_gcs_net::{Client, ClientReceiver, Daemon, DaemonConfig, Event, Identity, TlsClientOptions, TlsListen};
 use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde::Serialize;
 use tokio::task::JoinSet;
@@ -324,7 +322,7 @@ fn generated_tls() -> Result<(TlsListen, TlsClientOptions)> {
         cert_chain: vec![cert.der().clone()],
         key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
     };
-    let server = TlsListen { addr: SocketAddr::from(([127, 0, 0, 1], 0)), config: tls::server_config(identity, None)? };
+    let server = TlsListen { addr: SocketAddr::from(([127, 0, 0, 1], 0)), identity, client_auth: None };
     let client = TlsClientOptions::new(&[ca.der().clone()], None)?;
     Ok((server, client))
 }

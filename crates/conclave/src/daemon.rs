@@ -3,6 +3,20 @@
 //! SIGTERM. It runs standalone, or as one daemon of a cluster over Corosync
 //! CPG (`--backbone cluster`, in builds with the `cluster` feature).
 //!
+//! With client certificates (`--client-ca`), revocation must reach a running
+//! daemon: it reloads the CA and the CRLs on SIGHUP and whenever one of their
+//! files changes (`conclave keys revoke` rewrites `authority.crl`), and cuts
+//! off connected members whose certificates the new files refuse. A CRL is
+//! required unless `--no-crl` says to do without, so that a forgotten flag
+//! does not silently mean "nothing is ever revoked"; one past its nextUpdate
+//! is refused.
+//!
+//! Names are first come, first served, so with client certificates a local
+//! process must not take a name a certified member could claim: the Unix
+//! socket (and plain TCP) are off unless asked for, and clients without a
+//! certificate may take only the names `[unix_names]` lists for their Unix
+//! user.
+//!
 //! A configuration file looks like this (every key is optional):
 //!
 //! ```toml
@@ -10,7 +24,7 @@
 //! cpg_group = "conclave"        # the CPG group the daemons of a cluster share
 //!
 //! [listen]
-//! unix = "/run/conclave.sock"   # or `false` for no Unix socket
+//! unix = "/run/conclave.sock"   # or `false` for no Unix socket (off by default with client_ca)
 //! tcp = "127.0.0.1:4803"        # no TCP unless given
 //!
 //! [limits]
@@ -29,18 +43,23 @@
 //! cert = "daemon.crt"           # PEM certificate chain, own certificate first
 //! key = "daemon.key"            # PEM private key (PKCS#8)
 //! client_ca = "authority.crt"   # demand client certificates issued by this CA
-//! client_crl = ["revoked.crl"]  # and not revoked by these CRLs
+//! client_crl = ["authority.crl"] # and not revoked by these CRLs (reloaded when they change)
+//! no_crl = false                # true: client_ca without any CRL (no revocation)
+//!
+//! [unix_names]                  # with client_ca: names local clients of each uid may take
+//! 1000 = ["alice", "bot-*"]     # `*` stands for any run of characters
 //! ```
 
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::net::SocketAddr;
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use conclave_gcs_net::{tls, Backbone, ClientAuth, Daemon, DaemonConfig, Identity, TlsListen};
+use conclave_gcs_net::{Backbone, ClientAuth, Daemon, DaemonConfig, Identity, TlsListen, UncertifiedNames};
 use serde::Deserialize;
 
 /// Options of `conclave daemon`.
@@ -49,20 +68,27 @@ use serde::Deserialize;
 cpg_group, and the sections [listen] (unix = \"PATH\" or false, tcp = \"ADDR\"), [limits] (max_message_size, \
 groups_per_client, queue_depth, queue_bytes, hello_timeout_secs, frame_timeout_secs, handshake_timeout_secs, \
 max_handshakes, max_handshakes_per_ip) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
-client_crl = [...]); command-line options override it. Without either, the daemon listens on \
+client_crl = [...], no_crl) and [unix_names] (UID = [\"NAME\", \"PATTERN-*\", ...]); command-line options \
+override it. Without either, the daemon listens on \
 $XDG_RUNTIME_DIR/conclave.sock (without $XDG_RUNTIME_DIR, pass --unix PATH) and not on TCP.
 
 TLS: --tls-listen with --tls-cert and --tls-key serves clients over TLS (plain --tcp is meant for loopback). \
 With --client-ca, every TLS client must show a certificate issued by that authority (and not revoked by a \
 --client-crl), and may only connect under the member name its certificate certifies (the subject CommonName). \
-Files are PEM, as `conclave keys` writes them.
+A CRL is required with --client-ca (`conclave keys authority` writes authority.crl, `conclave keys revoke` \
+updates it) unless --no-crl is given; one past its nextUpdate is refused. The daemon reloads --client-ca and \
+--client-crl on SIGHUP and when a CRL file changes: members revoked since are disconnected at once and their \
+groups see them leave. With --client-ca the Unix socket is off unless --unix PATH (or [listen] unix) asks for \
+it, and clients without a certificate may take only the names [unix_names] lists for their Unix user; any \
+other name, and any name over plain TCP, is refused. Files are PEM, as `conclave keys` writes them.
 
 Set RUST_LOG=debug|info|warn|error for more or less logging.")]
 pub struct DaemonArgs {
     /// TOML configuration file.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Unix socket to listen on [default: $XDG_RUNTIME_DIR/conclave.sock; without $XDG_RUNTIME_DIR there is none].
+    /// Unix socket to listen on [default: $XDG_RUNTIME_DIR/conclave.sock; without $XDG_RUNTIME_DIR there is none;
+    /// none with --client-ca].
     #[arg(long, value_name = "PATH", conflicts_with = "no_unix")]
     unix: Option<PathBuf>,
     /// Do not listen on a Unix socket (then --tcp is needed).
@@ -114,9 +140,13 @@ pub struct DaemonArgs {
     /// Demand TLS client certificates issued by this authority (PEM CA certificate).
     #[arg(long, value_name = "PEM")]
     client_ca: Option<PathBuf>,
-    /// Refuse client certificates revoked by this CRL (PEM, signed by --client-ca; repeatable).
+    /// Refuse client certificates revoked by this CRL (PEM, signed by --client-ca; repeatable). Required with
+    /// --client-ca unless --no-crl; reloaded on SIGHUP and when the file changes.
     #[arg(long, value_name = "PEM")]
     client_crl: Vec<PathBuf>,
+    /// Run with --client-ca but without any CRL: no certificate can be revoked until the daemon restarts.
+    #[arg(long, conflicts_with = "client_crl")]
+    no_crl: bool,
     /// What orders the daemon's traffic: standalone (this daemon alone) or cluster (one Corosync CPG group with
     /// the daemons of the other nodes; needs a build with `--features cluster` and corosync running on this node)
     /// [default: standalone].
@@ -156,6 +186,10 @@ struct FileConfig {
     limits: FileLimits,
     #[serde(default)]
     tls: FileTls,
+    /// Unix user id (as a string: TOML keys are) → the names its local
+    /// clients may take, with client certificates demanded.
+    #[serde(default)]
+    unix_names: BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -167,6 +201,8 @@ struct FileTls {
     client_ca: Option<PathBuf>,
     #[serde(default)]
     client_crl: Vec<PathBuf>,
+    #[serde(default)]
+    no_crl: bool,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -215,8 +251,9 @@ pub fn default_socket() -> Result<PathBuf> {
 }
 
 /// The daemon configuration: defaults, then the file, then the flags; the
-/// backbone; and whether TLS clients must show certificates.
-fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, bool)> {
+/// backbone; and, if TLS clients must show certificates, the files those are
+/// checked against.
+fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, Option<TrustFiles>)> {
     let file = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -225,11 +262,16 @@ fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, bool
         }
         None => FileConfig::default(),
     };
+    let (tls, trust) = tls_config(args, file.tls)?.unzip();
+    let trust = trust.flatten();
     let unix = match (&args.unix, args.no_unix, file.listen.unix) {
         (Some(path), _, _) => Some(path.clone()),
         (None, true, _) | (None, false, Some(UnixSetting::Enabled(false))) => None,
         (None, false, Some(UnixSetting::Path(path))) => Some(path),
-        (None, false, Some(UnixSetting::Enabled(true)) | None) => Some(default_socket()?),
+        (None, false, Some(UnixSetting::Enabled(true))) => Some(default_socket()?),
+        // With certified names, uncertified local clients only when asked for.
+        (None, false, None) if trust.is_some() => None,
+        (None, false, None) => Some(default_socket()?),
     };
     let backbone = BackboneChoice {
         kind: args.backbone.or(file.backbone).unwrap_or(BackboneKind::Standalone),
@@ -264,24 +306,48 @@ fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, bool
     if let Some(n) = args.max_handshakes_per_ip.or(limits.max_handshakes_per_ip) {
         config.max_handshakes_per_ip = n;
     }
-    let client_certs = file.tls.client_ca.is_some() || args.client_ca.is_some();
-    config.tls = tls_config(args, file.tls)?;
+    config.tls = tls;
+    config.uncertified_names = unix_names(file.unix_names, trust.is_some())?;
     if config.unix.is_none() && config.tcp.is_none() && config.tls.is_none() {
         bail!(
             "no listener: the Unix socket is switched off and no TCP address is given (use --tcp ADDR or --tls-listen ADDR)"
         );
     }
-    Ok((config, backbone, client_certs))
+    Ok((config, backbone, trust))
+}
+
+/// The names clients without a certificate may take: any, unless the daemon
+/// demands client certificates (`certified`); then those `[unix_names]` lists.
+fn unix_names(table: BTreeMap<String, Vec<String>>, certified: bool) -> Result<UncertifiedNames> {
+    if !certified {
+        if !table.is_empty() {
+            bail!(
+                "[unix_names] is given but no client CA (--client-ca): without certified names any local client \
+                 may take any name, so there is nothing to restrict"
+            );
+        }
+        return Ok(UncertifiedNames::Any);
+    }
+    let mut names = BTreeMap::new();
+    for (uid, patterns) in table {
+        let Ok(n) = uid.parse::<u32>() else {
+            bail!("[unix_names]: {uid:?} is not a Unix user id (a number such as 1000; `id -u` shows yours)");
+        };
+        names.insert(n, patterns);
+    }
+    Ok(UncertifiedNames::ByUid(names))
 }
 
 /// The TLS listener from the flags and the `[tls]` section, with the
-/// certificates loaded, or `None` when TLS is not asked for.
-fn tls_config(args: &DaemonArgs, file: FileTls) -> Result<Option<TlsListen>> {
+/// certificates loaded, and the files of the client certificate authority if
+/// it demands client certificates; `None` when TLS is not asked for.
+fn tls_config(args: &DaemonArgs, file: FileTls) -> Result<Option<(TlsListen, Option<TrustFiles>)>> {
     let listen = args.tls_listen.or(file.listen);
     let cert = args.tls_cert.clone().or(file.cert);
     let key = args.tls_key.clone().or(file.key);
     let client_ca = args.client_ca.clone().or(file.client_ca);
     let crls = if args.client_crl.is_empty() { file.client_crl } else { args.client_crl.clone() };
+    let no_crl = args.no_crl || file.no_crl;
     let Some(addr) = listen else {
         if cert.is_some() || key.is_some() || client_ca.is_some() || !crls.is_empty() {
             bail!("TLS certificates are given but no TLS address to listen on (use --tls-listen ADDR)");
@@ -294,13 +360,125 @@ fn tls_config(args: &DaemonArgs, file: FileTls) -> Result<Option<TlsListen>> {
     if client_ca.is_none() && !crls.is_empty() {
         bail!("a client CRL is given but no client CA (--client-ca PEM) whose revocations it lists");
     }
+    if no_crl && !crls.is_empty() {
+        bail!("no_crl is set and client CRLs are given too: choose one");
+    }
+    if client_ca.is_some() && crls.is_empty() && !no_crl {
+        bail!(
+            "client certificates (--client-ca) without a CRL could never be revoked: give the authority's CRL \
+             (--client-crl authority.crl; `conclave keys authority` writes it and `conclave keys revoke` updates it), \
+             or --no-crl to run without revocation"
+        );
+    }
     let identity = Identity::from_pem_files(&cert, &key).context("cannot load the daemon's TLS identity")?;
-    let client_auth = client_ca
-        .map(|ca| ClientAuth::from_pem_files(&ca, &crls))
-        .transpose()
-        .context("cannot load the client certificate authority")?;
-    let config = tls::server_config(identity, client_auth).context("cannot set up TLS")?;
-    Ok(Some(TlsListen { addr, config }))
+    let mut trust = client_ca.map(|ca| TrustFiles::new(ca, crls));
+    let client_auth = trust.as_mut().map(TrustFiles::load).transpose()?;
+    Ok(Some((TlsListen { addr, identity, client_auth }, trust)))
+}
+
+/// A week: a CRL due for its next update sooner than this is warned about.
+const CRL_WARNING: Duration = Duration::from_secs(7 * 86_400);
+
+/// How often the CA and CRL files are checked for changes.
+const WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The files client certificates are checked against, and what is known of
+/// them since they were last loaded.
+#[derive(Debug)]
+struct TrustFiles {
+    ca: PathBuf,
+    crls: Vec<PathBuf>,
+    /// What each file (CA first) looked like when last loaded; a change is a
+    /// new file (`conclave keys revoke` renames one into place) or a rewrite.
+    stamps: Vec<Option<Stamp>>,
+    /// The earliest nextUpdate of the CRLs loaded.
+    next_update: Option<SystemTime>,
+    /// Whether the loaded CRLs' expiry has been reported.
+    expiry_reported: bool,
+}
+
+/// What tells one version of a file from another.
+type Stamp = (u64, Option<SystemTime>, u64);
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.ino(), meta.modified().ok(), meta.len()))
+}
+
+impl TrustFiles {
+    fn new(ca: PathBuf, crls: Vec<PathBuf>) -> Self {
+        Self { ca, crls, stamps: Vec::new(), next_update: None, expiry_reported: false }
+    }
+
+    fn files(&self) -> impl Iterator<Item = &PathBuf> {
+        std::iter::once(&self.ca).chain(&self.crls)
+    }
+
+    /// Loads the CA and the CRLs; refuses a CRL past its nextUpdate and
+    /// warns of one due within a week.
+    fn load(&mut self) -> Result<ClientAuth> {
+        self.stamps = self.files().map(|p| stamp(p)).collect();
+        let auth = ClientAuth::from_pem_files(&self.ca, &self.crls)
+            .context("cannot load the client certificate authority (--client-ca, --client-crl)")?;
+        self.next_update = auth.next_update().with_context(|| {
+            let files: Vec<String> = self.crls.iter().map(|p| p.display().to_string()).collect();
+            format!("cannot use the client CRL {}", files.join(", "))
+        })?;
+        self.expiry_reported = false;
+        if let Some(at) = self.next_update.filter(|&at| at < SystemTime::now() + CRL_WARNING) {
+            tracing::warn!(
+                "the client CRL is due for its next update on {}, in less than a week: install a fresh one before \
+                 then, or the daemon will refuse every certified client",
+                when(at)
+            );
+        }
+        Ok(auth)
+    }
+
+    /// Whether a file changed since it was last loaded.
+    fn changed(&self) -> bool {
+        self.files().map(|p| stamp(p)).ne(self.stamps.iter().copied())
+    }
+
+    /// Reports, once per load, that the loaded CRLs are past their nextUpdate.
+    fn check_expiry(&mut self) {
+        if let Some(at) = self.next_update.filter(|&at| at <= SystemTime::now() && !self.expiry_reported) {
+            self.expiry_reported = true;
+            tracing::error!(
+                "the client CRL expired on {} (its nextUpdate): every new certified client is refused until a fresh \
+                 CRL is installed (rewrite {} or send SIGHUP after replacing it)",
+                when(at),
+                self.crls.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            );
+        }
+    }
+}
+
+/// A time for the log, to the minute, in UTC.
+fn when(t: SystemTime) -> String {
+    let t = time::OffsetDateTime::from(t);
+    format!("{} {:02}:{:02} UTC", t.date(), t.hour(), t.minute())
+}
+
+/// Reloads the client CA and CRLs into the running daemon, saying what
+/// happened; a failure keeps the trust the daemon had.
+async fn reload(daemon: &Daemon, trust: &mut TrustFiles, why: &str) {
+    tracing::info!("{why}: reloading the client CA and CRLs");
+    let auth = match trust.load() {
+        Ok(auth) => auth,
+        Err(e) => {
+            tracing::error!("{}; the daemon keeps the client CA and CRLs it had", crate::error_text(&e));
+            return;
+        }
+    };
+    match daemon.reload_client_auth(Some(auth)).await {
+        Ok(cut) if cut.is_empty() => tracing::info!("reloaded the client CA and CRLs; every client may stay"),
+        Ok(cut) => {
+            let names: Vec<String> = cut.iter().map(|n| n.to_string()).collect();
+            tracing::info!("reloaded the client CA and CRLs; disconnected {}", names.join(", "));
+        }
+        Err(e) => tracing::error!("cannot use the new client CA and CRLs: {e}; the daemon keeps those it had"),
+    }
 }
 
 /// Joins the backbone. Blocking: runs before the runtime starts.
@@ -369,7 +547,7 @@ fn init_logging() {
 
 /// Runs the daemon until Ctrl-C or SIGTERM.
 pub fn run(args: DaemonArgs) -> Result<()> {
-    let (config, choice, client_certs) = build_config(&args)?;
+    let (config, choice, mut trust) = build_config(&args)?;
     let stale = match &config.unix {
         Some(path) => check_socket_path(path)?,
         None => false,
@@ -390,8 +568,21 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         if let Some(addr) = daemon.tcp_addr() {
             tracing::info!("listening on tcp {addr}");
         }
+        if let (Some(_), UncertifiedNames::ByUid(names)) = (&trust, &config.uncertified_names) {
+            if config.unix.is_some() {
+                let users: Vec<String> = names.keys().map(|uid| uid.to_string()).collect();
+                tracing::info!(
+                    "local clients without a certificate may take only the names [unix_names] lists for their user \
+                     (users: {})",
+                    if users.is_empty() { "none".to_owned() } else { users.join(", ") }
+                );
+            }
+            if config.tcp.is_some() {
+                tracing::warn!("plain TCP clients cannot show a certificate: on this daemon they may take no name");
+            }
+        }
         if let Some(addr) = daemon.tls_addr() {
-            let who = if client_certs { "client certificates required" } else { "no client certificates" };
+            let who = if trust.is_some() { "client certificates required" } else { "no client certificates" };
             tracing::info!("listening on tls {addr} ({who})");
         }
         tracing::info!(
@@ -416,12 +607,21 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
         let mut int = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
         let mut hup = signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?;
+        let mut watch = tokio::time::interval(WATCH_INTERVAL);
         loop {
             tokio::select! {
                 _ = int.recv() => break,
                 _ = term.recv() => break,
-                _ = hup.recv() => {
-                    tracing::warn!("SIGHUP: reloading the configuration is not supported yet; nothing changed");
+                _ = hup.recv() => match &mut trust {
+                    Some(trust) => reload(&daemon, trust, "SIGHUP").await,
+                    None => tracing::info!("SIGHUP: nothing to reload (no client certificates demanded)"),
+                },
+                _ = watch.tick(), if trust.is_some() => {
+                    let Some(trust) = &mut trust else { continue };
+                    if trust.changed() {
+                        reload(&daemon, trust, "a client CA or CRL file changed").await;
+                    }
+                    trust.check_expiry();
                 }
                 reason = daemon.failed() => {
                     // The clients were told; let their connections take the news.

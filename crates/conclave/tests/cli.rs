@@ -274,7 +274,7 @@ fn daemon_survives_sighup_and_replaces_a_stale_socket() {
         assert!(Instant::now() < deadline, "the daemon did not log the SIGHUP:\n{}", d.log());
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(d.log().contains("not supported yet"), "{}", d.log());
+    assert!(d.log().contains("nothing to reload"), "{}", d.log());
     let (status, out, _) = d.client("hal", "join g\nwait g 1\nsend g after the hangup\n").finish();
     assert!(status.success() && has_line(&out, |l| l.ends_with("] hal: after the hangup")), "{out}");
 
@@ -387,6 +387,22 @@ impl Pki {
         std::fs::write(self.path(&format!("{cn}.crt")), cert.pem()).unwrap();
         std::fs::write(self.path(&format!("{cn}.key")), key.serialize_pem()).unwrap();
     }
+
+    /// Writes `<file>`: an empty CRL due for its next update at the start of `year`.
+    fn crl(&self, file: &str, year: i32) -> PathBuf {
+        let crl = rcgen::CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2020, 1, 1),
+            next_update: rcgen::date_time_ymd(year, 1, 1),
+            crl_number: rcgen::SerialNumber::from(1),
+            issuing_distribution_point: None,
+            revoked_certs: vec![],
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        }
+        .signed_by(&self.ca, &self.ca_key)
+        .unwrap();
+        std::fs::write(self.path(file), crl.pem().unwrap()).unwrap();
+        self.path(file)
+    }
 }
 
 #[test]
@@ -399,16 +415,29 @@ fn tls_daemon_with_client_certificates() {
     // TLS from the configuration file; the flags are the same settings.
     let config = pki.path("conclave.toml");
     let file = |name: &str| format!("{:?}", pki.path(name).display().to_string());
-    std::fs::write(
-        &config,
-        format!(
-            "[listen]\nunix = false\n\n[tls]\nlisten = \"127.0.0.1:0\"\ncert = {}\nkey = {}\nclient_ca = {}\n",
-            file("daemon.crt"),
-            file("daemon.key"),
-            file("ca.pem")
-        ),
-    )
-    .unwrap();
+    let tls = format!(
+        "[listen]\nunix = false\n\n[tls]\nlisten = \"127.0.0.1:0\"\ncert = {}\nkey = {}\nclient_ca = {}\n",
+        file("daemon.crt"),
+        file("daemon.key"),
+        file("ca.pem")
+    );
+    // Client certificates without a CRL are refused unless asked for.
+    std::fs::write(&config, &tls).unwrap();
+    let (status, _, err) = run(conclave().arg("daemon").arg("--config").arg(&config));
+    assert!(!status.success());
+    assert!(err.contains("could never be revoked") && err.contains("--no-crl") && err.contains("keys"), "{err}");
+    // A CRL past its nextUpdate is refused.
+    let flags = |crl: &Path| {
+        let (cert, key, ca) = (pki.path("daemon.crt"), pki.path("daemon.key"), pki.path("ca.pem"));
+        let mut cmd = conclave();
+        cmd.args(["daemon", "--no-unix", "--tls-listen", "127.0.0.1:0", "--tls-cert"]).arg(cert).arg("--tls-key");
+        cmd.arg(key).arg("--client-ca").arg(ca).arg("--client-crl").arg(crl);
+        cmd
+    };
+    let (status, _, err) = run(&mut flags(&pki.crl("old.crl", 2021)));
+    assert!(!status.success());
+    assert!(err.contains("out of date") && err.contains("2021") && err.contains("old.crl"), "{err}");
+    std::fs::write(&config, format!("{tls}no_crl = true\n")).unwrap();
     let _daemon = Proc::spawn(conclave().arg("daemon").arg("--config").arg(&config).stderr(log).stdout(Stdio::null()));
     // The daemon logs the port it got.
     let deadline = Instant::now() + LIMIT;
@@ -429,7 +458,8 @@ fn tls_daemon_with_client_certificates() {
             cmd.arg("--cert").arg(pki.path("alice.crt")).arg("--key").arg(pki.path("alice.key"));
         }
         let mut p = Proc::spawn(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()));
-        p.child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        // A client the daemon refuses may be gone before it reads its script.
+        let _ = p.child.stdin.take().unwrap().write_all(script.as_bytes());
         p.finish()
     };
     let (status, out, err) = client("alice", true, "join g\nwait g 1\nsend g over tls\nwait-msgs g 1\n");
@@ -541,7 +571,8 @@ fn keys_make_everything_a_certifying_tls_daemon_needs() {
             .arg("--key")
             .arg(member.join(format!("{name}.key")));
         let mut p = Proc::spawn(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()));
-        p.child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        // A client the daemon refuses may be gone before it reads its script.
+        let _ = p.child.stdin.take().unwrap().write_all(script.as_bytes());
         p.finish()
     };
     // The daemon's certificate is good for both of its names.
@@ -554,6 +585,168 @@ fn keys_make_everything_a_certifying_tls_daemon_needs() {
     let (status, _, err) = client("mallory", "localhost", "join g\n");
     assert!(!status.success(), "a revoked member got in: {err}");
     assert!(err.contains("cannot connect") && err.contains("CertificateRevoked"), "{err}");
+}
+
+/// Polls `path` until one of its lines satisfies `pred`; fails the test after `limit`.
+fn until_line(path: &Path, limit: Duration, what: &str, pred: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if has_line(&text, &pred) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no {what} within {limit:?} in {}:\n{text}", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `conclave keys revoke` reaches a running daemon: after SIGHUP, and with no
+/// signal when the CRL file changes, the revoked member is disconnected
+/// within 2 s, told why, and its group sees it leave; the daemon goes on.
+#[test]
+fn keys_revoke_disconnects_a_connected_member_of_a_running_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    let keys_cmd = |args: &[&str]| {
+        let (status, out, err) = run(conclave().arg("keys").args(args).arg("--dir").arg(&keys));
+        assert!(status.success(), "keys {args:?}: {out}\n{err}");
+    };
+    keys_cmd(&["authority"]);
+    for name in ["alice", "carol", "dave"] {
+        keys_cmd(&["issue", name]);
+    }
+    keys_cmd(&["daemon", "--host", "localhost"]);
+    let log_path = dir.path().join("daemon.log");
+    let log = File::create(&log_path).unwrap();
+    let mut daemon = Proc::spawn(
+        conclave()
+            .args(["daemon", "--no-unix", "--tls-listen", "127.0.0.1:0", "--tls-cert"])
+            .arg(keys.join("daemon.crt"))
+            .arg("--tls-key")
+            .arg(keys.join("daemon.key"))
+            .arg("--client-ca")
+            .arg(keys.join("authority.crt"))
+            .arg("--client-crl")
+            .arg(keys.join("authority.crl"))
+            .stderr(log)
+            .stdout(Stdio::null()),
+    );
+    let daemon_log = || std::fs::read_to_string(&log_path).unwrap();
+    until_line(&log_path, LIMIT, "TLS address", |l| l.contains("listening on tls "));
+    let addr = daemon_log().split("listening on tls ").nth(1).unwrap().split_whitespace().next().unwrap().to_string();
+    // Each member's output goes to a file the test polls.
+    let member = |name: &str, script: &str| {
+        let out = dir.path().join(format!("{name}.out"));
+        let mut cmd = conclave();
+        cmd.args(["client", "--name", name, "--tls", &addr, "--server-name", "localhost", "--ca"])
+            .arg(keys.join("authority.crt"))
+            .arg("--cert")
+            .arg(keys.join("members").join(format!("{name}.crt")))
+            .arg("--key")
+            .arg(keys.join("members").join(format!("{name}.key")));
+        let mut p = Proc::spawn(cmd.stdin(Stdio::piped()).stdout(File::create(&out).unwrap()).stderr(Stdio::piped()));
+        p.child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        (p, out)
+    };
+    let (mut alice, alice_out) = member("alice", "join g\nwait g 3\nwait g 2\nwait g 1\n");
+    let (mut carol, carol_out) = member("carol", "join g\nwait g 3\nsleep 30000\n");
+    let (_dave, _) = member("dave", "join g\nwait g 3\nsleep 30000\n");
+    until_line(&alice_out, LIMIT, "view of three", |l| l.starts_with("view ") && l.split(' ').count() == 8);
+    let pid = daemon.child.id().to_string();
+
+    keys_cmd(&["revoke", "carol"]);
+    assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    let left =
+        |gone: &'static str| move |l: &str| l.starts_with("view ") && l.contains("(disconnect)") && !l.contains(gone);
+    until_line(&alice_out, Duration::from_secs(2), "view without carol", left("carol"));
+    let (status, _, err) = carol.finish();
+    assert!(!status.success() && err.contains("Revoked"), "{err}");
+    let told = std::fs::read_to_string(&carol_out).unwrap();
+    assert!(told.contains("error (Revoked): the certificate of carol has been revoked: disconnected"), "{told}");
+    assert!(daemon.child.try_wait().unwrap().is_none(), "SIGHUP stopped the daemon:\n{}", daemon_log());
+
+    // No signal this time: the daemon sees the CRL file change.
+    keys_cmd(&["revoke", "dave"]);
+    until_line(&alice_out, Duration::from_secs(2), "view of alice alone", |l| {
+        l.starts_with("view ") && l.ends_with("(disconnect): alice")
+    });
+    let (status, out, err) = alice.finish();
+    assert!(status.success(), "{out}\n{err}");
+    let log = daemon_log();
+    assert!(log.contains("SIGHUP: reloading") && log.contains("disconnected carol"), "{log}");
+    assert!(log.contains("file changed") && log.contains("disconnected dave"), "{log}");
+    assert!(daemon.child.try_wait().unwrap().is_none(), "the daemon stopped:\n{log}");
+}
+
+/// With client certificates, the Unix socket is off unless asked for; when
+/// it is on, a local client may take only the names `[unix_names]` lists for
+/// its user: a squatter's Hello as bob is refused and the real bob, with his
+/// certificate, gets in over TLS.
+#[test]
+fn a_certifying_daemon_binds_local_clients_to_the_names_of_their_user() {
+    use std::os::unix::fs::MetadataExt;
+    let pki = Pki::new();
+    pki.issue("daemon", &["localhost"]);
+    pki.issue("bob", &[]);
+    pki.crl("authority.crl", 2100);
+    let file = |name: &str| format!("{:?}", pki.path(name).display().to_string());
+    let tls = format!(
+        "[tls]\nlisten = \"127.0.0.1:0\"\ncert = {}\nkey = {}\nclient_ca = {}\nclient_crl = [{}]\n",
+        file("daemon.crt"),
+        file("daemon.key"),
+        file("ca.pem"),
+        file("authority.crl")
+    );
+    // Starts a daemon from `config_text`; returns it, its TLS address and its log.
+    let start = |name: &str, config_text: String| {
+        let config = pki.path(&format!("{name}.toml"));
+        std::fs::write(&config, config_text).unwrap();
+        let log_path = pki.path(&format!("{name}.log"));
+        let log = File::create(&log_path).unwrap();
+        let daemon =
+            Proc::spawn(conclave().arg("daemon").arg("--config").arg(&config).stderr(log).stdout(Stdio::null()));
+        until_line(&log_path, LIMIT, "TLS address", |l| l.contains("listening on tls "));
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        let addr = log.split("listening on tls ").nth(1).unwrap().split_whitespace().next().unwrap().to_string();
+        (daemon, addr, log)
+    };
+    let (daemon, _, log) = start("no-unix", tls.clone());
+    assert!(!log.contains("listening on unix socket"), "{log}");
+    drop(daemon);
+
+    let socket = pki.path("conclave.sock");
+    let uid = std::fs::metadata("/proc/self").unwrap().uid();
+    let (_daemon, addr, _) = start(
+        "unix",
+        format!(
+            "[listen]\nunix = {:?}\n\n{tls}\n[unix_names]\n{uid} = [\"alice\", \"bot-*\"]\n",
+            socket.display().to_string()
+        ),
+    );
+    let local = |name: &str, script: &str| {
+        let mut cmd = conclave();
+        cmd.args(["client", "--name", name, "--unix"]).arg(&socket);
+        let mut p = Proc::spawn(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()));
+        // A client the daemon refuses may be gone before it reads its script.
+        let _ = p.child.stdin.take().unwrap().write_all(script.as_bytes());
+        p.finish()
+    };
+    let (status, _, err) = local("bob", "join g\n");
+    assert!(!status.success(), "a local client took bob: {err}");
+    assert!(err.contains(&format!("a local client of user {uid} may not take the name bob")), "{err}");
+    let mut cmd = conclave();
+    cmd.args(["client", "--name", "bob", "--tls", &addr, "--server-name", "localhost", "--ca"])
+        .arg(pki.path("ca.pem"))
+        .arg("--cert")
+        .arg(pki.path("bob.crt"))
+        .arg("--key")
+        .arg(pki.path("bob.key"));
+    let mut bob = Proc::spawn(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()));
+    bob.child.stdin.take().unwrap().write_all(b"join g\nwait g 1\n").unwrap();
+    let (status, out, err) = bob.finish();
+    assert!(status.success(), "the real bob was refused: {out}\n{err}");
+    let (status, out, err) = local("bot-7", "join g\nwait g 1\n");
+    assert!(status.success(), "a listed pattern was refused: {out}\n{err}");
 }
 
 #[test]

@@ -36,15 +36,24 @@
 //!
 //! A TLS client that showed a certificate is bound to the member name the
 //! certificate certifies: a Hello with another name ends the connection with
-//! [`ErrorCode::IdentityMismatch`].
+//! [`ErrorCode::IdentityMismatch`]. The certificates it demands can change
+//! while it runs ([`Daemon::reload_client_auth`]): a member revoked then is cut
+//! off ([`ErrorCode::Revoked`]) and leaves its groups like any client that
+//! disconnects, so that secure groups rekey without it.
+//!
+//! Names are first come, first served, so on a daemon that certifies names a
+//! client without a certificate must not take one a certified member could
+//! claim: [`DaemonConfig::uncertified_names`] restricts such clients to the
+//! names listed for their Unix user (the socket's peer credentials), and
+//! refuses any other Hello with [`ErrorCode::IdentityMismatch`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -56,13 +65,16 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::tls::{HandshakeLimits, TlsListen, TlsListener};
+use crate::tls::{
+    Certified, ClientAuth, HandshakeLimits, Identity, SharedTrust, TlsError, TlsListen, TlsListener, Trust,
+};
 
 /// How a daemon is set up.
 #[derive(Clone, Debug)]
 pub struct DaemonConfig {
     /// Path of the Unix socket to listen on, if any. Nothing may exist at
-    /// the path; the daemon removes the socket when it stops.
+    /// the path; the daemon removes the socket when it stops (or fails to
+    /// start).
     pub unix: Option<PathBuf>,
     /// TCP address to listen on, if any (port 0 picks a free port).
     pub tcp: Option<SocketAddr>,
@@ -93,6 +105,58 @@ pub struct DaemonConfig {
     /// new connection beyond that evicts the oldest pending handshake of the
     /// same address.
     pub max_handshakes_per_ip: usize,
+    /// The member names clients without a certificate may take (default: any).
+    pub uncertified_names: UncertifiedNames,
+}
+
+/// The member names clients without a certificate (on the Unix socket, over
+/// TCP, over TLS without a client certificate) may take.
+#[derive(Clone, Debug, Default)]
+pub enum UncertifiedNames {
+    /// Any name: the daemon certifies no one, names are first come, first served.
+    #[default]
+    Any,
+    /// On the Unix socket, the names listed for the Unix user id of the
+    /// connecting process: exact names, or patterns where `*` stands for any
+    /// run of characters (`bot-*`). Over TCP, none.
+    ByUid(BTreeMap<u32, Vec<String>>),
+}
+
+impl UncertifiedNames {
+    /// Whether a client may say Hello as `name`; if not, why, in words.
+    fn check(&self, peer: &Peer, name: &MemberId) -> Result<(), String> {
+        match (peer, self) {
+            (Peer::Certified(c), _) if c.name == *name => Ok(()),
+            (Peer::Certified(c), _) => Err(format!("certificate is for {}, Hello says {name}", c.name)),
+            (_, UncertifiedNames::Any) => Ok(()),
+            (Peer::Local { uid }, UncertifiedNames::ByUid(names)) => {
+                if names.get(uid).is_some_and(|patterns| patterns.iter().any(|p| matches_pattern(p, name.as_str()))) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "this daemon certifies member names: a local client of user {uid} may not take the name \
+                         {name} (the daemon's configuration lists the names each user may take), or connect over \
+                         TLS with a certificate for {name}"
+                    ))
+                }
+            }
+            (Peer::Remote, UncertifiedNames::ByUid(_)) => {
+                Err(format!("this daemon certifies member names: connect over TLS with a certificate for {name}"))
+            }
+        }
+    }
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of
+/// characters and everything else for itself.
+fn matches_pattern(pattern: &str, name: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == name,
+        Some((head, rest)) => {
+            let Some(tail) = name.strip_prefix(head) else { return false };
+            (0..=tail.len()).filter(|&i| tail.is_char_boundary(i)).any(|i| matches_pattern(rest, &tail[i..]))
+        }
+    }
 }
 
 impl Default for DaemonConfig {
@@ -110,6 +174,7 @@ impl Default for DaemonConfig {
             handshake_timeout: Duration::from_secs(3),
             max_handshakes: 1024,
             max_handshakes_per_ip: 64,
+            uncertified_names: UncertifiedNames::Any,
         }
     }
 }
@@ -185,6 +250,9 @@ struct ConnHandle {
     queued: Arc<AtomicUsize>,
     /// Most bytes `queued` may hold ([`DaemonConfig::queue_bytes`]).
     budget: usize,
+    /// The certificate the client showed, if it did: checked again when the
+    /// daemon's trust changes.
+    certified: Option<Certified>,
 }
 
 /// Closes a connection after one last error frame, dropping what is queued.
@@ -202,12 +270,17 @@ struct Shared {
     submit: mpsc::Sender<Op>,
     me: DaemonId,
     next_conn: AtomicU64,
+    /// What TLS handshakes are checked against, if there is a TLS listener.
+    trust: Option<SharedTrust>,
 }
 
 /// A running daemon. Dropping it stops it; [`Daemon::shutdown`] stops it
 /// telling its clients why.
 pub struct Daemon {
     conns: Conns,
+    submit: mpsc::Sender<Op>,
+    /// The daemon's TLS identity and what its TLS listener trusts, if it has one.
+    tls_trust: Option<(Identity, SharedTrust)>,
     unix: Option<PathBuf>,
     tcp: Option<SocketAddr>,
     tls: Option<SocketAddr>,
@@ -219,9 +292,15 @@ pub struct Daemon {
     _backbone: Option<Box<dyn Send + Sync>>,
 }
 
-/// Errors starting a daemon.
+/// Errors starting or reconfiguring a daemon.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
+    /// The TLS identity or the client certificate authority was refused.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// Client certificates were given to a daemon that does not listen for TLS.
+    #[error("the daemon has no TLS listener whose client certificates could change")]
+    NoTls,
     /// No Unix socket, TCP or TLS address was configured.
     #[error("no listener configured: give a Unix socket path, a TCP address or a TLS address")]
     NoListener,
@@ -270,11 +349,10 @@ impl Daemon {
         if config.max_handshakes == 0 || config.max_handshakes_per_ip == 0 {
             return Err(DaemonError::Config("TLS handshake limits must be at least 1"));
         }
-        let unix = match &config.unix {
-            Some(path) => {
-                let l = UnixListener::bind(path)
-                    .map_err(|source| DaemonError::Bind { what: path.display().to_string(), source })?;
-                Some(l)
+        let trust = match &config.tls {
+            Some(listen) => {
+                let trust = Trust::new(&listen.identity, listen.client_auth.as_ref())?;
+                Some((listen.identity.clone(), Arc::new(RwLock::new(trust))))
             }
             None => None,
         };
@@ -289,10 +367,11 @@ impl Daemon {
             .map(|l| l.local_addr())
             .transpose()
             .map_err(|source| DaemonError::Bind { what: "tcp".into(), source })?;
-        let tls = match &config.tls {
-            Some(listen) => Some(
+        let tls = match (&config.tls, &trust) {
+            (Some(listen), Some((_, trust))) => Some(
                 TlsListener::bind(
-                    listen,
+                    listen.addr,
+                    trust.clone(),
                     HandshakeLimits {
                         timeout: config.handshake_timeout,
                         max: config.max_handshakes,
@@ -302,13 +381,22 @@ impl Daemon {
                 .await
                 .map_err(|source| DaemonError::Bind { what: format!("tls {}", listen.addr), source })?,
             ),
-            None => None,
+            _ => None,
         };
         let tls_addr = tls
             .as_ref()
             .map(|l| l.local_addr())
             .transpose()
             .map_err(|source| DaemonError::Bind { what: "tls".into(), source })?;
+        // The Unix socket last: nothing after it can fail and leave its file behind.
+        let unix = match &config.unix {
+            Some(path) => {
+                let l = UnixListener::bind(path)
+                    .map_err(|source| DaemonError::Bind { what: path.display().to_string(), source })?;
+                Some(l)
+            }
+            None => None,
+        };
 
         let Backbone { me, incarnation, submit, ordered, failure, resources } = backbone;
         let conns: Conns = Arc::default();
@@ -317,8 +405,14 @@ impl Daemon {
         let (report, failed) = oneshot::channel();
         let backbone = BackboneEnds { ordered, failure, report };
         let sequencer = tokio::spawn(sequence(core, backbone, submit.clone(), conns.clone(), stopped));
-        let shared =
-            Arc::new(Shared { config: config.clone(), conns: conns.clone(), submit, me, next_conn: AtomicU64::new(1) });
+        let shared = Arc::new(Shared {
+            config: config.clone(),
+            conns: conns.clone(),
+            submit: submit.clone(),
+            me,
+            next_conn: AtomicU64::new(1),
+            trust: trust.as_ref().map(|(_, t)| t.clone()),
+        });
 
         let mut tasks = Vec::new();
         if let Some(l) = unix {
@@ -332,6 +426,8 @@ impl Daemon {
         }
         Ok(Self {
             conns,
+            submit,
+            tls_trust: trust,
             unix: config.unix,
             tcp: tcp_addr,
             tls: tls_addr,
@@ -368,6 +464,40 @@ impl Daemon {
         self.tls
     }
 
+    /// Replaces the client certificates TLS clients must show (`None`: none
+    /// at all), keeping the daemon's own identity. New handshakes use the new
+    /// trust at once. Every connected client whose certificate it no longer
+    /// accepts (revoked, expired, of another authority) is told why
+    /// ([`ErrorCode::Revoked`]) and disconnected, and its groups see it leave.
+    /// Returns the names of those cut off. A refused authority or CRL (one
+    /// past its nextUpdate, say) changes nothing.
+    pub async fn reload_client_auth(&self, client_auth: Option<ClientAuth>) -> Result<Vec<MemberId>, DaemonError> {
+        let Some((identity, trust)) = &self.tls_trust else { return Err(DaemonError::NoTls) };
+        let next = Trust::new(identity, client_auth.as_ref())?;
+        let mut cut = Vec::new();
+        {
+            // The table before the trust, as connections register: one that
+            // registers after this was verified under the new trust.
+            let mut table = self.conns.lock().expect("connection table");
+            let mut current = trust.write().expect("TLS trust");
+            current.replace(next);
+            table.retain(|&conn, handle| {
+                let Some(certified) = &handle.certified else { return true };
+                let Err(why) = current.recheck(certified) else { return true };
+                tracing::info!(conn = %conn, "{why}: disconnecting");
+                kill(&handle.kill, ErrorCode::Revoked, format!("{why}: disconnected"));
+                cut.push((conn, certified.name.clone()));
+                false
+            });
+        }
+        for (conn, _) in &cut {
+            // The reader would say so too, once the connection is closed; the
+            // groups need not wait for the client to take its last frame.
+            let _ = self.submit.send(Op::Disconnect { conn: *conn }).await;
+        }
+        Ok(cut.into_iter().map(|(_, name)| name).collect())
+    }
+
     /// Stops accepting, tells every client the daemon is shutting down, and
     /// waits for the sequencer to finish.
     pub async fn shutdown(mut self) {
@@ -401,35 +531,47 @@ impl Drop for Daemon {
     }
 }
 
+/// Who is at the other end of a new connection, as far as the daemon can tell.
+enum Peer {
+    /// A TLS client that showed a certificate.
+    Certified(Certified),
+    /// A process on this machine, run by this Unix user.
+    Local { uid: u32 },
+    /// A client over TCP, or over TLS without a certificate.
+    Remote,
+}
+
 /// A listening socket clients connect to.
 trait Listener: Send + 'static {
     /// One accepted connection.
     type Stream: AsyncRead + AsyncWrite + Send + 'static;
-    /// Waits for the next connection; with it, the member name the client's
-    /// certificate certifies, if it showed one.
-    fn next(&mut self) -> impl Future<Output = io::Result<(Self::Stream, Option<MemberId>)>> + Send;
+    /// Waits for the next connection; with it, who is at the other end.
+    fn next(&mut self) -> impl Future<Output = io::Result<(Self::Stream, Peer)>> + Send;
 }
 
 impl Listener for UnixListener {
     type Stream = UnixStream;
-    async fn next(&mut self) -> io::Result<(UnixStream, Option<MemberId>)> {
-        Ok((self.accept().await?.0, None))
+    async fn next(&mut self) -> io::Result<(UnixStream, Peer)> {
+        let (stream, _) = self.accept().await?;
+        let uid = stream.peer_cred()?.uid();
+        Ok((stream, Peer::Local { uid }))
     }
 }
 
 impl Listener for TcpListener {
     type Stream = TcpStream;
-    async fn next(&mut self) -> io::Result<(TcpStream, Option<MemberId>)> {
+    async fn next(&mut self) -> io::Result<(TcpStream, Peer)> {
         let (stream, _) = self.accept().await?;
         stream.set_nodelay(true)?;
-        Ok((stream, None))
+        Ok((stream, Peer::Remote))
     }
 }
 
 impl Listener for TlsListener {
     type Stream = tokio_rustls::server::TlsStream<TcpStream>;
-    async fn next(&mut self) -> io::Result<(Self::Stream, Option<MemberId>)> {
-        TlsListener::next(self).await
+    async fn next(&mut self) -> io::Result<(Self::Stream, Peer)> {
+        let (stream, certified) = TlsListener::next(self).await?;
+        Ok((stream, certified.map_or(Peer::Remote, Peer::Certified)))
     }
 }
 
@@ -438,7 +580,7 @@ impl Listener for TlsListener {
 async fn accept_loop(mut listener: impl Listener, shared: Arc<Shared>) {
     loop {
         match listener.next().await {
-            Ok((stream, certified)) => spawn_conn(stream, certified, shared.clone()),
+            Ok((stream, peer)) => spawn_conn(stream, peer, shared.clone()),
             Err(e) => {
                 tracing::warn!("accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -568,7 +710,7 @@ fn deliver(table: &mut HashMap<ConnId, ConnHandle>, c: ConnId, bytes: Bytes, fat
     resubmit(submit, Op::Disconnect { conn: c });
 }
 
-fn spawn_conn<S>(stream: S, certified: Option<MemberId>, shared: Arc<Shared>)
+fn spawn_conn<S>(stream: S, peer: Peer, shared: Arc<Shared>)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -577,22 +719,42 @@ where
     let (queue, queue_rx) = mpsc::channel(shared.config.queue_depth);
     let (kill, kill_rx) = mpsc::channel(1);
     let queued = Arc::new(AtomicUsize::new(0));
-    let handle = ConnHandle { queue, kill: kill.clone(), queued: queued.clone(), budget: shared.config.queue_bytes };
-    shared.conns.lock().expect("connection table").insert(conn, handle);
+    let certified = match &peer {
+        Peer::Certified(c) => Some(c.clone()),
+        Peer::Local { .. } | Peer::Remote => None,
+    };
+    {
+        let mut table = shared.conns.lock().expect("connection table");
+        // A handshake that ran under trust replaced since is checked again.
+        let refused = match (&certified, &shared.trust) {
+            (Some(c), Some(trust)) => trust.read().expect("TLS trust").recheck(c).err(),
+            _ => None,
+        };
+        if let Some(why) = refused {
+            drop(table);
+            tracing::info!(conn = %conn, "{why}: disconnecting");
+            self::kill(&kill, ErrorCode::Revoked, format!("{why}: disconnected"));
+            tokio::spawn(write_loop(wr, queue_rx, kill_rx, queued));
+            return;
+        }
+        let budget = shared.config.queue_bytes;
+        table.insert(conn, ConnHandle { queue, kill: kill.clone(), queued: queued.clone(), budget, certified });
+    }
     let writer = tokio::spawn(write_loop(wr, queue_rx, kill_rx, queued));
     tokio::spawn(async move {
-        read_loop(rd, conn, certified.as_ref(), &shared, &kill, writer).await;
+        read_loop(rd, conn, &peer, &shared, &kill, writer).await;
         tracing::info!(conn = %conn, "client disconnected");
         let _ = shared.submit.send(Op::Disconnect { conn }).await;
     });
 }
 
 /// Reads requests and submits them until the client leaves, misbehaves, or
-/// its writer ends. A client with a `certified` name must say Hello with it.
+/// its writer ends. Its Hello must use a name its `peer` may take
+/// ([`DaemonConfig::uncertified_names`]; a certified client, the certified name).
 async fn read_loop<R: AsyncRead>(
     rd: R,
     conn: ConnId,
-    certified: Option<&MemberId>,
+    peer: &Peer,
     shared: &Shared,
     killer: &mpsc::Sender<Bytes>,
     mut writer: JoinHandle<()>,
@@ -627,8 +789,7 @@ async fn read_loop<R: AsyncRead>(
             };
             progressed = true;
             if let Op::Connect { name, .. } = &op {
-                if let Some(certified) = certified.filter(|&c| c != name) {
-                    let text = format!("certificate is for {certified}, Hello says {name}");
+                if let Err(text) = cfg.uncertified_names.check(peer, name) {
                     tracing::info!(conn = %conn, "{text}");
                     kill(killer, ErrorCode::IdentityMismatch, text);
                     return;
@@ -738,4 +899,26 @@ async fn write_loop<W: AsyncWrite>(
         let _ = tokio::time::timeout(LAST_WORDS, wr.write_all(&pending)).await;
     }
     let _ = tokio::time::timeout(LAST_WORDS, wr.shutdown()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::matches_pattern;
+
+    #[test]
+    fn a_star_stands_for_any_run_of_characters() {
+        for (pattern, name, matches) in [
+            ("alice", "alice", true),
+            ("alice", "alice2", false),
+            ("bot-*", "bot-", true),
+            ("bot-*", "bot-7", true),
+            ("bot-*", "bots", false),
+            ("*-test", "a-b-test", true),
+            ("a*b*c", "a-x-b-y-c", true),
+            ("a*b*c", "a-x-c", false),
+            ("*", "anyone", true),
+        ] {
+            assert_eq!(matches_pattern(pattern, name), matches, "{pattern:?} vs {name:?}");
+        }
+    }
 }

@@ -25,5 +25,5 @@ pub mod tls;
 
 pub use client::{Client, ClientError, ClientReceiver, ClientSender, Event};
 pub use conclave_gcs::core::{ErrorCode, Service};
-pub use daemon::{Backbone, Daemon, DaemonConfig, DaemonError};
+pub use daemon::{Backbone, Daemon, DaemonConfig, DaemonError, UncertifiedNames};
 pub use tls::{ClientAuth, Identity, TlsClientOptions, TlsError, TlsListen};

@@ -7,6 +7,13 @@
 //! that shows such a certificate is bound to the member name it certifies
 //! (the subject CommonName): its Hello must use exactly that name.
 //!
+//! The daemon's trust can change while it runs ([`crate::Daemon::reload_client_auth`]):
+//! revoking a member must not wait for a restart. New handshakes use the new
+//! trust at once; connections made under the old one are verified again and
+//! those it no longer accepts are cut off. A CRL past its nextUpdate is
+//! refused, both when it is loaded and, should it expire while the daemon
+//! runs, in every handshake after that: revocation news that old is no news.
+//!
 //! Everything is loaded from PEM: certificate chains, PKCS#8 (or PKCS#1 /
 //! SEC1) private keys and CRLs, as `conclave keys` writes them.
 
@@ -14,15 +21,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime};
 
 use conclave_gcs::MemberId;
 use rustls::crypto::CryptoProvider;
+use rustls::server::danger::ClientCertVerifier;
 use rustls::server::WebPkiClientVerifier;
-use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls::{CertificateError, ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::{self, PemObject};
-use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{self, AbortHandle, JoinSet};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -53,6 +61,16 @@ pub enum TlsError {
     /// or IP address.
     #[error("{0:?} is not a valid server name (a DNS name or an IP address)")]
     ServerName(String),
+    /// A CRL cannot be read.
+    #[error("a client certificate revocation list cannot be read: {0}")]
+    BadCrl(String),
+    /// A CRL is past its nextUpdate: the authority has issued (or owes) a
+    /// newer one, and this one may miss revocations.
+    #[error(
+        "a client certificate revocation list is out of date: its next update was due {0}; \
+         install a fresh CRL from the authority (`conclave keys revoke` writes a new authority.crl)"
+    )]
+    CrlExpired(String),
 }
 
 /// A certificate chain (own certificate first) and its private key.
@@ -96,6 +114,34 @@ impl ClientAuth {
         }
         Ok(Self { roots: load_certs(ca)?, crls: all })
     }
+
+    /// When the first of the CRLs is due to be replaced (the earliest
+    /// nextUpdate), if any says. Refuses a CRL that cannot be read or whose
+    /// nextUpdate has passed.
+    pub fn next_update(&self) -> Result<Option<SystemTime>, TlsError> {
+        let now = SystemTime::now();
+        let mut earliest: Option<SystemTime> = None;
+        for der in &self.crls {
+            let (_, crl) = x509_parser::parse_x509_crl(der.as_ref()).map_err(|e| TlsError::BadCrl(e.to_string()))?;
+            let Some(next) = crl.next_update() else { continue };
+            let at = SystemTime::UNIX_EPOCH + Duration::from_secs(next.timestamp().max(0) as u64);
+            if at <= now {
+                return Err(TlsError::CrlExpired(next.to_string()));
+            }
+            earliest = Some(earliest.map_or(at, |e| e.min(at)));
+        }
+        Ok(earliest)
+    }
+
+    /// The verifier of client certificates: issued by the roots, not revoked,
+    /// and refused outright once a CRL is past its nextUpdate.
+    fn verifier(&self, provider: Arc<CryptoProvider>) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+        self.next_update()?;
+        Ok(WebPkiClientVerifier::builder_with_provider(Arc::new(root_store(&self.roots)?), provider)
+            .with_crls(self.crls.clone())
+            .enforce_revocation_expiration()
+            .build()?)
+    }
 }
 
 /// Where and how the daemon listens for TLS clients.
@@ -103,8 +149,10 @@ impl ClientAuth {
 pub struct TlsListen {
     /// TCP address to listen on (port 0 picks a free port).
     pub addr: SocketAddr,
-    /// The server side of TLS, from [`server_config`].
-    pub config: Arc<ServerConfig>,
+    /// The daemon's certificate chain and key.
+    pub identity: Identity,
+    /// The client certificates the daemon demands, if any.
+    pub client_auth: Option<ClientAuth>,
 }
 
 /// The provider every configuration uses, whatever other crates in the
@@ -144,21 +192,68 @@ fn root_store(roots: &[CertificateDer<'static>]) -> Result<RootCertStore, TlsErr
     Ok(store)
 }
 
-/// The daemon's TLS configuration: its identity and, if given, the client
-/// certificates it demands.
-pub fn server_config(identity: Identity, client_auth: Option<ClientAuth>) -> Result<Arc<ServerConfig>, TlsError> {
-    let provider = provider();
-    let builder = ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
-    let builder = match client_auth {
-        Some(auth) => {
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(root_store(&auth.roots)?), provider)
-                .with_crls(auth.crls)
-                .build()?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
-    };
-    Ok(Arc::new(builder.with_single_cert(identity.cert_chain, identity.key).map_err(identity_error)?))
+/// What the daemon's TLS side trusts now: the acceptor new handshakes go
+/// through and the verifier of client certificates. Each replacement gets the
+/// next generation, so a connection whose handshake ran under an older one is
+/// known and verified again ([`Trust::recheck`]).
+pub(crate) struct Trust {
+    acceptor: TlsAcceptor,
+    verifier: Option<Arc<dyn ClientCertVerifier>>,
+    generation: u64,
+}
+
+/// The trust the TLS listener and the daemon share; replaced whole on reload.
+pub(crate) type SharedTrust = Arc<RwLock<Trust>>;
+
+impl Trust {
+    /// The daemon's TLS configuration: its identity and, if given, the client
+    /// certificates it demands.
+    pub(crate) fn new(identity: &Identity, client_auth: Option<&ClientAuth>) -> Result<Self, TlsError> {
+        let provider = provider();
+        let builder = ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
+        let verifier = client_auth.map(|auth| auth.verifier(provider)).transpose()?;
+        let builder = match &verifier {
+            Some(v) => builder.with_client_cert_verifier(v.clone()),
+            None => builder.with_no_client_auth(),
+        };
+        let identity = identity.clone();
+        let config = builder.with_single_cert(identity.cert_chain, identity.key).map_err(identity_error)?;
+        Ok(Self { acceptor: TlsAcceptor::from(Arc::new(config)), verifier, generation: 0 })
+    }
+
+    /// Takes `next`'s place as the next generation.
+    pub(crate) fn replace(&mut self, mut next: Trust) {
+        next.generation = self.generation + 1;
+        *self = next;
+    }
+
+    /// Checks a certificate accepted under an earlier trust against this one;
+    /// says in words why it is refused now.
+    pub(crate) fn recheck(&self, c: &Certified) -> Result<(), String> {
+        let (Some(verifier), false) = (&self.verifier, c.generation == self.generation) else { return Ok(()) };
+        let Some((end_entity, intermediates)) = c.chain.split_first() else { return Ok(()) };
+        verifier.verify_client_cert(end_entity, intermediates, UnixTime::now()).map(|_| ()).map_err(|e| match e {
+            rustls::Error::InvalidCertificate(CertificateError::Revoked) => {
+                format!("the certificate of {} has been revoked", c.name)
+            }
+            rustls::Error::InvalidCertificate(CertificateError::Expired | CertificateError::ExpiredContext { .. }) => {
+                format!("the certificate of {} has expired", c.name)
+            }
+            rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
+                format!("the certificate of {} is not issued by an authority the daemon trusts", c.name)
+            }
+            e => format!("the certificate of {} is no longer accepted ({e})", c.name),
+        })
+    }
+}
+
+/// A client that showed a certificate: the member name it certifies, the
+/// chain it showed, and the generation of the trust that accepted it.
+#[derive(Clone, Debug)]
+pub(crate) struct Certified {
+    pub(crate) name: MemberId,
+    chain: Vec<CertificateDer<'static>>,
+    generation: u64,
 }
 
 /// rustls's refusal of an identity, with a mismatched key said in words.
@@ -232,7 +327,7 @@ pub(crate) struct HandshakeLimits {
 /// idle sockets delays valid clients by at most one accept, never starves them.
 pub(crate) struct TlsListener {
     tcp: TcpListener,
-    acceptor: TlsAcceptor,
+    trust: SharedTrust,
     limits: HandshakeLimits,
     handshakes: JoinSet<io::Result<Handshaken>>,
     /// Pending handshakes by arrival number (oldest first): peer address and
@@ -252,16 +347,17 @@ pub(crate) struct TlsListener {
 /// How often evictions are reported while they go on.
 const EVICTION_REPORT: Duration = Duration::from_secs(10);
 
-/// A connection whose handshake succeeded, and the member name its client
-/// certificate certifies, if it showed one.
-pub(crate) type Handshaken = (tokio_rustls::server::TlsStream<TcpStream>, Option<MemberId>);
+/// A connection whose handshake succeeded, and its client certificate, if it
+/// showed one.
+pub(crate) type Handshaken = (tokio_rustls::server::TlsStream<TcpStream>, Option<Certified>);
 
 impl TlsListener {
-    /// Binds the listener.
-    pub(crate) async fn bind(listen: &TlsListen, limits: HandshakeLimits) -> io::Result<Self> {
+    /// Binds the listener; its handshakes go through whatever `trust` holds
+    /// when they begin.
+    pub(crate) async fn bind(addr: SocketAddr, trust: SharedTrust, limits: HandshakeLimits) -> io::Result<Self> {
         Ok(Self {
-            tcp: TcpListener::bind(listen.addr).await?,
-            acceptor: TlsAcceptor::from(listen.config.clone()),
+            tcp: TcpListener::bind(addr).await?,
+            trust,
             limits,
             handshakes: JoinSet::new(),
             pending: BTreeMap::new(),
@@ -330,7 +426,10 @@ impl TlsListener {
         }
         let id = self.next;
         self.next += 1;
-        let acceptor = self.acceptor.clone();
+        let (acceptor, generation) = {
+            let trust = self.trust.read().expect("TLS trust");
+            (trust.acceptor.clone(), trust.generation)
+        };
         let timeout = self.limits.timeout;
         let abort = self.handshakes.spawn(async move {
             let handshake = tokio::time::timeout(timeout, acceptor.accept(stream))
@@ -338,9 +437,13 @@ impl TlsListener {
                 .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("{peer}: TLS handshake timed out")))?
                 .map_err(|e| io::Error::new(e.kind(), format!("{peer}: TLS handshake failed: {e}")))?;
             let certified = match handshake.get_ref().1.peer_certificates() {
-                Some([cert, ..]) => Some(certified_name(cert).map_err(|e| {
-                    io::Error::new(io::ErrorKind::InvalidData, format!("{peer}: client certificate: {e}"))
-                })?),
+                Some(chain @ [cert, ..]) => Some(Certified {
+                    name: certified_name(cert).map_err(|e| {
+                        io::Error::new(io::ErrorKind::InvalidData, format!("{peer}: client certificate: {e}"))
+                    })?,
+                    chain: chain.iter().map(|c| c.clone().into_owned()).collect(),
+                    generation,
+                }),
                 _ => None,
             };
             Ok((handshake, certified))

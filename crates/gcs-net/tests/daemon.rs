@@ -653,3 +653,20 @@ async fn dropping_the_daemon_closes_every_connection() {
     drop(s.daemon);
     assert!(matches!(within("close", a.recv()).await, Err(ClientError::Closed)));
 }
+
+/// A daemon that cannot bind one of its listeners (a TCP port in use) fails
+/// to start and leaves no socket file behind, so the next start finds none.
+#[tokio::test]
+async fn a_daemon_that_fails_to_start_leaves_no_socket_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let path = dir.path().join("conclave.sock");
+    let config =
+        DaemonConfig { unix: Some(path.clone()), tcp: Some(taken.local_addr().unwrap()), ..DaemonConfig::default() };
+    match Daemon::start(config).await {
+        Err(e @ conclave_gcs_net::DaemonError::Bind { .. }) => assert!(e.to_string().contains("127.0.0.1"), "{e}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("started on a TCP port in use"),
+    }
+    assert!(!path.exists(), "socket file left behind");
+}

@@ -4,7 +4,9 @@
 //! the member name, CRLs in PEM signed by the authority): a round trip with
 //! join and multicast, and the client authentication the daemon demands when
 //! given an authority — no certificate, a certificate of another authority,
-//! a revoked certificate and a Hello under another name are all refused.
+//! a revoked certificate and a Hello under another name are all refused —
+//! also when the revocation comes while the member is connected (a reload),
+//! and a CRL past its nextUpdate is refused.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -14,8 +16,8 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpSocket, TcpStream};
 
 use conclave_gcs_net::{
-    tls, Client, ClientAuth, ClientError, Daemon, DaemonConfig, ErrorCode, Event, Identity, Service, TlsClientOptions,
-    TlsError, TlsListen,
+    tls, Client, ClientAuth, ClientError, Daemon, DaemonConfig, DaemonError, ErrorCode, Event, Identity, Service,
+    TlsClientOptions, TlsError, TlsListen, UncertifiedNames,
 };
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType, IsCa, KeyIdMethod, KeyPair,
@@ -68,9 +70,15 @@ impl Authority {
 
     /// Writes a CRL revoking `serials` and returns its path.
     fn revoke(&self, serials: &[u64]) -> PathBuf {
+        self.revoke_until(serials, 2100)
+    }
+
+    /// Writes a CRL revoking `serials`, due for its next update at the start
+    /// of `next_update` (a year), and returns its path.
+    fn revoke_until(&self, serials: &[u64], next_update: i32) -> PathBuf {
         let crl = CertificateRevocationListParams {
-            this_update: rcgen::date_time_ymd(2024, 1, 1),
-            next_update: rcgen::date_time_ymd(2100, 1, 1),
+            this_update: rcgen::date_time_ymd(2020, 1, 1),
+            next_update: rcgen::date_time_ymd(next_update, 1, 1),
             crl_number: SerialNumber::from(1),
             issuing_distribution_point: None,
             revoked_certs: serials
@@ -114,10 +122,10 @@ async fn start_with(client_auth: bool, revoked: &[u64], tune: impl FnOnce(&mut D
         let crls = if revoked.is_empty() { vec![] } else { vec![authority.revoke(revoked)] };
         ClientAuth::from_pem_files(&authority.ca_path(), &crls).unwrap()
     });
-    let config = tls::server_config(Identity::from_pem_files(&crt, &key).unwrap(), auth).unwrap();
+    let identity = Identity::from_pem_files(&crt, &key).unwrap();
     let mut config = DaemonConfig {
         unix: Some(dir.path().join("conclave.sock")),
-        tls: Some(TlsListen { addr: "127.0.0.1:0".parse().unwrap(), config }),
+        tls: Some(TlsListen { addr: "127.0.0.1:0".parse().unwrap(), identity, client_auth: auth }),
         ..DaemonConfig::default()
     };
     tune(&mut config);
@@ -274,6 +282,133 @@ async fn a_daemon_certificate_of_an_unknown_authority_or_for_another_name_is_ref
     // By IP address, which the certificate also names, it works.
     let options = s.options(None);
     within("connect", Client::connect_tls(s.daemon.tls_addr().unwrap(), "127.0.0.1", &options, "alice")).await.unwrap();
+}
+
+/// Revokes `serials` in a fresh CRL and reloads the daemon's client
+/// certificates from the files; returns who was cut off.
+async fn reload_revoking(s: &Setup, serials: &[u64]) -> Result<Vec<String>, DaemonError> {
+    let crl = s.authority.revoke(serials);
+    let auth = ClientAuth::from_pem_files(&s.authority.ca_path(), &[crl]).unwrap();
+    let cut = within("reload", s.daemon.reload_client_auth(Some(auth))).await?;
+    Ok(cut.iter().map(|n| n.to_string()).collect())
+}
+
+/// A member revoked while connected is told so and cut off at the reload,
+/// its group sees it leave, it cannot come back, and other members of the
+/// authority (connected or new) are not disturbed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_revoked_while_connected_is_cut_off_at_the_reload_and_its_group_sees_it_leave() {
+    let s = start(true, &[99]).await;
+    let carol_options = s.options(Some(("carol", 5)));
+    let mut alice = s.connect(&s.options(Some(("alice", 2))), "alice").await.unwrap();
+    let mut carol = s.connect(&carol_options, "carol").await.unwrap();
+    alice.join("g").await.unwrap();
+    until_view(&mut alice, "g", 1).await;
+    carol.join("g").await.unwrap();
+    until_view(&mut alice, "g", 2).await;
+    until_view(&mut carol, "g", 2).await;
+
+    let started = std::time::Instant::now();
+    assert_eq!(reload_revoking(&s, &[99, 5]).await.unwrap(), ["carol"]);
+    let told = within("carol's error", async {
+        loop {
+            match carol.recv().await {
+                Ok(Event::Error { code, text }) => return (code, text),
+                Ok(_) => {}
+                Err(e) => panic!("carol's connection ended without an error frame: {e}"),
+            }
+        }
+    })
+    .await;
+    assert_eq!(told.0, ErrorCode::Revoked);
+    assert_eq!(told.1, "the certificate of carol has been revoked: disconnected");
+    let view = within("alice's view without carol", async {
+        loop {
+            if let Event::View { group, view } = alice.recv().await.unwrap() {
+                if group.as_str() == "g" && view.members.len() == 1 {
+                    return view;
+                }
+            }
+        }
+    })
+    .await;
+    assert_eq!(view.members[0].id.as_str(), "alice");
+    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+    // New handshakes use the new CRL at once.
+    refused(s.connect(&carol_options, "carol").await, "CertificateRevoked");
+    s.connect(&s.options(Some(("dave", 6))), "dave").await.unwrap();
+    // Alice was never disturbed.
+    alice.multicast("g", Service::Agreed, &b"still here"[..]).await.unwrap();
+    assert_eq!(until_message(&mut alice).await, ("alice".to_string(), b"still here".to_vec()));
+}
+
+/// A reload with a CRL past its nextUpdate is refused and changes nothing;
+/// such a CRL is refused at start too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crl_past_its_next_update_is_refused_at_start_and_at_reload() {
+    let s = start(true, &[99]).await;
+    let carol_options = s.options(Some(("carol", 5)));
+    let mut carol = s.connect(&carol_options, "carol").await.unwrap();
+    let stale = s.authority.revoke_until(&[5], 2021);
+    let auth = ClientAuth::from_pem_files(&s.authority.ca_path(), &[stale]).unwrap();
+    let e = auth.next_update().unwrap_err().to_string();
+    assert!(e.contains("out of date") && e.contains("2021"), "{e}");
+    let e = within("reload", s.daemon.reload_client_auth(Some(auth.clone()))).await.unwrap_err().to_string();
+    assert!(e.contains("out of date"), "{e}");
+    // The old trust stays: carol is still connected, and others still get in.
+    carol.join("g").await.unwrap();
+    until_view(&mut carol, "g", 1).await;
+    s.connect(&s.options(Some(("dave", 6))), "dave").await.unwrap();
+
+    let (crt, key) = s.authority.issue("daemon2", "conclave daemon", &["localhost"], 8);
+    let config = DaemonConfig {
+        tls: Some(TlsListen {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            identity: Identity::from_pem_files(&crt, &key).unwrap(),
+            client_auth: Some(auth),
+        }),
+        ..DaemonConfig::default()
+    };
+    let e = Daemon::start(config).await.map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("out of date"), "{e}");
+}
+
+/// On a daemon that certifies names, a local process without a certificate
+/// cannot squat a member's name: its Hello as bob is refused and the real
+/// bob gets in over TLS. A name the configuration lists for the process's
+/// user (exactly or by pattern) is accepted; plain TCP takes no name at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_client_cannot_take_a_name_a_certified_member_could_claim() {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").unwrap().uid();
+    let names = [(uid, vec!["alice".to_string(), "bot-*".to_string()])].into_iter().collect();
+    let s = start_with(true, &[99], |c| {
+        c.uncertified_names = UncertifiedNames::ByUid(names);
+        c.tcp = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let unix = s.daemon.unix_path().unwrap();
+    match Client::connect_unix(unix, "bob").await {
+        Err(ClientError::Refused { code, text }) => {
+            assert_eq!(code, ErrorCode::IdentityMismatch);
+            assert!(text.contains(&format!("user {uid} may not take the name bob")), "{text}");
+        }
+        other => panic!("a local client took bob: {:?}", other.map(|_| ())),
+    }
+    let mut bob = s.connect(&s.options(Some(("bob", 3))), "bob").await.unwrap();
+    let bot = Client::connect_unix(unix, "bot-7").await.unwrap();
+    let _alice = Client::connect_unix(unix, "alice").await.unwrap();
+    match Client::connect_tcp(s.daemon.tcp_addr().unwrap(), "bot-8").await {
+        Err(ClientError::Refused { code, text }) => {
+            assert_eq!(code, ErrorCode::IdentityMismatch);
+            assert!(text.contains("connect over TLS with a certificate for bot-8"), "{text}");
+        }
+        other => panic!("a TCP client took a name: {:?}", other.map(|_| ())),
+    }
+    bob.join("g").await.unwrap();
+    until_view(&mut bob, "g", 1).await;
+    bot.join("g").await.unwrap();
+    until_view(&mut bob, "g", 2).await;
 }
 
 #[tokio::test]

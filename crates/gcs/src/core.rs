@@ -415,8 +415,12 @@ pub enum ErrorCode {
     Timeout,
     /// The daemon is shutting down.
     ShuttingDown,
-    /// The name in Hello is not the name the client's certificate certifies.
+    /// The name in Hello is not the name the client's certificate certifies,
+    /// or, for a client without a certificate, not one it may take.
     IdentityMismatch,
+    /// The client's certificate was revoked (or is no longer trusted) while
+    /// it was connected.
+    Revoked,
     /// A code this version does not know.
     Other(u16),
 }
@@ -440,6 +444,7 @@ impl ErrorCode {
             ErrorCode::Timeout => 13,
             ErrorCode::ShuttingDown => 14,
             ErrorCode::IdentityMismatch => 15,
+            ErrorCode::Revoked => 16,
             ErrorCode::Other(n) => n,
         }
     }
@@ -462,6 +467,7 @@ impl ErrorCode {
             13 => ErrorCode::Timeout,
             14 => ErrorCode::ShuttingDown,
             15 => ErrorCode::IdentityMismatch,
+            16 => ErrorCode::Revoked,
             n => ErrorCode::Other(n),
         }
     }
@@ -477,6 +483,7 @@ impl ErrorCode {
                 | ErrorCode::Timeout
                 | ErrorCode::ShuttingDown
                 | ErrorCode::IdentityMismatch
+                | ErrorCode::Revoked
         )
     }
 }
