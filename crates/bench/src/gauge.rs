@@ -107,7 +107,7 @@ use conclave_gcs::core::{ConnId, Delivery, Op, Service};
 use conclave_gcs::daemon_sim::{DaemonSim, Micros, NetConfig, Reaction};
 use conclave_gcs::{GroupName, MemberId, View, ViewId};
 use conclave_gka::message::Envelope;
-use conclave_gka::protocols::seal::{IntervalAlgorithm, IntervalStats, IntervalTgdh, ROUND_REKEY};
+use conclave_gka::protocols::seal::{IntervalAlgorithm, IntervalStats, IntervalTgdh, ROUND_BKEY, ROUND_REKEY};
 use conclave_gka::suite::ristretto::Ristretto255;
 use conclave_gka::suite::{generate_signer, Signer};
 use conclave_gka::{
@@ -277,6 +277,9 @@ pub(crate) struct RekeyRecord {
     pub packets: u64,
     /// Restarts during it.
     pub restarts: u64,
+    /// Of `blinded_keys` and `packets`, those of Queue-merge (all but Queue-subtree's).
+    pub merge_blinded_keys: Option<u64>,
+    pub merge_packets: u64,
 }
 
 /// One run's summary: the `--json` object.
@@ -301,6 +304,9 @@ pub(crate) struct Summary {
 pub(crate) struct RunResult {
     pub summary: Summary,
     pub rekeys: Vec<RekeyRecord>,
+    /// Queue-merge only (SEAL's measure of Queue-batch): blinded keys and
+    /// packets per rekey, averaged like the summary's.
+    pub merge_only: (Option<f64>, f64),
     /// Distinct views the group went through.
     pub views: u64,
     /// At the end, per member still in: its name, its view's members and
@@ -361,6 +367,9 @@ struct Open {
     bks: u64,
     packets: u64,
     restarts: u64,
+    /// Of `bks` and `packets`, those of Queue-subtree (read off the BKEY packets' phase byte).
+    sub_bks: u64,
+    sub_packets: u64,
 }
 
 struct Member {
@@ -387,6 +396,8 @@ struct Acc {
     bks: u64,
     packets: u64,
     restarts: u64,
+    sub_bks: u64,
+    sub_packets: u64,
 }
 
 /// Everything the deliveries touch.
@@ -480,12 +491,18 @@ impl State {
         let mut ops = Vec::new();
         for o in outputs {
             match o {
-                Output::Send { to: None, bytes } => ops.push(Op::Multicast {
+                Output::Send { to: None, bytes } => {
+                    if let (Some(o), Some(k)) = (m.open.as_mut(), subtree_keys(&bytes)) {
+                        o.sub_bks += k;
+                        o.sub_packets += 1;
+                    }
+                    ops.push(Op::Multicast {
                     conn,
                     group: self.group.clone(),
                     service: Service::Agreed,
                     payload: Bytes::from(bytes),
-                }),
+                    })
+                }
                 Output::Send { to: Some(to), bytes } => {
                     ops.push(Op::Unicast { conn, group: self.group.clone(), to, payload: Bytes::from(bytes) })
                 }
@@ -499,6 +516,8 @@ impl State {
                     acc.bks += open.bks;
                     acc.packets += open.packets;
                     acc.restarts += open.restarts;
+                    acc.sub_bks += open.sub_bks;
+                    acc.sub_packets += open.sub_packets;
                 }
             }
         }
@@ -532,6 +551,16 @@ impl State {
 /// Whether a delivered payload is an interval rekey message.
 fn is_rekey_message(payload: &[u8]) -> bool {
     Envelope::decode(payload).is_ok_and(|e| e.round == ROUND_REKEY)
+}
+
+/// The number of blinded keys of a Queue-subtree BKEY packet (the body's
+/// phase byte is 1, then a u16 count: `protocols::seal`), else `None`.
+fn subtree_keys(bytes: &[u8]) -> Option<u64> {
+    let e = Envelope::decode(bytes).ok()?;
+    match e.body.as_slice() {
+        [1, hi, lo, ..] if e.round == ROUND_BKEY => Some(u16::from_be_bytes([*hi, *lo]) as u64),
+        _ => None,
+    }
 }
 
 /// An exponential draw with mean `mean` seconds, plus `c`, in µs.
@@ -671,6 +700,8 @@ fn finish(st: State, setup: &Setup, policy: Policy) -> RunResult {
                 blinded_keys: (policy != Policy::PerView).then_some(a.bks),
                 packets: a.packets,
                 restarts: a.restarts,
+                merge_blinded_keys: (policy != Policy::PerView).then_some(a.bks - a.sub_bks),
+                merge_packets: a.packets - a.sub_packets,
             }
         })
         .collect();
@@ -710,7 +741,11 @@ fn finish(st: State, setup: &Setup, policy: Policy) -> RunResult {
             (m.name.clone(), view, key)
         })
         .collect();
-    RunResult { summary, rekeys, views: st.views.len() as u64, end }
+    let merge_only = (
+        (policy != Policy::PerView).then(|| mean(&|r| r.merge_blinded_keys.unwrap_or(0) as f64)),
+        mean(&|r| r.merge_packets as f64),
+    );
+    RunResult { summary, rekeys, merge_only, views: st.views.len() as u64, end }
 }
 
 /// SEAL Table 2, wired LAN (15 members, interval 15 s, c = 10 s, 2 h,
@@ -756,9 +791,10 @@ pub fn run(args: GaugeArgs) -> Result<()> {
         bar.set_message(p.name());
         let base = end * i as u64;
         let r = run_once(&setup, p, &mut |t| bar.set_position(base + t.min(end)))?;
+        let inside = agreed(&r).with_context(|| format!("{}, seed {}", p.name(), setup.seed))?;
         bar.suspend(|| {
             eprintln!(
-                "{}: {} rekeys, {} restarts, {} views",
+                "{}: {} rekeys, {} restarts, {} views; at the end {inside} members in, one key, of their view",
                 p.name(),
                 r.summary.rekeys,
                 r.summary.restarts,
@@ -784,6 +820,26 @@ pub fn run(args: GaugeArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Checks that every member in at the end holds one key, of its view;
+/// returns how many are in.
+fn agreed(r: &RunResult) -> Result<usize> {
+    let mut first: Option<&str> = None;
+    for (name, view, key) in &r.end {
+        let Some((fp, members)) = key else { bail!("{name} is in the group at the end without a key") };
+        if first.is_some_and(|f| f != fp) {
+            bail!("{name} holds another key than {}", r.end[0].0);
+        }
+        first = Some(fp);
+        let (mut a, mut b) = (members.clone(), view.clone());
+        a.sort();
+        b.sort();
+        if a != b {
+            bail!("{name}'s key is not of its view");
+        }
+    }
+    Ok(r.end.len())
 }
 
 fn replay_command(a: &GaugeArgs) -> String {
@@ -812,7 +868,18 @@ fn write_tables(out: &mut impl Write, setup: &Setup, results: &[RunResult]) -> R
         setup.seed
     )?;
     let mut t = crate::table::new(
-        ["algorithm", "rekeys", "restarts", "views", "rekey time (ms)", "exps", "blinded keys", "BKEY packets"],
+        [
+            "algorithm",
+            "rekeys",
+            "restarts",
+            "views",
+            "rekey time (ms)",
+            "exps",
+            "blinded keys",
+            "BKEY packets",
+            "blinded keys (merge)",
+            "BKEY packets (merge)",
+        ],
         1,
     );
     for r in results {
@@ -826,21 +893,42 @@ fn write_tables(out: &mut impl Write, setup: &Setup, results: &[RunResult]) -> R
             format!("{:.2}", s.exps),
             crate::table::or_dash(s.blinded_keys, 2),
             format!("{:.2}", s.bkey_packets),
+            crate::table::or_dash(r.merge_only.0, 2),
+            format!("{:.2}", r.merge_only.1),
         ]);
     }
-    writeln!(out, "{t}")?;
+    writeln!(
+        out,
+        "(merge): without Queue-subtree's BKEY packets, which SEAL does not measure (Queue-batch only; the other \
+         algorithms have none)."
+    )?;
     if let Some(paper) = table2_row(setup) {
         if let Some(r) = results.iter().find(|r| r.summary.algorithm == "queue-batch") {
             let s = &r.summary;
             writeln!(
                 out,
                 "\nBeside SEAL Table 2 (wired LAN, Queue-batch, T_in = T_out = {} s); our Queue-batch includes \
-                 Queue-subtree, SEAL's does not.\n",
+                 Queue-subtree, SEAL's does not: the merge-only rows leave its packets out.\n",
                 setup.t_in
             )?;
             let mut t = crate::table::new(["metric", "ours", "SEAL (wired)", "ours / SEAL"], 1);
-            let ours = [s.rekey_time_s, s.exps, s.blinded_keys.unwrap_or(0.0), s.bkey_packets];
-            let names = ["rekeying time (s)", "exponentiations", "broadcast blinded keys", "BKEY packets"];
+            let ours = [
+                s.rekey_time_s,
+                s.exps,
+                s.blinded_keys.unwrap_or(0.0),
+                s.bkey_packets,
+                r.merge_only.0.unwrap_or(0.0),
+                r.merge_only.1,
+            ];
+            let names = [
+                "rekeying time (s)",
+                "exponentiations (with Queue-subtree)",
+                "broadcast blinded keys",
+                "BKEY packets",
+                "broadcast blinded keys (merge only)",
+                "BKEY packets (merge only)",
+            ];
+            let paper = [paper[0], paper[1], paper[2], paper[3], paper[2], paper[3]];
             for ((name, o), p) in names.iter().zip(ours).zip(paper) {
                 t.add_row(vec![name.to_string(), format!("{o:.4}"), format!("{p:.2}"), format!("{:.3}", o / p)]);
             }
@@ -906,6 +994,8 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<()> {
         "blinded_keys",
         "bkey_packets",
         "restarts",
+        "merge_blinded_keys",
+        "merge_bkey_packets",
     ])?;
     for r in results {
         for (i, k) in r.rekeys.iter().enumerate() {
@@ -919,6 +1009,8 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<()> {
                 k.blinded_keys.map_or(String::new(), |v| v.to_string()),
                 k.packets.to_string(),
                 k.restarts.to_string(),
+                k.merge_blinded_keys.map_or(String::new(), |v| v.to_string()),
+                k.merge_packets.to_string(),
             ])?;
         }
     }
@@ -1000,25 +1092,58 @@ mod tests {
         for p in IntervalAlgorithm::ALL.map(Policy::Interval).into_iter().chain([Policy::PerView]) {
             let r = run(&setup(3), p);
             assert!(!r.end.is_empty(), "{p:?}: somebody is in at the end");
-            let first = r.end[0].2.clone().unwrap_or_else(|| panic!("{p:?}: {} has no key", r.end[0].0));
-            for (name, view, key) in &r.end {
-                let (fp, members) = key.clone().unwrap_or_else(|| panic!("{p:?}: {name} has no key"));
-                assert_eq!(fp, first.0, "{p:?}: {name} holds another key");
-                let (mut a, mut b) = (members.clone(), view.clone());
-                a.sort();
-                b.sort();
-                assert_eq!(a, b, "{p:?}: {name}'s key is not of its view");
-            }
+            assert_eq!(agreed(&r).unwrap_or_else(|e| panic!("{p:?}: {e}")), r.end.len());
             let s = &r.summary;
             assert!(s.rekeys > 0 && s.exps > 0.0 && s.bkey_packets > 0.0 && s.rekey_time_s > 0.0, "{p:?}: {s:?}");
             if p != Policy::PerView {
                 assert!(s.blinded_keys.is_some_and(|b| b > 0.0), "{p:?}: {s:?}");
+                // Only Queue-batch has Queue-subtree packets to leave out.
+                let (mb, mp) = (r.merge_only.0.unwrap(), r.merge_only.1);
+                if p == Policy::Interval(IntervalAlgorithm::QueueBatch) {
+                    assert!(mb < s.blinded_keys.unwrap() && mp < s.bkey_packets && mp > 0.0, "{r:?}", r = r.merge_only);
+                } else {
+                    assert_eq!((Some(mb), mp), (s.blinded_keys, s.bkey_packets), "{p:?}");
+                }
                 // Intervals batch the views: fewer rekeys than views.
                 assert!(s.rekeys < r.views, "{p:?}: {} rekeys, {} views", s.rekeys, r.views);
             } else {
                 assert_eq!(s.rekeys, r.views, "per-view TGDH rekeys every view");
             }
         }
+    }
+
+    #[test]
+    fn a_member_without_the_key_or_with_another_fails_the_end_check() {
+        let mut r = run(&setup(4), Policy::Interval(IntervalAlgorithm::Batch));
+        assert!(agreed(&r).is_ok());
+        let (_, _, key) = r.end.last_mut().unwrap();
+        key.as_mut().unwrap().0.push('x');
+        assert!(agreed(&r).is_err());
+        r.end.last_mut().unwrap().2 = None;
+        assert!(agreed(&r).is_err());
+    }
+
+    #[test]
+    fn out_writes_csv_json_and_the_per_rekey_chart_and_refuses_an_unwritable_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("plain-file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(check_writable(&file.join("sub")).is_err(), "a directory under a file");
+        let out = dir.path().join("out");
+        check_writable(&out).unwrap();
+        let results: Vec<RunResult> = [Policy::Interval(IntervalAlgorithm::QueueBatch), Policy::PerView]
+            .into_iter()
+            .map(|p| run(&setup(5), p))
+            .collect();
+        write_outputs(&out, &results).unwrap();
+        let json: Vec<serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(out.join("gauge.json")).unwrap()).unwrap();
+        assert_eq!(json.len(), 2);
+        assert_eq!(json[0]["algorithm"], "queue-batch");
+        assert!(json[1]["blinded_keys"].is_null());
+        let rows = csv::Reader::from_path(out.join("rekeys.csv")).unwrap().records().count();
+        assert_eq!(rows as u64, results[0].summary.rekeys + results[1].summary.rekeys);
+        assert!(out.join("rekeys.svg").exists() && out.join("rekeys.png").exists());
     }
 
     #[test]
