@@ -894,9 +894,10 @@ fn write_tables(out: &mut impl Write, setup: &Setup, results: &[RunResult]) -> R
             crate::table::or_dash(s.blinded_keys, 2),
             format!("{:.2}", s.bkey_packets),
             crate::table::or_dash(r.merge_only.0, 2),
-            format!("{:.2}", r.merge_only.1),
+            crate::table::or_dash(r.merge_only.0.map(|_| r.merge_only.1), 2),
         ]);
     }
+    writeln!(out, "{t}")?;
     writeln!(
         out,
         "(merge): without Queue-subtree's BKEY packets, which SEAL does not measure (Queue-batch only; the other \
