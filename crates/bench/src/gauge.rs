@@ -300,6 +300,10 @@ pub(crate) struct Summary {
     pub bkey_packets: f64,
 }
 
+/// A member in the group at the end: its name, its view's members, and
+/// its key's fingerprint and members (`None`: no key).
+pub(crate) type EndState = (MemberId, Vec<MemberId>, Option<(String, Vec<MemberId>)>);
+
 /// A run's result.
 pub(crate) struct RunResult {
     pub summary: Summary,
@@ -307,15 +311,21 @@ pub(crate) struct RunResult {
     /// Queue-merge only (SEAL's measure of Queue-batch): blinded keys and
     /// packets per rekey, averaged like the summary's.
     pub merge_only: (Option<f64>, f64),
+    /// Rekeys begun that installed nothing: rekey messages sent minus rekeys
+    /// (restarted, or abandoned by a view until the next tick); the
+    /// baseline's cascades.
+    pub abandoned: u64,
+    /// Median over rekeys of the rekeying time, seconds.
+    pub median_time_s: f64,
     /// Distinct views the group went through.
     pub views: u64,
     /// At the end, per member still in: its name, its view's members and
     /// its key's fingerprint and members (None: no key).
-    pub end: Vec<(MemberId, Vec<MemberId>, Option<(String, Vec<MemberId>)>)>,
+    pub end: Vec<EndState>,
 }
 
 enum Eng {
-    Interval(IntervalTgdh<Ristretto255>),
+    Interval(Box<IntervalTgdh<Ristretto255>>),
     PerView(Box<dyn Engine>),
 }
 
@@ -411,6 +421,8 @@ struct State {
     /// Baseline: views that arrived while a member's run was open.
     cascades: BTreeSet<ViewId>,
     restarts: u64,
+    /// Rekey messages the leaders sent (ticks and restarts).
+    led: u64,
     engine_seeds: ChaCha20Rng,
 }
 
@@ -418,14 +430,14 @@ impl State {
     fn fresh_engine(&mut self, conn: ConnId) -> Eng {
         let m = &self.members[&conn];
         match self.policy {
-            Policy::Interval(a) => Eng::Interval(IntervalTgdh::new(
+            Policy::Interval(a) => Eng::Interval(Box::new(IntervalTgdh::new(
                 Ristretto255,
                 self.group.as_str().to_string(),
                 m.name.clone(),
                 m.signer.clone(),
                 self.directory.clone(),
                 a,
-            )),
+            ))),
             Policy::PerView => Eng::PerView(new_engine(Config {
                 protocol: ProtocolId::Tgdh,
                 group_id: GroupId::Ristretto255,
@@ -477,6 +489,7 @@ impl State {
         let cpu = cpu_us.round() as Micros;
         let restarts = after_stats.restarts - before_stats.restarts;
         self.restarts += restarts;
+        self.led += after_stats.rekeys_led - before_stats.rekeys_led;
         if let Some(o) = m.open.as_mut() {
             o.exps += after.exps - before.exps;
             o.restarts += restarts;
@@ -497,10 +510,10 @@ impl State {
                         o.sub_packets += 1;
                     }
                     ops.push(Op::Multicast {
-                    conn,
-                    group: self.group.clone(),
-                    service: Service::Agreed,
-                    payload: Bytes::from(bytes),
+                        conn,
+                        group: self.group.clone(),
+                        service: Service::Agreed,
+                        payload: Bytes::from(bytes),
                     })
                 }
                 Output::Send { to: Some(to), bytes } => {
@@ -508,7 +521,8 @@ impl State {
                 }
                 Output::Installed(sv) => {
                     let Some(open) = m.open.take() else { continue };
-                    let acc = self.rekeys.entry(sv.epoch).or_insert_with(|| Acc { start: open.start, ..Acc::default() });
+                    let acc =
+                        self.rekeys.entry(sv.epoch).or_insert_with(|| Acc { start: open.start, ..Acc::default() });
                     acc.start = acc.start.min(open.start);
                     acc.members += 1;
                     acc.time_us += (now + cpu).saturating_sub(open.start);
@@ -534,6 +548,7 @@ impl State {
             let before = e.stats();
             let outs = e.tick(&mut m.rng).expect("the leader ticks");
             self.restarts += e.stats().restarts - before.restarts;
+            self.led += e.stats().rekeys_led - before.rekeys_led;
             for o in outs {
                 if let Output::Send { to: None, bytes } = o {
                     sim.submit(Op::Multicast {
@@ -628,6 +643,7 @@ pub(crate) fn run_once(setup: &Setup, policy: Policy, progress: &mut dyn FnMut(M
         views: BTreeSet::new(),
         cascades: BTreeSet::new(),
         restarts: 0,
+        led: 0,
         engine_seeds: ChaCha20Rng::seed_from_u64(setup.seed ^ 0xbb67_ae85_84ca_a73b),
     };
     let end = (setup.duration_s * SECOND).round() as Micros;
@@ -733,11 +749,8 @@ fn finish(st: State, setup: &Setup, policy: Policy) -> RunResult {
         .filter(|m| m.inside)
         .map(|m| {
             let view = m.view.as_ref().map(|v| v.ids().cloned().collect()).unwrap_or_default();
-            let key = m
-                .engine
-                .as_ref()
-                .and_then(|e| e.secure_view())
-                .map(|sv| (sv.key.fingerprint(), sv.members.clone()));
+            let key =
+                m.engine.as_ref().and_then(|e| e.secure_view()).map(|sv| (sv.key.fingerprint(), sv.members.clone()));
             (m.name.clone(), view, key)
         })
         .collect();
@@ -745,7 +758,14 @@ fn finish(st: State, setup: &Setup, policy: Policy) -> RunResult {
         (policy != Policy::PerView).then(|| mean(&|r| r.merge_blinded_keys.unwrap_or(0) as f64)),
         mean(&|r| r.merge_packets as f64),
     );
-    RunResult { summary, rekeys, merge_only, views: st.views.len() as u64, end }
+    let abandoned = match policy {
+        Policy::Interval(_) => st.led.saturating_sub(rekeys.len() as u64),
+        Policy::PerView => restarts,
+    };
+    let mut times: Vec<f64> = rekeys.iter().map(|r| r.time_s).collect();
+    times.sort_by(f64::total_cmp);
+    let median_time_s = times.get(times.len() / 2).copied().unwrap_or(0.0);
+    RunResult { summary, rekeys, merge_only, abandoned, median_time_s, views: st.views.len() as u64, end }
 }
 
 /// SEAL Table 2, wired LAN (15 members, interval 15 s, c = 10 s, 2 h,
@@ -872,8 +892,10 @@ fn write_tables(out: &mut impl Write, setup: &Setup, results: &[RunResult]) -> R
             "algorithm",
             "rekeys",
             "restarts",
+            "abandoned",
             "views",
             "rekey time (ms)",
+            "p50 (ms)",
             "exps",
             "blinded keys",
             "BKEY packets",
@@ -888,8 +910,10 @@ fn write_tables(out: &mut impl Write, setup: &Setup, results: &[RunResult]) -> R
             s.algorithm.clone(),
             s.rekeys.to_string(),
             s.restarts.to_string(),
+            r.abandoned.to_string(),
             r.views.to_string(),
             format!("{:.3}", s.rekey_time_s * 1e3),
+            format!("{:.3}", r.median_time_s * 1e3),
             format!("{:.2}", s.exps),
             crate::table::or_dash(s.blinded_keys, 2),
             format!("{:.2}", s.bkey_packets),
@@ -901,7 +925,9 @@ fn write_tables(out: &mut impl Write, setup: &Setup, results: &[RunResult]) -> R
     writeln!(
         out,
         "(merge): without Queue-subtree's BKEY packets, which SEAL does not measure (Queue-batch only; the other \
-         algorithms have none)."
+         algorithms have none). abandoned: rekeys begun that installed nothing (restarted, or abandoned by a view \
+         and begun again at the next tick, whose wait the rekeying time then includes: see p50); for the baseline, \
+         its cascades."
     )?;
     if let Some(paper) = table2_row(setup) {
         if let Some(r) = results.iter().find(|r| r.summary.algorithm == "queue-batch") {
@@ -1063,16 +1089,7 @@ mod tests {
     use super::*;
 
     fn setup(seed: u64) -> Setup {
-        Setup {
-            members: 6,
-            machines: 3,
-            t_in: 4.0,
-            t_out: 4.0,
-            constant: 2.0,
-            interval: 3.0,
-            duration_s: 40.0,
-            seed,
-        }
+        Setup { members: 6, machines: 3, t_in: 4.0, t_out: 4.0, constant: 2.0, interval: 3.0, duration_s: 40.0, seed }
     }
 
     fn run(setup: &Setup, p: Policy) -> RunResult {
@@ -1096,6 +1113,7 @@ mod tests {
             assert_eq!(agreed(&r).unwrap_or_else(|e| panic!("{p:?}: {e}")), r.end.len());
             let s = &r.summary;
             assert!(s.rekeys > 0 && s.exps > 0.0 && s.bkey_packets > 0.0 && s.rekey_time_s > 0.0, "{p:?}: {s:?}");
+            assert!(r.abandoned >= s.restarts && r.median_time_s > 0.0, "{p:?}");
             if p != Policy::PerView {
                 assert!(s.blinded_keys.is_some_and(|b| b > 0.0), "{p:?}: {s:?}");
                 // Only Queue-batch has Queue-subtree packets to leave out.
