@@ -89,7 +89,15 @@
 //! * SEAL measures Queue-batch's Queue-merge only; the Queue-subtree phase
 //!   happens during the interval. The engine here runs Queue-subtree after
 //!   the rekey message, in the same run, so Queue-batch's rekeying time,
-//!   exponentiations, blinded keys and packets include T''s agreement.
+//!   exponentiations, blinded keys and packets include T''s agreement. The
+//!   tables also give blinded keys and packets without it ("merge"), read
+//!   off the BKEY packets' phase byte (1: Queue-subtree); the exponentiations
+//!   cannot be split from outside the engine.
+//! * A view during a rekey that takes neither the leader nor an unsent
+//!   sponsor abandons the rekey until the next tick (SEAL carries on), so
+//!   its members' rekeying time includes that wait: the tables print the
+//!   median beside the mean, and the abandoned rekeys (rekey messages sent
+//!   minus rekeys installed).
 //! * No key confirmation (§3.5): the install is at the plan's last packet.
 //! * SEAL's rekey times are wall-clock on 2004 machines with 1024-bit DH,
 //!   RSA-1024 signatures and Spread; ours are virtual, from the costs above:
