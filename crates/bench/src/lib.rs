@@ -11,6 +11,10 @@
 //!   holds the new key: on the simulator with virtual time and a cost model,
 //!   or over real daemons (one embedded, or a Corosync cluster in network
 //!   namespaces with the `cluster` feature), with MLS (mls-rs) as a peer.
+//! * `conclave gauge` (module `gauge`) — SEAL's Gauger: members joining and
+//!   leaving one group on simulated daemons in virtual time, rekeyed by the
+//!   interval algorithms (Rebuild, Batch, Queue-batch) and by per-view TGDH,
+//!   beside SEAL's Table 2.
 //! * `bench gcs` — group communication on real sockets: agreed-multicast
 //!   latency and throughput, join and leave latency; with the `cluster`
 //!   feature also over Corosync, with bare CPG's own delivery as the floor.
@@ -27,6 +31,7 @@ mod counts;
 mod crypto;
 mod events;
 pub mod flood;
+mod gauge;
 mod gcs;
 mod live;
 mod mls;
@@ -60,6 +65,8 @@ pub enum Command {
     /// latency, against an embedded daemon or the daemons given (and over TLS with --tls).
     Gcs(gcs::GcsArgs),
 }
+
+pub use gauge::{run as run_gauge, GaugeArgs};
 
 /// Runs a benchmark.
 pub fn run(cmd: Command) -> Result<()> {

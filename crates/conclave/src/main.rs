@@ -7,7 +7,8 @@
 //! Spread's spuser (`conclave client`) and a load generator in the manner of
 //! spflooder (`conclave flood`), and `conclave demo`, which runs the whole
 //! stack (daemon, secure sessions, key agreement) in one process, `conclave chat`, and `conclave keys`
-//! (certified identities). The gauge command of DESIGN.md joins them as it lands.
+//! (certified identities), and `conclave gauge` (SEAL's Gauger on simulated daemons, from
+//! `conclave-bench`).
 //!
 //! Built without the default feature `bench` (`--no-default-features`), it
 //! is the daemon, client, chat, demo and keys without the benchmarks and the
@@ -42,6 +43,10 @@ enum Command {
     #[cfg(feature = "bench")]
     #[command(subcommand)]
     Bench(conclave_bench::Command),
+    /// SEAL's Gauger: members repeatedly join and leave one group on simulated daemons (virtual time),
+    /// rekeyed by SEAL's interval algorithms and by per-view TGDH, beside SEAL's Table 2.
+    #[cfg(feature = "bench")]
+    Gauge(conclave_bench::GaugeArgs),
     /// The whole stack in one process: an embedded daemon and scripted members
     /// that join, talk and leave under each protocol, with secure views,
     /// rekey times and decrypted traffic printed.
@@ -88,6 +93,8 @@ fn run(command: Command) -> Result<()> {
     match command {
         #[cfg(feature = "bench")]
         Command::Bench(which) => conclave_bench::run(which),
+        #[cfg(feature = "bench")]
+        Command::Gauge(args) => conclave_bench::run_gauge(args),
         Command::Demo(args) => demo::run(args),
         Command::Daemon(args) => daemon::run(args),
         Command::Client(args) => client::run(args),

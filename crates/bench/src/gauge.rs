@@ -1,0 +1,1203 @@
+//! `conclave gauge --engine sim`: SEAL's Gauger (§6) in virtual time.
+//!
+//! N members repeatedly join and leave one group. Each is a client of a
+//! simulated daemon (`conclave_gcs::daemon_sim::DaemonSim`, the real daemon
+//! core on a simulated LAN; members round-robin over `--machines` daemons,
+//! 3 as in SEAL §6.2, 8 in §6.1), and stays in for T_in + c and out for
+//! T_out + c seconds, T exponentially distributed with mean `--t-in` /
+//! `--t-out` and c = `--constant`, drawn afresh for every stay. At time 0
+//! each member is in with probability (t_in + c) / (t_in + t_out + 2c), the
+//! share of time it spends in; those that are in join at once (1 ms apart).
+//! A member that joins is a new process: a fresh engine, as after SEAL's
+//! `SEAL_leave` and `SEAL_join`.
+//!
+//! # Rekeying
+//! * **Interval algorithms** (`--algorithm rebuild|batch|queue-batch`): the
+//!   engine is [`IntervalTgdh`]. Views are followed, not rekeyed; every
+//!   `--interval` seconds of virtual time (at k·interval, k = 1, 2, …) the
+//!   leader — the member that is first in its latest view — is given
+//!   [`IntervalTgdh::tick`], and its rekey message goes out through its
+//!   daemon. A new leader restarts at once if a view took the leader or an
+//!   unsent sponsor during a rekey (the engine's restart).
+//! * **Baseline** (`--baseline`, on by default): the same churn (same seed,
+//!   so the same join and leave times) with per-view TGDH
+//!   (`new_engine(ProtocolId::Tgdh)`): every view is rekeyed.
+//!
+//! After `--duration` no one joins or leaves any more; the run goes on until
+//! the daemons are quiet, then (interval algorithms) the leader ticks once
+//! more so that every member still in holds the key of the last view; that
+//! last rekey is counted like the others.
+//!
+//! # What is counted, and how it is averaged (SEAL §6)
+//! A member's *rekeying operation* starts when it receives the first rekey
+//! message since its last install (or since it joined) — SEAL §6: "from the
+//! instant at which a member receives the first rekeying message … to the
+//! instant at which the updated group key is confirmed" — and ends when it
+//! installs the new key; a restart (a second rekey message before the
+//! install) stays in the same operation, as in SEAL. For the baseline it
+//! starts at the view that starts the run (a cascading view stays in it).
+//! Everything the member's engine does between the two is charged to the
+//! operation: the deltas of its `costs()` (exponentiations) and, for the
+//! interval engine, of its `stats()` (blinded keys and BKEY packets it
+//! broadcast, restarts it led), read around every input the engine is given.
+//!
+//! A *rekey* is one installed epoch: the members that install it are the
+//! members of that rekey. Per rekey:
+//! * **rekeying time**: the mean, over its members, of install − start, in
+//!   virtual seconds;
+//! * **exponentiations**: the mean, over its members, of each one's own;
+//! * **broadcast blinded keys** and **BKEY packets**: the sum, over its
+//!   members, of what each broadcast — all of it reaches every member, so
+//!   this is also what each member sees, and its mean over the members is
+//!   the same number. That is how `interval.rs` reads Table 2
+//!   (`IntervalCosts::table2`): ~7 blinded keys and ~6 packets per member in
+//!   groups of ~7 only fit as the counts each member sees. The baseline's
+//!   packets are its broadcasts; its blinded keys are not counted (`-`).
+//!
+//! The run's figures are then the mean over rekeys of these per-rekey
+//! figures: SEAL's "averaged over the number of existing members in the
+//! group at each rekeying interval and then over the number of rekeying
+//! intervals" (§6.1, Experiment 1). Intervals without a rekey (an empty
+//! batch sends nothing) are not averaged in. `restarts` is the sum of the
+//! engines' `IntervalStats::restarts` (rekeys the leader started again at
+//! once after a view took the leader or an unsent sponsor); for the
+//! baseline it is the number of views that arrived while a member's run was
+//! in progress (cascades).
+//!
+//! What a member spent in an operation it never finished (it left first) is
+//! not counted, nor is the rekey message's signature at the tick (the tick
+//! is not a delivery, so it is sent without CPU time).
+//!
+//! # Cost model (virtual time)
+//! Group ristretto255, signatures Ed25519. Each input's crypto is charged to
+//! the member's machine's virtual CPU (one per daemon machine, shared by its
+//! members) at this machine's measured costs, from
+//! `/work/shared/notes/crypto-costs-measured.md` (2 vCPU Xeon, KVM,
+//! 2026-11-21, per-thread CPU time, median): an exponentiation 32.3 µs
+//! (ristretto255 variable-base scalar multiplication, curve25519-dalek
+//! 4.1.3; the engines' fixed-base ones, 12.3 µs there, are charged the same
+//! since `Costs` does not tell them apart), a signature 18.6 µs and a
+//! verification 40.8 µs (Ed25519, ed25519-dalek, as measured there for
+//! 3.0.0; this workspace builds 2.1). The network is `NetConfig::default()`:
+//! 80 µs one way between daemons plus up to 20 µs jitter, 10 µs between a
+//! client and its daemon, 5 µs of daemon CPU per operation, no loss. A
+//! member's install is at the delivery that completes it plus that
+//! reaction's CPU time (a wait for its machine's CPU is not added; later
+//! messages it sends do wait).
+//!
+//! # How it differs from SEAL's Gauger
+//! * SEAL measures Queue-batch's Queue-merge only; the Queue-subtree phase
+//!   happens during the interval. The engine here runs Queue-subtree after
+//!   the rekey message, in the same run, so Queue-batch's rekeying time,
+//!   exponentiations, blinded keys and packets include T''s agreement. The
+//!   tables also give blinded keys and packets without it ("merge"), read
+//!   off the BKEY packets' phase byte (1: Queue-subtree); the exponentiations
+//!   cannot be split from outside the engine.
+//! * A view during a rekey that takes neither the leader nor an unsent
+//!   sponsor abandons the rekey until the next tick (SEAL carries on), so
+//!   its members' rekeying time includes that wait: the tables print the
+//!   median beside the mean, and the abandoned rekeys (rekey messages sent
+//!   minus rekeys installed).
+//! * No key confirmation (§3.5): the install is at the plan's last packet.
+//! * SEAL's rekey times are wall-clock on 2004 machines with 1024-bit DH,
+//!   RSA-1024 signatures and Spread; ours are virtual, from the costs above:
+//!   they are compared in ratio only to show the order of magnitude.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use clap::{Args, ValueEnum};
+use conclave_gcs::core::{ConnId, Delivery, Op, Service};
+use conclave_gcs::daemon_sim::{DaemonSim, Micros, NetConfig, Reaction};
+use conclave_gcs::{GroupName, MemberId, View, ViewId};
+use conclave_gka::message::Envelope;
+use conclave_gka::protocols::seal::{IntervalAlgorithm, IntervalStats, IntervalTgdh, ROUND_BKEY, ROUND_REKEY};
+use conclave_gka::suite::ristretto::Ristretto255;
+use conclave_gka::suite::{generate_signer, Signer};
+use conclave_gka::{
+    new_engine, Config, Costs, Engine, Epoch, GroupId, Output, ProtocolId, SecureView, SignatureId, StaticDirectory,
+};
+use rand_chacha::ChaCha20Rng;
+use rand_core::{RngCore, SeedableRng};
+use serde::Serialize;
+
+/// Virtual CPU per exponentiation, µs: ristretto255 variable-base scalar
+/// multiplication (crypto-costs-measured.md, curve25519-dalek 4.1.3).
+const EXP_US: f64 = 32.3;
+/// Virtual CPU per Ed25519 signature, µs (crypto-costs-measured.md).
+const SIGN_US: f64 = 18.6;
+/// Virtual CPU per Ed25519 verification, µs (crypto-costs-measured.md).
+const VERIFY_US: f64 = 40.8;
+
+const SECOND: f64 = 1e6;
+
+/// What runs the members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GaugeEngine {
+    /// Simulated daemons in virtual time, crypto charged from a cost model.
+    Sim,
+}
+
+/// Which interval algorithms to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AlgorithmChoice {
+    /// Rebuild a complete tree every interval.
+    Rebuild,
+    /// Joiners replace leavers, then the shallowest positions.
+    Batch,
+    /// Joiners gathered in a subtree, merged at the interval's end.
+    QueueBatch,
+    /// All three.
+    All,
+}
+
+impl AlgorithmChoice {
+    fn algorithms(self) -> Vec<IntervalAlgorithm> {
+        match self {
+            Self::Rebuild => vec![IntervalAlgorithm::Rebuild],
+            Self::Batch => vec![IntervalAlgorithm::Batch],
+            Self::QueueBatch => vec![IntervalAlgorithm::QueueBatch],
+            Self::All => IntervalAlgorithm::ALL.to_vec(),
+        }
+    }
+}
+
+/// A span of virtual time: `2h`, `30m`, `90s` or plain seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Span(
+    /// Seconds.
+    pub f64,
+);
+
+impl std::str::FromStr for Span {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let (num, unit) = match t.char_indices().last() {
+            Some((i, 'h')) => (&t[..i], 3600.0),
+            Some((i, 'm')) => (&t[..i], 60.0),
+            Some((i, 's')) => (&t[..i], 1.0),
+            _ => (t, 1.0),
+        };
+        match num.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() && v > 0.0 => Ok(Span(v * unit)),
+            _ => Err(format!("{s:?} is not a duration (e.g. 2h, 30m, 90s)")),
+        }
+    }
+}
+
+/// Options of `conclave gauge`.
+#[derive(Args, Clone)]
+pub struct GaugeArgs {
+    /// Engine: `sim` (simulated daemons, virtual time).
+    #[arg(long, value_enum, default_value = "sim")]
+    engine: GaugeEngine,
+    /// Members that join and leave (each a Gauger).
+    #[arg(long, default_value_t = 15)]
+    members: usize,
+    /// Simulated daemon machines; members go round-robin over them.
+    #[arg(long, default_value_t = 3)]
+    machines: u16,
+    /// Mean of T_in, seconds (a member stays in for T_in + c).
+    #[arg(long, default_value_t = 30.0)]
+    t_in: f64,
+    /// Mean of T_out, seconds (a member stays out for T_out + c).
+    #[arg(long, default_value_t = 30.0)]
+    t_out: f64,
+    /// The constant c, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    constant: f64,
+    /// Rekeying interval, seconds (the leader ticks every interval).
+    #[arg(long, default_value_t = 15.0)]
+    interval: f64,
+    /// Virtual time of churn: `2h`, `30m`, `90s`.
+    #[arg(long, default_value = "2h")]
+    duration: Span,
+    /// Interval algorithm(s).
+    #[arg(long, value_enum, default_value = "all")]
+    algorithm: AlgorithmChoice,
+    /// Also run the same churn through per-view TGDH (`--baseline false` to leave it out).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    baseline: bool,
+    /// The one seed of the run (churn, daemons, members' keys).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON array (one object per run) instead of the tables.
+    #[arg(long)]
+    json: bool,
+    /// Write gauge.csv, gauge.json, rekeys.csv and a per-rekey chart (SVG, PNG) into this directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// What the members run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Policy {
+    /// SEAL's interval rekeying.
+    Interval(IntervalAlgorithm),
+    /// TGDH, every view rekeyed.
+    PerView,
+}
+
+impl Policy {
+    fn name(self) -> &'static str {
+        match self {
+            Policy::Interval(IntervalAlgorithm::Rebuild) => "rebuild",
+            Policy::Interval(IntervalAlgorithm::Batch) => "batch",
+            Policy::Interval(IntervalAlgorithm::QueueBatch) => "queue-batch",
+            Policy::PerView => "tgdh (per view)",
+        }
+    }
+}
+
+/// The churn and group of one run.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Setup {
+    pub members: usize,
+    pub machines: u16,
+    pub t_in: f64,
+    pub t_out: f64,
+    pub constant: f64,
+    pub interval: f64,
+    pub duration_s: f64,
+    pub seed: u64,
+}
+
+/// One rekey (one installed epoch).
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct RekeyRecord {
+    /// Virtual seconds at which its first member started it.
+    pub at_s: f64,
+    /// Members that installed it.
+    pub members: usize,
+    /// Mean rekeying time over its members, seconds.
+    pub time_s: f64,
+    /// Mean exponentiations over its members.
+    pub exps: f64,
+    /// Blinded keys broadcast (interval algorithms only).
+    pub blinded_keys: Option<u64>,
+    /// BKEY packets (baseline: broadcasts).
+    pub packets: u64,
+    /// Restarts during it.
+    pub restarts: u64,
+    /// Of `blinded_keys` and `packets`, those of Queue-merge (all but Queue-subtree's).
+    pub merge_blinded_keys: Option<u64>,
+    pub merge_packets: u64,
+}
+
+/// One run's summary: the `--json` object.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub(crate) struct Summary {
+    pub algorithm: String,
+    pub members: usize,
+    pub t_in: f64,
+    pub t_out: f64,
+    pub constant: f64,
+    pub interval: f64,
+    pub duration_s: f64,
+    pub rekeys: u64,
+    pub restarts: u64,
+    pub rekey_time_s: f64,
+    pub exps: f64,
+    pub blinded_keys: Option<f64>,
+    pub bkey_packets: f64,
+}
+
+/// A member in the group at the end: its name, its view's members, and
+/// its key's fingerprint and members (`None`: no key).
+pub(crate) type EndState = (MemberId, Vec<MemberId>, Option<(String, Vec<MemberId>)>);
+
+/// A run's result.
+pub(crate) struct RunResult {
+    pub summary: Summary,
+    pub rekeys: Vec<RekeyRecord>,
+    /// Queue-merge only (SEAL's measure of Queue-batch): blinded keys and
+    /// packets per rekey, averaged like the summary's.
+    pub merge_only: (Option<f64>, f64),
+    /// Rekeys begun that installed nothing: rekey messages sent minus rekeys
+    /// (restarted, or abandoned by a view until the next tick); the
+    /// baseline's cascades.
+    pub abandoned: u64,
+    /// Median over rekeys of the rekeying time, seconds.
+    pub median_time_s: f64,
+    /// Distinct views the group went through.
+    pub views: u64,
+    /// At the end, per member still in: its name, its view's members and
+    /// its key's fingerprint and members (None: no key).
+    pub end: Vec<EndState>,
+}
+
+enum Eng {
+    Interval(Box<IntervalTgdh<Ristretto255>>),
+    PerView(Box<dyn Engine>),
+}
+
+impl Eng {
+    fn on_view(&mut self, v: &View, rng: &mut ChaCha20Rng) -> Vec<Output> {
+        let r = match self {
+            Eng::Interval(e) => e.on_view(v, rng),
+            Eng::PerView(e) => e.on_view(v, rng),
+        };
+        r.expect("a view is always accepted")
+    }
+
+    fn on_message(&mut self, from: &MemberId, bytes: &[u8], rng: &mut ChaCha20Rng) -> Vec<Output> {
+        // Late messages of an abandoned run are refused: expected.
+        match self {
+            Eng::Interval(e) => e.on_message(from, bytes, rng),
+            Eng::PerView(e) => e.on_message(from, bytes, rng),
+        }
+        .unwrap_or_default()
+    }
+
+    fn costs(&self) -> Costs {
+        match self {
+            Eng::Interval(e) => e.costs(),
+            Eng::PerView(e) => e.costs(),
+        }
+    }
+
+    fn stats(&self) -> IntervalStats {
+        match self {
+            Eng::Interval(e) => e.stats(),
+            Eng::PerView(_) => IntervalStats::default(),
+        }
+    }
+
+    fn secure_view(&self) -> Option<&SecureView> {
+        match self {
+            Eng::Interval(e) => e.secure_view(),
+            Eng::PerView(e) => e.secure_view(),
+        }
+    }
+}
+
+/// A member's rekeying operation in progress.
+#[derive(Default)]
+struct Open {
+    start: Micros,
+    exps: u64,
+    bks: u64,
+    packets: u64,
+    restarts: u64,
+    /// Of `bks` and `packets`, those of Queue-subtree (read off the BKEY packets' phase byte).
+    sub_bks: u64,
+    sub_packets: u64,
+}
+
+struct Member {
+    name: MemberId,
+    conn: ConnId,
+    signer: Arc<dyn Signer>,
+    /// Its engine while it is in the group (from its join until `Left`).
+    engine: Option<Eng>,
+    view: Option<View>,
+    rng: ChaCha20Rng,
+    open: Option<Open>,
+    /// In the group as the churn has it.
+    inside: bool,
+    /// When it next joins or leaves, µs.
+    next: Micros,
+}
+
+#[derive(Default)]
+struct Acc {
+    start: Micros,
+    members: usize,
+    time_us: u64,
+    exps: u64,
+    bks: u64,
+    packets: u64,
+    restarts: u64,
+    sub_bks: u64,
+    sub_packets: u64,
+}
+
+/// Everything the deliveries touch.
+struct State {
+    policy: Policy,
+    group: GroupName,
+    directory: Arc<StaticDirectory>,
+    members: BTreeMap<ConnId, Member>,
+    rekeys: BTreeMap<Epoch, Acc>,
+    views: BTreeSet<ViewId>,
+    /// Baseline: views that arrived while a member's run was open.
+    cascades: BTreeSet<ViewId>,
+    restarts: u64,
+    /// Rekey messages the leaders sent (ticks and restarts).
+    led: u64,
+    engine_seeds: ChaCha20Rng,
+}
+
+impl State {
+    fn fresh_engine(&mut self, conn: ConnId) -> Eng {
+        let m = &self.members[&conn];
+        match self.policy {
+            Policy::Interval(a) => Eng::Interval(Box::new(IntervalTgdh::new(
+                Ristretto255,
+                self.group.as_str().to_string(),
+                m.name.clone(),
+                m.signer.clone(),
+                self.directory.clone(),
+                a,
+            ))),
+            Policy::PerView => Eng::PerView(new_engine(Config {
+                protocol: ProtocolId::Tgdh,
+                group_id: GroupId::Ristretto255,
+                group: self.group.as_str().to_string(),
+                me: m.name.clone(),
+                signer: m.signer.clone(),
+                directory: self.directory.clone(),
+            })),
+        }
+    }
+
+    /// Feeds one delivery to a member's engine; charges and records what it did.
+    fn react(&mut self, now: Micros, conn: ConnId, d: &Delivery) -> Reaction {
+        let policy = self.policy;
+        let Some(m) = self.members.get_mut(&conn) else { return Reaction::default() };
+        if let Delivery::Left { .. } = d {
+            m.engine = None;
+            m.view = None;
+            m.open = None;
+            return Reaction::default();
+        }
+        let Some(engine) = m.engine.as_mut() else { return Reaction::default() };
+        let (before, before_stats) = (engine.costs(), engine.stats());
+        let outputs = match d {
+            Delivery::View { view, .. } => {
+                self.views.insert(view.id);
+                m.view = Some(view.clone());
+                if policy == Policy::PerView {
+                    if m.open.is_some() {
+                        self.cascades.insert(view.id);
+                    } else {
+                        m.open = Some(Open { start: now, ..Open::default() });
+                    }
+                }
+                engine.on_view(view, &mut m.rng)
+            }
+            Delivery::Message { sender, payload, .. } => {
+                if policy != Policy::PerView && m.open.is_none() && is_rekey_message(payload) {
+                    m.open = Some(Open { start: now, ..Open::default() });
+                }
+                engine.on_message(sender, payload, &mut m.rng)
+            }
+            _ => Vec::new(),
+        };
+        let (after, after_stats) = (engine.costs(), engine.stats());
+        let cpu_us = (after.exps - before.exps) as f64 * EXP_US
+            + (after.sigs - before.sigs) as f64 * SIGN_US
+            + (after.verifs - before.verifs) as f64 * VERIFY_US;
+        let cpu = cpu_us.round() as Micros;
+        let restarts = after_stats.restarts - before_stats.restarts;
+        self.restarts += restarts;
+        self.led += after_stats.rekeys_led - before_stats.rekeys_led;
+        if let Some(o) = m.open.as_mut() {
+            o.exps += after.exps - before.exps;
+            o.restarts += restarts;
+            match policy {
+                Policy::Interval(_) => {
+                    o.bks += after_stats.bks_sent - before_stats.bks_sent;
+                    o.packets += after_stats.packets_sent - before_stats.packets_sent;
+                }
+                Policy::PerView => o.packets += after.broadcasts - before.broadcasts,
+            }
+        }
+        let mut ops = Vec::new();
+        for o in outputs {
+            match o {
+                Output::Send { to: None, bytes } => {
+                    if let (Some(o), Some(k)) = (m.open.as_mut(), subtree_keys(&bytes)) {
+                        o.sub_bks += k;
+                        o.sub_packets += 1;
+                    }
+                    ops.push(Op::Multicast {
+                        conn,
+                        group: self.group.clone(),
+                        service: Service::Agreed,
+                        payload: Bytes::from(bytes),
+                    })
+                }
+                Output::Send { to: Some(to), bytes } => {
+                    ops.push(Op::Unicast { conn, group: self.group.clone(), to, payload: Bytes::from(bytes) })
+                }
+                Output::Installed(sv) => {
+                    let Some(open) = m.open.take() else { continue };
+                    let acc =
+                        self.rekeys.entry(sv.epoch).or_insert_with(|| Acc { start: open.start, ..Acc::default() });
+                    acc.start = acc.start.min(open.start);
+                    acc.members += 1;
+                    acc.time_us += (now + cpu).saturating_sub(open.start);
+                    acc.exps += open.exps;
+                    acc.bks += open.bks;
+                    acc.packets += open.packets;
+                    acc.restarts += open.restarts;
+                    acc.sub_bks += open.sub_bks;
+                    acc.sub_packets += open.sub_packets;
+                }
+            }
+        }
+        Reaction { ops, cpu }
+    }
+
+    /// The leader ticks (interval algorithms): the member first in its own
+    /// latest view.
+    fn tick(&mut self, sim: &mut DaemonSim) {
+        let Policy::Interval(_) = self.policy else { return };
+        for (conn, m) in self.members.iter_mut() {
+            let leads = m.view.as_ref().is_some_and(|v| v.members.first().is_some_and(|f| f.id == m.name));
+            let Some(Eng::Interval(e)) = m.engine.as_mut().filter(|_| leads) else { continue };
+            let before = e.stats();
+            let outs = e.tick(&mut m.rng).expect("the leader ticks");
+            self.restarts += e.stats().restarts - before.restarts;
+            self.led += e.stats().rekeys_led - before.rekeys_led;
+            for o in outs {
+                if let Output::Send { to: None, bytes } = o {
+                    sim.submit(Op::Multicast {
+                        conn: *conn,
+                        group: self.group.clone(),
+                        service: Service::Agreed,
+                        payload: Bytes::from(bytes),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Whether a delivered payload is an interval rekey message.
+fn is_rekey_message(payload: &[u8]) -> bool {
+    Envelope::decode(payload).is_ok_and(|e| e.round == ROUND_REKEY)
+}
+
+/// The number of blinded keys of a Queue-subtree BKEY packet (the body's
+/// phase byte is 1, then a u16 count: `protocols::seal`), else `None`.
+fn subtree_keys(bytes: &[u8]) -> Option<u64> {
+    let e = Envelope::decode(bytes).ok()?;
+    match e.body.as_slice() {
+        [1, hi, lo, ..] if e.round == ROUND_BKEY => Some(u16::from_be_bytes([*hi, *lo]) as u64),
+        _ => None,
+    }
+}
+
+/// An exponential draw with mean `mean` seconds, plus `c`, in µs.
+fn stay(rng: &mut ChaCha20Rng, mean: f64, c: f64) -> Micros {
+    let u = ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    ((-mean * u.ln() + c) * SECOND).round() as Micros
+}
+
+fn unit(rng: &mut ChaCha20Rng) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Runs one policy over the churn of `setup`. `progress` is told the
+/// virtual time reached, in µs.
+pub(crate) fn run_once(setup: &Setup, policy: Policy, progress: &mut dyn FnMut(Micros)) -> Result<RunResult> {
+    if setup.members == 0 || setup.machines == 0 {
+        bail!("--members and --machines must be at least 1");
+    }
+    if !(setup.interval > 0.0 && setup.t_in >= 0.0 && setup.t_out >= 0.0 && setup.constant >= 0.0) {
+        bail!("--interval must be positive, --t-in, --t-out and --constant not negative");
+    }
+    if setup.constant + setup.t_in <= 0.0 || setup.constant + setup.t_out <= 0.0 {
+        bail!("T_in + c and T_out + c must be positive");
+    }
+    // One seed drives all: the churn (the same for every policy), the
+    // daemons, the identities and the engines' randomness.
+    let mut churn = ChaCha20Rng::seed_from_u64(setup.seed);
+    let mut keys = ChaCha20Rng::seed_from_u64(setup.seed ^ 0x6a09_e667_f3bc_c908);
+    let mut sim = DaemonSim::new(setup.machines, NetConfig::default(), setup.seed)
+        .map_err(|e| anyhow::anyhow!("daemons: {e}"))?;
+    let group = GroupName::new("gauge").expect("a valid group name");
+    let mut directory = StaticDirectory::new();
+    let mut members = BTreeMap::new();
+    let p_in = (setup.t_in + setup.constant) / (setup.t_in + setup.t_out + 2.0 * setup.constant);
+    for i in 0..setup.members {
+        let name = MemberId::new(format!("g{i}")).expect("a valid member name");
+        let signer = generate_signer(SignatureId::Ed25519, &mut keys).context("identity")?;
+        directory.insert(name.clone(), signer.verifier());
+        let conn = sim.open((i % setup.machines as usize) as u16).map_err(|e| anyhow::anyhow!("{e}"))?;
+        sim.submit(Op::Connect { conn, name: name.clone() });
+        // In at time 0 with the share of time a member spends in.
+        let starts_in = unit(&mut churn) < p_in;
+        let next = if starts_in { 1_000 * (i as Micros + 1) } else { stay(&mut churn, setup.t_out, setup.constant) };
+        members.insert(
+            conn,
+            Member {
+                name,
+                conn,
+                signer,
+                engine: None,
+                view: None,
+                rng: ChaCha20Rng::seed_from_u64(0),
+                open: None,
+                inside: false,
+                next,
+            },
+        );
+    }
+    let mut st = State {
+        policy,
+        group: group.clone(),
+        directory: Arc::new(directory),
+        members,
+        rekeys: BTreeMap::new(),
+        views: BTreeSet::new(),
+        cascades: BTreeSet::new(),
+        restarts: 0,
+        led: 0,
+        engine_seeds: ChaCha20Rng::seed_from_u64(setup.seed ^ 0xbb67_ae85_84ca_a73b),
+    };
+    let end = (setup.duration_s * SECOND).round() as Micros;
+    let interval = ((setup.interval * SECOND).round() as Micros).max(1);
+    let mut next_tick = interval;
+    loop {
+        let next_churn = st.members.values().map(|m| m.next).min().unwrap_or(Micros::MAX);
+        let t = match policy {
+            Policy::Interval(_) => next_churn.min(next_tick),
+            Policy::PerView => next_churn,
+        };
+        if t > end {
+            break;
+        }
+        sim.run_until(t, &mut |now, c, d| st.react(now, c, d));
+        if next_churn == t {
+            let due: Vec<ConnId> = st.members.values().filter(|m| m.next == t).map(|m| m.conn).collect();
+            for conn in due {
+                toggle(&mut st, &mut sim, &mut churn, setup, conn, t);
+            }
+        }
+        if t == next_tick {
+            st.tick(&mut sim);
+            next_tick += interval;
+        }
+        progress(t);
+    }
+    // No more churn: let the daemons go quiet, then the last rekey.
+    sim.run_until(Micros::MAX, &mut |now, c, d| st.react(now, c, d));
+    if let Policy::Interval(_) = policy {
+        st.tick(&mut sim);
+        sim.run_until(Micros::MAX, &mut |now, c, d| st.react(now, c, d));
+    }
+    progress(end);
+    Ok(finish(st, setup, policy))
+}
+
+/// Member `conn` joins (a fresh engine) or leaves at `t`; its next change is drawn.
+fn toggle(st: &mut State, sim: &mut DaemonSim, churn: &mut ChaCha20Rng, setup: &Setup, conn: ConnId, t: Micros) {
+    let inside = st.members[&conn].inside;
+    if inside {
+        sim.submit(Op::Leave { conn, group: st.group.clone() });
+    } else {
+        let engine = st.fresh_engine(conn);
+        let seed = st.engine_seeds.next_u64();
+        let m = st.members.get_mut(&conn).expect("member");
+        m.engine = Some(engine);
+        m.view = None;
+        m.open = None;
+        m.rng = ChaCha20Rng::seed_from_u64(seed);
+        sim.submit(Op::Join { conn, group: st.group.clone(), open: false });
+    }
+    let m = st.members.get_mut(&conn).expect("member");
+    m.inside = !inside;
+    let (mean, c) = if m.inside { (setup.t_in, setup.constant) } else { (setup.t_out, setup.constant) };
+    m.next = t + stay(churn, mean, c).max(1);
+}
+
+fn finish(st: State, setup: &Setup, policy: Policy) -> RunResult {
+    let mut rekeys: Vec<RekeyRecord> = st
+        .rekeys
+        .values()
+        .map(|a| {
+            let n = a.members.max(1) as f64;
+            RekeyRecord {
+                at_s: a.start as f64 / SECOND,
+                members: a.members,
+                time_s: a.time_us as f64 / n / SECOND,
+                exps: a.exps as f64 / n,
+                blinded_keys: (policy != Policy::PerView).then_some(a.bks),
+                packets: a.packets,
+                restarts: a.restarts,
+                merge_blinded_keys: (policy != Policy::PerView).then_some(a.bks - a.sub_bks),
+                merge_packets: a.packets - a.sub_packets,
+            }
+        })
+        .collect();
+    rekeys.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    let k = rekeys.len().max(1) as f64;
+    let mean = |f: &dyn Fn(&RekeyRecord) -> f64| rekeys.iter().map(f).sum::<f64>() / k;
+    let restarts = match policy {
+        Policy::Interval(_) => st.restarts,
+        Policy::PerView => st.cascades.len() as u64,
+    };
+    let summary = Summary {
+        algorithm: policy.name().to_string(),
+        members: setup.members,
+        t_in: setup.t_in,
+        t_out: setup.t_out,
+        constant: setup.constant,
+        interval: setup.interval,
+        duration_s: setup.duration_s,
+        rekeys: rekeys.len() as u64,
+        restarts,
+        rekey_time_s: mean(&|r| r.time_s),
+        exps: mean(&|r| r.exps),
+        blinded_keys: (policy != Policy::PerView).then(|| mean(&|r| r.blinded_keys.unwrap_or(0) as f64)),
+        bkey_packets: mean(&|r| r.packets as f64),
+    };
+    let end = st
+        .members
+        .values()
+        .filter(|m| m.inside)
+        .map(|m| {
+            let view = m.view.as_ref().map(|v| v.ids().cloned().collect()).unwrap_or_default();
+            let key =
+                m.engine.as_ref().and_then(|e| e.secure_view()).map(|sv| (sv.key.fingerprint(), sv.members.clone()));
+            (m.name.clone(), view, key)
+        })
+        .collect();
+    let merge_only = (
+        (policy != Policy::PerView).then(|| mean(&|r| r.merge_blinded_keys.unwrap_or(0) as f64)),
+        mean(&|r| r.merge_packets as f64),
+    );
+    let abandoned = match policy {
+        Policy::Interval(_) => st.led.saturating_sub(rekeys.len() as u64),
+        Policy::PerView => restarts,
+    };
+    let mut times: Vec<f64> = rekeys.iter().map(|r| r.time_s).collect();
+    times.sort_by(f64::total_cmp);
+    let median_time_s = times.get(times.len() / 2).copied().unwrap_or(0.0);
+    RunResult { summary, rekeys, merge_only, abandoned, median_time_s, views: st.views.len() as u64, end }
+}
+
+/// SEAL Table 2, wired LAN (15 members, interval 15 s, c = 10 s, 2 h,
+/// Queue-batch): T_in = T_out, rekeying time (s), exponentiations,
+/// broadcast blinded keys, BKEY packets.
+pub(crate) const TABLE2_WIRED: [(f64, [f64; 4]); 3] =
+    [(30.0, [0.45, 4.08, 7.16, 6.24]), (60.0, [0.43, 3.81, 6.70, 5.83]), (90.0, [0.40, 3.66, 6.39, 5.59])];
+
+/// Table 2's row for this setup, if it is Table 2's configuration.
+fn table2_row(s: &Setup) -> Option<[f64; 4]> {
+    let same = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    if s.members != 15 || !same(s.interval, 15.0) || !same(s.constant, 10.0) || !same(s.duration_s, 7200.0) {
+        return None;
+    }
+    TABLE2_WIRED.iter().find(|(t, _)| same(s.t_in, *t) && same(s.t_out, *t)).map(|(_, row)| *row)
+}
+
+/// Runs `conclave gauge`.
+pub fn run(args: GaugeArgs) -> Result<()> {
+    let GaugeEngine::Sim = args.engine;
+    let setup = Setup {
+        members: args.members,
+        machines: args.machines,
+        t_in: args.t_in,
+        t_out: args.t_out,
+        constant: args.constant,
+        interval: args.interval,
+        duration_s: args.duration.0,
+        seed: args.seed,
+    };
+    if let Some(dir) = &args.out {
+        check_writable(dir)?;
+    }
+    let mut policies: Vec<Policy> = args.algorithm.algorithms().into_iter().map(Policy::Interval).collect();
+    if args.baseline {
+        policies.push(Policy::PerView);
+    }
+    let replay = replay_command(&args);
+    let end = (setup.duration_s * SECOND) as u64;
+    let bar = progress_bar(end * policies.len() as u64);
+    let mut results = Vec::new();
+    for (i, &p) in policies.iter().enumerate() {
+        bar.set_message(p.name());
+        let base = end * i as u64;
+        let r = run_once(&setup, p, &mut |t| bar.set_position(base + t.min(end)))?;
+        let inside = agreed(&r).with_context(|| format!("{}, seed {}", p.name(), setup.seed))?;
+        bar.suspend(|| {
+            eprintln!(
+                "{}: {} rekeys, {} restarts, {} views; at the end {inside} members in, one key, of their view",
+                p.name(),
+                r.summary.rekeys,
+                r.summary.restarts,
+                r.views
+            )
+        });
+        results.push(r);
+    }
+    bar.finish_and_clear();
+    let summaries: Vec<&Summary> = results.iter().map(|r| &r.summary).collect();
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        eprintln!("replay: {replay}");
+        writeln!(out, "{}", serde_json::to_string_pretty(&summaries)?)?;
+    } else {
+        writeln!(out, "replay: {replay}")?;
+        write_tables(&mut out, &setup, &results)?;
+    }
+    if let Some(dir) = &args.out {
+        write_outputs(dir, &results)?;
+        if !args.json {
+            writeln!(out, "wrote gauge.csv, gauge.json, rekeys.csv and rekeys.svg/.png to {}", dir.display())?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks that every member in at the end holds one key, of its view;
+/// returns how many are in.
+fn agreed(r: &RunResult) -> Result<usize> {
+    let mut first: Option<&str> = None;
+    for (name, view, key) in &r.end {
+        let Some((fp, members)) = key else { bail!("{name} is in the group at the end without a key") };
+        if first.is_some_and(|f| f != fp) {
+            bail!("{name} holds another key than {}", r.end[0].0);
+        }
+        first = Some(fp);
+        let (mut a, mut b) = (members.clone(), view.clone());
+        a.sort();
+        b.sort();
+        if a != b {
+            bail!("{name}'s key is not of its view");
+        }
+    }
+    Ok(r.end.len())
+}
+
+fn replay_command(a: &GaugeArgs) -> String {
+    let algorithm = a.algorithm.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
+    format!(
+        "conclave gauge --engine sim --members {} --machines {} --t-in {} --t-out {} --constant {} --interval {} \
+         --duration {}s --algorithm {algorithm} --baseline {} --seed {}",
+        a.members, a.machines, a.t_in, a.t_out, a.constant, a.interval, a.duration.0, a.baseline, a.seed
+    )
+}
+
+fn write_tables(out: &mut impl Write, setup: &Setup, results: &[RunResult]) -> Result<()> {
+    writeln!(
+        out,
+        "\nGauger on {} simulated daemons, virtual time: {} members, T_in {} s, T_out {} s, c {} s, interval {} s, \
+         {} s of churn, seed {}. Per rekey, averaged over its members, then over rekeys (SEAL §6); blinded keys and \
+         packets are those broadcast in the rekey, which every member sees. Costs: exp {EXP_US} µs, sign {SIGN_US} \
+         µs, verify {VERIFY_US} µs (crypto-costs-measured.md).\n",
+        setup.machines,
+        setup.members,
+        setup.t_in,
+        setup.t_out,
+        setup.constant,
+        setup.interval,
+        setup.duration_s,
+        setup.seed
+    )?;
+    let mut t = crate::table::new(
+        [
+            "algorithm",
+            "rekeys",
+            "restarts",
+            "abandoned",
+            "views",
+            "rekey time (ms)",
+            "p50 (ms)",
+            "exps",
+            "blinded keys",
+            "BKEY packets",
+            "blinded keys (merge)",
+            "BKEY packets (merge)",
+        ],
+        1,
+    );
+    for r in results {
+        let s = &r.summary;
+        t.add_row(vec![
+            s.algorithm.clone(),
+            s.rekeys.to_string(),
+            s.restarts.to_string(),
+            r.abandoned.to_string(),
+            r.views.to_string(),
+            format!("{:.3}", s.rekey_time_s * 1e3),
+            format!("{:.3}", r.median_time_s * 1e3),
+            format!("{:.2}", s.exps),
+            crate::table::or_dash(s.blinded_keys, 2),
+            format!("{:.2}", s.bkey_packets),
+            crate::table::or_dash(r.merge_only.0, 2),
+            crate::table::or_dash(r.merge_only.0.map(|_| r.merge_only.1), 2),
+        ]);
+    }
+    writeln!(out, "{t}")?;
+    writeln!(
+        out,
+        "(merge): without Queue-subtree's BKEY packets, which SEAL does not measure (Queue-batch only; the other \
+         algorithms have none). abandoned: rekeys begun that installed nothing (restarted, or abandoned by a view \
+         and begun again at the next tick, whose wait the rekeying time then includes: see p50); for the baseline, \
+         its cascades."
+    )?;
+    if let Some(paper) = table2_row(setup) {
+        if let Some(r) = results.iter().find(|r| r.summary.algorithm == "queue-batch") {
+            let s = &r.summary;
+            writeln!(
+                out,
+                "\nBeside SEAL Table 2 (wired LAN, Queue-batch, T_in = T_out = {} s); our Queue-batch includes \
+                 Queue-subtree, SEAL's does not: the merge-only rows leave its packets out.\n",
+                setup.t_in
+            )?;
+            let mut t = crate::table::new(["metric", "ours", "SEAL (wired)", "ours / SEAL"], 1);
+            let ours = [
+                s.rekey_time_s,
+                s.exps,
+                s.blinded_keys.unwrap_or(0.0),
+                s.bkey_packets,
+                r.merge_only.0.unwrap_or(0.0),
+                r.merge_only.1,
+            ];
+            let names = [
+                "rekeying time (s)",
+                "exponentiations (with Queue-subtree)",
+                "broadcast blinded keys",
+                "BKEY packets",
+                "broadcast blinded keys (merge only)",
+                "BKEY packets (merge only)",
+            ];
+            let paper = [paper[0], paper[1], paper[2], paper[3], paper[2], paper[3]];
+            for ((name, o), p) in names.iter().zip(ours).zip(paper) {
+                t.add_row(vec![name.to_string(), format!("{o:.4}"), format!("{p:.2}"), format!("{:.3}", o / p)]);
+            }
+            writeln!(out, "{t}")?;
+        }
+    }
+    Ok(())
+}
+
+/// Fails early if `dir` cannot be written (before a long run).
+fn check_writable(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    tempfile::NamedTempFile::new_in(dir).with_context(|| format!("{} is not writable", dir.display()))?;
+    Ok(())
+}
+
+fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<()> {
+    let summaries: Vec<&Summary> = results.iter().map(|r| &r.summary).collect();
+    std::fs::write(dir.join("gauge.json"), serde_json::to_string_pretty(&summaries)?)
+        .with_context(|| format!("writing {}", dir.join("gauge.json").display()))?;
+    let mut w = csv::Writer::from_path(dir.join("gauge.csv"))?;
+    w.write_record([
+        "algorithm",
+        "members",
+        "t_in",
+        "t_out",
+        "constant",
+        "interval",
+        "duration_s",
+        "rekeys",
+        "restarts",
+        "rekey_time_s",
+        "exps",
+        "blinded_keys",
+        "bkey_packets",
+    ])?;
+    for s in &summaries {
+        w.write_record([
+            s.algorithm.clone(),
+            s.members.to_string(),
+            s.t_in.to_string(),
+            s.t_out.to_string(),
+            s.constant.to_string(),
+            s.interval.to_string(),
+            s.duration_s.to_string(),
+            s.rekeys.to_string(),
+            s.restarts.to_string(),
+            format!("{:.6}", s.rekey_time_s),
+            format!("{:.4}", s.exps),
+            s.blinded_keys.map_or(String::new(), |v| format!("{v:.4}")),
+            format!("{:.4}", s.bkey_packets),
+        ])?;
+    }
+    w.flush()?;
+    let mut w = csv::Writer::from_path(dir.join("rekeys.csv"))?;
+    w.write_record([
+        "algorithm",
+        "rekey",
+        "at_s",
+        "members",
+        "rekey_time_s",
+        "exps",
+        "blinded_keys",
+        "bkey_packets",
+        "restarts",
+        "merge_blinded_keys",
+        "merge_bkey_packets",
+    ])?;
+    for r in results {
+        for (i, k) in r.rekeys.iter().enumerate() {
+            w.write_record([
+                r.summary.algorithm.clone(),
+                (i + 1).to_string(),
+                format!("{:.6}", k.at_s),
+                k.members.to_string(),
+                format!("{:.6}", k.time_s),
+                format!("{:.4}", k.exps),
+                k.blinded_keys.map_or(String::new(), |v| v.to_string()),
+                k.packets.to_string(),
+                k.restarts.to_string(),
+                k.merge_blinded_keys.map_or(String::new(), |v| v.to_string()),
+                k.merge_packets.to_string(),
+            ])?;
+        }
+    }
+    w.flush()?;
+    // Like SEAL Fig. 11: each rekey's time over the first 200 rekeys; a
+    // restart shows as a spike, and as a point on the restarts line.
+    let mut series = Vec::new();
+    for r in results {
+        let first: Vec<&RekeyRecord> = r.rekeys.iter().take(200).collect();
+        let pts = first.iter().enumerate().map(|(i, k)| ((i + 1) as f64, k.time_s * 1e3)).collect();
+        series.push(crate::chart::Series { name: r.summary.algorithm.clone(), points: pts });
+        let spikes: Vec<(f64, f64)> = first
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| k.restarts > 0)
+            .map(|(i, k)| ((i + 1) as f64, k.time_s * 1e3))
+            .collect();
+        if !spikes.is_empty() {
+            series.push(crate::chart::Series { name: format!("{} restarts", r.summary.algorithm), points: spikes });
+        }
+    }
+    crate::chart::line_chart(
+        &dir.join("rekeys.svg"),
+        "Rekeying time of each rekey (first 200), virtual ms",
+        "rekey",
+        "rekeying time, mean over its members (ms)",
+        &series,
+        false,
+    )?;
+    Ok(())
+}
+
+/// A bar over virtual time, on stderr when it is a terminal.
+fn progress_bar(len: u64) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len.max(1));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg:16} {wide_bar} {percent}% of virtual time, ETA {eta}")
+            .expect("static template"),
+    );
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup(seed: u64) -> Setup {
+        Setup { members: 6, machines: 3, t_in: 4.0, t_out: 4.0, constant: 2.0, interval: 3.0, duration_s: 40.0, seed }
+    }
+
+    fn run(setup: &Setup, p: Policy) -> RunResult {
+        run_once(setup, p, &mut |_| {}).unwrap()
+    }
+
+    #[test]
+    fn a_short_gauge_run_is_deterministic_per_seed_and_differs_across_seeds() {
+        let p = Policy::Interval(IntervalAlgorithm::QueueBatch);
+        let json = |seed| serde_json::to_string(&run(&setup(seed), p).summary).unwrap();
+        let a = json(1);
+        assert_eq!(a, json(1));
+        assert_ne!(a, json(2));
+    }
+
+    #[test]
+    fn every_member_in_the_group_at_the_end_holds_the_same_key_and_counts_are_not_zero() {
+        for p in IntervalAlgorithm::ALL.map(Policy::Interval).into_iter().chain([Policy::PerView]) {
+            let r = run(&setup(3), p);
+            assert!(!r.end.is_empty(), "{p:?}: somebody is in at the end");
+            assert_eq!(agreed(&r).unwrap_or_else(|e| panic!("{p:?}: {e}")), r.end.len());
+            let s = &r.summary;
+            assert!(s.rekeys > 0 && s.exps > 0.0 && s.bkey_packets > 0.0 && s.rekey_time_s > 0.0, "{p:?}: {s:?}");
+            assert!(r.abandoned >= s.restarts && r.median_time_s > 0.0, "{p:?}");
+            if p != Policy::PerView {
+                assert!(s.blinded_keys.is_some_and(|b| b > 0.0), "{p:?}: {s:?}");
+                // Only Queue-batch has Queue-subtree packets to leave out.
+                let (mb, mp) = (r.merge_only.0.unwrap(), r.merge_only.1);
+                if p == Policy::Interval(IntervalAlgorithm::QueueBatch) {
+                    assert!(mb < s.blinded_keys.unwrap() && mp < s.bkey_packets && mp > 0.0, "{r:?}", r = r.merge_only);
+                } else {
+                    assert_eq!((Some(mb), mp), (s.blinded_keys, s.bkey_packets), "{p:?}");
+                }
+                // Intervals batch the views: fewer rekeys than views.
+                assert!(s.rekeys < r.views, "{p:?}: {} rekeys, {} views", s.rekeys, r.views);
+            } else {
+                assert_eq!(s.rekeys, r.views, "per-view TGDH rekeys every view");
+            }
+        }
+    }
+
+    #[test]
+    fn a_member_without_the_key_or_with_another_fails_the_end_check() {
+        let mut r = run(&setup(4), Policy::Interval(IntervalAlgorithm::Batch));
+        assert!(agreed(&r).is_ok());
+        let (_, _, key) = r.end.last_mut().unwrap();
+        key.as_mut().unwrap().0.push('x');
+        assert!(agreed(&r).is_err());
+        r.end.last_mut().unwrap().2 = None;
+        assert!(agreed(&r).is_err());
+    }
+
+    #[test]
+    fn out_writes_csv_json_and_the_per_rekey_chart_and_refuses_an_unwritable_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("plain-file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(check_writable(&file.join("sub")).is_err(), "a directory under a file");
+        let out = dir.path().join("out");
+        check_writable(&out).unwrap();
+        let results: Vec<RunResult> = [Policy::Interval(IntervalAlgorithm::QueueBatch), Policy::PerView]
+            .into_iter()
+            .map(|p| run(&setup(5), p))
+            .collect();
+        write_outputs(&out, &results).unwrap();
+        let json: Vec<serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(out.join("gauge.json")).unwrap()).unwrap();
+        assert_eq!(json.len(), 2);
+        assert_eq!(json[0]["algorithm"], "queue-batch");
+        assert!(json[1]["blinded_keys"].is_null());
+        let rows = csv::Reader::from_path(out.join("rekeys.csv")).unwrap().records().count();
+        assert_eq!(rows as u64, results[0].summary.rekeys + results[1].summary.rekeys);
+        assert!(out.join("rekeys.svg").exists() && out.join("rekeys.png").exists());
+    }
+
+    #[test]
+    fn durations_parse_hours_minutes_and_seconds() {
+        assert_eq!("2h".parse::<Span>().unwrap().0, 7200.0);
+        assert_eq!("30m".parse::<Span>().unwrap().0, 1800.0);
+        assert_eq!("90s".parse::<Span>().unwrap().0, 90.0);
+        assert_eq!("45".parse::<Span>().unwrap().0, 45.0);
+        for bad in ["", "h", "-5s", "2d", "xs"] {
+            assert!(bad.parse::<Span>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn table2_is_recognized_only_in_its_configuration() {
+        let mut s = Setup {
+            members: 15,
+            machines: 3,
+            t_in: 60.0,
+            t_out: 60.0,
+            constant: 10.0,
+            interval: 15.0,
+            duration_s: 7200.0,
+            seed: 1,
+        };
+        assert_eq!(table2_row(&s), Some([0.43, 3.81, 6.70, 5.83]));
+        s.t_out = 30.0;
+        assert_eq!(table2_row(&s), None);
+    }
+}
