@@ -1109,15 +1109,10 @@ impl Core {
         self.next_view = x.states.values().map(|s| s.next_view).max().unwrap_or(self.next_view);
         self.view_incarnation = x.states.get(&DaemonId(self.tag)).map_or(self.incarnation, |s| s.incarnation);
         // What the rebuilt groups have seen of each origin is what its own
-        // state says; the delivered record forgets what no copy can bring.
+        // state says.
         self.lineage = x.states.values().map(|s| (s.daemon, Applied::from_ops(s.incarnation, &s.applied))).collect();
-        for (&origin, lineage) in &self.lineage {
-            let delivered = self.delivered.entry(origin).or_insert_with(|| Applied::new(lineage.incarnation));
-            if delivered.incarnation != lineage.incarnation {
-                *delivered = Applied::new(lineage.incarnation);
-            }
-            delivered.raise(lineage.floor);
-        }
+        let floors: Vec<(DaemonId, u64, u64)> =
+            self.lineage.iter().map(|(&origin, l)| (origin, l.incarnation, l.floor)).collect();
         let mut groups: BTreeMap<GroupName, Vec<(Membership, NewSeat, Vec<DaemonId>)>> = BTreeMap::new();
         for state in x.states.into_values() {
             for c in state.clients.into_iter().filter(|c| c.conn.daemon == state.daemon) {
@@ -1144,6 +1139,16 @@ impl Core {
         }
         for op in x.held {
             self.handle(op, out);
+        }
+        // Only now does the delivered record forget what no copy can bring:
+        // a held operation was ordered before the states, and may be one
+        // this core has yet to deliver although its origin has applied it.
+        for (origin, incarnation, floor) in floors {
+            let delivered = self.delivered.entry(origin).or_insert_with(|| Applied::new(incarnation));
+            if delivered.incarnation != incarnation {
+                *delivered = Applied::new(incarnation);
+            }
+            delivered.raise(floor);
         }
     }
 
