@@ -537,30 +537,7 @@ fn keys_make_everything_a_certifying_tls_daemon_needs() {
     let (status, _, err) = run(conclave().args(["keys", "daemon", "--host", "x", "--dir"]).arg(&keys));
     assert!(!status.success() && err.contains("already holds a daemon certificate"), "{err}");
 
-    let log_path = dir.path().join("daemon.log");
-    let log = File::create(&log_path).unwrap();
-    let _daemon = Proc::spawn(
-        conclave()
-            .args(["daemon", "--no-unix", "--tls-listen", "127.0.0.1:0", "--tls-cert"])
-            .arg(keys.join("daemon.crt"))
-            .arg("--tls-key")
-            .arg(keys.join("daemon.key"))
-            .arg("--client-ca")
-            .arg(keys.join("authority.crt"))
-            .arg("--client-crl")
-            .arg(keys.join("authority.crl"))
-            .stderr(log)
-            .stdout(Stdio::null()),
-    );
-    let deadline = Instant::now() + LIMIT;
-    let addr = loop {
-        let log = std::fs::read_to_string(&log_path).unwrap();
-        if let Some(rest) = log.split("listening on tls ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-        assert!(Instant::now() < deadline, "the daemon did not log its TLS address:\n{log}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let (_daemon, addr) = certified_tls_daemon(&keys, &dir.path().join("daemon.log"));
     let client = |name: &str, server_name: &str, script: &str| {
         let member = keys.join("members");
         let mut cmd = conclave();
@@ -588,6 +565,31 @@ fn keys_make_everything_a_certifying_tls_daemon_needs() {
 }
 
 /// Polls `path` until one of its lines satisfies `pred`; fails the test after `limit`.
+/// A daemon serving TLS on a free loopback port with the certificates of key
+/// directory `keys`, clients certified by its authority and checked against
+/// its CRL, logging to `log_path`; returns it and its TLS address once it
+/// has logged it.
+fn certified_tls_daemon(keys: &Path, log_path: &Path) -> (Proc, String) {
+    let log = File::create(log_path).unwrap();
+    let daemon = Proc::spawn(
+        conclave()
+            .args(["daemon", "--no-unix", "--tls-listen", "127.0.0.1:0", "--tls-cert"])
+            .arg(keys.join("daemon.crt"))
+            .arg("--tls-key")
+            .arg(keys.join("daemon.key"))
+            .arg("--client-ca")
+            .arg(keys.join("authority.crt"))
+            .arg("--client-crl")
+            .arg(keys.join("authority.crl"))
+            .stderr(log)
+            .stdout(Stdio::null()),
+    );
+    until_line(log_path, LIMIT, "TLS address", |l| l.contains("listening on tls "));
+    let text = std::fs::read_to_string(log_path).unwrap();
+    let addr = text.split("listening on tls ").nth(1).unwrap().split_whitespace().next().unwrap().to_string();
+    (daemon, addr)
+}
+
 fn until_line(path: &Path, limit: Duration, what: &str, pred: impl Fn(&str) -> bool) {
     let deadline = Instant::now() + limit;
     loop {
@@ -617,23 +619,8 @@ fn keys_revoke_disconnects_a_connected_member_of_a_running_daemon() {
     }
     keys_cmd(&["daemon", "--host", "localhost"]);
     let log_path = dir.path().join("daemon.log");
-    let log = File::create(&log_path).unwrap();
-    let mut daemon = Proc::spawn(
-        conclave()
-            .args(["daemon", "--no-unix", "--tls-listen", "127.0.0.1:0", "--tls-cert"])
-            .arg(keys.join("daemon.crt"))
-            .arg("--tls-key")
-            .arg(keys.join("daemon.key"))
-            .arg("--client-ca")
-            .arg(keys.join("authority.crt"))
-            .arg("--client-crl")
-            .arg(keys.join("authority.crl"))
-            .stderr(log)
-            .stdout(Stdio::null()),
-    );
+    let (mut daemon, addr) = certified_tls_daemon(&keys, &log_path);
     let daemon_log = || std::fs::read_to_string(&log_path).unwrap();
-    until_line(&log_path, LIMIT, "TLS address", |l| l.contains("listening on tls "));
-    let addr = daemon_log().split("listening on tls ").nth(1).unwrap().split_whitespace().next().unwrap().to_string();
     // Each member's output goes to a file the test polls.
     let member = |name: &str, script: &str| {
         let out = dir.path().join(format!("{name}.out"));
