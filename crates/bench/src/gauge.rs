@@ -377,10 +377,10 @@ impl Eng {
     }
 }
 
-/// A member's rekeying operation in progress.
-#[derive(Default)]
-struct Open {
-    start: Micros,
+/// What members spent on a rekey: one member's while it runs ([`Open`]),
+/// summed over its members once it installed ([`Acc`]).
+#[derive(Default, Clone, Copy)]
+struct Counts {
     exps: u64,
     bks: u64,
     packets: u64,
@@ -388,6 +388,24 @@ struct Open {
     /// Of `bks` and `packets`, those of Queue-subtree (read off the BKEY packets' phase byte).
     sub_bks: u64,
     sub_packets: u64,
+}
+
+impl Counts {
+    fn add(&mut self, o: &Counts) {
+        self.exps += o.exps;
+        self.bks += o.bks;
+        self.packets += o.packets;
+        self.restarts += o.restarts;
+        self.sub_bks += o.sub_bks;
+        self.sub_packets += o.sub_packets;
+    }
+}
+
+/// A member's rekeying operation in progress.
+#[derive(Default)]
+struct Open {
+    start: Micros,
+    counts: Counts,
 }
 
 struct Member {
@@ -410,12 +428,7 @@ struct Acc {
     start: Micros,
     members: usize,
     time_us: u64,
-    exps: u64,
-    bks: u64,
-    packets: u64,
-    restarts: u64,
-    sub_bks: u64,
-    sub_packets: u64,
+    counts: Counts,
 }
 
 /// Everything the deliveries touch.
@@ -498,7 +511,7 @@ impl State {
         let restarts = after_stats.restarts - before_stats.restarts;
         self.restarts += restarts;
         self.led += after_stats.rekeys_led - before_stats.rekeys_led;
-        if let Some(o) = m.open.as_mut() {
+        if let Some(o) = m.open.as_mut().map(|o| &mut o.counts) {
             o.exps += after.exps - before.exps;
             o.restarts += restarts;
             match policy {
@@ -513,7 +526,7 @@ impl State {
         for o in outputs {
             match o {
                 Output::Send { to: None, bytes } => {
-                    if let (Some(o), Some(k)) = (m.open.as_mut(), subtree_keys(&bytes)) {
+                    if let (Some(o), Some(k)) = (m.open.as_mut().map(|o| &mut o.counts), subtree_keys(&bytes)) {
                         o.sub_bks += k;
                         o.sub_packets += 1;
                     }
@@ -534,12 +547,7 @@ impl State {
                     acc.start = acc.start.min(open.start);
                     acc.members += 1;
                     acc.time_us += (now + cpu).saturating_sub(open.start);
-                    acc.exps += open.exps;
-                    acc.bks += open.bks;
-                    acc.packets += open.packets;
-                    acc.restarts += open.restarts;
-                    acc.sub_bks += open.sub_bks;
-                    acc.sub_packets += open.sub_packets;
+                    acc.counts.add(&open.counts);
                 }
             }
         }
@@ -716,10 +724,11 @@ fn finish(st: State, setup: &Setup, policy: Policy) -> RunResult {
         .values()
         .map(|a| {
             let n = a.members.max(1) as f64;
+            let (start, members, time_us, a) = (a.start, a.members, a.time_us, a.counts);
             RekeyRecord {
-                at_s: a.start as f64 / SECOND,
-                members: a.members,
-                time_s: a.time_us as f64 / n / SECOND,
+                at_s: start as f64 / SECOND,
+                members,
+                time_s: time_us as f64 / n / SECOND,
                 exps: a.exps as f64 / n,
                 blinded_keys: (policy != Policy::PerView).then_some(a.bks),
                 packets: a.packets,
