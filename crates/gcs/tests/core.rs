@@ -624,6 +624,18 @@ fn submitted_states(out: &[Output]) -> Vec<conclave_gcs::core::DaemonState> {
         .collect()
 }
 
+/// Daemons 1 and 2 in one configuration, with client `a` of daemon 1 and
+/// `b` of daemon 2 in group `g`.
+fn a_and_b_in_g() -> Component {
+    let mut pair = Component::new(&[1, 2]);
+    pair.feed(daemons(1, &[1, 2]));
+    pair.connect(conn(1, 1), "a");
+    pair.join(conn(1, 1), "g");
+    pair.connect(conn(2, 1), "b");
+    pair.join(conn(2, 1), "g");
+    pair
+}
+
 /// Daemons 1 and 2 are exchanging (their states still in flight) and hold a
 /// multicast and a join when daemon 3 merges in. Daemon 3 never saw the held
 /// operations, so they are submitted again and applied everywhere after the
@@ -631,12 +643,7 @@ fn submitted_states(out: &[Output]) -> Vec<conclave_gcs::core::DaemonState> {
 /// second state while its first is in flight.
 #[test]
 fn a_merge_during_an_exchange_reorders_the_held_operations_for_everyone() {
-    let mut pair = Component::new(&[1, 2]);
-    pair.feed(daemons(1, &[1, 2]));
-    pair.connect(conn(1, 1), "a");
-    pair.join(conn(1, 1), "g");
-    pair.connect(conn(2, 1), "b");
-    pair.join(conn(2, 1), "g");
+    let mut pair = a_and_b_in_g();
     let mut solo = Component::new(&[3]);
     solo.connect(conn(3, 1), "z");
     solo.join(conn(3, 1), "g");
@@ -765,12 +772,7 @@ fn a_numbered_operation_is_applied_once_however_often_it_is_ordered() {
 #[test]
 fn operations_applied_in_an_exchange_their_origin_missed_are_applied_again() {
     use conclave_gcs::core::OpId;
-    let mut pair = Component::new(&[1, 2]);
-    pair.feed(daemons(1, &[1, 2]));
-    pair.connect(conn(1, 1), "a");
-    pair.join(conn(1, 1), "g");
-    pair.connect(conn(2, 1), "b");
-    pair.join(conn(2, 1), "g");
+    let mut pair = a_and_b_in_g();
     pair.log.clear();
     let mut cores = pair.cores;
     let id = |seq| OpId { incarnation: inc(2), seq };
