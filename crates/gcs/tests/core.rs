@@ -643,7 +643,7 @@ fn a_and_b_in_g() -> Component {
 /// second state while its first is in flight.
 #[test]
 fn a_merge_during_an_exchange_reorders_the_held_operations_for_everyone() {
-    let mut pair = a_and_b_in_g();
+    let pair = a_and_b_in_g();
     let mut solo = Component::new(&[3]);
     solo.connect(conn(3, 1), "z");
     solo.join(conn(3, 1), "g");
