@@ -368,6 +368,18 @@ struct GroupState {
     tamper: Option<Tamper>,
 }
 
+impl GroupState {
+    /// A new view starts its own admission and its run 0: what the last
+    /// view decided (readmissions, doubts, held key agreement) is dropped.
+    fn new_view_admission(&mut self) {
+        self.readmissions = 0;
+        self.held_ka.clear();
+        self.doubts.clear();
+        self.admission = Admission::Decided;
+        self.run = 0;
+    }
+}
+
 /// Test hook: see [`SessionCore::tamper_key_agreement`].
 #[cfg(feature = "test-hooks")]
 type Rewrite = Box<dyn FnMut(u8, &mut Vec<u8>) -> bool + Send>;
@@ -647,11 +659,7 @@ impl SessionCore {
         gs.rekey_since.get_or_insert(self.now);
         let previous = gs.view.replace(view.clone());
         tracing::debug!(%group, view = %view.id, n = view.members.len(), "view; rekeying");
-        gs.readmissions = 0;
-        gs.held_ka.clear();
-        gs.doubts.clear();
-        gs.admission = Admission::Decided;
-        gs.run = 0;
+        gs.new_view_admission();
         if self.certified.is_none() {
             let res = gs.engine.on_view(&view, &mut *self.rng);
             return self.engine_result(&group, None, res);
@@ -707,16 +715,12 @@ impl SessionCore {
             gs.phase = Phase::Agreeing; // set aside in the last view only
         }
         let previous = gs.view.replace(view.clone());
+        gs.new_view_admission();
         if self.certified.is_none() {
             let res = gs.engine.on_view(&view, &mut *self.rng);
             self.engine_result(&group, None, res)?;
             return self.interval_started(&group);
         }
-        gs.readmissions = 0;
-        gs.held_ka.clear();
-        gs.doubts.clear();
-        gs.admission = Admission::Decided;
-        gs.run = 0;
         self.admit(group, previous, view)
     }
 
