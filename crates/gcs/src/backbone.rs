@@ -19,7 +19,7 @@ use crate::core::{AppliedOps, ClientState, ConnId, DaemonId, DaemonState, ErrorC
 use crate::wire::{Fields, WireError, MAX_ERROR_TEXT};
 
 /// The version of the daemon–daemon encoding this module speaks.
-pub const OP_VERSION: u8 = 4;
+pub const OP_VERSION: u8 = 5;
 
 const CONNECT: u8 = 0x01;
 const DISCONNECT: u8 = 0x02;
@@ -31,6 +31,7 @@ const REJECT: u8 = 0x07;
 const DAEMONS: u8 = 0x08;
 const STATE: u8 = 0x09;
 const NUMBERED: u8 = 0x0a;
+const TRANSITIONAL: u8 = 0x0b;
 
 /// Why a daemon message could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -119,6 +120,13 @@ fn put_op(op: &Op, out: &mut BytesMut) {
                 out.put_u16(d.0);
             }
         }
+        Op::Transitional { members } => {
+            out.put_u8(TRANSITIONAL);
+            out.put_u16(u16::try_from(members.len()).expect("at most 65535 daemons"));
+            for d in members {
+                out.put_u16(d.0);
+            }
+        }
         Op::State { epoch, state } => {
             out.put_u8(STATE);
             out.put_u64(*epoch);
@@ -190,6 +198,14 @@ pub fn decode_op(msg: Bytes) -> Result<Op, OpError> {
                 members.push(DaemonId(f.u16("daemon")?));
             }
             Op::Daemons { epoch, members }
+        }
+        TRANSITIONAL => {
+            let count = usize::from(f.u16("daemon count")?);
+            let mut members = Vec::with_capacity(count.min(f.rest_len() / 2));
+            for _ in 0..count {
+                members.push(DaemonId(f.u16("daemon")?));
+            }
+            Op::Transitional { members }
         }
         STATE => {
             let epoch = f.u64("epoch")?;
@@ -352,6 +368,8 @@ mod tests {
             }),
             (any::<u64>(), proptest::collection::vec(any::<u16>(), 0..8))
                 .prop_map(|(epoch, ds)| Op::Daemons { epoch, members: ds.into_iter().map(DaemonId).collect() }),
+            proptest::collection::vec(any::<u16>(), 0..8)
+                .prop_map(|ds| Op::Transitional { members: ds.into_iter().map(DaemonId).collect() }),
             (
                 any::<u64>(),
                 any::<u16>(),
@@ -440,7 +458,7 @@ mod tests {
         let mut msg = op_bytes(&numbered).to_vec();
         let kind_at = 2 + 8 + 8;
         assert_eq!(msg[kind_at], DISCONNECT);
-        for bad in [NUMBERED, DAEMONS, STATE, 0, 0x7f] {
+        for bad in [NUMBERED, DAEMONS, STATE, TRANSITIONAL, 0, 0x7f] {
             msg[kind_at] = bad;
             let err = decode_op(Bytes::from(msg.clone())).unwrap_err();
             assert!(

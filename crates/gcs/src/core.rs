@@ -148,16 +148,38 @@
 //! answer to a later one after the core's clients have changed. The backbone
 //! must therefore deliver a daemon's own submissions back to it, in order.
 //!
+//! # Transitional sets
+//!
+//! When a configuration of the daemon group stops, its daemons may have
+//! received different parts of its stream: the daemons that move together
+//! into the same next configuration (a transitional set) deliver the same
+//! rest of it, but that rest may have holes — operations from daemons
+//! outside the set, lost with them — and other sets deliver other rests
+//! (extended virtual synchrony). A core that installed a view after such a
+//! hole with the id another set gives the same change would put members who
+//! delivered different messages in the old view through "the same" view
+//! change. So a backbone that knows where a set's rest begins says so with
+//! [`Op::Transitional`], at a point every daemon of the set has reached with
+//! the same operations, and every view the set installs after it has ids of
+//! the set's own (next section). The simulated backbone does; Corosync's CPG
+//! does not tell its users where its transitional delivery begins, so a
+//! cluster relies on CPG delivering no holes.
+//!
 //! # View ids
 //!
 //! A [`ViewId`]'s `seq` is `(tag << 48) | counter`: the counter is the core's,
 //! and the tag is the lowest [`DaemonId`] of the daemon group that installed
-//! the view. Its `incarnation` is that tag daemon's random per-boot value
-//! (exchanged in [`DaemonState`]), so a daemon that restarts and counts from
-//! 1 again never repeats an id of its previous lifetime.
-//! After an exchange the counter continues from the highest counter of the
-//! exchanged states, and two daemon groups that run at the same time are
-//! disjoint and so have different tags: ids stay unique across partitions. A
+//! the view. Its `incarnation` starts as the daemon's random per-boot value,
+//! so a daemon that restarts and counts from 1 again never repeats an id of
+//! its previous lifetime. When an exchange completes, every core derives the
+//! next incarnation from the exchanged states (each daemon's incarnation and
+//! counter, exchanged in [`DaemonState`]); at [`Op::Transitional`] from the
+//! current one, the counter and the set's daemons. So ids stay unique across
+//! partitions, merges and transitional sets, even where one component's
+//! counter went on past the point where another's stopped, with the odds
+//! of two random 64-bit incarnations being equal. Ids carry no order: a
+//! session tells an earlier view by having been in it. After an exchange the
+//! counter continues from the highest counter of the exchanged states. A
 //! standalone daemon 0 numbers its views 1, 2, 3, …
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -269,6 +291,15 @@ pub enum Op {
         /// The daemons of the new daemon group.
         members: Vec<DaemonId>,
     },
+    /// The daemon group's configuration stopped, and from here to the next
+    /// [`Op::Daemons`] the rest of its operations are delivered to these
+    /// daemons only: a transitional set, the daemons that move together
+    /// into the same next configuration (backbones that can tell; see
+    /// *Transitional sets* in the [module docs](self)).
+    Transitional {
+        /// The daemons of the transitional set, this one among them.
+        members: Vec<DaemonId>,
+    },
     /// A daemon's state, sent in answer to [`Op::Daemons`] (cluster backbones only).
     State {
         /// The configuration this state answers.
@@ -314,14 +345,14 @@ impl Op {
             | Op::Unicast { conn, .. }
             | Op::Reject { conn, .. } => Some(*conn),
             Op::Numbered { op, .. } if op.is_plain_client_op() => op.conn(),
-            Op::Numbered { .. } | Op::Daemons { .. } | Op::State { .. } => None,
+            Op::Numbered { .. } | Op::Daemons { .. } | Op::Transitional { .. } | Op::State { .. } => None,
         }
     }
 
     /// Whether this is a client operation without an identity (what may go
     /// inside [`Op::Numbered`]).
     pub fn is_plain_client_op(&self) -> bool {
-        !matches!(self, Op::Numbered { .. } | Op::Daemons { .. } | Op::State { .. })
+        !matches!(self, Op::Numbered { .. } | Op::Daemons { .. } | Op::Transitional { .. } | Op::State { .. })
     }
 
     /// This client operation with identity `id`; a daemon-group operation,
@@ -740,7 +771,9 @@ pub struct Core {
     next_view: u64,
     /// This daemon's own incarnation (drawn by the shell at boot).
     incarnation: u64,
-    /// The incarnation the views installed now carry: the tag daemon's.
+    /// The incarnation the views installed now carry: this daemon's own
+    /// while it is alone, then derived for each configuration and each
+    /// transitional set (see *View ids* in the module docs).
     view_incarnation: u64,
     daemons: BTreeSet<DaemonId>,
     clients: BTreeMap<ConnId, Client>,
@@ -758,6 +791,21 @@ pub struct Core {
 }
 
 const COUNTER_BITS: u32 = 48;
+
+/// Domains of [`derive`]: a transitional set's ids, a rebuilt configuration's.
+const TRANSITIONAL: u64 = 1;
+const REBUILT: u64 = 2;
+
+/// Folds `x` into `h` (the splitmix64 finalizer over both): how a daemon
+/// group derives a view incarnation from its daemons' random ones. Not a
+/// secret and not a commitment: it only needs to make equal results as
+/// unlikely as two equal random incarnations.
+fn derive(h: u64, x: u64) -> u64 {
+    let mut z = (h.rotate_left(29) ^ x).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
 
 impl Core {
     /// The core of daemon `me`, alone in its daemon group. `incarnation`
@@ -817,6 +865,7 @@ impl Core {
     pub fn handle(&mut self, op: Op, out: &mut Vec<Output>) {
         match op {
             Op::Daemons { epoch, members } => self.daemons_changed(epoch, members, out),
+            Op::Transitional { members } => self.transitional(&members),
             Op::State { epoch, state } => self.state_arrived(epoch, state, out),
             op => {
                 // Only a numbered operation that wraps no client operation has none.
@@ -866,7 +915,9 @@ impl Core {
                     self.client_op(*op, out);
                 }
             }
-            Op::Daemons { .. } | Op::State { .. } => unreachable!("not a client operation"),
+            Op::Daemons { .. } | Op::Transitional { .. } | Op::State { .. } => {
+                unreachable!("not a client operation")
+            }
         }
     }
 
@@ -1083,6 +1134,17 @@ impl Core {
         self.exchange = Some(Exchange { epoch, members, cut, states: BTreeMap::new(), held });
     }
 
+    /// A transitional set begins: whatever this set installs from here on
+    /// gets ids no other set of the stopped configuration can give, since
+    /// the sets deliver different remainders (see *Transitional sets* in the
+    /// module docs). Every member of the set is at the same point of the
+    /// stream here, so all derive the same value.
+    fn transitional(&mut self, members: &[DaemonId]) {
+        let members: BTreeSet<DaemonId> = members.iter().copied().collect();
+        let start = derive(derive(self.view_incarnation, TRANSITIONAL), self.next_view);
+        self.view_incarnation = members.iter().fold(start, |h, d| derive(h, u64::from(d.0)));
+    }
+
     fn state_arrived(&mut self, epoch: u64, state: DaemonState, out: &mut Vec<Output>) {
         if state.daemon == self.me {
             self.state_in_flight = false;
@@ -1107,7 +1169,15 @@ impl Core {
         self.daemons = x.members;
         self.tag = self.daemons.first().map_or(self.me.0, |d| d.0);
         self.next_view = x.states.values().map(|s| s.next_view).max().unwrap_or(self.next_view);
-        self.view_incarnation = x.states.get(&DaemonId(self.tag)).map_or(self.incarnation, |s| s.incarnation);
+        // Fresh ids for the new configuration: the old one's counter may have
+        // gone on elsewhere (in another component, past where this one's
+        // daemons stopped), so the same tag and counter could name another
+        // view there. Every core of the configuration derives the same value
+        // from the same states.
+        let tag_incarnation = x.states.get(&DaemonId(self.tag)).map_or(self.incarnation, |s| s.incarnation);
+        self.view_incarnation = x.states.values().fold(derive(tag_incarnation, REBUILT), |h, s| {
+            derive(derive(derive(h, u64::from(s.daemon.0)), s.incarnation), s.next_view)
+        });
         // What the rebuilt groups have seen of each origin is what its own
         // state says.
         self.lineage = x.states.values().map(|s| (s.daemon, Applied::from_ops(s.incarnation, &s.applied))).collect();

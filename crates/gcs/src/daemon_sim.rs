@@ -32,7 +32,9 @@
 //!   set) deliver the same remaining operations of the old one: everything
 //!   any of them received, and everything any of them sent (an originator
 //!   always holds its own messages), in sequence order — extended virtual
-//!   synchrony. Then each daemon is told [`Op::Daemons`]; the cores exchange
+//!   synchrony. Where the set's own delivery begins (the point its most
+//!   advanced daemon had reached), each of its daemons is told
+//!   [`Op::Transitional`]. Then each daemon is told [`Op::Daemons`]; the cores exchange
 //!   state through the new configuration. A submission that was not yet
 //!   ordered when its configuration stopped is sent again in the next one.
 //! * **Operation identities**: like a cluster shell, each daemon numbers the
@@ -710,9 +712,17 @@ impl DaemonSim {
                 let mut rest: BTreeSet<usize> =
                     set.iter().flat_map(|d| self.daemons[d].arrived.iter().copied()).collect();
                 rest.extend(log.iter().enumerate().filter(|(_, (from, _))| set.contains(from)).map(|(i, _)| i));
+                // The set's own delivery begins where its most advanced
+                // daemon stands: the others catch up to there without holes
+                // (that daemon delivered all of it), then all are told.
+                let start = set.iter().map(|d| self.daemons[d].next).max().expect("a set has daemons");
                 for &d in set {
                     let from = self.daemons[&d].next;
-                    for &seq in rest.range(from..) {
+                    for &seq in rest.range(from..start) {
+                        self.process(d, seq);
+                    }
+                    self.apply(d, Op::Transitional { members: set.clone() });
+                    for &seq in rest.range(start..) {
                         self.process(d, seq);
                     }
                 }

@@ -113,13 +113,15 @@ impl fmt::Display for GroupName {
 /// messages bound to it can never be replayed into another view.
 ///
 /// `seq` is the daemon group's view counter; `incarnation` is a random
-/// value drawn when a daemon starts (for a cluster: the one of the daemon
-/// whose tag the counter carries). Counters start over when daemons
-/// restart; the incarnation does not repeat, so a view id — and whatever
-/// is signed over it — never recurs across daemon lifetimes.
+/// value drawn when a daemon starts, and derived anew from the daemons'
+/// values whenever the daemon group changes (see *View ids* in the core's
+/// docs). Counters start over when daemons restart; the incarnation does
+/// not repeat, so a view id — and whatever is signed over it — never
+/// recurs across daemon lifetimes, components or transitional sets. Ids
+/// carry no order.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub struct ViewId {
-    /// The random per-boot value of the daemon (group) that installed it.
+    /// The daemon group's random value when it installed the view.
     pub incarnation: u64,
     /// The view counter within that incarnation.
     pub seq: u64,

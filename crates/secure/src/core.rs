@@ -74,6 +74,11 @@ enum Verdict {
 /// verdicts) are not there yet: data that came before its key, and key
 /// agreement messages that came while the view waits for certificates.
 const MAX_EARLY: usize = 4096;
+
+/// Earlier views of a group a member remembers, so that a message that
+/// crossed up to this many view changes is dropped quietly (its sender sends
+/// it again) rather than reported as from another view.
+const EARLIER_VIEWS: usize = 64;
 /// Largest number of bytes so held per group, from all senders together.
 pub const MAX_HELD_BYTES: usize = 8 << 20;
 /// Largest number of bytes so held per group from one sender, so that one
@@ -316,6 +321,11 @@ struct GroupState {
     engine: Box<dyn Engine>,
     /// The daemon's current view of the group.
     view: Option<View>,
+    /// The views of the group this member was in before the current one,
+    /// latest last (at most [`EARLIER_VIEWS`]): a message sent in one of
+    /// them crossed a view change. View ids carry no order, so this is how
+    /// an earlier view is told from another component's or lifetime's.
+    earlier_views: VecDeque<ViewId>,
     /// When the first view not yet secured arrived.
     rekey_since: Option<Instant>,
     /// Where the group's key stands in the current view.
@@ -369,6 +379,18 @@ struct GroupState {
 }
 
 impl GroupState {
+    /// Enters the daemon's next view of the group; returns the one left.
+    fn enter_view(&mut self, view: View) -> Option<View> {
+        let previous = self.view.replace(view);
+        if let Some(p) = &previous {
+            if self.earlier_views.len() == EARLIER_VIEWS {
+                self.earlier_views.pop_front();
+            }
+            self.earlier_views.push_back(p.id);
+        }
+        previous
+    }
+
     /// A new view starts its own admission and its run 0: what the last
     /// view decided (readmissions, doubts, held key agreement) is dropped.
     fn new_view_admission(&mut self) {
@@ -508,6 +530,7 @@ impl SessionCore {
                 policy,
                 engine,
                 view: None,
+                earlier_views: VecDeque::new(),
                 rekey_since: None,
                 phase: Phase::Agreeing,
                 members: Vec::new(),
@@ -657,7 +680,7 @@ impl SessionCore {
         gs.confirms.clear();
         gs.next_from.clear();
         gs.rekey_since.get_or_insert(self.now);
-        let previous = gs.view.replace(view.clone());
+        let previous = gs.enter_view(view.clone());
         tracing::debug!(%group, view = %view.id, n = view.members.len(), "view; rekeying");
         gs.new_view_admission();
         if self.certified.is_none() {
@@ -714,7 +737,7 @@ impl SessionCore {
         if gs.phase.is_aside() {
             gs.phase = Phase::Agreeing; // set aside in the last view only
         }
-        let previous = gs.view.replace(view.clone());
+        let previous = gs.enter_view(view.clone());
         gs.new_view_admission();
         if self.certified.is_none() {
             let res = gs.engine.on_view(&view, &mut *self.rng);
@@ -1434,12 +1457,11 @@ impl SessionCore {
             return Err(RejectReason::UnknownSender);
         }
         if header.view != delivered_in {
-            // Sent in another view. An earlier one of this daemon incarnation,
-            // by a member that came along (a message that crossed a view
+            // Sent in another view. One this member was in before the current
+            // one, by a member that came along (a message that crossed a view
             // change): its sender sends it again here. Anything else is a
             // replay from another view, component or daemon lifetime.
-            let (h, d) = (header.view, delivered_in);
-            let earlier = h.incarnation == d.incarnation && h.seq < d.seq;
+            let earlier = gs.earlier_views.contains(&header.view);
             let was_here = gs.view.as_ref().and_then(|v| v.member(sender)).is_some_and(|m| m.prev.is_some());
             if earlier && was_here {
                 tracing::debug!(%group, %sender, "message sent in an earlier view dropped");
@@ -1455,11 +1477,11 @@ impl SessionCore {
             return Err(RejectReason::UnknownEpoch(header.epoch));
         };
         if header.epoch != current {
-            // Earlier: an earlier run of this view, or an earlier view of this
-            // daemon incarnation (ids of one incarnation count up).
+            // Earlier: an earlier run of this view, or a view this member was
+            // in before.
             let (h, c) = (header.epoch, current);
             let earlier_run = h.view == c.view && h.run < c.run;
-            let earlier_view = h.view.incarnation == c.view.incarnation && h.view.seq < c.view.seq;
+            let earlier_view = gs.earlier_views.contains(&h.view);
             let was_here = gs.view.as_ref().and_then(|v| v.member(sender)).is_some_and(|m| m.prev.is_some());
             if earlier_run || (earlier_view && was_here) {
                 // Sent under an earlier key, delivered after a view change or

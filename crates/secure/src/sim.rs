@@ -964,6 +964,26 @@ mod tests {
         }
     }
 
+    /// GDH seed 58100 of `conclave sim`'s defaults broke virtual synchrony:
+    /// a daemon alone in its transitional set delivered the rest of the old
+    /// configuration with a hole (a multicast lost with another daemon) and
+    /// then a join that the other side installed too, under the same view id
+    /// (see *Transitional sets* in the daemon core's docs).
+    #[test]
+    fn a_hole_in_a_transitional_set_keeps_virtual_synchrony() {
+        let cfg = SimConfig {
+            protocol: ProtocolId::Gdh,
+            members: 5,
+            steps: 40,
+            daemons: 3,
+            print: false,
+            certified: true,
+            interval: None,
+        };
+        let out = run(58100, cfg);
+        assert!(out.failures.is_empty(), "{:?}", out.failures);
+    }
+
     #[test]
     fn every_protocol_passes_a_few_seeds_and_a_seed_replays_exactly() {
         for protocol in ProtocolId::ALL {
