@@ -281,6 +281,10 @@ struct Slot {
 }
 
 /// Everything but the daemons: what the delivery handler needs.
+/// A move between daemon views: from, to (`None`: out of the group), and
+/// the keys held in the first (interval runs).
+type Move = (ViewId, Option<ViewId>, Vec<String>);
+
 struct State {
     cfg: SimConfig,
     base: Instant,
@@ -296,7 +300,7 @@ struct State {
     epochs_of_key: BTreeMap<String, Epoch>,
     /// (view, next view or `None` for the final one) → the first connection
     /// seen to make that move, and what it delivered in the first.
-    moves: BTreeMap<(ViewId, Option<ViewId>, Vec<String>), (MemberId, Passage)>,
+    moves: BTreeMap<Move, (MemberId, Passage)>,
     trace: Sha256,
     out: Outcome,
 }
