@@ -710,7 +710,7 @@ fn toggle(st: &mut State, sim: &mut DaemonSim, churn: &mut ChaCha20Rng, setup: &
         m.view = None;
         m.open = None;
         m.rng = ChaCha20Rng::seed_from_u64(seed);
-        sim.submit(Op::Join { conn, group: st.group.clone(), open: false });
+        sim.submit(Op::Join { conn, group: st.group.clone(), open: false, keyed: false });
     }
     let m = st.members.get_mut(&conn).expect("member");
     m.inside = !inside;

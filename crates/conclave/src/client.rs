@@ -186,6 +186,8 @@ fn describe(ev: &Event, me: &str) -> String {
             format!("[{} {view} -> {}] {}: {}", safe(group.as_str()), safe(me), safe(sender.as_str()), text(payload))
         }
         Event::Error { code, text } => format!("error ({code:?}): {}", safe(text)),
+        // The key itself is never printed.
+        Event::GroupKey { group, view, .. } => format!("key for view {view} of {}", safe(group.as_str())),
     }
 }
 

@@ -214,12 +214,12 @@ impl ClientSender {
 
     /// Joins a closed group, creating it if needed.
     pub async fn join(&self, group: &str) -> Result<(), ClientError> {
-        self.send(&Request::Join { group: GroupName::new(group)?, open: false }).await
+        self.send(&Request::Join { group: GroupName::new(group)?, open: false, keyed: false }).await
     }
 
     /// Joins a group, creating it as an open group if it does not exist.
     pub async fn join_open(&self, group: &str) -> Result<(), ClientError> {
-        self.send(&Request::Join { group: GroupName::new(group)?, open: true }).await
+        self.send(&Request::Join { group: GroupName::new(group)?, open: true, keyed: false }).await
     }
 
     /// Leaves a group.

@@ -833,7 +833,7 @@ async fn read_loop<R: AsyncRead>(
 fn to_op(conn: ConnId, req: Request, max_payload: usize) -> Option<Op> {
     Some(match req {
         Request::Hello { name } => Op::Connect { conn, name },
-        Request::Join { group, open } => Op::Join { conn, group, open },
+        Request::Join { group, open, keyed } => Op::Join { conn, group, open, keyed },
         Request::Leave { group } => Op::Leave { conn, group },
         Request::Multicast { payload, .. } | Request::Unicast { payload, .. } if payload.len() > max_payload => {
             let e = WireError::TooLarge { len: payload.len(), max: max_payload };

@@ -359,7 +359,7 @@ async fn bad_input_gets_clear_errors_and_disturbs_no_one() {
     let mut big = hello("raw3");
     big.put_u32(100_000);
     big.put_bytes(0x04, 100_000);
-    big.extend_from_slice(&frame(&Request::Join { group: GroupName::new("h").unwrap(), open: false }));
+    big.extend_from_slice(&frame(&Request::Join { group: GroupName::new("h").unwrap(), open: false, keyed: false }));
     big.extend_from_slice(&frame(&Request::Bye));
     raw.write_all(&big).await.unwrap();
     let got = read_all(raw).await;
@@ -538,7 +538,11 @@ async fn a_client_that_never_reads_is_cut_off_at_its_byte_budget() {
     let mut sender = s.unix("sender").await;
     let mut mute = s.raw().await;
     let mut hello_join = hello("mute");
-    hello_join.extend_from_slice(&frame(&Request::Join { group: GroupName::new("g").unwrap(), open: false }));
+    hello_join.extend_from_slice(&frame(&Request::Join {
+        group: GroupName::new("g").unwrap(),
+        open: false,
+        keyed: false,
+    }));
     mute.write_all(&hello_join).await.unwrap();
     for c in [&reader, &sender] {
         c.join("g").await.unwrap();
@@ -593,7 +597,7 @@ async fn an_incomplete_frame_is_timed_out_and_a_quiet_client_is_not() {
 
     // A Join in two pieces, 100 ms apart.
     let mut slow = s.raw().await;
-    let join = frame(&Request::Join { group: GroupName::new("g").unwrap(), open: false });
+    let join = frame(&Request::Join { group: GroupName::new("g").unwrap(), open: false, keyed: false });
     let mut first = hello("slowpoke");
     first.extend_from_slice(&join[..3]);
     slow.write_all(&first).await.unwrap();

@@ -16,7 +16,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::core::{AppliedOps, ClientState, ConnId, DaemonId, DaemonState, ErrorCode, Membership, Op, OpId, Service};
-use crate::wire::{Fields, WireError, MAX_ERROR_TEXT};
+use crate::wire::{group_options, Fields, WireError, MAX_ERROR_TEXT};
 
 /// The version of the daemon–daemon encoding this module speaks.
 pub const OP_VERSION: u8 = 5;
@@ -32,6 +32,7 @@ const DAEMONS: u8 = 0x08;
 const STATE: u8 = 0x09;
 const NUMBERED: u8 = 0x0a;
 const TRANSITIONAL: u8 = 0x0b;
+const DAEMON_KA: u8 = 0x0c;
 
 /// Why a daemon message could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -73,11 +74,11 @@ fn put_op(op: &Op, out: &mut BytesMut) {
             out.put_u8(DISCONNECT);
             put_conn(out, *conn);
         }
-        Op::Join { conn, group, open } => {
+        Op::Join { conn, group, open, keyed } => {
             out.put_u8(JOIN);
             put_conn(out, *conn);
             put_str8(out, group.as_str());
-            out.put_u8(u8::from(*open));
+            out.put_u8(group_options(*open, *keyed));
         }
         Op::Leave { conn, group } => {
             out.put_u8(LEAVE);
@@ -127,6 +128,11 @@ fn put_op(op: &Op, out: &mut BytesMut) {
                 out.put_u16(d.0);
             }
         }
+        Op::DaemonKa { from, payload } => {
+            out.put_u8(DAEMON_KA);
+            out.put_u16(from.0);
+            out.put_slice(payload);
+        }
         Op::State { epoch, state } => {
             out.put_u8(STATE);
             out.put_u64(*epoch);
@@ -150,7 +156,7 @@ fn put_op(op: &Op, out: &mut BytesMut) {
                 out.put_u32(u32::try_from(c.groups.len()).expect("fewer than 2^32 memberships"));
                 for m in &c.groups {
                     put_str8(out, m.group.as_str());
-                    out.put_u8(u8::from(m.open));
+                    out.put_u8(group_options(m.open, m.keyed));
                     out.put_slice(&m.view.to_bytes());
                     out.put_u64(m.since);
                 }
@@ -199,6 +205,7 @@ pub fn decode_op(msg: Bytes) -> Result<Op, OpError> {
             }
             Op::Daemons { epoch, members }
         }
+        DAEMON_KA => Op::DaemonKa { from: DaemonId(f.u16("daemon")?), payload: f.payload() },
         TRANSITIONAL => {
             let count = usize::from(f.u16("daemon count")?);
             let mut members = Vec::with_capacity(count.min(f.rest_len() / 2));
@@ -237,12 +244,9 @@ pub fn decode_op(msg: Bytes) -> Result<Op, OpError> {
                 let n = f.u32("membership count")? as usize;
                 let mut groups = Vec::with_capacity(n.min(f.rest_len() / 19));
                 for _ in 0..n {
-                    groups.push(Membership {
-                        group: f.group()?,
-                        open: f.flag("open flag")?,
-                        view: f.view_id("view id")?,
-                        since: f.u64("since")?,
-                    });
+                    let group = f.group()?;
+                    let (open, keyed) = f.group_options()?;
+                    groups.push(Membership { group, open, keyed, view: f.view_id("view id")?, since: f.u64("since")? });
                 }
                 clients.push(ClientState { conn, name, groups });
             }
@@ -258,7 +262,11 @@ fn client_op(kind: u8, f: &mut Fields) -> Result<Op, WireError> {
     Ok(match kind {
         CONNECT => Op::Connect { conn: conn(f)?, name: f.member("member name")? },
         DISCONNECT => Op::Disconnect { conn: conn(f)? },
-        JOIN => Op::Join { conn: conn(f)?, group: f.group()?, open: f.flag("open flag")? },
+        JOIN => {
+            let (conn, group) = (conn(f)?, f.group()?);
+            let (open, keyed) = f.group_options()?;
+            Op::Join { conn, group, open, keyed }
+        }
         LEAVE => Op::Leave { conn: conn(f)?, group: f.group()? },
         MULTICAST => Op::Multicast { conn: conn(f)?, group: f.group()?, service: f.service()?, payload: f.payload() },
         UNICAST => Op::Unicast { conn: conn(f)?, group: f.group()?, to: f.member("recipient")?, payload: f.payload() },
@@ -302,11 +310,8 @@ mod tests {
     }
 
     fn membership() -> impl Strategy<Value = Membership> {
-        (name(), any::<bool>(), any::<(u64, u64)>(), any::<u64>()).prop_map(|(g, open, v, since)| Membership {
-            group: GroupName::new(g).unwrap(),
-            open,
-            view: ViewId::new(v.0, v.1),
-            since,
+        (name(), any::<(bool, bool)>(), any::<(u64, u64)>(), any::<u64>()).prop_map(|(g, (open, keyed), v, since)| {
+            Membership { group: GroupName::new(g).unwrap(), open, keyed, view: ViewId::new(v.0, v.1), since }
         })
     }
 
@@ -347,7 +352,12 @@ mod tests {
         prop_oneof![
             (conn_s(), member()).prop_map(|(conn, name)| Op::Connect { conn, name }),
             conn_s().prop_map(|conn| Op::Disconnect { conn }),
-            (conn_s(), group(), any::<bool>()).prop_map(|(conn, group, open)| Op::Join { conn, group, open }),
+            (conn_s(), group(), any::<(bool, bool)>()).prop_map(|(conn, group, (open, keyed))| Op::Join {
+                conn,
+                group,
+                open,
+                keyed
+            }),
             (conn_s(), group()).prop_map(|(conn, group)| Op::Leave { conn, group }),
             (conn_s(), group(), any::<bool>(), payload()).prop_map(|(conn, group, fifo, payload)| Op::Multicast {
                 conn,
@@ -370,6 +380,7 @@ mod tests {
                 .prop_map(|(epoch, ds)| Op::Daemons { epoch, members: ds.into_iter().map(DaemonId).collect() }),
             proptest::collection::vec(any::<u16>(), 0..8)
                 .prop_map(|ds| Op::Transitional { members: ds.into_iter().map(DaemonId).collect() }),
+            (any::<u16>(), payload()).prop_map(|(d, payload)| Op::DaemonKa { from: DaemonId(d), payload }),
             (
                 any::<u64>(),
                 any::<u16>(),
@@ -426,7 +437,7 @@ mod tests {
                     Op::Numbered { op, .. } => op.as_ref(),
                     op => op,
                 };
-                prop_assert!(matches!(inner, Op::Multicast { .. } | Op::Unicast { .. }), "{back:?}");
+                prop_assert!(matches!(inner, Op::Multicast { .. } | Op::Unicast { .. } | Op::DaemonKa { .. }), "{back:?}");
             }
         }
     }
@@ -458,7 +469,7 @@ mod tests {
         let mut msg = op_bytes(&numbered).to_vec();
         let kind_at = 2 + 8 + 8;
         assert_eq!(msg[kind_at], DISCONNECT);
-        for bad in [NUMBERED, DAEMONS, STATE, TRANSITIONAL, 0, 0x7f] {
+        for bad in [NUMBERED, DAEMONS, STATE, TRANSITIONAL, DAEMON_KA, 0, 0x7f] {
             msg[kind_at] = bad;
             let err = decode_op(Bytes::from(msg.clone())).unwrap_err();
             assert!(

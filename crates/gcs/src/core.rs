@@ -53,6 +53,16 @@
 //!   [`Delivery::Error`]; a failed request changes nothing. Errors whose code
 //!   [`is fatal`](ErrorCode::is_fatal) end the connection.
 //!
+//! * **Keyed groups.** A join may ask for a group *keyed* by its daemons
+//!   (the integrated architecture's Integrated VS): the daemons agree a key
+//!   among themselves and give each view of the group its own key, which a
+//!   daemon delivers to its members in [`Delivery::GroupKey`] just before the
+//!   view. The choice is the creator's: a join that asks otherwise is refused
+//!   ([`ErrorCode::ModeMismatch`]). The core only records it
+//!   ([`Core::keyed`]) and orders the daemons' key agreement traffic
+//!   ([`Op::DaemonKa`]) with everything else; the key agreement and the keys
+//!   are a machine around the core's (`conclave-integrated`).
+//!
 //! # The daemon group (cluster backbones)
 //!
 //! A standalone backbone never produces [`Op::Daemons`] or [`Op::State`];
@@ -243,6 +253,11 @@ pub enum Op {
         group: GroupName,
         /// Whether non-members may send, if this join creates the group.
         open: bool,
+        /// Whether the daemons key the group's views (the integrated
+        /// architecture's Integrated VS: see *Keyed groups* in the
+        /// [module docs](self)), if this join creates the group. A join of
+        /// an existing group must say what its creator said.
+        keyed: bool,
     },
     /// A client leaves a group.
     Leave {
@@ -300,6 +315,15 @@ pub enum Op {
         /// The daemons of the transitional set, this one among them.
         members: Vec<DaemonId>,
     },
+    /// Key agreement among the daemons (see *Keyed groups* in the
+    /// [module docs](self)), ordered like everything else; the core itself
+    /// passes it by.
+    DaemonKa {
+        /// The daemon that sent it.
+        from: DaemonId,
+        /// The key agreement message.
+        payload: Bytes,
+    },
     /// A daemon's state, sent in answer to [`Op::Daemons`] (cluster backbones only).
     State {
         /// The configuration this state answers.
@@ -345,14 +369,21 @@ impl Op {
             | Op::Unicast { conn, .. }
             | Op::Reject { conn, .. } => Some(*conn),
             Op::Numbered { op, .. } if op.is_plain_client_op() => op.conn(),
-            Op::Numbered { .. } | Op::Daemons { .. } | Op::Transitional { .. } | Op::State { .. } => None,
+            Op::Numbered { .. }
+            | Op::Daemons { .. }
+            | Op::Transitional { .. }
+            | Op::DaemonKa { .. }
+            | Op::State { .. } => None,
         }
     }
 
     /// Whether this is a client operation without an identity (what may go
     /// inside [`Op::Numbered`]).
     pub fn is_plain_client_op(&self) -> bool {
-        !matches!(self, Op::Numbered { .. } | Op::Daemons { .. } | Op::Transitional { .. } | Op::State { .. })
+        !matches!(
+            self,
+            Op::Numbered { .. } | Op::Daemons { .. } | Op::Transitional { .. } | Op::DaemonKa { .. } | Op::State { .. }
+        )
     }
 
     /// This client operation with identity `id`; a daemon-group operation,
@@ -409,6 +440,8 @@ pub struct Membership {
     pub group: GroupName,
     /// Whether the group is open.
     pub open: bool,
+    /// Whether the daemons key the group's views.
+    pub keyed: bool,
     /// The group's current view.
     pub view: ViewId,
     /// Counter of the view the client joined in: orders members oldest first.
@@ -452,6 +485,9 @@ pub enum ErrorCode {
     /// The client's certificate was revoked (or is no longer trusted) while
     /// it was connected.
     Revoked,
+    /// A join asked for a group keyed by its daemons where the group is not,
+    /// or the other way round: the group's creator chose.
+    ModeMismatch,
     /// A code this version does not know.
     Other(u16),
 }
@@ -476,6 +512,7 @@ impl ErrorCode {
             ErrorCode::ShuttingDown => 14,
             ErrorCode::IdentityMismatch => 15,
             ErrorCode::Revoked => 16,
+            ErrorCode::ModeMismatch => 18,
             ErrorCode::Other(n) => n,
         }
     }
@@ -499,6 +536,7 @@ impl ErrorCode {
             14 => ErrorCode::ShuttingDown,
             15 => ErrorCode::IdentityMismatch,
             16 => ErrorCode::Revoked,
+            18 => ErrorCode::ModeMismatch,
             n => ErrorCode::Other(n),
         }
     }
@@ -569,6 +607,17 @@ pub enum Delivery {
         /// The message.
         payload: Bytes,
     },
+    /// The key of a view of a keyed group, from the daemons (see *Keyed
+    /// groups* in the [module docs](self)): delivered to each member just
+    /// before the view it keys, and to nobody else.
+    GroupKey {
+        /// The group.
+        group: GroupName,
+        /// The view the key is for.
+        view: ViewId,
+        /// The key.
+        key: ViewKey,
+    },
     /// A request failed.
     Error {
         /// What went wrong.
@@ -576,6 +625,29 @@ pub enum Delivery {
         /// Details for people.
         text: String,
     },
+}
+
+/// A keyed group's key for one view: 32 bytes, zeroized on drop, never
+/// printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ViewKey(zeroize::Zeroizing<[u8; 32]>);
+
+impl ViewKey {
+    /// Wraps key bytes.
+    pub fn new(bytes: [u8; 32]) -> Self {
+        Self(zeroize::Zeroizing::new(bytes))
+    }
+
+    /// The key bytes.
+    pub fn expose_secret(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ViewKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ViewKey(..)")
+    }
 }
 
 impl Delivery {
@@ -624,8 +696,15 @@ struct Seat {
     since: u64,
 }
 
-struct Group {
+/// What a group's creator chose for it.
+#[derive(Clone, Copy, Default)]
+struct Options {
     open: bool,
+    keyed: bool,
+}
+
+struct Group {
+    options: Options,
     view: View,
     /// Index for index with `view.members`.
     seats: Vec<Seat>,
@@ -851,6 +930,12 @@ impl Core {
         self.groups.keys()
     }
 
+    /// Whether `group` exists and is keyed by its daemons (see *Keyed
+    /// groups* in the [module docs](self)).
+    pub fn keyed(&self, group: &GroupName) -> bool {
+        self.groups.get(group).is_some_and(|g| g.options.keyed)
+    }
+
     /// The name of a connected client.
     pub fn member(&self, conn: ConnId) -> Option<&MemberId> {
         self.clients.get(&conn).map(|c| &c.name)
@@ -866,6 +951,7 @@ impl Core {
         match op {
             Op::Daemons { epoch, members } => self.daemons_changed(epoch, members, out),
             Op::Transitional { members } => self.transitional(&members),
+            Op::DaemonKa { .. } => {}
             Op::State { epoch, state } => self.state_arrived(epoch, state, out),
             op => {
                 // Only a numbered operation that wraps no client operation has none.
@@ -885,7 +971,7 @@ impl Core {
         match op {
             Op::Connect { conn, name } => self.connect(conn, name, out),
             Op::Disconnect { conn } => self.disconnect(conn, out),
-            Op::Join { conn, group, open } => self.join(conn, group, open, out),
+            Op::Join { conn, group, open, keyed } => self.join(conn, group, Options { open, keyed }, out),
             Op::Leave { conn, group } => self.leave(conn, group, out),
             Op::Multicast { conn, group, service, payload } => {
                 let Some((sender, g)) = self.sender_and_group(conn, &group, out) else { return };
@@ -915,7 +1001,7 @@ impl Core {
                     self.client_op(*op, out);
                 }
             }
-            Op::Daemons { .. } | Op::Transitional { .. } | Op::State { .. } => {
+            Op::Daemons { .. } | Op::Transitional { .. } | Op::DaemonKa { .. } | Op::State { .. } => {
                 unreachable!("not a client operation")
             }
         }
@@ -962,7 +1048,7 @@ impl Core {
             self.reply(conn, Delivery::error(ErrorCode::UnknownGroup, format!("no group {group}")), out);
             return None;
         };
-        if !g.open && !g.view.contains(&name) {
+        if !g.options.open && !g.view.contains(&name) {
             let text = format!("{name} is not a member of closed group {group}");
             self.reply(conn, Delivery::error(ErrorCode::NotMember, text), out);
             return None;
@@ -993,7 +1079,7 @@ impl Core {
         }
     }
 
-    fn join(&mut self, conn: ConnId, group: GroupName, open: bool, out: &mut Vec<Output>) {
+    fn join(&mut self, conn: ConnId, group: GroupName, options: Options, out: &mut Vec<Output>) {
         let Some(client) = self.client(conn, out) else { return };
         if client.groups.contains(&group) {
             let text = format!("{} is already a member of {group}", client.name);
@@ -1005,13 +1091,22 @@ impl Core {
             self.reply(conn, Delivery::error(ErrorCode::TooManyGroups, text), out);
             return;
         }
+        if let Some(g) = self.groups.get(&group).filter(|g| g.options.keyed != options.keyed) {
+            let text = if g.options.keyed {
+                format!("{group} is keyed by its daemons (integrated mode); join it as such")
+            } else {
+                format!("{group} is not keyed by its daemons; its members agree their own keys")
+            };
+            self.reply(conn, Delivery::error(ErrorCode::ModeMismatch, text), out);
+            return;
+        }
         let name = client.name.clone();
         let since = self.next_view;
         let mut seats = self.seats_of(&group);
         seats.push(NewSeat { conn, id: name, since, prev: None });
         self.clients.get_mut(&conn).expect("checked").groups.insert(group.clone());
-        let open = self.groups.get(&group).map_or(open, |g| g.open);
-        self.install(group, open, seats, Cause::Join, out);
+        let options = self.groups.get(&group).map_or(options, |g| g.options);
+        self.install(group, options, seats, Cause::Join, out);
     }
 
     fn leave(&mut self, conn: ConnId, group: GroupName, out: &mut Vec<Output>) {
@@ -1044,13 +1139,20 @@ impl Core {
     fn remove_seat(&mut self, group: GroupName, conn: ConnId, cause: Cause, out: &mut Vec<Output>) {
         let mut seats = self.seats_of(&group);
         seats.retain(|s| s.conn != conn);
-        let open = self.groups.get(&group).is_some_and(|g| g.open);
-        self.install(group, open, seats, cause, out);
+        let options = self.groups.get(&group).map(|g| g.options).unwrap_or_default();
+        self.install(group, options, seats, cause, out);
     }
 
     /// Installs the next view of `group` with `seats` (oldest first), or
     /// removes the group if no one is left.
-    fn install(&mut self, group: GroupName, open: bool, seats: Vec<NewSeat>, cause: Cause, out: &mut Vec<Output>) {
+    fn install(
+        &mut self,
+        group: GroupName,
+        options: Options,
+        seats: Vec<NewSeat>,
+        cause: Cause,
+        out: &mut Vec<Output>,
+    ) {
         if seats.is_empty() {
             self.groups.remove(&group);
             return;
@@ -1063,7 +1165,7 @@ impl Core {
         let view = View { id, members, cause };
         let delivery = Delivery::View { group: group.clone(), view: view.clone() };
         self.deliver(seats.iter().map(|s| s.conn), delivery, out);
-        self.groups.insert(group, Group { open, view, seats });
+        self.groups.insert(group, Group { options, view, seats });
     }
 
     /// Installs a view of `group` with `seats` that the next view of the
@@ -1072,11 +1174,11 @@ impl Core {
     fn install_detached(
         &mut self,
         group: &GroupName,
-        open: bool,
+        options: Options,
         seats: Vec<NewSeat>,
         out: &mut Vec<Output>,
     ) -> ViewId {
-        self.install(group.clone(), open, seats, Cause::Network, out);
+        self.install(group.clone(), options, seats, Cause::Network, out);
         self.groups.remove(group).expect("installed with members").view.id
     }
 
@@ -1095,7 +1197,13 @@ impl Core {
                     .map(|name| {
                         let g = &self.groups[name];
                         let seat = g.seats.iter().find(|s| s.conn == conn).expect("member has a seat");
-                        Membership { group: name.clone(), open: g.open, view: g.view.id, since: seat.since }
+                        Membership {
+                            group: name.clone(),
+                            open: g.options.open,
+                            keyed: g.options.keyed,
+                            view: g.view.id,
+                            since: seat.since,
+                        }
                     })
                     .collect(),
             })
@@ -1202,10 +1310,10 @@ impl Core {
         }
         for (group, mut entries) in groups {
             entries.sort_by_key(|(m, s, _)| (m.since, s.conn));
-            let open = entries[0].0.open;
-            self.split_transitional_sets(&group, open, &mut entries, out);
+            let options = Options { open: entries[0].0.open, keyed: entries[0].0.keyed };
+            self.split_transitional_sets(&group, options, &mut entries, out);
             let seats = entries.into_iter().map(|(_, s, _)| s).collect();
-            self.install(group, open, seats, Cause::Network, out);
+            self.install(group, options, seats, Cause::Network, out);
         }
         for op in x.held {
             self.handle(op, out);
@@ -1232,7 +1340,7 @@ impl Core {
     fn split_transitional_sets(
         &mut self,
         group: &GroupName,
-        open: bool,
+        options: Options,
         entries: &mut [(Membership, NewSeat, Vec<DaemonId>)],
         out: &mut Vec<Output>,
     ) {
@@ -1248,7 +1356,7 @@ impl Core {
         for (view, cut) in split {
             let set = |(m, _, c): &&mut (Membership, NewSeat, Vec<DaemonId>)| m.view == view && *c == cut;
             let seats: Vec<NewSeat> = entries.iter_mut().filter(|e| set(e)).map(|(_, s, _)| s.clone()).collect();
-            let id = self.install_detached(group, open, seats, out);
+            let id = self.install_detached(group, options, seats, out);
             for (_, seat, _) in entries.iter_mut().filter(|e| set(e)) {
                 seat.prev = Some(id);
             }

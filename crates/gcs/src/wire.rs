@@ -13,7 +13,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::core::{Delivery, ErrorCode, Service};
+use crate::core::{Delivery, ErrorCode, Service, ViewKey};
 use crate::view::{Cause, GroupName, MemberId, NameError, View, ViewId, ViewMember};
 
 /// The wire version this module speaks. A client announces it in `Hello`, the
@@ -44,6 +44,7 @@ const LEFT: u8 = 0x84;
 const MESSAGE: u8 = 0x85;
 const UNICAST_MESSAGE: u8 = 0x86;
 const ERROR: u8 = 0x87;
+const GROUP_KEY: u8 = 0x88;
 
 /// What a client asks its daemon.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -60,6 +61,9 @@ pub enum Request {
         group: GroupName,
         /// Whether non-members may send, if this join creates the group.
         open: bool,
+        /// Whether the daemons key the group's views (integrated mode), if
+        /// this join creates the group; a later join must say the same.
+        keyed: bool,
     },
     /// Leave a group.
     Leave {
@@ -259,6 +263,15 @@ impl Fields {
         }
     }
 
+    /// A group's options byte: bit 0 open, bit 1 keyed by its daemons; any
+    /// other bit is malformed.
+    pub(crate) fn group_options(&mut self) -> Result<(bool, bool), WireError> {
+        match self.u8("group options")? {
+            v if v & !0b11 == 0 => Ok((v & 1 == 1, v & 2 == 2)),
+            v => Err(WireError::BadValue { what: "group options", value: v.into() }),
+        }
+    }
+
     fn version(&mut self) -> Result<(), WireError> {
         match self.u16("version")? {
             VERSION => Ok(()),
@@ -332,7 +345,11 @@ pub fn decode_request(frame: Bytes) -> Result<Request, WireError> {
             f.version()?;
             Request::Hello { name: f.member("member name")? }
         }
-        JOIN => Request::Join { group: f.group()?, open: f.flag("open flag")? },
+        JOIN => {
+            let group = f.group()?;
+            let (open, keyed) = f.group_options()?;
+            Request::Join { group, open, keyed }
+        }
         LEAVE => Request::Leave { group: f.group()? },
         MULTICAST => Request::Multicast { group: f.group()?, service: f.service()?, payload: f.payload() },
         UNICAST => Request::Unicast { group: f.group()?, to: f.member("recipient")?, payload: f.payload() },
@@ -370,6 +387,12 @@ pub fn decode_delivery(frame: Bytes) -> Result<Delivery, WireError> {
             let code = ErrorCode::from_u16(f.u16("error code")?);
             let len = f.u16("error text")?;
             Delivery::Error { code, text: f.text(len.into(), "error text")?.to_owned() }
+        }
+        GROUP_KEY => {
+            let group = f.group()?;
+            let view = f.view_id("view id")?;
+            let key = f.take(32, "group key")?.try_into().expect("32 bytes");
+            Delivery::GroupKey { group, view, key: ViewKey::new(key) }
         }
         k => return Err(WireError::UnknownKind(k)),
     };
@@ -441,14 +464,19 @@ impl<'a> FrameWriter<'a> {
     }
 }
 
+/// The options byte of a group: bit 0 open, bit 1 keyed by its daemons.
+pub(crate) fn group_options(open: bool, keyed: bool) -> u8 {
+    u8::from(open) | (u8::from(keyed) << 1)
+}
+
 /// Appends `req` as one frame to `out`.
 pub fn encode_request(req: &Request, out: &mut BytesMut) {
     match req {
         Request::Hello { name } => {
             FrameWriter::new(out, HELLO).bytes(&VERSION.to_be_bytes()).str8(name.as_str()).finish()
         }
-        Request::Join { group, open } => {
-            FrameWriter::new(out, JOIN).str8(group.as_str()).bytes(&[u8::from(*open)]).finish()
+        Request::Join { group, open, keyed } => {
+            FrameWriter::new(out, JOIN).str8(group.as_str()).bytes(&[group_options(*open, *keyed)]).finish()
         }
         Request::Leave { group } => FrameWriter::new(out, LEAVE).str8(group.as_str()).finish(),
         Request::Multicast { group, service, payload } => {
@@ -483,6 +511,11 @@ pub fn encode_delivery(d: &Delivery, out: &mut BytesMut) {
             .str8(sender.as_str())
             .bytes(&view.to_bytes())
             .bytes(payload)
+            .finish(),
+        Delivery::GroupKey { group, view, key } => FrameWriter::new(out, GROUP_KEY)
+            .str8(group.as_str())
+            .bytes(&view.to_bytes())
+            .bytes(key.expose_secret())
             .finish(),
         Delivery::Error { code, text } => {
             let mut end = text.len().min(MAX_ERROR_TEXT);

@@ -75,7 +75,7 @@ impl Component {
     }
 
     fn join(&mut self, c: ConnId, group: &str) {
-        self.feed(Op::Join { conn: c, group: g(group), open: false });
+        self.feed(Op::Join { conn: c, group: g(group), open: false, keyed: false });
     }
 
     fn send(&mut self, c: ConnId, group: &str, text: &str) {
@@ -230,7 +230,7 @@ fn an_empty_group_ceases_to_exist_and_its_options_with_it() {
     let mut c = one();
     c.connect(conn(0, 1), "a");
     c.connect(conn(0, 2), "b");
-    c.feed(Op::Join { conn: conn(0, 1), group: g("g"), open: true });
+    c.feed(Op::Join { conn: conn(0, 1), group: g("g"), open: true, keyed: false });
     c.feed(Op::Leave { conn: conn(0, 1), group: g("g") });
     assert!(c.cores[0].groups().next().is_none());
     c.send(conn(0, 2), "g", "anyone?");
@@ -292,7 +292,7 @@ fn closed_groups_refuse_non_members_and_open_groups_accept_them() {
     c.connect(conn(0, 1), "member");
     c.connect(conn(0, 2), "outsider");
     c.join(conn(0, 1), "closed");
-    c.feed(Op::Join { conn: conn(0, 1), group: g("open"), open: true });
+    c.feed(Op::Join { conn: conn(0, 1), group: g("open"), open: true, keyed: false });
     c.take(conn(0, 1));
     c.send(conn(0, 2), "closed", "x");
     assert_eq!(error_code(&c.take(conn(0, 2))), Some(ErrorCode::NotMember));
@@ -304,11 +304,35 @@ fn closed_groups_refuse_non_members_and_open_groups_accept_them() {
     c.feed(Op::Unicast { conn: conn(0, 2), group: g("open"), to: m("member"), payload: Bytes::new() });
     assert!(matches!(&c.take(conn(0, 1))[..], [Delivery::Unicast { .. }]));
     // A later join cannot change the option.
-    c.feed(Op::Join { conn: conn(0, 2), group: g("closed"), open: true });
+    c.feed(Op::Join { conn: conn(0, 2), group: g("closed"), open: true, keyed: false });
     c.feed(Op::Leave { conn: conn(0, 2), group: g("closed") });
     c.take(conn(0, 2));
     c.send(conn(0, 2), "closed", "x");
     assert_eq!(error_code(&c.take(conn(0, 2))), Some(ErrorCode::NotMember));
+}
+
+/// A group is keyed by its daemons or not as its creator chose: a join that
+/// asks otherwise is refused and changes nothing, and the choice survives a
+/// state exchange.
+#[test]
+fn a_keyed_group_stays_keyed_and_refuses_joins_that_ask_otherwise() {
+    let mut pair = Component::new(&[1, 2]);
+    pair.feed(daemons(1, &[1, 2]));
+    pair.connect(conn(1, 1), "a");
+    pair.connect(conn(2, 1), "b");
+    pair.feed(Op::Join { conn: conn(1, 1), group: g("k"), open: false, keyed: true });
+    pair.feed(Op::Join { conn: conn(2, 1), group: g("k"), open: false, keyed: false });
+    assert_eq!(error_code(&pair.take(conn(2, 1))), Some(ErrorCode::ModeMismatch));
+    assert!(pair.cores.iter().all(|c| c.keyed(&g("k")) && c.view(&g("k")).unwrap().members.len() == 1));
+    pair.feed(Op::Join { conn: conn(2, 1), group: g("k"), open: false, keyed: true });
+    assert_eq!(names(&views(&pair.take(conn(2, 1)))[0]), ["a", "b"]);
+    // The other way round: a plain group refuses a keyed join.
+    pair.feed(Op::Join { conn: conn(1, 1), group: g("plain"), open: false, keyed: false });
+    pair.feed(Op::Join { conn: conn(2, 1), group: g("plain"), open: false, keyed: true });
+    assert_eq!(error_code(&pair.take(conn(2, 1))), Some(ErrorCode::ModeMismatch));
+    // Through an exchange, every core still knows which group is keyed.
+    pair.feed(daemons(2, &[1, 2]));
+    assert!(pair.cores.iter().all(|c| c.keyed(&g("k")) && !c.keyed(&g("plain"))));
 }
 
 #[test]
@@ -383,7 +407,9 @@ fn stream(acts: &[Act]) -> Vec<Op> {
     for (n, a) in acts.iter().enumerate() {
         let group = |i: u8| g(&format!("g{i}"));
         let op = match *a {
-            Act::Join(c, gi) => Op::Join { conn: conn(0, conns[c as usize]), group: group(gi), open: false },
+            Act::Join(c, gi) => {
+                Op::Join { conn: conn(0, conns[c as usize]), group: group(gi), open: false, keyed: false }
+            }
             Act::Leave(c, gi) => Op::Leave { conn: conn(0, conns[c as usize]), group: group(gi) },
             Act::Send(c, gi) => Op::Multicast {
                 conn: conn(0, conns[c as usize]),
@@ -541,7 +567,7 @@ fn operations_during_an_exchange_are_held_then_applied_in_order() {
     let mut core = Core::new(DaemonId(1), Limits::default(), inc(1));
     let mut out = Vec::new();
     core.handle(Op::Connect { conn: conn(1, 1), name: m("a") }, &mut out);
-    core.handle(Op::Join { conn: conn(1, 1), group: g("g"), open: false }, &mut out);
+    core.handle(Op::Join { conn: conn(1, 1), group: g("g"), open: false, keyed: false }, &mut out);
     out.clear();
     core.handle(daemons(5, &[1, 2]), &mut out);
     let Some(Output::Submit(Op::State { epoch: 5, state: mine })) = out.pop() else { panic!("must send its state") };
@@ -680,7 +706,7 @@ fn texts(ds: &[Delivery]) -> Vec<String> {
 #[test]
 fn transitional_sets_give_the_views_they_install_ids_of_their_own() {
     let (mut left, mut right, [b1, b2]) = split_after_b_sends();
-    let join_c = Op::Join { conn: conn(1, 2), group: g("g"), open: false };
+    let join_c = Op::Join { conn: conn(1, 2), group: g("g"), open: false, keyed: false };
     right.feed(b1);
     right.feed(b2.clone());
     right.feed(Op::Transitional { members: vec![DaemonId(2)] });
@@ -737,7 +763,7 @@ fn a_merge_during_an_exchange_reorders_the_held_operations_for_everyone() {
     let held = [
         Op::Multicast { conn: conn(1, 1), group: g("g"), service: Service::Agreed, payload: Bytes::from("held") },
         Op::Connect { conn: conn(2, 2), name: m("c") },
-        Op::Join { conn: conn(2, 2), group: g("g"), open: false },
+        Op::Join { conn: conn(2, 2), group: g("g"), open: false, keyed: false },
     ];
     for core in &mut cores[..2] {
         for op in &held {
@@ -857,7 +883,7 @@ fn operations_applied_in_an_exchange_their_origin_missed_are_applied_again() {
         Op::Multicast { conn: conn(2, 1), group: g("g"), service: Service::Agreed, payload: Bytes::from("m") }
             .numbered(id(0)),
         Op::Connect { conn: conn(2, 2), name: m("z") }.numbered(id(1)),
-        Op::Join { conn: conn(2, 2), group: g("g"), open: false }.numbered(id(2)),
+        Op::Join { conn: conn(2, 2), group: g("g"), open: false, keyed: false }.numbered(id(2)),
     ];
 
     // Configuration 2: both send their states; the held operations are

@@ -39,7 +39,7 @@ fn view() -> impl Strategy<Value = View> {
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
         member().prop_map(|name| Request::Hello { name }),
-        (group(), any::<bool>()).prop_map(|(group, open)| Request::Join { group, open }),
+        (group(), any::<(bool, bool)>()).prop_map(|(group, (open, keyed))| Request::Join { group, open, keyed }),
         group().prop_map(|group| Request::Leave { group }),
         (group(), service(), payload()).prop_map(|(group, service, payload)| Request::Multicast {
             group,
@@ -72,6 +72,11 @@ fn delivery() -> impl Strategy<Value = Delivery> {
             payload
         }),
         (code(), ".{0,80}").prop_map(|(code, text)| Delivery::Error { code, text }),
+        (group(), view_id(), any::<[u8; 32]>()).prop_map(|(group, view, key)| Delivery::GroupKey {
+            group,
+            view,
+            key: conclave_gcs::core::ViewKey::new(key)
+        }),
     ]
 }
 
@@ -195,7 +200,7 @@ fn malformed_frames_get_typed_errors() {
     assert_eq!(f(&[0x01, 0, 2, 1, 0xff]), Err(WireError::Utf8("member name")));
     assert_eq!(f(&[0x01, 0, 1, 1, b'a']), Err(WireError::UnsupportedVersion(1)), "version 1 had 8-byte view ids");
     assert!(matches!(f(&[0x03, 0]), Err(WireError::Name { what: "group name", .. })));
-    assert_eq!(f(&[0x02, 1, b'g', 2]), Err(WireError::BadValue { what: "open flag", value: 2 }));
+    assert_eq!(f(&[0x02, 1, b'g', 4]), Err(WireError::BadValue { what: "group options", value: 4 }));
     assert_eq!(f(&[0x04, 1, b'g', 3]), Err(WireError::BadValue { what: "service", value: 3 }));
     let long_group = [&[0x03, 129][..], &[b'g'; 129]].concat();
     assert!(matches!(f(&long_group), Err(WireError::Name { what: "group name", .. })));

@@ -242,7 +242,7 @@ impl Transmit {
     /// (what a daemon in the same process, real or simulated, is handed).
     pub fn into_op(self, conn: ConnId) -> Op {
         match self {
-            Transmit::Join(group) => Op::Join { conn, group, open: false },
+            Transmit::Join(group) => Op::Join { conn, group, open: false, keyed: false },
             Transmit::Leave(group) => Op::Leave { conn, group },
             Transmit::Multicast(group, payload) => Op::Multicast { conn, group, service: Service::Agreed, payload },
             Transmit::Unicast(group, to, payload) => Op::Unicast { conn, group, to, payload },
@@ -664,7 +664,9 @@ impl SessionCore {
                 self.events.push_back(SecureEvent::DaemonError { code, text });
                 Ok(())
             }
-            Event::Welcome { .. } | Event::ViewChangeBegins { .. } => Ok(()),
+            // The daemons key only groups joined as keyed, and this session
+            // joins none so far: nothing to take a key for.
+            Event::Welcome { .. } | Event::ViewChangeBegins { .. } | Event::GroupKey { .. } => Ok(()),
         }
     }
 
