@@ -842,6 +842,27 @@ impl Applied {
     }
 }
 
+/// What a daemon's shell runs on the ordered stream: the [`Core`] itself,
+/// or a machine around it that adds to what the core does (the integrated
+/// architecture's keys: `conclave-integrated`). Deterministic like the core.
+/// A shell that knows which machine it runs may downcast it (`Any`).
+pub trait Machine: std::any::Any + Send {
+    /// Consumes the next operation of the stream (see [`Core::handle`]).
+    fn handle(&mut self, op: Op, out: &mut Vec<Output>);
+    /// The core inside.
+    fn core(&self) -> &Core;
+}
+
+impl Machine for Core {
+    fn handle(&mut self, op: Op, out: &mut Vec<Output>) {
+        Core::handle(self, op, out);
+    }
+
+    fn core(&self) -> &Core {
+        self
+    }
+}
+
 /// The daemon core (see the [module docs](self) for its semantics).
 pub struct Core {
     me: DaemonId,
@@ -867,6 +888,10 @@ pub struct Core {
     /// The delivered record: numbered operations this core processed, by
     /// origin daemon.
     delivered: BTreeMap<DaemonId, Applied>,
+    /// The id of the daemon group's configuration (see [`Core::configuration`]).
+    configuration: ViewId,
+    /// Whether a machine around the core keys groups (see *Keyed groups*).
+    keys_groups: bool,
 }
 
 const COUNTER_BITS: u32 = 48;
@@ -906,7 +931,24 @@ impl Core {
             state_in_flight: false,
             lineage: BTreeMap::new(),
             delivered: BTreeMap::new(),
+            configuration: ViewId::new(incarnation, u64::from(me.0) << COUNTER_BITS),
+            keys_groups: false,
         }
+    }
+
+    /// Lets clients create keyed groups: for a machine around the core that
+    /// gives their views keys (see *Keyed groups* in the [module docs](self)).
+    /// Without it a keyed join is refused.
+    pub fn key_groups(&mut self) {
+        self.keys_groups = true;
+    }
+
+    /// The daemon group's configuration as the core last installed it: its
+    /// id — unique like a view id, the same at every daemon of it, and never
+    /// a group view's (its counter is 0) — and its daemons. `None` while an
+    /// exchange is under way.
+    pub fn configuration(&self) -> Option<(ViewId, Vec<DaemonId>)> {
+        self.exchange.is_none().then(|| (self.configuration, self.daemons.iter().copied().collect()))
     }
 
     /// This daemon's incarnation, as given to [`Core::new`]: a shell that
@@ -1089,6 +1131,11 @@ impl Core {
         if client.groups.len() >= self.limits.max_groups_per_client {
             let text = format!("a client may be in at most {} groups", self.limits.max_groups_per_client);
             self.reply(conn, Delivery::error(ErrorCode::TooManyGroups, text), out);
+            return;
+        }
+        if options.keyed && !self.keys_groups && !self.groups.contains_key(&group) {
+            let text = format!("this daemon does not key groups: {group} cannot be created keyed");
+            self.reply(conn, Delivery::error(ErrorCode::ModeMismatch, text), out);
             return;
         }
         if let Some(g) = self.groups.get(&group).filter(|g| g.options.keyed != options.keyed) {
@@ -1286,6 +1333,7 @@ impl Core {
         self.view_incarnation = x.states.values().fold(derive(tag_incarnation, REBUILT), |h, s| {
             derive(derive(derive(h, u64::from(s.daemon.0)), s.incarnation), s.next_view)
         });
+        self.configuration = ViewId::new(self.view_incarnation, u64::from(self.tag) << COUNTER_BITS);
         // What the rebuilt groups have seen of each origin is what its own
         // state says.
         self.lineage = x.states.values().map(|s| (s.daemon, Applied::from_ops(s.incarnation, &s.applied))).collect();

@@ -72,7 +72,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 
-use crate::core::{ConnId, Core, DaemonId, Delivery, Limits, Op, OpId, Output};
+use crate::core::{ConnId, Core, DaemonId, Delivery, Limits, Machine, Op, OpId, Output};
 
 /// Virtual time in microseconds.
 pub type Micros = u64;
@@ -215,7 +215,7 @@ impl Config {
 }
 
 struct SimDaemon {
-    core: Core,
+    core: Box<dyn Machine>,
     /// Running (not crashed).
     up: bool,
     /// The first connection number of this lifetime: older ones are gone.
@@ -239,9 +239,14 @@ struct SimDaemon {
     next_conn: u64,
 }
 
+/// Makes the machine a simulated daemon runs, for a daemon and a fresh
+/// incarnation: at the start, and at every restart.
+pub type MachineMaker = Box<dyn FnMut(DaemonId, u64) -> Box<dyn Machine>>;
+
 /// Simulated daemons on a simulated network. See the module doc.
 pub struct DaemonSim {
     net: NetConfig,
+    make: MachineMaker,
     rng: ChaCha20Rng,
     now: Micros,
     order: u64,
@@ -257,13 +262,26 @@ pub struct DaemonSim {
 }
 
 impl DaemonSim {
-    /// Daemons `0..daemons`, all in one configuration, at time 0.
+    /// Daemons `0..daemons`, all in one configuration, at time 0, each
+    /// running a plain [`Core`].
     pub fn new(daemons: u16, net: NetConfig, seed: u64) -> Result<Self, DaemonSimError> {
+        Self::with_machines(
+            daemons,
+            net,
+            seed,
+            Box::new(|id, incarnation| Box::new(Core::new(id, Limits::default(), incarnation))),
+        )
+    }
+
+    /// Daemons `0..daemons`, all in one configuration, at time 0, each
+    /// running the machine `make` makes.
+    pub fn with_machines(daemons: u16, net: NetConfig, seed: u64, make: MachineMaker) -> Result<Self, DaemonSimError> {
         if !(0.0..1.0).contains(&net.loss) {
             return Err(DaemonSimError::BadLoss);
         }
         let mut sim = Self {
             net,
+            make,
             rng: ChaCha20Rng::seed_from_u64(seed),
             now: 0,
             order: 0,
@@ -278,7 +296,7 @@ impl DaemonSim {
         for d in 0..daemons {
             let id = DaemonId(d);
             let daemon = SimDaemon {
-                core: Core::new(id, Limits::default(), sim.rng.next_u64()),
+                core: (sim.make)(id, sim.rng.next_u64()),
                 up: true,
                 first_conn: 1,
                 config: 0,
@@ -306,7 +324,12 @@ impl DaemonSim {
 
     /// A running daemon's core, to inspect (`None` while it is crashed).
     pub fn core(&self, daemon: u16) -> Option<&Core> {
-        self.daemons.get(&DaemonId(daemon)).filter(|d| d.up).map(|d| &d.core)
+        self.daemons.get(&DaemonId(daemon)).filter(|d| d.up).map(|d| d.core.core())
+    }
+
+    /// The machine daemon `daemon` runs, if it is running.
+    pub fn machine(&self, daemon: u16) -> Option<&dyn Machine> {
+        self.daemons.get(&DaemonId(daemon)).filter(|d| d.up).map(|d| d.core.as_ref())
     }
 
     /// Whether `daemon` exists and is running.
@@ -400,7 +423,7 @@ impl DaemonSim {
         if d.up {
             return Err(DaemonSimError::Running(daemon));
         }
-        d.core = Core::new(id, Limits::default(), incarnation);
+        d.core = (self.make)(id, incarnation);
         d.next_op = 0;
         d.up = true;
         d.first_conn = d.next_conn;
@@ -585,7 +608,7 @@ impl DaemonSim {
     fn send_to_sequencer(&mut self, from: DaemonId, at: Micros, op: Op) {
         let d = self.daemons.get_mut(&from).expect("daemon");
         let op = if op.is_plain_client_op() {
-            let id = OpId { incarnation: d.core.incarnation(), seq: d.next_op };
+            let id = OpId { incarnation: d.core.core().incarnation(), seq: d.next_op };
             d.next_op += 1;
             op.numbered(id)
         } else {

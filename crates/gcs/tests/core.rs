@@ -317,8 +317,13 @@ fn closed_groups_refuse_non_members_and_open_groups_accept_them() {
 #[test]
 fn a_keyed_group_stays_keyed_and_refuses_joins_that_ask_otherwise() {
     let mut pair = Component::new(&[1, 2]);
-    pair.feed(daemons(1, &[1, 2]));
     pair.connect(conn(1, 1), "a");
+    pair.feed(Op::Join { conn: conn(1, 1), group: g("k"), open: false, keyed: true });
+    assert_eq!(error_code(&pair.take(conn(1, 1))), Some(ErrorCode::ModeMismatch), "no machine gives keys here");
+    for core in &mut pair.cores {
+        core.key_groups();
+    }
+    pair.feed(daemons(1, &[1, 2]));
     pair.connect(conn(2, 1), "b");
     pair.feed(Op::Join { conn: conn(1, 1), group: g("k"), open: false, keyed: true });
     pair.feed(Op::Join { conn: conn(2, 1), group: g("k"), open: false, keyed: false });

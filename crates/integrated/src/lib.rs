@@ -1,0 +1,293 @@
+//! The integrated architecture: the daemons agree one key among themselves,
+//! and every view of a *keyed* group gets its own key from it.
+//!
+//! In the layered architecture (the rest of Conclave) every client group runs
+//! its own contributory key agreement, so a change of the daemon group that
+//! touches a thousand groups costs a thousand key agreements. In the
+//! integrated architecture of Amir, Nita-Rotaru, Stanton and Tsudik
+//! ("Scaling Secure Group Communication Systems: Beyond Peer-to-Peer",
+//! DISCEX III, 2003), the daemons run one key agreement among themselves —
+//! the *Servers Agreement Engine* — and derive each group view's key from
+//! the result with one MAC — the *Group Keys Engine*. Its price is trust: a
+//! daemon that is compromised reads the traffic of every keyed group, where
+//! in the layered architecture it reads none.
+//!
+//! This crate is that pair as a [`Machine`] around the daemon [`Core`]
+//! ([`KeyedDaemon`]), so that every daemon shell — the standalone daemon,
+//! the simulated daemons of `conclave_gcs::daemon_sim` — runs it unchanged:
+//!
+//! * **Servers Agreement Engine.** Whenever the core installs a configuration
+//!   of the daemon group (after the state exchange that follows every change,
+//!   cascades included), the daemons run TGDH — the same `conclave-gka`
+//!   engine the clients run, with the daemons' own identities — over the
+//!   ordered stream ([`Op::DaemonKa`]), from scratch: every daemon brings a
+//!   fresh contribution, so the key `K_s` of a configuration is new even if
+//!   the same daemons had one before. A daemon alone has its key at once.
+//! * **Group Keys Engine (Integrated VS, paper §4.3.2).** The key of view `v`
+//!   of keyed group `g` is `HMAC-SHA256(K_s, label ‖ len(g) ‖ g ‖ v)` with
+//!   `v` the 16-byte view id ([`view_key`]). The paper's construction is
+//!   `HMAC(K_s, g ‖ view_id)`; `K_s` is already a uniform key (the TGDH
+//!   engine derives it with HKDF), so one HMAC is the PRF call that is needed
+//!   — HKDF-Expand with a one-block output would be the same HMAC — and the
+//!   label and the length of `g` keep the input unambiguous. View ids are
+//!   unique across daemon lifetimes, components and transitional sets, so no
+//!   two views share a key. The key is delivered to each member of the view
+//!   on its own connection just before the view ([`Delivery::GroupKey`]),
+//!   never to anyone else.
+//! * **Until it has agreed, no view that needs it is delivered** (§4.3.1):
+//!   from a change of the daemon group until the new `K_s`, the deliveries of
+//!   each keyed group are held from its first view on, in order, and released
+//!   with their keys when the key is there. Other groups are not held.
+//!
+//! Not here yet: refreshing `K_s` by policy (time-out, data-out) as an
+//! artificial view change, Three-Step client–server and Optimized EVS, and
+//! daemon identities certified by the group authority in a cluster (a
+//! cluster daemon does not run this machine yet).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, Machine, Op, Output, ViewKey};
+use conclave_gcs::{Cause, GroupName, MemberId, View, ViewId, ViewMember};
+use conclave_gka::suite::{Signer, Verifier};
+use conclave_gka::{
+    Directory, Engine, GroupId, GroupKey, Output as EngineOutput, ProtocolId, SecureView, StaticDirectory,
+};
+use hmac::{Hmac, Mac};
+use rand_core::CryptoRngCore;
+use sha2::Sha256;
+
+/// The name the daemons' key agreement runs under (bound into its messages
+/// and its key).
+pub const DAEMON_GROUP: &str = "conclave/daemons";
+
+/// The label of [`view_key`]'s input.
+const VIEW_KEY_LABEL: &[u8] = b"conclave/integrated/v1/view-key";
+
+/// Daemon `d`'s member name in the daemons' key agreement.
+pub fn daemon_member(d: DaemonId) -> MemberId {
+    MemberId::new(format!("daemon-{}", d.0)).expect("a valid member name")
+}
+
+/// The key of view `view` of keyed group `group` under the daemons' key
+/// `server_key` (see the [crate docs](self)).
+pub fn view_key(server_key: &GroupKey, group: &GroupName, view: ViewId) -> ViewKey {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(server_key.expose_secret()).expect("HMAC takes any key");
+    mac.update(VIEW_KEY_LABEL);
+    mac.update(&[0]);
+    mac.update(&(group.as_str().len() as u16).to_be_bytes());
+    mac.update(group.as_str().as_bytes());
+    mac.update(&view.to_bytes());
+    ViewKey::new(mac.finalize().into_bytes().into())
+}
+
+/// Who the daemons are: this daemon's signing identity and every daemon's
+/// verifying key.
+#[derive(Clone)]
+pub struct DaemonIdentities {
+    me: Arc<dyn Signer>,
+    directory: StaticDirectory,
+}
+
+impl DaemonIdentities {
+    /// This daemon signs with `me`; daemon `d` is trusted with `keys[d]`.
+    pub fn new(me: Arc<dyn Signer>, keys: impl IntoIterator<Item = (DaemonId, Arc<dyn Verifier>)>) -> Self {
+        let mut directory = StaticDirectory::new();
+        for (d, key) in keys {
+            directory.insert(daemon_member(d), key);
+        }
+        Self { me, directory }
+    }
+
+    /// A daemon that trusts no other: its configuration is itself alone, as
+    /// a standalone daemon's always is.
+    pub fn alone(me: DaemonId, signer: Arc<dyn Signer>) -> Self {
+        let verifier = signer.verifier();
+        Self::new(signer, [(me, verifier)])
+    }
+}
+
+/// Where the daemons' key stands.
+enum ServerKey {
+    /// A change of the daemon group is being worked through, or the key
+    /// agreement of its configuration runs: views of keyed groups wait.
+    Agreeing,
+    /// The key of the current configuration.
+    Agreed(SecureView),
+}
+
+/// A daemon [`Core`] with the integrated architecture's two engines around
+/// it (see the [crate docs](self)). Deterministic: its randomness is the
+/// injected RNG's.
+pub struct KeyedDaemon {
+    core: Core,
+    me: DaemonId,
+    engine: Box<dyn Engine>,
+    rng: Box<dyn CryptoRngCore + Send>,
+    key: ServerKey,
+    /// Deliveries of keyed groups waiting for the key, by group, in order.
+    held: BTreeMap<GroupName, VecDeque<(Vec<ConnId>, Delivery)>>,
+    /// Key agreements completed (for tests and benchmarks).
+    agreements: u64,
+}
+
+impl KeyedDaemon {
+    /// Wraps `core`, fresh from [`Core::new`]; its daemons are `identities`.
+    /// A fresh core is alone in its configuration, so this daemon has a key
+    /// at once; the daemons agree one when the backbone puts them together.
+    pub fn new(mut core: Core, identities: DaemonIdentities, rng: Box<dyn CryptoRngCore + Send>) -> Self {
+        core.key_groups();
+        let me = core.me();
+        let directory: Arc<dyn Directory> = Arc::new(identities.directory);
+        let engine = conclave_gka::new_engine(conclave_gka::Config {
+            protocol: ProtocolId::Tgdh,
+            group_id: GroupId::Ristretto255,
+            group: DAEMON_GROUP.to_string(),
+            me: daemon_member(me),
+            signer: identities.me,
+            directory,
+        });
+        let mut daemon = Self { core, me, engine, rng, key: ServerKey::Agreeing, held: BTreeMap::new(), agreements: 0 };
+        let mut out = Vec::new();
+        daemon.start_agreement(&mut out);
+        assert!(out.is_empty(), "a fresh core is alone in its configuration");
+        daemon
+    }
+
+    /// The daemons' key agreements this daemon completed.
+    pub fn agreements(&self) -> u64 {
+        self.agreements
+    }
+
+    /// The epoch of the daemons' current key, if agreed.
+    pub fn server_epoch(&self) -> Option<conclave_gka::Epoch> {
+        match &self.key {
+            ServerKey::Agreed(sv) => Some(sv.epoch),
+            ServerKey::Agreeing => None,
+        }
+    }
+
+    /// Starts the key agreement of the core's configuration, if it has one.
+    fn start_agreement(&mut self, out: &mut Vec<Output>) {
+        let Some((id, daemons)) = self.core.configuration() else { return };
+        // Every daemon a newcomer: a fresh contribution from each.
+        let members = daemons.iter().map(|&d| ViewMember { id: daemon_member(d), prev: None }).collect();
+        let view = View { id, members, cause: Cause::Network };
+        let res = self.engine.on_view(&view, &mut *self.rng);
+        self.engine_result(res, out);
+    }
+
+    fn engine_result(&mut self, res: Result<Vec<EngineOutput>, conclave_gka::Error>, out: &mut Vec<Output>) {
+        let outputs = match res {
+            Ok(o) => o,
+            Err(e) => {
+                // A message of another run or configuration, or a forgery:
+                // the engine changed nothing.
+                tracing::debug!(error = %e, "daemons' key agreement input dropped");
+                return;
+            }
+        };
+        for o in outputs {
+            match o {
+                EngineOutput::Send { to: None, bytes } => {
+                    out.push(Output::Submit(Op::DaemonKa { from: self.me, payload: bytes.into() }));
+                }
+                EngineOutput::Send { to: Some(to), .. } => {
+                    // TGDH only broadcasts; the stream has no unicast.
+                    tracing::warn!(%to, "daemons' key agreement asked for a unicast; dropped");
+                }
+                EngineOutput::Installed(sv) => {
+                    tracing::debug!(epoch = ?sv.epoch, daemons = sv.members.len(), "daemons agreed a key");
+                    self.key = ServerKey::Agreed(sv);
+                    self.agreements += 1;
+                    self.release(out);
+                }
+            }
+        }
+    }
+
+    /// Delivers everything held, keyed.
+    fn release(&mut self, out: &mut Vec<Output>) {
+        for (_, deliveries) in std::mem::take(&mut self.held) {
+            for (to, d) in deliveries {
+                self.deliver_keyed(to, d, out);
+            }
+        }
+    }
+
+    /// Delivers `d` to `to`, after the key of the view it is, if it is a view.
+    fn deliver_keyed(&self, to: Vec<ConnId>, d: Delivery, out: &mut Vec<Output>) {
+        if let (Delivery::View { group, view }, ServerKey::Agreed(sv)) = (&d, &self.key) {
+            let key = view_key(&sv.key, group, view.id);
+            let delivery = Delivery::GroupKey { group: group.clone(), view: view.id, key };
+            out.push(Output::Deliver { to: to.clone(), delivery });
+        }
+        out.push(Output::Deliver { to, delivery: d });
+    }
+
+    /// Passes one of the core's outputs on: a keyed group's view gets its
+    /// key, or waits with everything after it until there is one.
+    fn route(&mut self, o: Output, out: &mut Vec<Output>) {
+        let Output::Deliver { to, delivery } = o else {
+            out.push(o);
+            return;
+        };
+        let group = match &delivery {
+            Delivery::View { group, .. }
+            | Delivery::ViewChangeBegins { group }
+            | Delivery::Left { group }
+            | Delivery::Message { group, .. }
+            | Delivery::Unicast { group, .. }
+            | Delivery::GroupKey { group, .. } => Some(group.clone()),
+            Delivery::Welcome { .. } | Delivery::Error { .. } => None,
+        };
+        let Some(group) = group else {
+            out.push(Output::Deliver { to, delivery });
+            return;
+        };
+        let waiting = self.held.get(&group).is_some_and(|h| !h.is_empty());
+        let keyed_view = matches!(delivery, Delivery::View { .. }) && self.core.keyed(&group);
+        if waiting || (keyed_view && matches!(self.key, ServerKey::Agreeing)) {
+            self.held.entry(group).or_default().push_back((to, delivery));
+        } else if keyed_view {
+            self.deliver_keyed(to, delivery, out);
+        } else {
+            out.push(Output::Deliver { to, delivery });
+        }
+    }
+}
+
+impl Machine for KeyedDaemon {
+    fn handle(&mut self, op: Op, out: &mut Vec<Output>) {
+        let op = match op {
+            Op::DaemonKa { from, payload } => {
+                // Only the current configuration's run takes it: a message
+                // ordered during an exchange is of a run that ended.
+                if self.core.configuration().is_some() {
+                    let res = self.engine.on_message(&daemon_member(from), &payload, &mut *self.rng);
+                    self.engine_result(res, out);
+                }
+                return;
+            }
+            Op::Daemons { .. } => {
+                // Views of the new configuration wait for its key.
+                self.key = ServerKey::Agreeing;
+                op
+            }
+            op => op,
+        };
+        let was_exchanging = self.core.exchanging();
+        let mut inner = Vec::new();
+        self.core.handle(op, &mut inner);
+        for o in inner {
+            self.route(o, out);
+        }
+        if was_exchanging && !self.core.exchanging() {
+            self.start_agreement(out);
+        }
+    }
+
+    fn core(&self) -> &Core {
+        &self.core
+    }
+}

@@ -1,0 +1,160 @@
+//! Keyed groups on simulated daemons: the daemons agree one key per
+//! configuration, every view of a keyed group comes with its key (the same
+//! at every daemon, a new one for every view), nobody else gets it, and a
+//! change of the daemon group re-keys every keyed group with one agreement.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, Limits, Machine, Op};
+use conclave_gcs::daemon_sim::{DaemonSim, Delivered, NetConfig};
+use conclave_gcs::{GroupName, MemberId, ViewId};
+use conclave_gka::suite::ed25519::Ed25519Signer;
+use conclave_gka::suite::Signer;
+use conclave_integrated::{DaemonIdentities, KeyedDaemon};
+use rand_chacha::ChaCha20Rng;
+use rand_core::SeedableRng;
+
+fn group(name: &str) -> GroupName {
+    GroupName::new(name).unwrap()
+}
+
+/// `n` daemons, each a [`KeyedDaemon`] with a fixed identity; every daemon
+/// trusts the others'.
+fn keyed_sim(n: u16, seed: u64) -> DaemonSim {
+    let signer = |d: u16| -> Arc<dyn Signer> { Arc::new(Ed25519Signer::from_seed(&[d as u8 + 1; 32])) };
+    let keys: Vec<_> = (0..n).map(|d| (DaemonId(d), signer(d).verifier())).collect();
+    let make = move |id: DaemonId, incarnation: u64| -> Box<dyn Machine> {
+        let identities = DaemonIdentities::new(signer(id.0), keys.clone());
+        let rng = Box::new(ChaCha20Rng::seed_from_u64(incarnation));
+        Box::new(KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng))
+    };
+    DaemonSim::with_machines(n, NetConfig::default(), seed, Box::new(make)).unwrap()
+}
+
+fn join(sim: &mut DaemonSim, daemon: u16, name: &str, groups: &[(&str, bool)]) -> ConnId {
+    let conn = sim.open(daemon).unwrap();
+    sim.submit(Op::Connect { conn, name: MemberId::new(name).unwrap() });
+    for &(g, keyed) in groups {
+        sim.submit(Op::Join { conn, group: group(g), open: false, keyed });
+    }
+    conn
+}
+
+/// Per client: each view of each group with the key that came with it.
+type Keys = BTreeMap<ConnId, Vec<(GroupName, ViewId, Option<[u8; 32]>)>>;
+
+/// Checks that every key comes just before the view it keys, and returns
+/// what each client got.
+fn keys_by_client(log: &[Delivered]) -> Keys {
+    let mut out = Keys::new();
+    let mut pending: BTreeMap<ConnId, (GroupName, ViewId, [u8; 32])> = BTreeMap::new();
+    for d in log {
+        match &d.delivery {
+            Delivery::GroupKey { group, view, key } => {
+                assert!(
+                    pending.insert(d.to, (group.clone(), *view, *key.expose_secret())).is_none(),
+                    "two keys in a row"
+                );
+            }
+            Delivery::View { group, view } => {
+                let key = pending.remove(&d.to).map(|(g, v, k)| {
+                    assert_eq!((&g, v), (group, view.id), "a key for another view came before this one");
+                    k
+                });
+                out.entry(d.to).or_default().push((group.clone(), view.id, key));
+            }
+            other => assert!(!pending.contains_key(&d.to), "a key not followed by its view but by {other:?}"),
+        }
+    }
+    assert!(pending.is_empty(), "keys without their views");
+    out
+}
+
+#[test]
+fn every_view_of_a_keyed_group_comes_with_one_key_that_every_member_shares() {
+    let mut sim = keyed_sim(3, 1);
+    sim.run_idle();
+    let a = join(&mut sim, 0, "a", &[("k", true), ("plain", false)]);
+    let b = join(&mut sim, 1, "b", &[("k", true), ("plain", false)]);
+    let c = join(&mut sim, 2, "c", &[("k", true)]);
+    sim.run_idle();
+    let got = keys_by_client(&sim.take_log());
+    let mut by_view: BTreeMap<ViewId, BTreeSet<[u8; 32]>> = BTreeMap::new();
+    for conn in [a, b, c] {
+        for (g, view, key) in &got[&conn] {
+            match g.as_str() {
+                "k" => {
+                    by_view.entry(*view).or_default().insert(key.expect("a keyed view comes with its key"));
+                }
+                _ => assert_eq!(*key, None, "a plain group's view came with a key"),
+            }
+        }
+    }
+    assert_eq!(by_view.len(), 3, "three joins, three views of k");
+    assert!(by_view.values().all(|keys| keys.len() == 1), "members of one view got different keys: {by_view:?}");
+    let distinct: BTreeSet<_> = by_view.values().flatten().collect();
+    assert_eq!(distinct.len(), 3, "two views share a key");
+    // The last view of k has every member, and all three hold its key.
+    let last = got[&a].iter().rev().find(|(g, ..)| g.as_str() == "k").unwrap().1;
+    for conn in [b, c] {
+        assert!(got[&conn].iter().any(|(_, v, _)| *v == last));
+    }
+}
+
+#[test]
+fn a_keyed_join_on_a_plain_group_is_refused() {
+    let mut sim = keyed_sim(2, 2);
+    sim.run_idle();
+    join(&mut sim, 0, "a", &[("g", false)]);
+    let b = join(&mut sim, 1, "b", &[("g", true)]);
+    sim.run_idle();
+    let log = sim.take_log();
+    assert!(log.iter().any(|d| d.to == b
+        && matches!(&d.delivery, Delivery::Error { code, .. } if *code == conclave_gcs::core::ErrorCode::ModeMismatch)));
+    assert!(!log.iter().any(|d| d.to == b && matches!(d.delivery, Delivery::View { .. })));
+}
+
+/// A partition and a merge touch every group. The daemons run one key
+/// agreement per configuration, not one per group, and every keyed group's
+/// next view comes with a fresh key: one per side in the partition, one for
+/// everyone after the merge.
+#[test]
+fn a_change_of_the_daemon_group_rekeys_every_keyed_group_with_one_agreement() {
+    const GROUPS: usize = 200;
+    let mut sim = keyed_sim(3, 3);
+    sim.run_idle();
+    let names: Vec<String> = (0..GROUPS).map(|i| format!("k{i}")).collect();
+    let keyed: Vec<(&str, bool)> = names.iter().map(|n| (n.as_str(), true)).collect();
+    let members: Vec<ConnId> = (0..3).map(|d| join(&mut sim, d, &format!("m{d}"), &keyed)).collect();
+    sim.run_idle();
+    let agreements = |sim: &DaemonSim| -> u64 { (0..3).map(|d| keyed_daemon(sim, d).agreements()).sum() };
+    let before = agreements(&sim);
+    let old_keys = keys_by_client(&sim.take_log());
+
+    sim.reconfigure(&[&[0], &[1, 2]]).unwrap();
+    sim.run_idle();
+    assert_eq!(agreements(&sim), before + 3, "one agreement per daemon and configuration, whatever the groups");
+    let split = keys_by_client(&sim.take_log());
+    for &m in &members {
+        let views: Vec<_> = split[&m].iter().filter(|(g, ..)| names.contains(&g.as_str().to_string())).collect();
+        assert_eq!(views.len(), GROUPS, "every keyed group has a new view");
+        assert!(views.iter().all(|(.., k)| k.is_some()));
+    }
+    // Members on the two sides hold different keys now; 1 and 2 share theirs.
+    let key_of = |keys: &Keys, m: ConnId, g: &str| keys[&m].iter().rev().find(|(x, ..)| x.as_str() == g).unwrap().2;
+    assert_ne!(key_of(&split, members[0], "k7"), key_of(&split, members[1], "k7"));
+    assert_eq!(key_of(&split, members[1], "k7"), key_of(&split, members[2], "k7"));
+    assert_ne!(key_of(&split, members[1], "k7"), key_of(&old_keys, members[1], "k7"));
+
+    sim.reconfigure(&[&[0, 1, 2]]).unwrap();
+    sim.run_idle();
+    let merged = keys_by_client(&sim.take_log());
+    let k: BTreeSet<_> = members.iter().map(|&m| key_of(&merged, m, "k7")).collect();
+    assert_eq!(k.len(), 1, "after the merge everyone holds one key");
+    assert!(members.iter().all(|&m| key_of(&merged, m, "k7") != key_of(&split, m, "k7")));
+}
+
+fn keyed_daemon(sim: &DaemonSim, d: u16) -> &KeyedDaemon {
+    sim.machine(d).and_then(|m| (m as &dyn std::any::Any).downcast_ref::<KeyedDaemon>()).expect("a keyed daemon")
+}
