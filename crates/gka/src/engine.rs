@@ -331,6 +331,13 @@ pub trait Engine: Send {
     fn tick(&mut self, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
     /// A message delivered in the current view by `from`.
     fn on_message(&mut self, from: &MemberId, bytes: &[u8], rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error>;
+    /// The daemons' key for view `view` of a group they key (see
+    /// [`crate::keyed`]), delivered before the view. Engines that agree
+    /// their own keys refuse it.
+    fn daemon_key(&mut self, view: ViewId, key: &[u8; 32]) -> Result<(), Error> {
+        let _ = (view, key);
+        Err(Error::BadView("this group's members agree their own keys"))
+    }
     /// The secure view of the current view, once its key is agreed.
     fn secure_view(&self) -> Option<&SecureView>;
     /// Whether a run is in progress (a view without its key yet).

@@ -30,6 +30,7 @@ pub mod engine;
 pub mod harness;
 pub(crate) mod interval;
 pub mod key;
+pub mod keyed;
 pub mod message;
 pub mod meter;
 pub mod protocols;

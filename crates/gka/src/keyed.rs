@@ -1,0 +1,185 @@
+//! The engine of a group keyed by its daemons (the integrated architecture's
+//! Integrated VS): the members run no key agreement; each view's key comes
+//! from the daemons, delivered just before the view
+//! ([`Engine::daemon_key`]), and is installed when the view is.
+//!
+//! It sends nothing and accepts no message. Without its key a view installs
+//! nothing (the session reports it); a key for another view is dropped. The
+//! application key is derived from the daemons' key as every engine derives
+//! its own from the agreed secret, bound to the group and the epoch.
+
+use conclave_gcs::{MemberId, View, ViewId};
+use rand_core::CryptoRngCore;
+
+use crate::engine::{Engine, Error, Output, StaticDirectory};
+use crate::key::{Epoch, GroupKey, SecureView};
+use crate::meter::Costs;
+use crate::ProtocolId;
+
+/// See the [module docs](self).
+pub struct KeyedEngine {
+    me: MemberId,
+    group: String,
+    view: Option<View>,
+    /// The key the daemons gave for a view, until that view comes.
+    offered: Option<(ViewId, zeroize::Zeroizing<[u8; 32]>)>,
+    installed: Option<SecureView>,
+}
+
+impl KeyedEngine {
+    /// The engine of member `me` in the group whose context is `group`.
+    pub fn new(me: MemberId, group: String) -> Self {
+        Self { me, group, view: None, offered: None, installed: None }
+    }
+
+    fn install(&mut self) -> Result<Vec<Output>, Error> {
+        let Some(view) = &self.view else { return Err(Error::BadView("no view yet")) };
+        match self.offered.take() {
+            Some((id, key)) if id == view.id => {
+                let epoch = Epoch::new(view.id, 0);
+                let sv = SecureView {
+                    view_id: view.id,
+                    epoch,
+                    members: view.ids().cloned().collect(),
+                    protocol: ProtocolId::Tgdh,
+                    key: GroupKey::derive(key.as_ref(), ProtocolId::Tgdh, &self.group, epoch),
+                };
+                self.installed = Some(sv.clone());
+                Ok(vec![Output::Installed(sv)])
+            }
+            _ => Err(Error::BadView("the daemons gave no key for this view")),
+        }
+    }
+}
+
+impl Engine for KeyedEngine {
+    /// The protocol the daemons agree their own key with.
+    fn protocol(&self) -> ProtocolId {
+        ProtocolId::Tgdh
+    }
+
+    fn member(&self) -> &MemberId {
+        &self.me
+    }
+
+    fn on_view(&mut self, view: &View, _rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+        self.observe(view)?;
+        self.install()
+    }
+
+    fn observe(&mut self, view: &View) -> Result<(), Error> {
+        if !view.contains(&self.me) {
+            return Err(Error::BadView("this member is not in the view"));
+        }
+        self.view = Some(view.clone());
+        self.installed = None;
+        Ok(())
+    }
+
+    fn start(&mut self, _admitted: &StaticDirectory, _rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+        self.install()
+    }
+
+    fn stand_aside(&mut self) {
+        self.installed = None;
+    }
+
+    fn rekey(&mut self, _rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+        Err(Error::BadView("the daemons key this group: a new key comes with a new view"))
+    }
+
+    fn restart(
+        &mut self,
+        _admitted: &StaticDirectory,
+        _run: u32,
+        _rng: &mut dyn CryptoRngCore,
+    ) -> Result<Vec<Output>, Error> {
+        Err(Error::BadView("the daemons key this group: a new key comes with a new view"))
+    }
+
+    fn current_epoch(&self) -> Option<Epoch> {
+        self.view.as_ref().map(|v| Epoch::new(v.id, 0))
+    }
+
+    fn tick(&mut self, _rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+        Err(Error::BadView("the daemons key this group; it has no interval"))
+    }
+
+    fn on_message(
+        &mut self,
+        _from: &MemberId,
+        _bytes: &[u8],
+        _rng: &mut dyn CryptoRngCore,
+    ) -> Result<Vec<Output>, Error> {
+        Err(Error::WrongContext)
+    }
+
+    fn daemon_key(&mut self, view: ViewId, key: &[u8; 32]) -> Result<(), Error> {
+        self.offered = Some((view, zeroize::Zeroizing::new(*key)));
+        Ok(())
+    }
+
+    fn secure_view(&self) -> Option<&SecureView> {
+        self.installed.as_ref()
+    }
+
+    fn in_progress(&self) -> bool {
+        self.view.is_some() && self.installed.is_none()
+    }
+
+    fn costs(&self) -> Costs {
+        Costs::default()
+    }
+
+    #[cfg(feature = "test-hooks")]
+    fn leak(&self) -> crate::engine::Leak {
+        crate::engine::Leak::default()
+    }
+
+    #[cfg(feature = "test-hooks")]
+    fn public_elements(&self, _bytes: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+        Ok(Vec::new())
+    }
+
+    #[cfg(feature = "test-hooks")]
+    fn attacker(&self) -> Box<dyn crate::testing::AttackerGroup> {
+        Box::new(crate::testing::Attacker(crate::suite::ristretto::Ristretto255))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use conclave_gcs::{Cause, ViewMember};
+    use rand_core::OsRng;
+
+    use super::*;
+
+    fn view(seq: u64, names: &[&str]) -> View {
+        let members = names.iter().map(|n| ViewMember { id: MemberId::new(*n).unwrap(), prev: None }).collect();
+        View { id: ViewId::new(7, seq), members, cause: Cause::Join }
+    }
+
+    #[test]
+    fn a_view_installs_the_key_the_daemons_gave_for_it_and_no_other() {
+        let mut a = KeyedEngine::new(MemberId::new("a").unwrap(), "g".into());
+        let mut b = KeyedEngine::new(MemberId::new("b").unwrap(), "g".into());
+        let v1 = view(1, &["a", "b"]);
+        for e in [&mut a, &mut b] {
+            e.daemon_key(v1.id, &[9; 32]).unwrap();
+        }
+        let ka = a.on_view(&v1, &mut OsRng).unwrap();
+        let kb = b.on_view(&v1, &mut OsRng).unwrap();
+        let key = |o: &[Output]| match &o[0] {
+            Output::Installed(sv) => sv.key.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(key(&ka), key(&kb));
+        // A key for another view installs nothing in this one.
+        let v2 = view(2, &["a", "b"]);
+        a.daemon_key(v1.id, &[9; 32]).unwrap();
+        assert!(a.on_view(&v2, &mut OsRng).is_err());
+        assert!(a.secure_view().is_none() && a.in_progress());
+        // No key agreement traffic is taken.
+        assert!(matches!(a.on_message(&MemberId::new("b").unwrap(), b"x", &mut OsRng), Err(Error::WrongContext)));
+    }
+}
