@@ -247,6 +247,174 @@ async fn three_nodes_partition_and_merge() {
     drop(cluster);
 }
 
+/// Set in the environment of the process that [`a_process_that_is_not_a_daemon_is_ignored`]
+/// starts in node 1's namespace: the CPG group to forge daemon messages into.
+const FORGER: &str = "CONCLAVE_TEST_FORGE_INTO";
+/// The forged multicasts' sequence numbers (the test's own stay far below).
+const FORGED_SEQ: u64 = 424_242;
+
+/// The forger's side of [`a_process_that_is_not_a_daemon_is_ignored`]: joins
+/// CPG group `group` of its node's corosync like a daemon, but is none, and
+/// multicasts well-formed daemon operations in the name of the node's daemon:
+/// multicasts to `GROUP` from its first client (plain and numbered), and the
+/// second client's leave. Prints its pid and node id when done.
+fn forge(group: &str) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use conclave_gcs::core::{ConnId, DaemonId, Op, OpId};
+    use conclave_gcs::GroupName;
+    use rust_corosync::cpg::{self, Address, Guarantee, Handle, Model1Data, Model1Flags, ModelData};
+    use rust_corosync::{CsError, DispatchFlags, NodeId};
+
+    static JOINED: AtomicBool = AtomicBool::new(false);
+    fn on_confchg(_: &Handle, _: &str, members: Vec<Address>, _: Vec<Address>, _: Vec<Address>) {
+        if members.iter().any(|a| a.pid == std::process::id()) {
+            JOINED.store(true, Ordering::SeqCst);
+        }
+    }
+    fn on_deliver(_: &Handle, _: String, _: NodeId, _: u32, _: &[u8], _: usize) {}
+    fn retry<T>(what: &str, mut f: impl FnMut() -> rust_corosync::Result<T>) -> T {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            match f() {
+                Err(CsError::CsErrTryAgain) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                r => return r.unwrap_or_else(|e| panic!("forger: CPG {what}: {e}")),
+            }
+        }
+    }
+
+    let model = ModelData::ModelV1(Model1Data {
+        flags: Model1Flags::None,
+        deliver_fn: Some(on_deliver),
+        confchg_fn: Some(on_confchg),
+        totem_confchg_fn: None,
+    });
+    let handle = cpg::initialize(&model, 0).unwrap_or_else(|e| panic!("forger: cannot reach corosync: {e}"));
+    let node = u32::from(retry("local_get", || cpg::local_get(&handle)));
+    retry("join", || cpg::join(&handle, group));
+    while !JOINED.load(Ordering::SeqCst) {
+        retry("dispatch", || cpg::dispatch(&handle, DispatchFlags::One));
+    }
+    let daemon = DaemonId(u16::try_from(node).expect("a small node id"));
+    // The daemon numbers its connections 1, 2, … in the order they connect.
+    let (first, second) = (ConnId { daemon, local: 1 }, ConnId { daemon, local: 2 });
+    let group_name = GroupName::new(GROUP).unwrap();
+    let multicast = |seq: u64| Op::Multicast {
+        conn: first,
+        group: group_name.clone(),
+        service: Service::Agreed,
+        payload: Bytes::from(format!("{seq}:0:0")),
+    };
+    let forged = [
+        multicast(FORGED_SEQ),
+        multicast(FORGED_SEQ + 1).numbered(OpId { incarnation: 0x5eed, seq: 0 }),
+        Op::Leave { conn: second, group: group_name.clone() },
+    ];
+    for op in &forged {
+        let msg = conclave_gcs::backbone::op_bytes(op);
+        retry("mcast_joined", || cpg::mcast_joined(&handle, Guarantee::TypeAgreed, &msg));
+    }
+    // Stay until the messages went round (the test waits for our exit).
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        retry("dispatch", || cpg::dispatch(&handle, DispatchFlags::All));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = cpg::leave(&handle, group);
+    println!("forged as process {} of node {node}", std::process::id());
+}
+
+/// A process that is not a daemon joins the daemons' CPG group on node 1 (as
+/// any local process that corosync lets in can) and multicasts well-formed
+/// daemon operations in the name of node 1's daemon: the daemons drop them
+/// (and say so), no client sees their effect, and the cluster goes on.
+///
+/// The test runs itself again as that process, in node 1's namespace, with
+/// [`FORGER`] set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, network namespaces and corosync: run by .ci/run's cluster step"]
+async fn a_process_that_is_not_a_daemon_is_ignored() {
+    if let Ok(group) = std::env::var(FORGER) {
+        return forge(&group);
+    }
+    let bin = Path::new(env!("CARGO_BIN_EXE_conclave")).to_owned();
+    let cluster = tokio::task::spawn_blocking(move || {
+        NetnsCluster::start(3, &bin, "conclave-test", Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("cannot start the cluster: {e:#}"))
+    })
+    .await
+    .unwrap();
+    let mut members = Vec::new();
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        for c in 0..CLIENTS_PER_NODE {
+            // One at a time: node 1's clients get connections 1 and 2, as the forger assumes.
+            members.push(Member::connect(&node.socket, format!("n{}c{c}", i + 1), i).await);
+            members.last().unwrap().tx.join(GROUP).await.expect("join");
+        }
+    }
+    let all: Vec<&Member> = members.iter().collect();
+    let everyone = all.len();
+    let view = same_view(&all, everyone, Cause::Join, "every client to see the view with all six").await;
+
+    let me = std::env::current_exe().unwrap();
+    let args = ["a_process_that_is_not_a_daemon_is_ignored", "--exact", "--ignored", "--nocapture"].map(String::from);
+    let mut forger = cluster.command_in(0, &me, &args);
+    forger.env(FORGER, "conclave-test").stdin(std::process::Stdio::null());
+    let out = tokio::task::spawn_blocking(move || forger.output()).await.unwrap().expect("start the forger");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let pid = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("forged as process ")?.strip_suffix(" of node 1"))
+        .filter(|_| out.status.success())
+        .unwrap_or_else(|| {
+            panic!("the forger failed ({}):\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr))
+        })
+        .to_owned();
+
+    // The forger stayed in the group a second after sending: its messages went round.
+    let no_effect = |members: &[Member], when: &str| {
+        for m in members {
+            // Copied out: a failed assertion must not poison the log its reader task writes.
+            let (forged, last) = {
+                let log = m.log.lock().unwrap();
+                let forged: Vec<Got> = log.got.iter().filter(|g| g.seq >= FORGED_SEQ).cloned().collect();
+                (forged, log.views.last().cloned())
+            };
+            assert!(forged.is_empty(), "{} received forged messages ({when}): {forged:?}", m.name);
+            assert_eq!(last.as_ref(), Some(&view), "{}'s view changed ({when}): a forged leave?", m.name);
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    no_effect(&members, "right after the forgery");
+    // The cluster goes on: a round from everyone reaches everyone, in the same view.
+    for m in &mut members {
+        m.send(PER_ROUND).await;
+    }
+    let all: Vec<&Member> = members.iter().collect();
+    received(&all, PER_ROUND * everyone, "a round of multicasts after the forgery").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    no_effect(&members, "after the next round");
+    for m in &members {
+        assert_eq!(m.log.lock().unwrap().got.len(), PER_ROUND * everyone, "{} got extra messages", m.name);
+    }
+    check_logs(&members);
+    // Every daemon saw the forged messages and dropped them, naming the process.
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let log = std::fs::read_to_string(&node.daemon_log).unwrap();
+        assert!(
+            log.contains(&format!("dropping a message from process {pid} on node 1")),
+            "node {}'s daemon did not report dropping the forger's messages:\n{log}",
+            i + 1
+        );
+    }
+    for m in &members {
+        let _ = m.tx.bye().await;
+    }
+    drop(cluster);
+}
+
 /// A number of a JSON row, which must be there and finite.
 fn num(row: &serde_json::Value, key: &str) -> f64 {
     let v = row[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {row}"));
