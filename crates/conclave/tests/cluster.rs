@@ -415,6 +415,95 @@ async fn a_process_that_is_not_a_daemon_is_ignored() {
     drop(cluster);
 }
 
+/// Someone on the nodes' network who knows the cluster's corosync
+/// configuration, but not its totem key, cuts node 3 off and runs a corosync
+/// with node 3's address and id, and a daemon with a client, in its place.
+/// With totem crypto on, nodes 1 and 2 drop its packets: it never enters
+/// their daemon group, its client never reaches theirs, and they go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, network namespaces and corosync: run by .ci/run's cluster step"]
+async fn a_corosync_without_the_totem_key_is_kept_out() {
+    let bin = Path::new(env!("CARGO_BIN_EXE_conclave")).to_owned();
+    let start_bin = bin.clone();
+    let mut cluster = tokio::task::spawn_blocking(move || {
+        NetnsCluster::start(3, &start_bin, "conclave-test", Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("cannot start the cluster: {e:#}"))
+    })
+    .await
+    .unwrap();
+    let mut members = Vec::new();
+    for (i, node) in cluster.nodes.iter().enumerate().take(2) {
+        members.push(Member::connect(&node.socket, format!("n{}c0", i + 1), i).await);
+        members.last().unwrap().tx.join(GROUP).await.expect("join");
+    }
+    let all: Vec<&Member> = members.iter().collect();
+    same_view(&all, 2, Cause::Join, "the view of n1c0 and n2c0").await;
+
+    cluster.cut(2).unwrap();
+    for i in 0..2 {
+        tokio::task::block_in_place(|| cluster.wait_log(i, "daemon group: [1, 2]", WAIT)).unwrap();
+    }
+    // A round through the new daemon group: its exchange is over.
+    for m in &mut members {
+        m.send(PER_ROUND).await;
+    }
+    let all: Vec<&Member> = members.iter().collect();
+    received(&all, PER_ROUND * 2, "a round of multicasts after the cut").await;
+    let view = members[0].view();
+    let impostor = tokio::task::block_in_place(|| {
+        cluster.start_impostor(2, &bin, "conclave-test", Duration::from_secs(30)).map(|n| n.socket.clone())
+    })
+    .unwrap_or_else(|e| panic!("cannot start the impostor: {e:#}"));
+    let mut mallory = Member::connect(&impostor, "mallory".into(), 2).await;
+    mallory.tx.join(GROUP).await.expect("mallory joins");
+    same_view(&[&mallory], 1, Cause::Join, "mallory's own view").await;
+    mallory.send(PER_ROUND).await;
+
+    // Give its corosync well over the time a node takes to rejoin (under 2 s
+    // here), failing as soon as it gets in.
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < deadline {
+        for i in 0..2 {
+            let group = cluster.nodes[i].daemon_group();
+            assert!(group.contains("daemon group: [1, 2]"), "node {}'s daemon took the impostor in: {group}", i + 1);
+        }
+        for m in &members {
+            let log = m.log.lock().unwrap();
+            let seen = log.views.iter().any(|v| v.members.iter().any(|vm| vm.id.as_str() == "mallory"))
+                || log.got.iter().any(|g| g.sender == "mallory");
+            drop(log);
+            assert!(!seen, "{} saw mallory, a client of the impostor", m.name);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Its packets did reach them: their corosyncs turned them down.
+    for i in 0..2 {
+        let log = cluster.nodes[i].corosync_log();
+        assert!(
+            log.contains("Unable to decrypt packet from 10.77.0.3"),
+            "node {}'s corosync reports no packet of the impostor:\n{log}",
+            i + 1
+        );
+    }
+    assert!(cluster.impostors[0].daemon_group().contains("daemon group: [3]"), "the impostor is alone");
+
+    // Nodes 1 and 2 go on in the view they had since the cut.
+    for m in &mut members {
+        m.send(PER_ROUND).await;
+    }
+    let all: Vec<&Member> = members.iter().collect();
+    received(&all, PER_ROUND * 4, "a round of multicasts on nodes 1 and 2 beside the impostor").await;
+    for m in &members {
+        assert_eq!(m.view(), view, "{}'s view changed", m.name);
+    }
+    assert_eq!(mallory.log.lock().unwrap().got.len(), PER_ROUND, "mallory got only its own messages");
+    check_logs(&members);
+    for m in members.iter().chain([&mallory]) {
+        let _ = m.tx.bye().await;
+    }
+    drop(cluster);
+}
+
 /// A number of a JSON row, which must be there and finite.
 fn num(row: &serde_json::Value, key: &str) -> f64 {
     let v = row[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {row}"));
