@@ -250,15 +250,23 @@ async fn three_nodes_partition_and_merge() {
 /// Set in the environment of the process that [`a_process_that_is_not_a_daemon_is_ignored`]
 /// starts in node 1's namespace: the CPG group to forge daemon messages into.
 const FORGER: &str = "CONCLAVE_TEST_FORGE_INTO";
+/// Set in the environment of the process that
+/// [`a_stray_process_blocks_daemon_starts_and_a_restarted_daemon_is_its_new_pid`]
+/// starts in node 2's namespace: the CPG group to join and stay in until
+/// stdin closes.
+const STRAY: &str = "CONCLAVE_TEST_STRAY_IN";
 /// The forged multicasts' sequence numbers (the test's own stay far below).
 const FORGED_SEQ: u64 = 424_242;
 
-/// The forger's side of [`a_process_that_is_not_a_daemon_is_ignored`]: joins
-/// CPG group `group` of its node's corosync like a daemon, but is none, and
-/// multicasts well-formed daemon operations in the name of the node's daemon:
-/// multicasts to `GROUP` from its first client (plain and numbered), and the
-/// second client's leave. Prints its pid and node id when done.
-fn forge(group: &str) {
+/// A process that is not a daemon in CPG group `group` of its node's
+/// corosync. With `forge` (the forger of
+/// [`a_process_that_is_not_a_daemon_is_ignored`]), it multicasts well-formed
+/// daemon operations in the name of the node's daemon: multicasts to `GROUP`
+/// from its first client (plain and numbered), and the second client's leave;
+/// it prints its pid and node id when done. Without (the stray of
+/// [`a_stray_process_blocks_daemon_starts_and_a_restarted_daemon_is_its_new_pid`]),
+/// it prints them once in the group and stays until its stdin closes.
+fn not_a_daemon(group: &str, forge: bool) {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use conclave_gcs::core::{ConnId, DaemonId, Op, OpId};
@@ -280,7 +288,7 @@ fn forge(group: &str) {
                 Err(CsError::CsErrTryAgain) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(5))
                 }
-                r => return r.unwrap_or_else(|e| panic!("forger: CPG {what}: {e}")),
+                r => return r.unwrap_or_else(|e| panic!("not a daemon: CPG {what}: {e}")),
             }
         }
     }
@@ -291,11 +299,29 @@ fn forge(group: &str) {
         confchg_fn: Some(on_confchg),
         totem_confchg_fn: None,
     });
-    let handle = cpg::initialize(&model, 0).unwrap_or_else(|e| panic!("forger: cannot reach corosync: {e}"));
+    let handle = cpg::initialize(&model, 0).unwrap_or_else(|e| panic!("not a daemon: cannot reach corosync: {e}"));
     let node = u32::from(retry("local_get", || cpg::local_get(&handle)));
     retry("join", || cpg::join(&handle, group));
     while !JOINED.load(Ordering::SeqCst) {
         retry("dispatch", || cpg::dispatch(&handle, DispatchFlags::One));
+    }
+    let pid = std::process::id();
+    if !forge {
+        use std::io::{Read, Write};
+        println!("stray process {pid} of node {node} joined");
+        std::io::stdout().flush().unwrap();
+        let closed = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = closed.clone();
+        std::thread::spawn(move || {
+            let _ = std::io::stdin().read_to_end(&mut Vec::new());
+            flag.store(true, Ordering::SeqCst);
+        });
+        while !closed.load(Ordering::SeqCst) {
+            retry("dispatch", || cpg::dispatch(&handle, DispatchFlags::All));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = cpg::leave(&handle, group);
+        return;
     }
     let daemon = DaemonId(u16::try_from(node).expect("a small node id"));
     // The daemon numbers its connections 1, 2, … in the order they connect.
@@ -323,7 +349,7 @@ fn forge(group: &str) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = cpg::leave(&handle, group);
-    println!("forged as process {} of node {node}", std::process::id());
+    println!("forged as process {pid} of node {node}");
 }
 
 /// A process that is not a daemon joins the daemons' CPG group on node 1 (as
@@ -337,7 +363,7 @@ fn forge(group: &str) {
 #[ignore = "needs root, network namespaces and corosync: run by .ci/run's cluster step"]
 async fn a_process_that_is_not_a_daemon_is_ignored() {
     if let Ok(group) = std::env::var(FORGER) {
-        return forge(&group);
+        return not_a_daemon(&group, true);
     }
     let bin = Path::new(env!("CARGO_BIN_EXE_conclave")).to_owned();
     let cluster = tokio::task::spawn_blocking(move || {
@@ -409,6 +435,103 @@ async fn a_process_that_is_not_a_daemon_is_ignored() {
             i + 1
         );
     }
+    for m in &members {
+        let _ = m.tx.bye().await;
+    }
+    drop(cluster);
+}
+
+/// A process that is not a daemon stays in the CPG group on node 2. Node 1's
+/// daemon, restarted (killed, as in a crash, and started again), refuses to
+/// join, saying why: it cannot tell node 2's daemon from the stray. Once the
+/// stray is gone it starts, and nodes 2 and 3 take the new process as node
+/// 1's daemon: a client of it and theirs exchange messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, network namespaces and corosync: run by .ci/run's cluster step"]
+async fn a_stray_process_blocks_daemon_starts_and_a_restarted_daemon_is_its_new_pid() {
+    if let Ok(group) = std::env::var(STRAY) {
+        return not_a_daemon(&group, false);
+    }
+    let bin = Path::new(env!("CARGO_BIN_EXE_conclave")).to_owned();
+    let start_bin = bin.clone();
+    let mut cluster = tokio::task::spawn_blocking(move || {
+        NetnsCluster::start(3, &start_bin, "conclave-test", Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("cannot start the cluster: {e:#}"))
+    })
+    .await
+    .unwrap();
+
+    let me = std::env::current_exe().unwrap();
+    let args = [
+        "a_stray_process_blocks_daemon_starts_and_a_restarted_daemon_is_its_new_pid",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+    ]
+    .map(String::from);
+    let mut stray = cluster.command_in(1, &me, &args);
+    stray.env(STRAY, "conclave-test").stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+    let mut stray = stray.spawn().expect("start the stray");
+    // Its first line of that form, read on a thread of its own so that the wait is bounded.
+    let (line_tx, line_rx) = std::sync::mpsc::channel();
+    let out = stray.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut lines = std::io::BufReader::new(out).lines().map_while(Result::ok);
+        let pid =
+            lines.find_map(|l| l.strip_prefix("stray process ")?.strip_suffix(" of node 2 joined").map(str::to_owned));
+        let _ = line_tx.send(pid);
+        // Read on: the stray's test harness still writes its report.
+        lines.for_each(drop);
+    });
+    let pid = tokio::task::block_in_place(|| line_rx.recv_timeout(WAIT)).ok().flatten().unwrap_or_else(|| {
+        let _ = stray.kill();
+        panic!("the stray did not join within {WAIT:?}: {:?}", stray.wait())
+    });
+    let warned = format!("process {pid} on node 2 is in CPG group \"conclave-test\" beside node 2's daemon");
+    for node in &cluster.nodes {
+        let deadline = Instant::now() + WAIT;
+        while !std::fs::read_to_string(&node.daemon_log).unwrap().contains(&warned) {
+            assert!(Instant::now() < deadline, "no daemon warns of the stray: {warned:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    for i in 0..3 {
+        assert!(cluster.nodes[i].daemon_group().contains("daemon group: [1, 2, 3]"), "the stray changed nothing");
+    }
+
+    let err = tokio::task::block_in_place(|| cluster.restart_daemon(0, &bin, "conclave-test", WAIT))
+        .expect_err("node 1's daemon must not start beside an ambiguous node 2");
+    let err = format!("{err:#}");
+    assert!(
+        err.contains("has 2 processes on node 2 (pids") && err.contains(&pid),
+        "node 1's daemon must say which node and processes stop it: {err}"
+    );
+    for i in 1..3 {
+        tokio::task::block_in_place(|| cluster.wait_log(i, "daemon group: [2, 3]", WAIT)).unwrap();
+    }
+
+    drop(stray.stdin.take());
+    let status = tokio::task::block_in_place(|| stray.wait()).unwrap();
+    assert!(status.success(), "the stray: {status}");
+    tokio::task::block_in_place(|| cluster.restart_daemon(0, &bin, "conclave-test", WAIT))
+        .unwrap_or_else(|e| panic!("node 1's daemon, the stray gone: {e:#}"));
+    for i in 0..3 {
+        tokio::task::block_in_place(|| cluster.wait_log(i, "daemon group: [1, 2, 3]", WAIT)).unwrap();
+    }
+    let mut members = Vec::new();
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        members.push(Member::connect(&node.socket, format!("n{}c0", i + 1), i).await);
+        members.last().unwrap().tx.join(GROUP).await.expect("join");
+    }
+    let all: Vec<&Member> = members.iter().collect();
+    same_view(&all, 3, Cause::Join, "a view of a client of each node").await;
+    for m in &mut members {
+        m.send(PER_ROUND).await;
+    }
+    let all: Vec<&Member> = members.iter().collect();
+    received(&all, PER_ROUND * 3, "a round through the restarted daemon").await;
+    check_logs(&members);
     for m in &members {
         let _ = m.tx.bye().await;
     }

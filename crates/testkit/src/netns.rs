@@ -229,6 +229,24 @@ impl NetnsCluster {
         Ok(node)
     }
 
+    /// Kills node `i`'s daemon (SIGKILL, as in a crash: its socket file stays)
+    /// and starts a new one; returns once it listens, or its error if it exits.
+    pub fn restart_daemon(&mut self, i: usize, conclave: &Path, cpg_group: &str, timeout: Duration) -> Result<()> {
+        let node = &mut self.nodes[i];
+        if let Some(mut old) = node.daemon.take() {
+            let _ = old.kill();
+            let _ = old.wait();
+        }
+        // The socket file tells start_daemon that the daemon listens.
+        match fs::remove_file(&node.socket) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("cannot remove {}", node.socket.display()));
+            }
+            _ => {}
+        }
+        node.start_daemon(conclave, cpg_group, timeout)
+    }
+
     /// Waits until node `i`'s daemon log shows `text` in its last daemon-group line.
     pub fn wait_log(&self, i: usize, text: &str, timeout: Duration) -> Result<()> {
         self.nodes[i].wait_log(text, timeout)
