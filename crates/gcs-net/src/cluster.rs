@@ -42,6 +42,40 @@
 //! After a merge neither side ever receives the other side's messages of the
 //! partition: the state exchange reconciles them.
 //!
+//! # Whose messages count
+//!
+//! CPG tells each delivery's sender as a (node id, process id) pair, and any
+//! local process that corosync lets in (root, or a user its `uidgid` settings
+//! name) can join the group. So the backbone keeps a *roster*: for each node,
+//! the pid of its daemon, recorded from the configuration changes. It takes
+//! deliveries only from those processes and counts only those in the daemon
+//! group; anything else in the group is *foreign*: its messages are dropped
+//! with a warning (rate-limited) that names its node and pid, and its joining
+//! or leaving changes nothing. The rules, applied to each change:
+//!
+//! * a node's daemon is the process of that node that was alone on it (not
+//!   counting processes already known to be foreign) when it appeared; it
+//!   stays the daemon until it leaves, and every process of its node that
+//!   appears while it is there is foreign, and stays so until it leaves;
+//! * when the daemon leaves (a restart: the old pid leaves, a new one joins),
+//!   its node has no daemon until a new process appears there alone; a
+//!   foreign process that was there all along never becomes the daemon;
+//! * this daemon is always its own node's daemon, and refuses to join
+//!   ([`ClusterError::Duplicate`]) if another process of its node is in the
+//!   group, or ([`ClusterError::Ambiguous`]) if another node has more than one
+//!   process in it: joining then, it has no history to tell which is that
+//!   node's daemon.
+//!
+//! Every daemon of a configuration sees the same changes, so all keep the same
+//! roster, and a change that leaves the roster as it was (a foreign process
+//! came or went) is not passed on to the core. The one case without history
+//! is a merge: for a node of the other side that has several processes in the
+//! group, this side takes the one with the lowest pid (a stray started after
+//! the daemon has a higher one, but not necessarily) and warns. A process
+//! alone on a node without a daemon cannot be told from a daemon at all: the
+//! defence there is corosync's own (totem crypto, so no machine outside the
+//! cluster can speak, and its IPC permissions, so no local user can).
+//!
 //! # Threads
 //!
 //! CPG callbacks are plain function pointers run inside `cpg::dispatch`, so
@@ -55,7 +89,7 @@
 //! [`Daemon::failed`]: crate::Daemon::failed
 
 use std::cell::RefCell;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -101,6 +135,22 @@ pub enum ClusterError {
         node: u32,
         /// The other daemon's process id.
         pid: u32,
+    },
+    /// Another node has several processes in the group, so this daemon,
+    /// joining now, cannot tell which is that node's daemon.
+    #[error(
+        "CPG group {group:?} has {} processes on node {node} (pids {}): one of them is not a Conclave daemon, and a \
+         daemon joining now cannot tell which; stop the stray process on node {node} (`corosync-cpgtool` lists them)",
+        pids.len(),
+        pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    Ambiguous {
+        /// The group.
+        group: String,
+        /// The node.
+        node: u32,
+        /// The processes of that node in the group.
+        pids: Vec<u32>,
     },
     /// Joining did not complete.
     #[error("joining CPG group {group:?} failed: {reason}")]
@@ -153,11 +203,154 @@ impl FailureReport {
     }
 }
 
+/// A process in the CPG group: (node id, pid).
+type Process = (u32, u32);
+
+/// Why a daemon may not join (see [`Roster::change`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Refusal {
+    /// Another process of this daemon's node is in the group.
+    Duplicate { pid: u32 },
+    /// Another node has several processes in the group.
+    Ambiguous { node: u32, pids: Vec<u32> },
+}
+
+/// What a change did to the roster, for the log.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Changed {
+    /// Whether some node's daemon came, went or was replaced.
+    daemons: bool,
+    /// Processes newly found foreign.
+    foreign: Vec<Process>,
+    /// Nodes whose daemon was guessed (a merge): (node, the pid taken, the others).
+    guessed: Vec<(u32, u32, Vec<u32>)>,
+}
+
+/// Which process is each node's daemon: see the module docs, *Whose messages
+/// count*. Pure, so that its rules are tested without corosync.
+#[derive(Debug)]
+struct Roster {
+    me: Process,
+    /// Node id → its daemon's pid.
+    daemons: BTreeMap<u32, u32>,
+    /// Processes in the group that are not daemons.
+    foreign: BTreeSet<Process>,
+    /// Whether the first change (this daemon's join) has been seen.
+    joined: bool,
+}
+
+impl Roster {
+    fn new(me: Process) -> Self {
+        Roster { me, daemons: BTreeMap::new(), foreign: BTreeSet::new(), joined: false }
+    }
+
+    /// Whether `p` is its node's daemon.
+    fn is_daemon(&self, (node, pid): Process) -> bool {
+        self.daemons.get(&node) == Some(&pid)
+    }
+
+    /// The daemon group: every node with a daemon.
+    fn members(&self) -> Vec<DaemonId> {
+        self.daemons.keys().filter_map(|&n| daemon_of(NodeId::from(n))).collect()
+    }
+
+    /// Applies a configuration change whose membership is `members` (this
+    /// daemon among them). The first change is this daemon's join, which it
+    /// refuses if it cannot tell every node's daemon.
+    fn change(&mut self, members: &[Process]) -> Result<Changed, Refusal> {
+        let present: BTreeSet<Process> = members.iter().copied().collect();
+        let before = self.daemons.clone();
+        self.daemons.retain(|&n, &mut p| present.contains(&(n, p)));
+        self.foreign.retain(|p| present.contains(p));
+        let mut by_node: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for &(node, pid) in &present {
+            // A node id above 65535 has no daemon number: nothing of it counts.
+            if daemon_of(NodeId::from(node)).is_some() {
+                by_node.entry(node).or_default().push(pid);
+            }
+        }
+        let first = !self.joined;
+        self.joined = true;
+        let (my_node, my_pid) = self.me;
+        if first {
+            if let Some(&pid) = by_node.get(&my_node).into_iter().flatten().find(|&&p| p != my_pid) {
+                return Err(Refusal::Duplicate { pid });
+            }
+            if let Some((&node, pids)) = by_node.iter().find(|(&n, pids)| n != my_node && pids.len() > 1) {
+                return Err(Refusal::Ambiguous { node, pids: pids.clone() });
+            }
+        }
+        self.daemons.insert(my_node, my_pid);
+        let mut changed = Changed::default();
+        for (node, pids) in by_node {
+            if !self.daemons.contains_key(&node) {
+                // Pids come sorted: the first candidate has the lowest.
+                let candidates: Vec<u32> =
+                    pids.iter().copied().filter(|&p| !self.foreign.contains(&(node, p))).collect();
+                match candidates[..] {
+                    [] => {}
+                    [pid] => {
+                        self.daemons.insert(node, pid);
+                    }
+                    [pid, ref others @ ..] => {
+                        // A merge (or two processes of a node appearing in one change) leaves no history
+                        // to tell them apart (see the module docs).
+                        self.daemons.insert(node, pid);
+                        changed.guessed.push((node, pid, others.to_vec()));
+                    }
+                }
+            }
+            let daemon = self.daemons.get(&node).copied();
+            for pid in pids {
+                if Some(pid) != daemon && self.foreign.insert((node, pid)) {
+                    changed.foreign.push((node, pid));
+                }
+            }
+        }
+        changed.daemons = self.daemons != before;
+        Ok(changed)
+    }
+}
+
+/// At most one warning about dropped foreign messages per this long.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Rate-limits the warnings about messages from foreign processes.
+#[derive(Default)]
+struct DropWarning {
+    last: Option<Instant>,
+    /// Messages dropped since the last warning, not counting the one it named.
+    unreported: u64,
+}
+
+impl DropWarning {
+    fn dropped(&mut self, group: &str, (node, pid): Process, daemon: Option<u32>) {
+        let now = Instant::now();
+        if self.last.is_some_and(|t| now.duration_since(t) < WARN_EVERY) {
+            self.unreported += 1;
+            return;
+        }
+        let whose = match daemon {
+            Some(d) => format!("node {node}'s daemon is pid {d}"),
+            None => format!("node {node} has no daemon in the group"),
+        };
+        let more = match std::mem::take(&mut self.unreported) {
+            0 => String::new(),
+            n => format!(" ({n} more foreign messages dropped since the last warning)"),
+        };
+        tracing::warn!(
+            "dropping a message from process {pid} on node {node} in CPG group {group:?}: it is not a Conclave \
+             daemon ({whose}){more}"
+        );
+        self.last = Some(now);
+    }
+}
+
 /// What the dispatch thread's callbacks work with.
 struct Dispatch {
     group: String,
-    me: DaemonId,
-    pid: u32,
+    roster: Roster,
+    drops: DropWarning,
     ordered: Option<mpsc::Sender<Op>>,
     /// This daemon's count of configuration changes (see the module docs).
     epoch: u64,
@@ -181,7 +374,13 @@ impl Dispatch {
         }
     }
 
-    fn deliver(&mut self, node: NodeId, msg: &[u8]) {
+    fn deliver(&mut self, node: NodeId, pid: u32, msg: &[u8]) {
+        let sender = (u32::from(node), pid);
+        if !self.roster.is_daemon(sender) {
+            let daemon = self.roster.daemons.get(&sender.0).copied();
+            self.drops.dropped(&self.group, sender, daemon);
+            return;
+        }
         let Some(from) = daemon_of(node) else { return };
         let op = match decode_op(Bytes::copy_from_slice(msg)) {
             Ok(op) => op,
@@ -213,43 +412,73 @@ impl Dispatch {
         self.feed(op);
     }
 
-    fn confchg(&mut self, members: &[Address], joined: &[Address]) {
-        let me = (u32::from(self.me.0), self.pid);
-        if !members.iter().any(|a| (u32::from(a.nodeid), a.pid) == me) {
+    fn confchg(&mut self, members: &[Address]) {
+        let me = self.roster.me;
+        let members: Vec<Process> = members.iter().map(|a| (u32::from(a.nodeid), a.pid)).collect();
+        if !members.contains(&me) {
             // Our own leave: the daemon is stopping.
             self.done = true;
             return;
         }
-        if let Some(tell) = self.joined.take() {
-            let twin = members.iter().find(|a| u32::from(a.nodeid) == me.0 && a.pid != me.1);
-            if let (Some(twin), true) = (twin, joined.iter().any(|a| (u32::from(a.nodeid), a.pid) == me)) {
-                let node = me.0;
-                let _ = tell.send(Err(ClusterError::Duplicate { group: self.group.clone(), node, pid: twin.pid }));
+        let changed = match self.roster.change(&members) {
+            Ok(changed) => changed,
+            Err(refusal) => {
+                let (group, node) = (self.group.clone(), me.0);
+                let err = match refusal {
+                    Refusal::Duplicate { pid } => ClusterError::Duplicate { group, node, pid },
+                    Refusal::Ambiguous { node, pids } => ClusterError::Ambiguous { group, node, pids },
+                };
+                if let Some(tell) = self.joined.take() {
+                    let _ = tell.send(Err(err));
+                }
                 self.ordered = None;
                 self.done = true;
                 return;
             }
+        };
+        if let Some(tell) = self.joined.take() {
             let _ = tell.send(Ok(()));
         }
-        let daemons: BTreeSet<DaemonId> = members.iter().filter_map(|a| daemon_of(a.nodeid)).collect();
+        for (node, pid) in &changed.foreign {
+            tracing::warn!(
+                "process {pid} on node {node} is in CPG group {:?} beside node {node}'s daemon (pid {}): it is not \
+                 counted as a daemon and its messages are dropped",
+                self.group,
+                self.roster.daemons.get(node).map_or_else(|| "none".to_owned(), u32::to_string),
+            );
+        }
+        for (node, pid, others) in &changed.guessed {
+            tracing::warn!(
+                "node {node} appeared with {} processes in CPG group {:?} (pids {pid}, {}) and no history to tell its \
+                 daemon: taking pid {pid}, the lowest; the others are not Conclave daemons, stop them",
+                others.len() + 1,
+                self.group,
+                others.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+            );
+        }
+        if !changed.daemons {
+            // A foreign process came or went: the daemon group is the same.
+            return;
+        }
+        let daemons = self.roster.members();
         self.epoch += 1;
         tracing::info!(epoch = self.epoch, "daemon group: {:?}", daemons.iter().map(|d| d.0).collect::<Vec<_>>());
-        self.feed(Op::Daemons { epoch: self.epoch, members: daemons.into_iter().collect() });
+        self.feed(Op::Daemons { epoch: self.epoch, members: daemons });
     }
 }
 
-fn on_deliver(_: &Handle, _group: String, node: NodeId, _pid: u32, msg: &[u8], _len: usize) {
+fn on_deliver(_: &Handle, _group: String, node: NodeId, pid: u32, msg: &[u8], _len: usize) {
     DISPATCH.with_borrow_mut(|d| {
         if let Some(d) = d {
-            d.deliver(node, msg);
+            d.deliver(node, pid, msg);
         }
     });
 }
 
-fn on_confchg(_: &Handle, _group: &str, members: Vec<Address>, _left: Vec<Address>, joined: Vec<Address>) {
+fn on_confchg(_: &Handle, _group: &str, members: Vec<Address>, _left: Vec<Address>, _joined: Vec<Address>) {
     DISPATCH.with_borrow_mut(|d| {
         if let Some(d) = d {
-            d.confchg(&members, &joined);
+            d.confchg(&members);
         }
     });
 }
@@ -297,8 +526,8 @@ pub fn join(group: &str) -> Result<Backbone, ClusterError> {
     retry(|| cpg::join(&handle, group)).map_err(|err| ClusterError::Cpg { what: "join", err })?;
     let dispatch = Dispatch {
         group: group.to_owned(),
-        me,
-        pid: std::process::id(),
+        roster: Roster::new((u32::from(me.0), std::process::id())),
+        drops: DropWarning::default(),
         ordered: Some(ordered_tx),
         epoch: 0,
         joined: Some(joined_tx),
@@ -371,5 +600,97 @@ fn run_send(handle: Handle, incarnation: u64, mut submit: mpsc::Receiver<Op>, re
             report.send(format!("cannot multicast to the daemon group ({e}): did corosync stop?"));
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Node 1's daemon (pid 100) joins a group where nodes 2 and 3 have theirs.
+    fn joined() -> Roster {
+        let mut r = Roster::new((1, 100));
+        let changed = r.change(&[(1, 100), (2, 200), (3, 300)]).unwrap();
+        assert!(changed.daemons && changed.foreign.is_empty());
+        r
+    }
+
+    fn daemons(r: &Roster) -> Vec<(u32, u32)> {
+        r.daemons.iter().map(|(&n, &p)| (n, p)).collect()
+    }
+
+    #[test]
+    fn a_second_process_of_a_node_is_foreign_and_changes_nothing() {
+        let mut r = joined();
+        let changed = r.change(&[(1, 100), (2, 200), (2, 250), (3, 300)]).unwrap();
+        assert_eq!(changed, Changed { daemons: false, foreign: vec![(2, 250)], guessed: vec![] });
+        assert!(r.is_daemon((2, 200)) && !r.is_daemon((2, 250)));
+        assert_eq!(r.members(), [DaemonId(1), DaemonId(2), DaemonId(3)]);
+        // Its leave changes nothing either.
+        let changed = r.change(&[(1, 100), (2, 200), (3, 300)]).unwrap();
+        assert_eq!(changed, Changed::default());
+        assert!(r.foreign.is_empty());
+    }
+
+    #[test]
+    fn a_stray_on_this_node_is_foreign_too() {
+        let mut r = joined();
+        let changed = r.change(&[(1, 100), (1, 99), (2, 200), (3, 300)]).unwrap();
+        assert_eq!(changed.foreign, [(1, 99)]);
+        assert!(!changed.daemons && r.is_daemon((1, 100)) && !r.is_daemon((1, 99)));
+    }
+
+    #[test]
+    fn a_restarted_daemon_is_the_new_pid() {
+        let mut r = joined();
+        assert!(r.change(&[(1, 100), (3, 300)]).unwrap().daemons);
+        assert_eq!(r.members(), [DaemonId(1), DaemonId(3)]);
+        assert!(r.change(&[(1, 100), (2, 201), (3, 300)]).unwrap().daemons);
+        assert!(r.is_daemon((2, 201)) && !r.is_daemon((2, 200)));
+    }
+
+    #[test]
+    fn a_foreign_process_never_inherits_the_node() {
+        let mut r = joined();
+        r.change(&[(1, 100), (2, 200), (2, 250), (3, 300)]).unwrap();
+        // The daemon of node 2 goes: node 2 has none, though 250 is still there.
+        let changed = r.change(&[(1, 100), (2, 250), (3, 300)]).unwrap();
+        assert!(changed.daemons && changed.foreign.is_empty());
+        assert_eq!(r.members(), [DaemonId(1), DaemonId(3)]);
+        assert!(!r.is_daemon((2, 250)));
+        // A new daemon of node 2 is alone among the unknown processes there: it is the daemon.
+        assert!(r.change(&[(1, 100), (2, 250), (2, 260), (3, 300)]).unwrap().daemons);
+        assert!(r.is_daemon((2, 260)) && !r.is_daemon((2, 250)));
+        assert_eq!(r.members(), [DaemonId(1), DaemonId(2), DaemonId(3)]);
+    }
+
+    #[test]
+    fn joining_beside_a_twin_or_an_ambiguous_node_is_refused() {
+        let mut r = Roster::new((1, 100));
+        assert_eq!(r.change(&[(1, 90), (1, 100), (2, 200)]), Err(Refusal::Duplicate { pid: 90 }));
+        let mut r = Roster::new((1, 100));
+        assert_eq!(
+            r.change(&[(1, 100), (2, 200), (2, 250), (3, 300)]),
+            Err(Refusal::Ambiguous { node: 2, pids: vec![200, 250] })
+        );
+        // Nothing was recorded: no delivery is taken.
+        assert!(!r.is_daemon((1, 100)) && !r.is_daemon((2, 200)));
+    }
+
+    #[test]
+    fn a_merge_without_history_takes_the_lowest_pid() {
+        let mut r = joined();
+        r.change(&[(1, 100), (2, 200)]).unwrap();
+        let changed = r.change(&[(1, 100), (2, 200), (3, 350), (3, 300)]).unwrap();
+        assert_eq!(changed, Changed { daemons: true, foreign: vec![(3, 350)], guessed: vec![(3, 300, vec![350])] });
+        assert_eq!(daemons(&r), [(1, 100), (2, 200), (3, 300)]);
+    }
+
+    #[test]
+    fn nodes_without_a_daemon_number_never_count() {
+        let mut r = Roster::new((1, 100));
+        r.change(&[(1, 100), (70_000, 5)]).unwrap();
+        assert_eq!(daemons(&r), [(1, 100)]);
+        assert!(!r.is_daemon((70_000, 5)));
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Layout: one bridge namespace with a bridge, and per node a namespace with a
 //! veth into the bridge (address 10.77.0.N/24, inside the namespaces only),
-//! one corosync and one `conclave daemon --backbone cluster` listening on a
+//! one corosync (totem crypto on, with a key made for the run) and one
+//! `conclave daemon --backbone cluster` listening on a
 //! Unix socket in a private directory, which clients in the root namespace
 //! connect to. Names carry the process id, so concurrent or aborted runs never
 //! clash. Each corosync gets a private `/run` (its lock file is hard-coded)
@@ -32,6 +33,10 @@ use anyhow::{bail, Context, Result};
 
 /// One node: its namespace, corosync and daemon.
 pub struct Node {
+    /// "node N", or "impostor of node N", for messages.
+    label: String,
+    /// The node's directory: corosync.conf, authkey, run/, state/, logs.
+    dir: PathBuf,
     /// The node's network namespace.
     pub netns: String,
     /// The daemon's Unix socket (reachable from the root namespace).
@@ -50,6 +55,10 @@ pub struct Node {
 pub struct NetnsCluster {
     /// The nodes, node id `i + 1` at index `i`.
     pub nodes: Vec<Node>,
+    /// Impostors started by [`NetnsCluster::start_impostor`].
+    pub impostors: Vec<Node>,
+    /// Prefix of the cluster's namespaces: `ccl<pid>`.
+    tag: String,
     bridge: String,
     dir: PathBuf,
     shm_dir: PathBuf,
@@ -66,19 +75,52 @@ fn ip(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn corosync_conf(nodes: usize, me: usize, dir: &Path) -> String {
+/// The corosync.conf of a node of `nodes` (corosync finds its own by its
+/// address). Totem traffic is encrypted and authenticated
+/// (knet, AES-256 and SHA-256) with the key at `authkey` in `node_dir`:
+/// without it, anything that reaches the nodes' network could inject totem
+/// packets, and so CPG messages in any node's name.
+fn corosync_conf(nodes: usize, node_dir: &Path) -> String {
     let mut list = String::new();
     for i in 1..=nodes {
         list.push_str(&format!("    node {{\n        nodeid: {i}\n        ring0_addr: 10.77.0.{i}\n    }}\n"));
     }
     format!(
-        "totem {{\n    version: 2\n    cluster_name: conclave-test\n    transport: knet\n    crypto_cipher: none\n    \
-         crypto_hash: none\n    token: 1000\n    token_coefficient: 0\n    consensus: 1200\n}}\n\
+        "totem {{\n    version: 2\n    cluster_name: conclave-test\n    transport: knet\n    crypto_cipher: aes256\n    \
+         crypto_hash: sha256\n    keyfile: {key}\n    token: 1000\n    token_coefficient: 0\n    consensus: 1200\n}}\n\
          nodelist {{\n{list}}}\n\
          logging {{\n    to_stderr: yes\n    to_logfile: no\n    to_syslog: no\n    timestamp: hires\n}}\n\
-         system {{\n    state_dir: {}\n    sched_rr: no\n}}\n",
-        dir.join(format!("n{me}/state")).display()
+         system {{\n    state_dir: {state}\n    sched_rr: no\n}}\n",
+        key = node_dir.join("authkey").display(),
+        state = node_dir.join("state").display(),
     )
+}
+
+/// Bytes of the cluster's totem key (what `corosync-keygen` writes by default).
+const AUTHKEY_LEN: usize = 256;
+
+/// A fresh totem key for one cluster, from the kernel's random source.
+fn new_authkey() -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut key = vec![0u8; AUTHKEY_LEN];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut key))
+        .context("cannot read a totem key from /dev/urandom")?;
+    Ok(key)
+}
+
+/// Writes `key` to `path`, readable by its owner only (mode 0400, as
+/// corosync-keygen leaves it); the file must not exist yet.
+fn write_authkey(path: &Path, key: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o400)
+        .open(path)
+        .and_then(|mut f| f.write_all(key))
+        .with_context(|| format!("cannot write the totem key {}", path.display()))
 }
 
 impl NetnsCluster {
@@ -94,6 +136,8 @@ impl NetnsCluster {
         let shm_dir = PathBuf::from(format!("/dev/shm/conclave-cluster-{}", std::process::id()));
         let mut cluster = NetnsCluster {
             nodes: Vec::new(),
+            impostors: Vec::new(),
+            tag: tag.clone(),
             bridge: format!("{tag}br"),
             dir: dir.clone(),
             shm_dir: shm_dir.clone(),
@@ -111,47 +155,17 @@ impl NetnsCluster {
         // The second side of a split (see `split`): empty until then.
         ip(&["-n", &br, "link", "add", "br1", "type", "bridge"])?;
         ip(&["-n", &br, "link", "set", "br1", "up"])?;
+        // One key per run, a copy in every node's directory (as on real nodes).
+        let authkey = new_authkey()?;
         for i in 1..=nodes {
-            let ns = format!("{tag}n{i}");
-            ip(&["netns", "add", &ns])?;
-            cluster.namespaces.push(ns.clone());
-            let port = format!("p{i}");
-            ip(&["-n", &ns, "link", "add", "eth0", "type", "veth", "peer", "name", &port, "netns", &br])?;
-            ip(&["-n", &br, "link", "set", &port, "master", "br0", "up"])?;
-            ip(&["-n", &ns, "addr", "add", &format!("10.77.0.{i}/24"), "dev", "eth0"])?;
-            ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
-            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
-            let node_dir = dir.join(format!("n{i}"));
-            let shm = shm_dir.join(format!("n{i}"));
-            for d in [node_dir.join("run"), node_dir.join("state"), shm.clone()] {
-                fs::create_dir_all(&d).with_context(|| format!("cannot create {}", d.display()))?;
-            }
-            let conf = node_dir.join("corosync.conf");
-            fs::write(&conf, corosync_conf(nodes, i, &dir))?;
-            cluster.nodes.push(Node {
-                netns: ns,
-                socket: dir.join(format!("n{i}.sock")),
-                port,
-                daemon_log: node_dir.join("daemon.log"),
-                corosync_log: node_dir.join("corosync.log"),
-                shm,
-                corosync: None,
-                daemon: None,
-            });
+            let node = cluster.add_node(&format!("n{i}"), format!("node {i}"), i, nodes, &authkey)?;
+            cluster.nodes.push(node);
         }
-        for i in 0..nodes {
-            let node = &cluster.nodes[i];
-            let script = format!(
-                "mount --bind {run} /run && mount --bind {shm} /dev/shm && exec corosync -f -c {conf}",
-                run = dir.join(format!("n{}/run", i + 1)).display(),
-                shm = node.shm.display(),
-                conf = dir.join(format!("n{}/corosync.conf", i + 1)).display(),
-            );
-            let child = spawn_in(&node.netns, &script, &node.corosync_log)?;
-            cluster.nodes[i].corosync = Some(child);
+        for node in &mut cluster.nodes {
+            node.start_corosync()?;
         }
-        for i in 0..nodes {
-            cluster.start_daemon(i, conclave, cpg_group, timeout)?;
+        for node in &mut cluster.nodes {
+            node.start_daemon(conclave, cpg_group, timeout)?;
         }
         let all: Vec<String> = (1..=nodes).map(|i| i.to_string()).collect();
         let formed = format!("daemon group: [{}]", all.join(", "));
@@ -161,58 +175,81 @@ impl NetnsCluster {
         Ok(cluster)
     }
 
-    /// Starts node `i`'s daemon, retrying while its corosync is not up yet.
-    fn start_daemon(&mut self, i: usize, conclave: &Path, cpg_group: &str, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let node = &self.nodes[i];
-            let script = format!(
-                "mount --bind {shm} /dev/shm && RUST_LOG=info exec {bin} daemon --backbone cluster --cpg-group {cpg_group} \
-                 --unix {sock}",
-                shm = node.shm.display(),
-                bin = conclave.display(),
-                sock = node.socket.display(),
-            );
-            let mut child = spawn_in(&node.netns, &script, &node.daemon_log)?;
-            // The daemon listens only once it is in the CPG group.
-            while Instant::now() < deadline {
-                if let Some(status) = child.try_wait()? {
-                    let log = fs::read_to_string(&node.daemon_log).unwrap_or_default();
-                    if !log.contains("cannot connect to corosync") {
-                        bail!("daemon of node {} exited ({status}):\n{log}", i + 1);
-                    }
-                    break;
-                }
-                if node.socket.exists() {
-                    self.nodes[i].daemon = Some(child);
-                    return Ok(());
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("timed out waiting for the daemon of node {} to listen (is corosync up?)", i + 1);
-            }
-            std::thread::sleep(Duration::from_millis(200));
+    /// Makes node `id`'s namespace (`<tag><name>`), on the main bridge with
+    /// address 10.77.0.`id`, and its directory `<dir>/<name>` with `key` and a
+    /// corosync.conf for node `id` of `nodes`; starts nothing.
+    fn add_node(&mut self, name: &str, label: String, id: usize, nodes: usize, key: &[u8]) -> Result<Node> {
+        let ns = format!("{}{name}", self.tag);
+        let br = self.bridge.clone();
+        ip(&["netns", "add", &ns])?;
+        self.namespaces.push(ns.clone());
+        let port = format!("p{name}");
+        ip(&["-n", &ns, "link", "add", "eth0", "type", "veth", "peer", "name", &port, "netns", &br])?;
+        ip(&["-n", &br, "link", "set", &port, "master", "br0", "up"])?;
+        ip(&["-n", &ns, "addr", "add", &format!("10.77.0.{id}/24"), "dev", "eth0"])?;
+        ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+        ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        let node_dir = self.dir.join(name);
+        let shm = self.shm_dir.join(name);
+        for d in [node_dir.join("run"), node_dir.join("state"), shm.clone()] {
+            fs::create_dir_all(&d).with_context(|| format!("cannot create {}", d.display()))?;
         }
+        write_authkey(&node_dir.join("authkey"), key)?;
+        fs::write(node_dir.join("corosync.conf"), corosync_conf(nodes, &node_dir))?;
+        Ok(Node {
+            label,
+            netns: ns,
+            socket: self.dir.join(format!("{name}.sock")),
+            port,
+            daemon_log: node_dir.join("daemon.log"),
+            corosync_log: node_dir.join("corosync.log"),
+            dir: node_dir,
+            shm,
+            corosync: None,
+            daemon: None,
+        })
+    }
+
+    /// Starts an impostor of node `i` (index into [`NetnsCluster::nodes`]):
+    /// a namespace on the same bridge with that node's address, a corosync
+    /// with that node's configuration but a totem key of its own, as someone
+    /// on the network who knows everything but the key would run, and a
+    /// daemon in the same CPG group. Cut the real node off first
+    /// ([`NetnsCluster::cut`]): the two have one address. Returns once the
+    /// impostor's daemon listens (it may be alone in its daemon group).
+    pub fn start_impostor(&mut self, i: usize, conclave: &Path, cpg_group: &str, timeout: Duration) -> Result<&Node> {
+        let (id, nodes) = (i + 1, self.nodes.len());
+        let name = format!("x{id}");
+        let mut node = self.add_node(&name, format!("impostor of node {id}"), id, nodes, &new_authkey()?)?;
+        // Pushed first: Drop stops whatever of it started.
+        node.start_corosync()?;
+        self.impostors.push(node);
+        let node = self.impostors.last_mut().expect("just pushed");
+        node.start_daemon(conclave, cpg_group, timeout)?;
+        Ok(node)
+    }
+
+    /// Kills node `i`'s daemon (SIGKILL, as in a crash: its socket file stays)
+    /// and starts a new one; returns once it listens, or its error if it exits.
+    pub fn restart_daemon(&mut self, i: usize, conclave: &Path, cpg_group: &str, timeout: Duration) -> Result<()> {
+        let node = &mut self.nodes[i];
+        if let Some(mut old) = node.daemon.take() {
+            let _ = old.kill();
+            let _ = old.wait();
+        }
+        // The socket file tells start_daemon that the daemon listens.
+        match fs::remove_file(&node.socket) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("cannot remove {}", node.socket.display()));
+            }
+            _ => {}
+        }
+        node.start_daemon(conclave, cpg_group, timeout)
     }
 
     /// Waits until node `i`'s daemon log shows `text` in its last daemon-group line.
     pub fn wait_log(&self, i: usize, text: &str, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        let node = &self.nodes[i];
-        loop {
-            let log = fs::read_to_string(&node.daemon_log).unwrap_or_default();
-            let last = log.lines().rfind(|l| l.contains("daemon group:")).unwrap_or("");
-            if last.contains(text) {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                bail!("timed out waiting for node {} to report {text:?}; its last report: {last:?}", i + 1);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.nodes[i].wait_log(text, timeout)
     }
 
     /// A command that runs `program` with `args` in node `i`'s network
@@ -323,11 +360,11 @@ impl NetnsCluster {
     /// The last lines of every log, for a failure report.
     pub fn log_tails(&self, lines: usize) -> String {
         let mut s = String::new();
-        for (i, n) in self.nodes.iter().enumerate() {
+        for n in self.nodes.iter().chain(&self.impostors) {
             for path in [&n.daemon_log, &n.corosync_log] {
                 let text = fs::read_to_string(path).unwrap_or_default();
                 let all: Vec<&str> = text.lines().collect();
-                s.push_str(&format!("--- node {} {}\n", i + 1, path.display()));
+                s.push_str(&format!("--- {} {}\n", n.label, path.display()));
                 for l in &all[all.len().saturating_sub(lines)..] {
                     s.push_str(l);
                     s.push('\n');
@@ -335,6 +372,82 @@ impl NetnsCluster {
             }
         }
         s
+    }
+}
+
+impl Node {
+    /// Starts the node's corosync, with a private `/run` and `/dev/shm`.
+    fn start_corosync(&mut self) -> Result<()> {
+        let script = format!(
+            "mount --bind {run} /run && mount --bind {shm} /dev/shm && exec corosync -f -c {conf}",
+            run = self.dir.join("run").display(),
+            shm = self.shm.display(),
+            conf = self.dir.join("corosync.conf").display(),
+        );
+        self.corosync = Some(spawn_in(&self.netns, &script, &self.corosync_log)?);
+        Ok(())
+    }
+
+    /// Starts the node's daemon, retrying while its corosync is not up yet.
+    fn start_daemon(&mut self, conclave: &Path, cpg_group: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let script = format!(
+                "mount --bind {shm} /dev/shm && RUST_LOG=info exec {bin} daemon --backbone cluster --cpg-group {cpg_group} \
+                 --unix {sock}",
+                shm = self.shm.display(),
+                bin = conclave.display(),
+                sock = self.socket.display(),
+            );
+            let mut child = spawn_in(&self.netns, &script, &self.daemon_log)?;
+            // The daemon listens only once it is in the CPG group.
+            while Instant::now() < deadline {
+                if let Some(status) = child.try_wait()? {
+                    let log = fs::read_to_string(&self.daemon_log).unwrap_or_default();
+                    if !log.contains("cannot connect to corosync") {
+                        bail!("daemon of {} exited ({status}):\n{log}", self.label);
+                    }
+                    break;
+                }
+                if self.socket.exists() {
+                    self.daemon = Some(child);
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("timed out waiting for the daemon of {} to listen (is corosync up?)", self.label);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The last daemon-group line of the daemon's log ("" before the first).
+    pub fn daemon_group(&self) -> String {
+        let log = fs::read_to_string(&self.daemon_log).unwrap_or_default();
+        log.lines().rfind(|l| l.contains("daemon group:")).unwrap_or("").to_owned()
+    }
+
+    /// Waits until the daemon's log shows `text` in its last daemon-group line.
+    pub fn wait_log(&self, text: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let last = self.daemon_group();
+            if last.contains(text) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!("timed out waiting for {} to report {text:?}; its last report: {last:?}", self.label);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The corosync log so far.
+    pub fn corosync_log(&self) -> String {
+        fs::read_to_string(&self.corosync_log).unwrap_or_default()
     }
 }
 
@@ -544,7 +657,7 @@ impl Drop for NetnsCluster {
         if let Some(hub) = self.hub.take() {
             hub.stop();
         }
-        for node in &mut self.nodes {
+        for node in self.nodes.iter_mut().chain(&mut self.impostors) {
             for child in [node.daemon.take(), node.corosync.take()].into_iter().flatten() {
                 let mut child = child;
                 let _ = child.kill();
