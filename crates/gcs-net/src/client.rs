@@ -163,6 +163,12 @@ impl Client {
         self.sender.join_open(group).await
     }
 
+    /// Joins a group keyed by its daemons, creating it if it does not exist:
+    /// each view comes with its key ([`Event::GroupKey`]).
+    pub async fn join_keyed(&self, group: &str) -> Result<(), ClientError> {
+        self.sender.join_keyed(group).await
+    }
+
     /// Leaves a group; [`Event::Left`] confirms it.
     pub async fn leave(&self, group: &str) -> Result<(), ClientError> {
         self.sender.leave(group).await
@@ -220,6 +226,12 @@ impl ClientSender {
     /// Joins a group, creating it as an open group if it does not exist.
     pub async fn join_open(&self, group: &str) -> Result<(), ClientError> {
         self.send(&Request::Join { group: GroupName::new(group)?, open: true, keyed: false }).await
+    }
+
+    /// Joins a group keyed by its daemons, creating it if it does not exist:
+    /// each view comes with its key ([`Event::GroupKey`]).
+    pub async fn join_keyed(&self, group: &str) -> Result<(), ClientError> {
+        self.send(&Request::Join { group: GroupName::new(group)?, open: false, keyed: true }).await
     }
 
     /// Leaves a group.

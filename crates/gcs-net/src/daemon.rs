@@ -57,9 +57,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, ErrorCode, Limits, Op, Output};
+use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, ErrorCode, Limits, Machine, Op, Output};
 use conclave_gcs::wire::{self, FrameReader, Request, WireError};
 use conclave_gcs::MemberId;
+use conclave_gka::suite::ed25519::Ed25519Signer;
+use conclave_integrated::{DaemonIdentities, KeyedDaemon};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
@@ -199,6 +201,8 @@ pub struct Backbone {
     ordered: mpsc::Receiver<Op>,
     failure: oneshot::Receiver<String>,
     resources: Option<Box<dyn Send + Sync>>,
+    /// Whether the daemon keys groups itself (see `start`).
+    keys_groups: bool,
 }
 
 impl Backbone {
@@ -208,7 +212,15 @@ impl Backbone {
         let (submit, ordered) = mpsc::channel(1024);
         // Never fails: the sender is dropped, so the receiver reports no failure.
         let (_, failure) = oneshot::channel();
-        Self { me: STANDALONE, incarnation: new_incarnation(), submit, ordered, failure, resources: None }
+        Self {
+            me: STANDALONE,
+            incarnation: new_incarnation(),
+            submit,
+            ordered,
+            failure,
+            resources: None,
+            keys_groups: true,
+        }
     }
 
     /// A backbone that orders operations elsewhere: the daemon sends every
@@ -225,7 +237,7 @@ impl Backbone {
         failure: oneshot::Receiver<String>,
         resources: Box<dyn Send + Sync>,
     ) -> Self {
-        Self { me, incarnation, submit, ordered, failure, resources: Some(resources) }
+        Self { me, incarnation, submit, ordered, failure, resources: Some(resources), keys_groups: false }
     }
 
     /// This daemon's number in the daemon group.
@@ -398,9 +410,20 @@ impl Daemon {
             None => None,
         };
 
-        let Backbone { me, incarnation, submit, ordered, failure, resources } = backbone;
+        let Backbone { me, incarnation, submit, ordered, failure, resources, keys_groups } = backbone;
         let conns: Conns = Arc::default();
         let core = Core::new(me, Limits { max_groups_per_client: config.max_groups_per_client }, incarnation);
+        // A standalone daemon is its own daemon group: it keys groups with a
+        // key of its own (the integrated architecture's, trivially). A
+        // cluster's daemons would first need identities they trust one
+        // another by: there a keyed join is refused.
+        let core: Box<dyn Machine> = if keys_groups {
+            let signer = Arc::new(Ed25519Signer::generate(&mut rand_core::OsRng));
+            let identities = DaemonIdentities::alone(me, signer);
+            Box::new(KeyedDaemon::new(core, identities, Box::new(rand_core::OsRng)))
+        } else {
+            Box::new(core)
+        };
         let (stop, stopped) = oneshot::channel();
         let (report, failed) = oneshot::channel();
         let backbone = BackboneEnds { ordered, failure, report };
@@ -600,7 +623,7 @@ struct BackboneEnds {
 /// Runs the core over the ordered stream until the daemon stops or the
 /// backbone fails.
 async fn sequence(
-    mut core: Core,
+    mut core: Box<dyn Machine>,
     backbone: BackboneEnds,
     submit: mpsc::Sender<Op>,
     conns: Conns,

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use conclave_gcs::core::{ConnId, Delivery as Event, ErrorCode, Op, Service};
 use conclave_gcs::{GroupName, MemberId, View};
+use conclave_gka::keyed::KeyedEngine;
 use conclave_gka::suite::{Signer, Verifier};
 use conclave_gka::{Config, Directory, Engine, Epoch, Output, SecureView, StaticDirectory, ViewId};
 use rand_core::CryptoRngCore;
@@ -227,8 +228,13 @@ struct Confirming {
 /// A request for the daemon, as [`SessionCore::poll_transmit`] hands it out.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Transmit {
-    /// Join the group.
-    Join(GroupName),
+    /// Join the group (keyed by the daemons, for [`Policy::keyed`]).
+    Join {
+        /// The group.
+        group: GroupName,
+        /// Whether the daemons key it.
+        keyed: bool,
+    },
     /// Leave the group.
     Leave(GroupName),
     /// An agreed multicast to the group.
@@ -242,7 +248,7 @@ impl Transmit {
     /// (what a daemon in the same process, real or simulated, is handed).
     pub fn into_op(self, conn: ConnId) -> Op {
         match self {
-            Transmit::Join(group) => Op::Join { conn, group, open: false, keyed: false },
+            Transmit::Join { group, keyed } => Op::Join { conn, group, open: false, keyed },
             Transmit::Leave(group) => Op::Leave { conn, group },
             Transmit::Multicast(group, payload) => Op::Multicast { conn, group, service: Service::Agreed, payload },
             Transmit::Unicast(group, to, payload) => Op::Unicast { conn, group, to, payload },
@@ -520,6 +526,7 @@ impl SessionCore {
             directory,
         };
         let engine = match policy.interval {
+            _ if policy.keyed => Box::new(KeyedEngine::new(config.me, config.group)),
             None => conclave_gka::new_engine(config),
             Some(interval) => conclave_gka::new_interval_engine(config, interval.algorithm)
                 .ok_or(SessionError::Unsupported("interval rekeying with another protocol than TGDH"))?,
@@ -557,7 +564,8 @@ impl SessionCore {
                 tamper: None,
             },
         );
-        self.push(Transmit::Join(name))
+        let keyed = policy.keyed;
+        self.push(Transmit::Join { group: name, keyed })
     }
 
     /// Sends `data` to the group, encrypted under the current key. During a
@@ -664,9 +672,17 @@ impl SessionCore {
                 self.events.push_back(SecureEvent::DaemonError { code, text });
                 Ok(())
             }
-            // The daemons key only groups joined as keyed, and this session
-            // joins none so far: nothing to take a key for.
-            Event::Welcome { .. } | Event::ViewChangeBegins { .. } | Event::GroupKey { .. } => Ok(()),
+            Event::GroupKey { group, view, key } => {
+                // The daemons give keys only to members of keyed groups; an
+                // engine that agrees its own keys refuses one.
+                if let Some(gs) = self.groups.get_mut(&group) {
+                    if let Err(e) = gs.engine.daemon_key(view, key.expose_secret()) {
+                        tracing::warn!(%group, error = %e, "a key from the daemon for a group it does not key");
+                    }
+                }
+                Ok(())
+            }
+            Event::Welcome { .. } | Event::ViewChangeBegins { .. } => Ok(()),
         }
     }
 

@@ -181,6 +181,13 @@ pub struct Policy {
     /// SEAL's interval rekeying (TGDH only), or `None` to rekey on every
     /// view (the default). See [`Interval`] for what it trades away.
     pub interval: Option<Interval>,
+    /// The integrated architecture's Integrated VS: the daemons key the
+    /// group (they agree a key among themselves with TGDH, `protocol`, and
+    /// give each view its own key derived from it), and the members run no
+    /// key agreement. It trusts the daemons with the group's traffic: a
+    /// daemon that is compromised reads every keyed group's messages, where
+    /// it reads no layered group's. See `conclave-integrated`.
+    pub keyed: bool,
 }
 
 /// SEAL's interval rekeying: the joins and leaves of an interval are batched
@@ -220,7 +227,7 @@ impl Policy {
     /// `protocol` over `group_id`, data messages signed by their senders,
     /// rekeyed on every view.
     pub fn new(protocol: ProtocolId, group_id: GroupId) -> Self {
-        Self { protocol, group_id, sender_signatures: true, interval: None }
+        Self { protocol, group_id, sender_signatures: true, interval: None, keyed: false }
     }
 
     /// TGDH over ristretto255 with SEAL's interval rekeying.
@@ -229,14 +236,23 @@ impl Policy {
         Self { interval: Some(interval), ..Self::new(ProtocolId::Tgdh, GroupId::Ristretto255) }
     }
 
+    /// Integrated VS: each view's key from the daemons (see [`Policy::keyed`]).
+    pub fn integrated() -> Self {
+        Self { keyed: true, ..Self::new(ProtocolId::Tgdh, GroupId::Ristretto255) }
+    }
+
     /// The policy's two wire codes (see [`payload::tag::KA`]): the
     /// protocol's code (low four bits), the interval algorithm's code
-    /// shifted left by four (0: rekeyed on every view), with
+    /// shifted left by four (0: rekeyed on every view; 7: keyed by the
+    /// daemons), with
     /// [`payload::UNSIGNED_DATA`] set if data messages are not signed; and
     /// the group's code.
     pub fn codes(&self) -> (u8, u8) {
         let unsigned = if self.sender_signatures { 0 } else { payload::UNSIGNED_DATA };
-        let interval = self.interval.map_or(0, |i| i.algorithm.code() << 4);
+        let interval = match (self.keyed, self.interval) {
+            (true, _) => payload::KEYED << 4,
+            (false, i) => i.map_or(0, |i| i.algorithm.code() << 4),
+        };
         (self.protocol.code() | interval | unsigned, self.group_id.code())
     }
 }
@@ -244,6 +260,7 @@ impl Policy {
 impl std::fmt::Display for Policy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.interval {
+            _ if self.keyed => f.write_str("integrated-vs")?,
             None => write!(f, "{}", self.protocol.name())?,
             Some(i) => {
                 write!(f, "tgdh-interval:{}:{}s", i.algorithm.name(), i.period.as_secs_f64())?;
@@ -265,9 +282,10 @@ impl std::fmt::Display for Policy {
 /// Why a policy name did not parse.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown key agreement policy {0:?}: expected gdh, ckd, tgdh, str or bd (rekeyed on every view), or \
-     tgdh-interval:ALGORITHM:PERIOD / ALGORITHM:PERIOD with ALGORITHM rebuild, batch or queue-batch and PERIOD \
-     like 15s, 500ms or 2m (SEAL's interval rekeying), optionally followed by :rekey-on-leave"
+    "unknown key agreement policy {0:?}: expected gdh, ckd, tgdh, str or bd (also layered:gdh and so on: the \
+     members agree a key on every view), tgdh-interval:ALGORITHM:PERIOD / ALGORITHM:PERIOD with ALGORITHM \
+     rebuild, batch or queue-batch and PERIOD like 15s, 500ms or 2m (SEAL's interval rekeying), optionally \
+     followed by :rekey-on-leave, or integrated-vs (the daemons key the group)"
 )]
 pub struct PolicyParseError(String);
 
@@ -279,7 +297,10 @@ impl std::str::FromStr for Policy {
     /// over ristretto255, data signed.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = || PolicyParseError(s.to_owned());
-        if let Some(p) = ProtocolId::from_name(s) {
+        if s == "integrated-vs" {
+            return Ok(Policy::integrated());
+        }
+        if let Some(p) = ProtocolId::from_name(s.strip_prefix("layered:").unwrap_or(s)) {
             return Ok(Policy::new(p, GroupId::Ristretto255));
         }
         let rest = s.strip_prefix("tgdh-interval:").unwrap_or(s);

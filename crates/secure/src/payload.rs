@@ -204,6 +204,10 @@ impl Frame<'_> {
 /// signed by their senders ([`Policy::sender_signatures`] off).
 pub const UNSIGNED_DATA: u8 = 0x80;
 
+/// The value of a policy's interval bits (4–6) that says the daemons key
+/// the group ([`Policy::keyed`]).
+pub const KEYED: u8 = 7;
+
 /// The policy named by a pair of codes, if both are known.
 /// An interval policy's period and `rekey_on_leave` are not on the wire
 /// (each leader's own): one decoded from codes has a zero period and no
@@ -211,8 +215,9 @@ pub const UNSIGNED_DATA: u8 = 0x80;
 pub(crate) fn decode_policy((p, g): (u8, u8)) -> Option<Policy> {
     let mut policy = Policy::new(ProtocolId::from_code(p & 0x0f)?, GroupId::ALL.into_iter().find(|x| x.code() == g)?);
     policy.sender_signatures = p & UNSIGNED_DATA == 0;
+    policy.keyed = (p >> 4) & 0x07 == KEYED;
     policy.interval = match (p >> 4) & 0x07 {
-        0 => None,
+        0 | KEYED => None,
         a => Some(crate::Interval {
             algorithm: conclave_gka::IntervalAlgorithm::from_code(a)?,
             period: std::time::Duration::ZERO,

@@ -601,3 +601,35 @@ async fn interval_rekeying_runs_on_the_leaders_timer() {
     a.send("to carol");
     assert_eq!(c.until_msg("to carol").await, ac);
 }
+
+/// Integrated VS on a real daemon: the members run no key agreement; every
+/// view's key comes from the daemon with the view, the members confirm it,
+/// a leave gives the others a new one, and data flows as in layered groups.
+/// A member asking for the layered policy cannot join the keyed group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_keyed_by_its_daemon_gets_a_key_with_every_view() {
+    let w = world(&["alice", "bob", "carol"], 13).await;
+    let policy = Policy::integrated();
+    let a = w.member("alice").await;
+    let b = w.member("bob").await;
+    let c = w.member("carol").await;
+    a.join(policy);
+    let (_, fp_a) = a.until_view(&["alice"]).await;
+    b.join(policy);
+    let (ab, fp_ab) = b.until_view(&["alice", "bob"]).await;
+    assert_eq!(a.until_view(&["alice", "bob"]).await, (ab, fp_ab.clone()));
+    assert_ne!(fp_a, fp_ab);
+    a.send("keyed hello");
+    assert_eq!(b.until_msg("keyed hello").await, ab);
+    c.join(Policy::default());
+    c.until("the daemon's refusal of a layered join", |log| {
+        log.iter()
+            .any(|e| matches!(e, SecureEvent::DaemonError { code: conclave_gcs::core::ErrorCode::ModeMismatch, .. }))
+            .then_some(())
+    })
+    .await;
+    b.leave();
+    let (alone, fp_alone) = a.until_view(&["alice"]).await;
+    assert_ne!(alone, ab);
+    assert_ne!(fp_alone, fp_ab, "the leaver's key is not the one left in use");
+}
