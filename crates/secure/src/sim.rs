@@ -262,6 +262,9 @@ struct Live {
     pending: BTreeSet<String>,
     /// Texts delivered on this connection.
     delivered: BTreeSet<String>,
+    /// Multicasts this connection sent that its daemon has not delivered
+    /// back to it yet.
+    unreturned: BTreeSet<Bytes>,
 }
 
 impl Live {
@@ -401,6 +404,12 @@ impl State {
             _ => {}
         }
         let Some(&i) = self.by_conn.get(&conn) else { return Reaction::default() };
+        let slot = &mut self.slots[i];
+        if let (Delivery::Message { sender, payload, .. }, Some(l)) = (d, slot.live.as_mut()) {
+            if *sender == slot.name {
+                l.unreturned.remove(payload);
+            }
+        }
         if self.cfg.print {
             match d {
                 Delivery::View { view, .. } => eprintln!("@{now} {i} <- view {} {:?}", view.id, view.members),
@@ -465,6 +474,9 @@ impl State {
         let conn = l.conn;
         let mut ops = Vec::new();
         while let Some(t) = l.session.poll_transmit() {
+            if let crate::Transmit::Multicast(_, payload) = &t {
+                l.unreturned.insert(payload.clone());
+            }
             ops.push(t.into_op(conn));
         }
         let mut events = Vec::new();
@@ -702,6 +714,7 @@ impl World {
                 passage: None,
                 joined: false,
                 pending: BTreeSet::new(),
+                unreturned: BTreeSet::new(),
                 delivered: BTreeSet::new(),
             });
             self.st.by_conn.insert(conn, i);
@@ -820,7 +833,14 @@ impl World {
         let is_replay = |payload: &[u8], members_of: &BTreeMap<ViewId, BTreeSet<MemberId>>| {
             is_replay(payload, current, &name, members_of)
         };
+        // A member's own message, on its way back to it, handed over ahead of
+        // its daemon: only the daemon can deliver under the member's own
+        // name, and it is trusted with order. Handing it over early moves
+        // when the member sees its message come back, and forges nothing.
+        let ahead_of_the_daemon =
+            sender == name && self.st.slots[i].live.as_ref().is_some_and(|l| l.unreturned.contains(payload.as_slice()));
         let (sender, how) = match self.pick(3) {
+            0 if ahead_of_the_daemon => return,
             0 if is_replay(&payload, &self.st.members_of) => (sender, "replayed"),
             0 => return,
             // Someone else's payload under another member's name.
