@@ -27,9 +27,10 @@ pub struct SimArgs {
     /// The first seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Protocols, comma-separated: gdh, ckd, tgdh, str, bd (rekeyed on every view), and SEAL's interval
-    /// rekeying rebuild, batch, queue-batch (TGDH, rekeyed every 50 ms of virtual time).
-    #[arg(long, value_delimiter = ',', default_value = "gdh,ckd,tgdh,str,bd,rebuild,batch,queue-batch")]
+    /// Protocols, comma-separated: gdh, ckd, tgdh, str, bd (rekeyed on every view), SEAL's interval
+    /// rekeying rebuild, batch, queue-batch (TGDH, rekeyed every 50 ms of virtual time), and
+    /// integrated-vs (the daemons agree a key with TGDH and key every view).
+    #[arg(long, value_delimiter = ',', default_value = "gdh,ckd,tgdh,str,bd,rebuild,batch,queue-batch,integrated-vs")]
     protocols: Vec<String>,
     /// Member names per run (each comes and goes as the seed says).
     #[arg(long, default_value_t = 5)]
@@ -69,25 +70,33 @@ struct Totals {
     trace: String,
 }
 
-/// A protocol rekeyed on every view, or SEAL's interval rekeying.
+/// A protocol rekeyed on every view, SEAL's interval rekeying, or groups
+/// keyed by their daemons.
 #[derive(Clone, Copy)]
 struct Scheme {
     protocol: ProtocolId,
     interval: Option<IntervalAlgorithm>,
+    keyed: bool,
 }
 
 impl Scheme {
     fn parse(s: &str) -> anyhow::Result<Self> {
+        if s == "integrated-vs" {
+            return Ok(Scheme { protocol: ProtocolId::Tgdh, interval: None, keyed: true });
+        }
         if let Some(protocol) = ProtocolId::from_name(s) {
-            return Ok(Scheme { protocol, interval: None });
+            return Ok(Scheme { protocol, interval: None, keyed: false });
         }
         let algorithm = IntervalAlgorithm::from_name(s).with_context(|| {
-            format!("unknown protocol {s:?} (gdh, ckd, tgdh, str, bd; or rebuild, batch, queue-batch)")
+            format!("unknown protocol {s:?} (gdh, ckd, tgdh, str, bd; rebuild, batch, queue-batch; or integrated-vs)")
         })?;
-        Ok(Scheme { protocol: ProtocolId::Tgdh, interval: Some(algorithm) })
+        Ok(Scheme { protocol: ProtocolId::Tgdh, interval: Some(algorithm), keyed: false })
     }
 
     fn name(&self) -> &'static str {
+        if self.keyed {
+            return "integrated-vs";
+        }
         self.interval.map_or(self.protocol.name(), |a| a.name())
     }
 }
@@ -114,6 +123,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         let cfg = SimConfig {
             protocol: protocol.protocol,
             interval: protocol.interval,
+            keyed: protocol.keyed,
             members: args.members,
             steps: args.steps,
             daemons: args.daemons,

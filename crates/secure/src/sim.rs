@@ -78,7 +78,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use conclave_gcs::core::{ConnId, Delivery, Op, Service};
+use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, Limits, Machine, Op, Service};
 use conclave_gcs::daemon_sim::{DaemonSim, Micros, NetConfig, Reaction};
 use conclave_gcs::{GroupName, MemberId, ViewId};
 use conclave_gka::suite::{generate_signer, SignatureId, Signer};
@@ -96,6 +96,23 @@ use crate::{Policy, SecureEvent};
 struct Certificates {
     authority: Arc<Authority>,
     members: Vec<(String, zeroize::Zeroizing<String>)>,
+}
+
+/// Simulated daemons that key groups: each a `KeyedDaemon` with an identity
+/// from the seed, trusting the others'; a restarted daemon keeps its identity
+/// and draws its randomness from its new incarnation.
+fn keyed_daemons(n: u16, net: NetConfig, rng: &mut ChaCha20Rng) -> DaemonSim {
+    use conclave_integrated::{DaemonIdentities, KeyedDaemon};
+    let signers: Vec<Arc<dyn Signer>> =
+        (0..n).map(|_| generate_signer(SignatureId::Ed25519, rng).expect("Ed25519 keys")).collect();
+    let keys: Vec<_> = signers.iter().enumerate().map(|(d, s)| (DaemonId(d as u16), s.verifier())).collect();
+    let salt = rng.next_u64();
+    let make = move |id: DaemonId, incarnation: u64| -> Box<dyn Machine> {
+        let identities = DaemonIdentities::new(signers[usize::from(id.0)].clone(), keys.clone());
+        let rng = Box::new(ChaCha20Rng::seed_from_u64(incarnation ^ salt));
+        Box::new(KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng))
+    };
+    DaemonSim::with_machines(n, net, rng.next_u64(), Box::new(make)).expect("a valid network")
 }
 
 /// The most member names a run may have.
@@ -150,6 +167,10 @@ pub struct SimConfig {
     /// [`INTERVAL_PERIOD`]) instead of `protocol` rekeyed on every view;
     /// see the module doc for how the checks read then.
     pub interval: Option<IntervalAlgorithm>,
+    /// The integrated architecture's Integrated VS instead: the daemons
+    /// (each a `conclave_integrated::KeyedDaemon`) agree a key among
+    /// themselves and key every view; `protocol` and `interval` are unused.
+    pub keyed: bool,
 }
 
 /// The rekeying period of interval runs, in virtual time: a few times the
@@ -337,7 +358,11 @@ pub fn run(seed: u64, cfg: SimConfig) -> Outcome {
     }
     let net = network(&mut rng);
     let detect = net.detect;
-    let sim = DaemonSim::new(cfg.daemons.max(1), net, rng.next_u64()).expect("a valid network");
+    let sim = if cfg.keyed {
+        keyed_daemons(cfg.daemons.max(1), net, &mut rng)
+    } else {
+        DaemonSim::new(cfg.daemons.max(1), net, rng.next_u64()).expect("a valid network")
+    };
     let mut w = World {
         st: State {
             cfg,
@@ -594,6 +619,9 @@ impl World {
     }
 
     fn policy(&self) -> Policy {
+        if self.st.cfg.keyed {
+            return Policy::integrated();
+        }
         match self.st.cfg.interval {
             None => Policy::new(self.st.cfg.protocol, GroupId::Ristretto255),
             Some(algorithm) => Policy::interval(algorithm, INTERVAL_PERIOD),
@@ -980,6 +1008,7 @@ mod tests {
                 print: false,
                 certified: true,
                 interval: Some(algorithm),
+                keyed: false,
             };
             for seed in [4, 7, 115, 163, 425] {
                 let out = run(seed, cfg);
@@ -1003,9 +1032,30 @@ mod tests {
             print: false,
             certified: true,
             interval: None,
+            keyed: false,
         };
         let out = run(58100, cfg);
         assert!(out.failures.is_empty(), "{:?}", out.failures);
+    }
+
+    #[test]
+    fn groups_keyed_by_their_daemons_pass_a_few_seeds_and_a_seed_replays_exactly() {
+        let cfg = SimConfig {
+            protocol: ProtocolId::Tgdh,
+            members: 5,
+            steps: 40,
+            daemons: 3,
+            print: false,
+            certified: true,
+            interval: None,
+            keyed: true,
+        };
+        for seed in 0..8 {
+            let out = run(seed, cfg);
+            assert!(out.failures.is_empty(), "seed {seed}: {:?}", out.failures);
+            assert!(out.views > 0 && out.messages > 0, "seed {seed} keyed nothing: {out:?}");
+            assert_eq!(run(seed, cfg).trace_hash, out.trace_hash, "seed {seed} replays differently");
+        }
     }
 
     #[test]
@@ -1020,6 +1070,7 @@ mod tests {
                     print: false,
                     certified: false,
                     interval: None,
+                    keyed: false,
                 };
                 for seed in 0..6 {
                     let out = run(seed, cfg);
