@@ -172,6 +172,7 @@ fn describe(ev: &Event, me: &str) -> String {
                 Cause::Leave => "leave",
                 Cause::Disconnect => "disconnect",
                 Cause::Network => "network",
+                Cause::Refresh => "key refresh",
             };
             let members: Vec<String> = view.ids().map(|m| safe(m.as_str())).collect();
             format!("view {} of {} ({cause}): {}", view.id, safe(group.as_str()), members.join(" "))

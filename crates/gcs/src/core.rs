@@ -978,6 +978,22 @@ impl Core {
         self.groups.get(group).is_some_and(|g| g.options.keyed)
     }
 
+    /// Installs a new view of every keyed group, with the same members (cause
+    /// [`Cause::Refresh`]): the daemons renewed their key, and each view gets
+    /// its key from the new one (see *Keyed groups* in the [module
+    /// docs](self)). Every daemon must call it at the same point of the
+    /// stream, and never during an exchange.
+    pub fn refresh_keyed(&mut self, out: &mut Vec<Output>) {
+        assert!(self.exchange.is_none(), "no refresh during an exchange");
+        let keyed: Vec<GroupName> =
+            self.groups.iter().filter(|(_, g)| g.options.keyed).map(|(name, _)| name.clone()).collect();
+        for group in keyed {
+            let seats = self.seats_of(&group);
+            let options = self.groups[&group].options;
+            self.install(group, options, seats, Cause::Refresh, out);
+        }
+    }
+
     /// The name of a connected client.
     pub fn member(&self, conn: ConnId) -> Option<&MemberId> {
         self.clients.get(&conn).map(|c| &c.name)

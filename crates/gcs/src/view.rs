@@ -170,6 +170,9 @@ pub enum Cause {
     Disconnect,
     /// The network partitioned or merged.
     Network,
+    /// The daemons renewed the key of a group they key (same members, a
+    /// new view: the integrated architecture's artificial view change).
+    Refresh,
 }
 
 /// One member of a view, with the view it came from.

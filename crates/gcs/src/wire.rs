@@ -293,6 +293,7 @@ impl Fields {
             2 => Ok(Cause::Leave),
             3 => Ok(Cause::Disconnect),
             4 => Ok(Cause::Network),
+            5 => Ok(Cause::Refresh),
             v => Err(WireError::BadValue { what: "cause", value: v.into() }),
         }
     }
@@ -436,6 +437,7 @@ impl<'a> FrameWriter<'a> {
             Cause::Leave => 2,
             Cause::Disconnect => 3,
             Cause::Network => 4,
+            Cause::Refresh => 5,
         });
         let count = u32::try_from(v.members.len()).expect("views have fewer than 2^32 members");
         self.out.put_u32(count);

@@ -129,6 +129,14 @@ pub struct KeyedDaemon {
     held: BTreeMap<GroupName, VecDeque<(Vec<ConnId>, Delivery)>>,
     /// Key agreements completed (for tests and benchmarks).
     agreements: u64,
+    /// Data-out: the most payload bytes keyed groups may send under one
+    /// key of the daemons before they renew it.
+    data_limit: Option<u64>,
+    /// Payload bytes keyed groups sent under the current key.
+    data_under_key: u64,
+    /// The daemons are renewing their key (data-out); views keep their keys
+    /// meanwhile.
+    refreshing: bool,
 }
 
 impl KeyedDaemon {
@@ -147,11 +155,33 @@ impl KeyedDaemon {
             signer: identities.me,
             directory,
         });
-        let mut daemon = Self { core, me, engine, rng, key: ServerKey::Agreeing, held: BTreeMap::new(), agreements: 0 };
+        let mut daemon = Self {
+            core,
+            me,
+            engine,
+            rng,
+            key: ServerKey::Agreeing,
+            held: BTreeMap::new(),
+            agreements: 0,
+            data_limit: None,
+            data_under_key: 0,
+            refreshing: false,
+        };
         let mut out = Vec::new();
         daemon.start_agreement(&mut out);
         assert!(out.is_empty(), "a fresh core is alone in its configuration");
         daemon
+    }
+
+    /// Data-out (paper §4.3): once keyed groups have sent `bytes` payload
+    /// bytes under one key of the daemons, the daemons agree a new one, and
+    /// every keyed group gets a new view with the same members
+    /// ([`conclave_gcs::Cause::Refresh`]) and a key from it. Every daemon of
+    /// a group must have the same limit: each counts the bytes of the one
+    /// ordered stream, so all renew at the same point of it.
+    pub fn with_data_limit(mut self, bytes: u64) -> Self {
+        self.data_limit = Some(bytes.max(1));
+        self
     }
 
     /// The daemons' key agreements this daemon completed.
@@ -200,7 +230,53 @@ impl KeyedDaemon {
                     tracing::debug!(epoch = ?sv.epoch, daemons = sv.members.len(), "daemons agreed a key");
                     self.key = ServerKey::Agreed(sv);
                     self.agreements += 1;
+                    self.data_under_key = 0;
                     self.release(out);
+                    if std::mem::take(&mut self.refreshing) {
+                        // The artificial view change: every keyed group's next
+                        // view takes its key from the new one.
+                        let mut inner = Vec::new();
+                        self.core.refresh_keyed(&mut inner);
+                        for o in inner {
+                            self.route(o, out);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The payload bytes `op` sends to a keyed group, if it does.
+    fn keyed_payload(&self, op: &Op) -> u64 {
+        let op = match op {
+            Op::Numbered { op, .. } => op.as_ref(),
+            op => op,
+        };
+        match op {
+            Op::Multicast { group, payload, .. } | Op::Unicast { group, payload, .. } if self.core.keyed(group) => {
+                payload.len() as u64
+            }
+            _ => 0,
+        }
+    }
+
+    /// Counts `bytes` sent under the current key, and starts renewing it when
+    /// they reach the data-out limit (at the same point of the stream at
+    /// every daemon).
+    fn count_data(&mut self, bytes: u64, out: &mut Vec<Output>) {
+        let Some(limit) = self.data_limit else { return };
+        if bytes == 0 || !matches!(self.key, ServerKey::Agreed(_)) || self.refreshing {
+            return;
+        }
+        self.data_under_key += bytes;
+        if self.data_under_key >= limit && self.core.configuration().is_some() {
+            tracing::debug!(bytes = self.data_under_key, "data-out: the daemons renew their key");
+            self.refreshing = true;
+            match self.engine.rekey(&mut *self.rng) {
+                Ok(outputs) => self.engine_result(Ok(outputs), out),
+                Err(e) => {
+                    tracing::warn!(error = %e, "data-out: the daemons' key cannot be renewed");
+                    self.refreshing = false;
                 }
             }
         }
@@ -270,12 +346,15 @@ impl Machine for KeyedDaemon {
                 return;
             }
             Op::Daemons { .. } => {
-                // Views of the new configuration wait for its key.
+                // Views of the new configuration wait for its key, a new one
+                // in any case.
                 self.key = ServerKey::Agreeing;
+                self.refreshing = false;
                 op
             }
             op => op,
         };
+        let sent = self.keyed_payload(&op);
         let was_exchanging = self.core.exchanging();
         let mut inner = Vec::new();
         self.core.handle(op, &mut inner);
@@ -285,6 +364,7 @@ impl Machine for KeyedDaemon {
         if was_exchanging && !self.core.exchanging() {
             self.start_agreement(out);
         }
+        self.count_data(sent, out);
     }
 
     fn core(&self) -> &Core {

@@ -22,12 +22,21 @@ fn group(name: &str) -> GroupName {
 /// `n` daemons, each a [`KeyedDaemon`] with a fixed identity; every daemon
 /// trusts the others'.
 fn keyed_sim(n: u16, seed: u64) -> DaemonSim {
+    keyed_sim_with(n, seed, None)
+}
+
+/// As [`keyed_sim`], with a data-out limit on the daemons' key.
+fn keyed_sim_with(n: u16, seed: u64, data_limit: Option<u64>) -> DaemonSim {
     let signer = |d: u16| -> Arc<dyn Signer> { Arc::new(Ed25519Signer::from_seed(&[d as u8 + 1; 32])) };
     let keys: Vec<_> = (0..n).map(|d| (DaemonId(d), signer(d).verifier())).collect();
     let make = move |id: DaemonId, incarnation: u64| -> Box<dyn Machine> {
         let identities = DaemonIdentities::new(signer(id.0), keys.clone());
         let rng = Box::new(ChaCha20Rng::seed_from_u64(incarnation));
-        Box::new(KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng))
+        let daemon = KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng);
+        Box::new(match data_limit {
+            Some(bytes) => daemon.with_data_limit(bytes),
+            None => daemon,
+        })
     };
     DaemonSim::with_machines(n, NetConfig::default(), seed, Box::new(make)).unwrap()
 }
@@ -157,4 +166,49 @@ fn a_change_of_the_daemon_group_rekeys_every_keyed_group_with_one_agreement() {
 
 fn keyed_daemon(sim: &DaemonSim, d: u16) -> &KeyedDaemon {
     sim.machine(d).and_then(|m| (m as &dyn std::any::Any).downcast_ref::<KeyedDaemon>()).expect("a keyed daemon")
+}
+
+/// Data-out: once keyed groups have sent the limit's worth of payload under
+/// one key of the daemons, the daemons agree a new one at the same point of
+/// the stream, and every keyed group gets a new view with the same members
+/// and a key that is not the last one. A plain group is not touched.
+#[test]
+fn the_daemons_renew_their_key_after_the_data_limit_and_every_keyed_group_gets_a_new_view() {
+    use conclave_gcs::core::Service;
+    let mut sim = keyed_sim_with(3, 4, Some(1000));
+    sim.run_idle();
+    let a = join(&mut sim, 0, "a", &[("k1", true), ("k2", true), ("plain", false)]);
+    let b = join(&mut sim, 1, "b", &[("k1", true), ("k2", true), ("plain", false)]);
+    sim.run_idle();
+    let before = keys_by_client(&sim.take_log());
+    let agreed = |sim: &DaemonSim| -> Vec<u64> { (0..3).map(|d| keyed_daemon(sim, d).agreements()).collect() };
+    let start = agreed(&sim);
+    let send = |sim: &mut DaemonSim, g: &str, n: usize| {
+        let payload = bytes::Bytes::from(vec![0u8; n]);
+        sim.submit(Op::Multicast { conn: a, group: group(g), service: Service::Agreed, payload });
+    };
+    // 900 bytes to the plain group count for nothing; 900 to k1 stay under.
+    send(&mut sim, "plain", 900);
+    send(&mut sim, "k1", 900);
+    sim.run_idle();
+    assert_eq!(agreed(&sim), start);
+    assert!(keys_by_client(&sim.take_log()).is_empty(), "a new view before the limit");
+    send(&mut sim, "k2", 200);
+    sim.run_idle();
+    assert_eq!(agreed(&sim), start.iter().map(|n| n + 1).collect::<Vec<_>>(), "one renewal at every daemon");
+    let after = keys_by_client(&sim.take_log());
+    for m in [a, b] {
+        let views: Vec<_> = after[&m].iter().map(|(g, ..)| g.as_str()).collect();
+        assert_eq!(views, ["k1", "k2"], "a new view of each keyed group, and of no other");
+        for (g, view, key) in &after[&m] {
+            let old = before[&m].iter().rev().find(|(x, ..)| x == g).unwrap();
+            assert_ne!(*view, old.1);
+            assert_ne!(*key, old.2);
+            assert!(key.is_some());
+        }
+    }
+    let refreshed = sim.core(0).unwrap().view(&group("k1")).unwrap();
+    assert_eq!(refreshed.cause, conclave_gcs::Cause::Refresh);
+    assert_eq!(refreshed.members.len(), 2);
+    assert_eq!(after[&a][0].2, after[&b][0].2, "both members hold the new key");
 }
