@@ -347,9 +347,9 @@ pub(crate) struct TlsListener {
 /// How often evictions are reported while they go on.
 const EVICTION_REPORT: Duration = Duration::from_secs(10);
 
-/// A connection whose handshake succeeded, and its client certificate, if it
-/// showed one.
-pub(crate) type Handshaken = (tokio_rustls::server::TlsStream<TcpStream>, Option<Certified>);
+/// A connection whose handshake succeeded, its client certificate, if it
+/// showed one, and its peer's address.
+pub(crate) type Handshaken = (tokio_rustls::server::TlsStream<TcpStream>, Option<Certified>, SocketAddr);
 
 impl TlsListener {
     /// Binds the listener; its handshakes go through whatever `trust` holds
@@ -446,7 +446,7 @@ impl TlsListener {
                 }),
                 _ => None,
             };
-            Ok((handshake, certified))
+            Ok((handshake, certified, peer))
         });
         self.arrival.insert(abort.id(), id);
         self.pending.insert(id, (ip, abort));

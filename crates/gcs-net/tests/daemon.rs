@@ -15,8 +15,8 @@ use conclave_gcs::{Cause, GroupName, MemberId, View, ViewId};
 use conclave_gcs_net::{
     Client, ClientError, ClientReceiver, ClientSender, Daemon, DaemonConfig, ErrorCode, Event, Service,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream, UnixStream};
 use tokio::sync::{oneshot, Semaphore};
 
 struct Setup {
@@ -79,7 +79,7 @@ fn frame(req: &Request) -> BytesMut {
 }
 
 /// Reads daemon frames off a raw socket until it closes.
-async fn read_all(mut s: UnixStream) -> Vec<Event> {
+async fn read_all(mut s: impl AsyncRead + Unpin) -> Vec<Event> {
     let mut buf = BytesMut::new();
     let mut frames = FrameReader::new(1 << 20);
     let mut got = Vec::new();
@@ -641,6 +641,8 @@ async fn limits_out_of_range_are_refused() {
         (DaemonConfig { queue_depth: 0, ..base.clone() }, "queue depth"),
         (DaemonConfig { max_handshakes: 0, ..base.clone() }, "handshake"),
         (DaemonConfig { max_handshakes_per_ip: 0, ..base.clone() }, "handshake"),
+        (DaemonConfig { max_connections: 0, ..base.clone() }, "connection limits"),
+        (DaemonConfig { max_connections_per_peer: 0, ..base.clone() }, "connection limits"),
     ] {
         match Daemon::start(tune).await {
             Err(e @ conclave_gcs_net::DaemonError::Config(_)) => assert!(e.to_string().contains(why), "{e}"),
@@ -673,4 +675,195 @@ async fn a_daemon_that_fails_to_start_leaves_no_socket_file() {
         Ok(_) => panic!("started on a TCP port in use"),
     }
     assert!(!path.exists(), "socket file left behind");
+}
+
+/// The refusal of a connection over a cap, if `r` is one: its text.
+fn refusal(r: Result<Client, ClientError>) -> String {
+    match r {
+        Err(ClientError::Refused { code, text }) if code == wire::TOO_MANY_CONNECTIONS => text,
+        Err(e) => panic!("expected a refusal for too many connections, got {e}"),
+        Ok(_) => panic!("expected a refusal for too many connections, got Welcome"),
+    }
+}
+
+/// Connects over TCP from the loopback address `from` (any 127.x.y.z works
+/// on Linux), says Hello as `name`, and returns what the daemon sends until
+/// it closes the connection, or the connection if it welcomes it.
+async fn tcp_from(from: &str, to: std::net::SocketAddr, name: &str) -> Result<TcpStream, Vec<Event>> {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let mut stream = socket.connect(to).await.unwrap();
+    stream.write_all(&hello(name)).await.unwrap();
+    let mut buf = BytesMut::new();
+    let mut frames = FrameReader::new(1 << 20);
+    let first = within("first frame", async {
+        loop {
+            if let Some(f) = frames.next_frame(&mut buf).unwrap() {
+                return wire::decode_delivery(f).unwrap();
+            }
+            assert_ne!(stream.read_buf(&mut buf).await.unwrap(), 0, "closed without a word");
+        }
+    })
+    .await;
+    match first {
+        Event::Welcome { .. } => Ok(stream),
+        refused => {
+            let mut got = vec![refused];
+            got.extend(read_all(stream).await);
+            Err(got)
+        }
+    }
+}
+
+/// Retries `connect` until the daemon serves it again (as it must once
+/// connections over the cap have closed and the daemon has seen them go);
+/// every refusal on the way must be the clear one.
+async fn served_again<F: Future<Output = Result<Client, ClientError>>>(mut connect: impl FnMut() -> F) -> Client {
+    within("served again", async {
+        loop {
+            match connect().await {
+                Ok(c) => return c,
+                r => {
+                    refusal(r);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    })
+    .await
+}
+
+/// Connection caps: with at most 8 connections in all and 4 per peer, four
+/// Unix connections of one user (two that said Hello, two that did not) fill
+/// that user's share, and a fifth is refused with TooManyConnections and
+/// words that say why; TCP clients from 127.0.0.1 are still served until the
+/// daemon holds 8, then a client from another address (127.0.0.2) is refused
+/// for the global cap. Nobody hangs, the members already connected go on,
+/// and once connections close, new clients are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_a_cap_are_refused_with_a_clear_error_and_served_again_after() {
+    let s = start(|c| {
+        c.max_connections = 8;
+        c.max_connections_per_peer = 4;
+    })
+    .await;
+    let path = s.daemon.unix_path().unwrap().to_owned();
+    let tcp = s.daemon.tcp_addr().unwrap();
+    let mut u0 = s.unix("u0").await;
+    let u1 = s.unix("u1").await;
+    let quiet = [s.raw().await, s.raw().await];
+    let text = refusal(within("refusal", Client::connect_unix(&path, "u4")).await);
+    assert!(text.contains("Unix user") && text.contains("(4)"), "{text}");
+
+    let mut t0 = s.tcp("t0").await;
+    let mut ts = Vec::new();
+    for i in 1..4 {
+        ts.push(s.tcp(&format!("t{i}")).await);
+    }
+    let text = refusal(within("refusal", Client::connect_tcp(tcp, "t4")).await);
+    assert!(text.contains("as many client connections") && text.contains("(8)"), "{text}");
+    let got = tcp_from("127.0.0.2", tcp, "elsewhere").await.expect_err("served over the cap");
+    assert!(
+        matches!(&got[..], [Event::Error { code, text }] if *code == wire::TOO_MANY_CONNECTIONS && text.contains("(8)")),
+        "{got:?}"
+    );
+
+    // The members already connected go on.
+    u0.join("g").await.unwrap();
+    t0.join("g").await.unwrap();
+    until_view(&mut u0, "g", 2).await;
+    until_view(&mut t0, "g", 2).await;
+    t0.multicast("g", Service::Agreed, "still here").await.unwrap();
+    for c in [&mut u0, &mut t0] {
+        assert!(matches!(next_event(c).await, Event::Message { payload, .. } if payload == "still here"));
+    }
+
+    // Two Unix connections close: two more may come, of any peer.
+    drop(quiet);
+    let _u2 = served_again(|| Client::connect_unix(&path, "u2")).await;
+    let elsewhere = within("from elsewhere", async {
+        loop {
+            match tcp_from("127.0.0.2", tcp, "elsewhere").await {
+                Ok(c) => return c,
+                Err(got) => {
+                    assert!(matches!(&got[..], [Event::Error { code, .. }] if *code == wire::TOO_MANY_CONNECTIONS));
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    })
+    .await;
+    drop((u1, ts, elsewhere));
+}
+
+/// Runs a daemon with the default configuration on the Unix socket
+/// `$CONCLAVE_TEST_SOCKET` until its standard input closes; the
+/// descriptor-exhaustion test starts it with a low `ulimit -n`.
+#[test]
+#[ignore = "run by a_daemon_out_of_descriptors_still_serves_or_refuses_clearly"]
+fn daemon_child() {
+    let path = std::env::var_os("CONCLAVE_TEST_SOCKET").expect("CONCLAVE_TEST_SOCKET");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let daemon = Daemon::start(DaemonConfig { unix: Some(path.into()), ..DaemonConfig::default() }).await.unwrap();
+        println!("ready {}", daemon.max_connections());
+        let _ = tokio::task::spawn_blocking(|| std::io::Read::read(&mut std::io::stdin(), &mut [0u8; 1])).await;
+    });
+}
+
+/// Descriptor exhaustion: a daemon (a child process) that may open only 160
+/// descriptors, with the default caps, gets 200 clients that say Hello and
+/// stay. Each is either served or told TooManyConnections, at once; none
+/// hangs (the daemon fits its connection cap under the descriptor limit, so
+/// it never runs out of descriptors to accept with). Once they leave, a new
+/// client is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_out_of_descriptors_still_serves_or_refuses_clearly() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("conclave.sock");
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(r#"ulimit -n 160 && exec "$0" --exact daemon_child --ignored --nocapture --test-threads 1"#)
+        .arg(std::env::current_exe().unwrap())
+        .env("CONCLAVE_TEST_SOCKET", &path)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The child says "ready CAP" once it serves (libtest may print the test's
+    // name before it on the same line); the rest of its output is drained.
+    let stdout = child.stdout.take().unwrap();
+    let (ready, started) = oneshot::channel();
+    std::thread::spawn(move || {
+        let mut ready = Some(ready);
+        for line in std::io::BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            if let Some((_, cap)) = line.split_once("ready ") {
+                let _ = ready.take().unwrap().send(cap.trim().parse::<usize>().unwrap());
+            }
+        }
+    });
+    let cap = within("daemon child", started).await.expect("the child daemon did not start");
+    assert!(cap < 160 - 32, "the cap ({cap}) leaves room under the descriptor limit");
+
+    let mut served = Vec::new();
+    let mut refused = 0;
+    for i in 0..200 {
+        match within("a Welcome or a refusal", Client::connect_unix(&path, &format!("c{i}"))).await {
+            Ok(c) => served.push(c),
+            r => {
+                refusal(r);
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((served.len(), refused), (cap, 200 - cap));
+    // The ones served are served: they can join and talk.
+    served[0].join("g").await.unwrap();
+    until_view(&mut served[0], "g", 1).await;
+    served.clear();
+    let _c = served_again(|| Client::connect_unix(&path, "after")).await;
+    drop(child.stdin.take());
+    within("child exit", tokio::task::spawn_blocking(move || child.wait())).await.unwrap().unwrap();
 }
