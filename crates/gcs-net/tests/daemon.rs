@@ -17,7 +17,7 @@ use conclave_gcs_net::{
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream, UnixStream};
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{oneshot, watch, Semaphore};
 
 struct Setup {
     daemon: Daemon,
@@ -465,62 +465,123 @@ fn got_everything(name: &str, n: usize, (ks, views): (Vec<u64>, Vec<View>), gone
     assert!(!views[0].contains(&MemberId::new(gone).unwrap()));
 }
 
-/// A member that never reads is cut off; the others get everything. Its cut
-/// is deterministic: the daemon queues at most 16 KiB for it beyond what its
-/// socket takes, whatever the socket buffers hold, while the sender keeps at
-/// most `WINDOW` 1 KiB messages unreceived by itself and by the fast reader,
-/// so only the slow client can ever go over. (The daemon counts a frame as
-/// queued until its writer has seen its write return, so a reader's count
-/// may exceed what it has not received by one write of at most `WINDOW`
-/// frames: at most 2 × 4 frames, half the budget.)
+/// Receives until the message numbered [`END`]; returns the numbers of the
+/// messages before it and the views. Each message returns a permit to
+/// `window`; `cut` is set when a view arrives.
+async fn drain_until_end(
+    mut rx: ClientReceiver,
+    window: Arc<Semaphore>,
+    cut: Option<watch::Sender<bool>>,
+) -> (Vec<u64>, Vec<View>) {
+    let mut ks = Vec::new();
+    let mut views = Vec::new();
+    loop {
+        match rx.recv().await.unwrap() {
+            Event::Message { payload, .. } => match u64::from_be_bytes(payload[..8].try_into().unwrap()) {
+                END => return (ks, views),
+                k => {
+                    ks.push(k);
+                    window.add_permits(1);
+                }
+            },
+            Event::View { view, .. } => {
+                views.push(view);
+                if let Some(cut) = &cut {
+                    cut.send_replace(true);
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+/// The number of the last message of a run.
+const END: u64 = u64::MAX;
+
+/// A member that never reads is cut off; the others get everything. Nothing
+/// in it depends on timing or on how much the kernel buffers: the slow member
+/// is a raw TCP socket (with a small receive buffer) that says Hello, joins
+/// and reads nothing, and the sender sends until the daemon has cut it off
+/// (the fast member sees it leave), keeping at most `WINDOW` messages
+/// unreceived by the fast member and by itself. Each reader that keeps up
+/// has at most `WINDOW` frames on their way, plus one write of at most
+/// `WINDOW` frames the daemon counts until it returns: 8 × 4 KiB, half the
+/// 64 KiB budget, so only the slow member can go over it — and must, since
+/// its socket buffers are finite. Then it reads: its messages are a prefix
+/// of the run, and the last thing it gets is why it was cut off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_client_is_disconnected_and_the_others_keep_going() {
-    const N: usize = 3000;
+    const SIZE: usize = 4000;
     const WINDOW: usize = 4;
+    // Far more than any socket buffers hold: reaching it means the slow member was never cut off.
+    const LIMIT: u64 = 100_000;
     let s = start(|c| {
         c.max_payload = 4096;
-        c.queue_bytes = 16 << 10;
+        c.queue_bytes = 64 << 10;
     })
     .await;
     let mut fast = s.unix("fast").await;
     let mut sender = s.tcp("sender").await;
-    let mut slow = s.unix("slow").await;
-    for c in [&fast, &sender, &slow] {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut slow = socket.connect(s.daemon.tcp_addr().unwrap()).await.unwrap();
+    for c in [&fast, &sender] {
         c.join("g").await.unwrap();
     }
+    let mut hello_join = hello("slow");
+    hello_join.extend_from_slice(&frame(&Request::Join {
+        group: GroupName::new("g").unwrap(),
+        open: false,
+        keyed: false,
+    }));
+    slow.write_all(&hello_join).await.unwrap();
     until_view(&mut fast, "g", 3).await;
     until_view(&mut sender, "g", 3).await;
-    until_view(&mut slow, "g", 3).await;
 
     let (tx, sender_rx) = sender.split();
-    let (sending, windows) = send_windowed(tx, N, 1024, WINDOW, 2);
     let (_fast_tx, fast_rx) = fast.split();
-    let (cut, slow_may_read) = oneshot::channel();
-    let fast_task = tokio::spawn(drain_until_cut_off(fast_rx, N, windows[0].clone(), Some(cut)));
-    let sender_task = tokio::spawn(drain_until_cut_off(sender_rx, N, windows[1].clone(), None));
-    // The slow client reads once the others have seen it go: what was
-    // queued, then why it was cut off.
+    let (cut, is_cut) = watch::channel(false);
+    let windows = [Arc::new(Semaphore::new(WINDOW)), Arc::new(Semaphore::new(WINDOW))];
+    let fast_task = tokio::spawn(drain_until_end(fast_rx, windows[0].clone(), Some(cut)));
+    let sender_task = tokio::spawn(drain_until_end(sender_rx, windows[1].clone(), None));
+    let mut slow_may_read = is_cut.clone();
     let slow_task = tokio::spawn(async move {
-        slow_may_read.await.unwrap();
-        let mut last = None;
-        let mut got = 0;
-        loop {
-            match slow.recv().await {
-                Ok(Event::Message { .. }) => got += 1,
-                Ok(e @ Event::Error { .. }) => last = Some(e),
-                Ok(other) => panic!("{other:?}"),
-                Err(ClientError::Closed) => break,
-                Err(e) => panic!("{e}"),
-            }
-        }
-        (got, last)
+        slow_may_read.wait_for(|&cut| cut).await.unwrap();
+        read_all(slow).await
     });
-    let _tx = within("sending", sending).await.unwrap();
-    got_everything("fast", N, within("fast", fast_task).await.unwrap(), "slow");
-    got_everything("sender", N, within("sender", sender_task).await.unwrap(), "slow");
-    let (got, last) = within("slow", slow_task).await.unwrap();
-    assert!(got < N, "cut off before the end");
-    assert_eq!(last.as_ref().and_then(code), Some(ErrorCode::QueueOverflow));
+    let sending = tokio::spawn(async move {
+        let mut k = 0;
+        while !*is_cut.borrow() {
+            assert!(k < LIMIT, "the slow member was never cut off");
+            for w in &windows {
+                w.acquire().await.unwrap().forget();
+            }
+            let mut p = vec![0u8; SIZE];
+            p[..8].copy_from_slice(&k.to_be_bytes());
+            tx.multicast("g", Service::Agreed, p).await.unwrap();
+            k += 1;
+        }
+        tx.multicast("g", Service::Agreed, END.to_be_bytes().to_vec()).await.unwrap();
+        (tx, k)
+    });
+    let (_tx, sent) = within("sending", sending).await.unwrap();
+    got_everything("fast", sent as usize, within("fast", fast_task).await.unwrap(), "slow");
+    got_everything("sender", sent as usize, within("sender", sender_task).await.unwrap(), "slow");
+    let got = within("slow", slow_task).await.unwrap();
+    let ks: Vec<u64> = got
+        .iter()
+        .filter_map(|e| match e {
+            Event::Message { payload, .. } => Some(u64::from_be_bytes(payload[..8].try_into().unwrap())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ks, (0..ks.len() as u64).collect::<Vec<_>>(), "the slow member got a prefix of the run, in order");
+    assert!((ks.len() as u64) < sent, "cut off before the end ({} of {sent})", ks.len());
+    assert!(
+        matches!(got.last(), Some(Event::Error { code: ErrorCode::QueueOverflow, text }) if text.contains("did not read fast enough")),
+        "{:?}",
+        got.last()
+    );
 }
 
 /// Large messages to a member that never reads: once more than the byte
