@@ -442,6 +442,33 @@ fn the_certified_name_is_the_subject_common_name() {
     assert!(tls::certified_name(&cert).is_err());
 }
 
+/// The check the daemon makes of a client's chain, as a function (the one
+/// the certificate fuzz target runs): a valid member certificate gives its
+/// name; a revoked one, one of another authority, one checked before it is
+/// valid, and an empty chain are refused in words; a CRL past its nextUpdate
+/// refuses everything.
+#[test]
+fn a_client_chain_is_verified_as_the_daemon_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Authority::new(dir.path(), "group");
+    let other = Authority::new(dir.path(), "other");
+    let cert = |a: &Authority, cn: &str, serial| tls::load_certs(&a.issue(cn, cn, &[], serial).0).unwrap();
+    let auth = ClientAuth::from_pem_files(&a.ca_path(), &[a.revoke_until(&[3], 2090)]).unwrap();
+    let at = |year: u64| std::time::SystemTime::UNIX_EPOCH + Duration::from_secs((year - 1970) * 365 * 86400);
+    let now = std::time::SystemTime::now();
+    assert_eq!(auth.verify_client_chain(&cert(&a, "alice", 2), now).unwrap().as_str(), "alice");
+    for (chain, when, why) in [
+        (cert(&a, "mallory", 3), now, "has been revoked"),
+        (cert(&other, "eve", 2), now, "not issued by an authority the daemon trusts"),
+        (cert(&a, "bob", 4), at(1971), "not accepted"),
+        (vec![], now, "missing"),
+        (cert(&a, "bob", 4), at(2095), "out of date"),
+    ] {
+        let e = auth.verify_client_chain(&chain, when).unwrap_err().to_string();
+        assert!(e.contains(why), "{e}");
+    }
+}
+
 /// The soft limit on open files of this process, from /proc/self/limits.
 fn open_files_limit() -> usize {
     let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
