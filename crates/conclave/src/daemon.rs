@@ -39,6 +39,7 @@
 //! max_handshakes_per_ip = 64    # the same, per client IP address
 //! max_connections = 4096        # client connections at once (lowered to fit `ulimit -n`)
 //! max_connections_per_peer = 256 # the same, per client IP address or local Unix user
+//! keepalive_secs = 60           # TCP keepalive: probe a quiet TCP/TLS peer after this long (0: off)
 //!
 //! [tls]                         # no TLS unless `listen` is given
 //! listen = "0.0.0.0:4804"
@@ -69,7 +70,7 @@ use serde::Deserialize;
 #[command(after_help = "The configuration file is TOML with the keys backbone (\"standalone\" or \"cluster\") and \
 cpg_group, and the sections [listen] (unix = \"PATH\" or false, tcp = \"ADDR\"), [limits] (max_message_size, \
 groups_per_client, queue_depth, queue_bytes, hello_timeout_secs, frame_timeout_secs, handshake_timeout_secs, \
-max_handshakes, max_handshakes_per_ip, max_connections, max_connections_per_peer) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
+max_handshakes, max_handshakes_per_ip, max_connections, max_connections_per_peer, keepalive_secs) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
 client_crl = [...], no_crl) and [unix_names] (UID = [\"NAME\", \"PATTERN-*\", ...]); command-line options \
 override it. Without either, the daemon listens on \
 $XDG_RUNTIME_DIR/conclave.sock (without $XDG_RUNTIME_DIR, pass --unix PATH) and not on TCP.
@@ -139,6 +140,11 @@ pub struct DaemonArgs {
     /// new one beyond that is refused with TooManyConnections [default: 256].
     #[arg(long, value_name = "N")]
     max_connections_per_peer: Option<usize>,
+    /// TCP keepalive for TCP and TLS clients: after this many seconds without traffic the kernel probes the
+    /// client, and closes the connection (freeing its name) if it does not answer three probes a quarter of that
+    /// apart; quiet clients that are alive are not disturbed. 0 turns it off [default: 60].
+    #[arg(long, value_name = "SECS")]
+    keepalive: Option<u64>,
     /// TCP address to listen on for TLS clients, e.g. 0.0.0.0:4804 (off unless given).
     #[arg(long, value_name = "ADDR")]
     tls_listen: Option<SocketAddr>,
@@ -244,6 +250,7 @@ struct FileLimits {
     max_handshakes_per_ip: Option<usize>,
     max_connections: Option<usize>,
     max_connections_per_peer: Option<usize>,
+    keepalive_secs: Option<u64>,
 }
 
 /// Where the daemon listens and clients connect by default:
@@ -324,6 +331,9 @@ fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, Opti
     }
     if let Some(n) = args.max_connections_per_peer.or(limits.max_connections_per_peer) {
         config.max_connections_per_peer = n;
+    }
+    if let Some(s) = args.keepalive.or(limits.keepalive_secs) {
+        config.keepalive = (s > 0).then(|| Duration::from_secs(s));
     }
     config.tls = tls;
     config.uncertified_names = unix_names(file.unix_names, trust.is_some())?;
@@ -613,7 +623,8 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         }
         tracing::info!(
             "limits: max message size {} bytes, {} groups per client, queue depth {} frames or {} bytes, \
-             hello timeout {:?}, frame timeout {:?}, at most {} client connections ({} per IP address or Unix user)",
+             hello timeout {:?}, frame timeout {:?}, at most {} client connections ({} per IP address or Unix user), \
+             TCP keepalive {}",
             config.max_payload,
             config.max_groups_per_client,
             config.queue_depth,
@@ -622,6 +633,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             config.frame_timeout,
             daemon.max_connections(),
             config.max_connections_per_peer,
+            config.keepalive.map_or("off".to_owned(), |k| format!("{k:?}")),
         );
         if config.tls.is_some() {
             tracing::info!(

@@ -26,7 +26,13 @@
 //! Time limits: a new connection must say Hello within
 //! [`DaemonConfig::hello_timeout`]; after that, a frame it has begun must be
 //! complete within [`DaemonConfig::frame_timeout`] ([`ErrorCode::Timeout`]),
-//! while a client that sends nothing at all may stay as long as it likes. TLS
+//! while a client that sends nothing at all may stay as long as it likes:
+//! quiet members are normal in group communication. What must not stay is a
+//! TCP or TLS peer that vanished without closing (a machine switched off, a
+//! cable cut), holding its connection and its name: the daemon turns on TCP
+//! keepalive ([`DaemonConfig::keepalive`]), so the kernel probes a connection
+//! quiet that long and closes it when the peer does not answer. (A Unix
+//! socket's peer cannot vanish unnoticed.) TLS
 //! handshakes must finish within [`DaemonConfig::handshake_timeout`]; at most
 //! [`DaemonConfig::max_handshakes`] are under way at once, at most
 //! [`DaemonConfig::max_handshakes_per_ip`] from one address, and a newcomer
@@ -127,6 +133,13 @@ pub struct DaemonConfig {
     /// Unix user (the Unix socket) (default 256); a new one beyond that is
     /// refused ([`wire::TOO_MANY_CONNECTIONS`]).
     pub max_connections_per_peer: usize,
+    /// TCP keepalive on TCP and TLS connections: after this long without
+    /// traffic the kernel probes the peer, three times at a quarter of this
+    /// apart, and closes the connection if it never answers, so a peer that
+    /// vanished frees its connection and its name within about 1¾ times this
+    /// (default 60 s; `None`: off). A live client that is quiet is not
+    /// disturbed: its kernel answers.
+    pub keepalive: Option<Duration>,
     /// The member names clients without a certificate may take (default: any).
     pub uncertified_names: UncertifiedNames,
 }
@@ -198,6 +211,7 @@ impl Default for DaemonConfig {
             max_handshakes_per_ip: 64,
             max_connections: 4096,
             max_connections_per_peer: 256,
+            keepalive: Some(Duration::from_secs(60)),
             uncertified_names: UncertifiedNames::Any,
         }
     }
@@ -554,6 +568,9 @@ impl Daemon {
         if config.max_handshakes == 0 || config.max_handshakes_per_ip == 0 {
             return Err(DaemonError::Config("TLS handshake limits must be at least 1"));
         }
+        if config.keepalive.is_some_and(|k| k < Duration::from_secs(1)) {
+            return Err(DaemonError::Config("the TCP keepalive time must be at least 1 s (or off)"));
+        }
         if config.max_connections == 0 || config.max_connections_per_peer == 0 {
             return Err(DaemonError::Config("connection limits must be at least 1"));
         }
@@ -789,6 +806,21 @@ trait Listener: Send + 'static {
     /// Waits for the next connection; with it, who is at the other end and
     /// whom it counts against for the per-peer cap.
     fn next(&mut self) -> impl Future<Output = io::Result<(Self::Stream, Peer, PeerKey)>> + Send;
+    /// The TCP connection under a stream, if there is one.
+    fn tcp(_stream: &Self::Stream) -> Option<&TcpStream> {
+        None
+    }
+}
+
+/// Turns on TCP keepalive on `stream`: probes after `idle` without traffic,
+/// three of them a quarter of `idle` apart (at least a second).
+fn keep_alive(stream: &TcpStream, idle: Duration) -> io::Result<()> {
+    use rustix::net::sockopt;
+    sockopt::set_tcp_keepidle(stream, idle)?;
+    sockopt::set_tcp_keepintvl(stream, (idle / 4).max(Duration::from_secs(1)))?;
+    sockopt::set_tcp_keepcnt(stream, 3)?;
+    sockopt::set_socket_keepalive(stream, true)?;
+    Ok(())
 }
 
 impl Listener for UnixListener {
@@ -807,6 +839,9 @@ impl Listener for TcpListener {
         stream.set_nodelay(true)?;
         Ok((stream, Peer::Remote, PeerKey::Ip(addr.ip().to_canonical())))
     }
+    fn tcp(stream: &TcpStream) -> Option<&TcpStream> {
+        Some(stream)
+    }
 }
 
 impl Listener for TlsListener {
@@ -814,6 +849,9 @@ impl Listener for TlsListener {
     async fn next(&mut self) -> io::Result<(Self::Stream, Peer, PeerKey)> {
         let (stream, certified, addr) = TlsListener::next(self).await?;
         Ok((stream, certified.map_or(Peer::Remote, Peer::Certified), PeerKey::Ip(addr.ip().to_canonical())))
+    }
+    fn tcp(stream: &Self::Stream) -> Option<&TcpStream> {
+        Some(stream.get_ref().0)
     }
 }
 
@@ -823,19 +861,31 @@ const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
 /// Accepts connections until aborted: serves those within the caps, refuses
 /// the others.
-async fn accept_loop(mut listener: impl Listener, shared: Arc<Shared>) {
+async fn accept_loop<L: Listener>(mut listener: L, shared: Arc<Shared>) {
     loop {
         match listener.next().await {
-            Ok((stream, peer, key)) => match shared.caps.take(key) {
-                Ok(slot) => spawn_conn(stream, peer, slot, shared.clone()),
-                Err(why) => refuse(stream, why, &shared.refusing),
-            },
+            Ok((stream, peer, key)) => {
+                if keep_alive_if(L::tcp(&stream), shared.config.keepalive).is_err() {
+                    continue;
+                }
+                match shared.caps.take(key) {
+                    Ok(slot) => spawn_conn(stream, peer, slot, shared.clone()),
+                    Err(why) => refuse(stream, why, &shared.refusing),
+                }
+            }
             Err(e) => {
                 tracing::warn!("accept failed: {e}");
                 tokio::time::sleep(ACCEPT_PAUSE).await;
             }
         }
     }
+}
+
+/// Turns on TCP keepalive on a TCP connection if the daemon wants it; an
+/// error means the connection is broken already (and is logged).
+fn keep_alive_if(tcp: Option<&TcpStream>, keepalive: Option<Duration>) -> io::Result<()> {
+    let (Some(stream), Some(idle)) = (tcp, keepalive) else { return Ok(()) };
+    keep_alive(stream, idle).inspect_err(|e| tracing::info!("connection dropped: cannot turn on TCP keepalive: {e}"))
 }
 
 /// Tells a connection over a cap why it is refused, and closes it. The

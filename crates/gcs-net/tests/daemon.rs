@@ -704,6 +704,7 @@ async fn limits_out_of_range_are_refused() {
         (DaemonConfig { max_handshakes_per_ip: 0, ..base.clone() }, "handshake"),
         (DaemonConfig { max_connections: 0, ..base.clone() }, "connection limits"),
         (DaemonConfig { max_connections_per_peer: 0, ..base.clone() }, "connection limits"),
+        (DaemonConfig { keepalive: Some(Duration::from_millis(500)), ..base.clone() }, "keepalive"),
     ] {
         match Daemon::start(tune).await {
             Err(e @ conclave_gcs_net::DaemonError::Config(_)) => assert!(e.to_string().contains(why), "{e}"),
@@ -927,4 +928,52 @@ async fn a_daemon_out_of_descriptors_still_serves_or_refuses_clearly() {
     let _c = served_again(|| Client::connect_unix(&path, "after")).await;
     drop(child.stdin.take());
     within("child exit", tokio::task::spawn_blocking(move || child.wait())).await.unwrap().unwrap();
+}
+
+/// The kernel's timer on the daemon's side of the established TCP connection
+/// from local port `port` to `client` port, from /proc/net/tcp: its kind (1
+/// retransmission, 2 keepalive, 4 zero-window probe, 0 none) and the seconds
+/// until it fires.
+fn daemon_side_timer(port: u16, client: u16) -> Option<(u8, f64)> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let port_of = |addr: &str| u16::from_str_radix(addr.rsplit_once(':').unwrap().1, 16).unwrap();
+        if port_of(f[1]) != port || port_of(f[2]) != client || f[3] != "01" {
+            return None;
+        }
+        let (kind, when) = f[5].split_once(':').unwrap();
+        // In clock ticks of USER_HZ, 100 a second.
+        Some((kind.parse().unwrap(), u64::from_str_radix(when, 16).unwrap() as f64 / 100.0))
+    })
+}
+
+/// TCP keepalive: the daemon's side of a TCP client's connection runs the
+/// kernel's keepalive timer, set to the configured time (1000 s here, so it
+/// cannot be taken for another timer), and with keepalive off it runs none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_connections_have_keepalive_unless_it_is_off() {
+    for keepalive in [Some(Duration::from_secs(1000)), None] {
+        let s = start(|c| c.keepalive = keepalive).await;
+        let daemon = s.daemon.tcp_addr().unwrap();
+        let stream = tcp_from("127.0.0.1", daemon, "k").await.expect("served");
+        let client = stream.local_addr().unwrap().port();
+        match keepalive {
+            // A retransmission timer may show until the Welcome is acknowledged.
+            Some(_) => {
+                let left = within("keepalive timer", async {
+                    loop {
+                        match daemon_side_timer(daemon.port(), client) {
+                            Some((2, left)) => return left,
+                            Some((0 | 1, _)) => tokio::time::sleep(Duration::from_millis(10)).await,
+                            other => panic!("{other:?}"),
+                        }
+                    }
+                })
+                .await;
+                assert!((900.0..=1000.0).contains(&left), "keepalive timer fires in {left} s");
+            }
+            None => assert!(matches!(daemon_side_timer(daemon.port(), client), Some((0 | 1, _)))),
+        }
+    }
 }
