@@ -557,3 +557,21 @@ async fn a_flood_from_one_address_evicts_only_its_own_handshakes() {
         .expect("a valid client connects within 1 s")
         .unwrap();
 }
+
+/// Over TLS, a connection over the per-address cap (2 here) is refused after
+/// its handshake, in words and through TLS (TooManyConnections, instead of
+/// Welcome); the Unix socket, another peer, is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_connection_over_the_per_address_cap_is_refused_in_words() {
+    let s = start_with(false, &[], |c| c.max_connections_per_peer = 2).await;
+    let options = s.options(None);
+    let _a = s.connect(&options, "a").await.unwrap();
+    let _b = s.connect(&options, "b").await.unwrap();
+    match s.connect(&options, "c").await {
+        Err(ClientError::Refused { code, text }) if code == conclave_gcs::wire::TOO_MANY_CONNECTIONS => {
+            assert!(text.contains("IP address 127.0.0.1") && text.contains("(2)"), "{text}")
+        }
+        other => panic!("expected a refusal for too many connections, got {:?}", other.map(|_| ())),
+    }
+    within("unix", Client::connect_unix(s.dir.path().join("conclave.sock"), "d")).await.unwrap();
+}
