@@ -37,6 +37,9 @@
 //! handshake_timeout_secs = 3    # time a TLS client has to complete its handshake
 //! max_handshakes = 1024         # TLS handshakes under way at once (the oldest is evicted)
 //! max_handshakes_per_ip = 64    # the same, per client IP address
+//! max_connections = 4096        # client connections at once (lowered to fit `ulimit -n`)
+//! max_connections_per_peer = 256 # the same, per client IP address or local Unix user
+//! keepalive_secs = 60           # TCP keepalive: probe a quiet TCP/TLS peer after this long (0: off)
 //!
 //! [tls]                         # no TLS unless `listen` is given
 //! listen = "0.0.0.0:4804"
@@ -67,7 +70,7 @@ use serde::Deserialize;
 #[command(after_help = "The configuration file is TOML with the keys backbone (\"standalone\" or \"cluster\") and \
 cpg_group, and the sections [listen] (unix = \"PATH\" or false, tcp = \"ADDR\"), [limits] (max_message_size, \
 groups_per_client, queue_depth, queue_bytes, hello_timeout_secs, frame_timeout_secs, handshake_timeout_secs, \
-max_handshakes, max_handshakes_per_ip) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
+max_handshakes, max_handshakes_per_ip, max_connections, max_connections_per_peer, keepalive_secs) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
 client_crl = [...], no_crl) and [unix_names] (UID = [\"NAME\", \"PATTERN-*\", ...]); command-line options \
 override it. Without either, the daemon listens on \
 $XDG_RUNTIME_DIR/conclave.sock (without $XDG_RUNTIME_DIR, pass --unix PATH) and not on TCP.
@@ -128,6 +131,20 @@ pub struct DaemonArgs {
     /// address's oldest pending handshake [default: 64].
     #[arg(long, value_name = "N")]
     max_handshakes_per_ip: Option<usize>,
+    /// Client connections at once, before and after Hello; a new one beyond that is refused with
+    /// TooManyConnections. The daemon raises its descriptor limit (ulimit -n) as far as it may and lowers this
+    /// to fit, with a warning [default: 4096].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// Client connections at once from one IP address (TCP, TLS) or one local Unix user (the Unix socket); a
+    /// new one beyond that is refused with TooManyConnections [default: 256].
+    #[arg(long, value_name = "N")]
+    max_connections_per_peer: Option<usize>,
+    /// TCP keepalive for TCP and TLS clients: after this many seconds without traffic the kernel probes the
+    /// client, and closes the connection (freeing its name) if it does not answer three probes a quarter of that
+    /// apart; quiet clients that are alive are not disturbed. 0 turns it off [default: 60].
+    #[arg(long, value_name = "SECS")]
+    keepalive: Option<u64>,
     /// TCP address to listen on for TLS clients, e.g. 0.0.0.0:4804 (off unless given).
     #[arg(long, value_name = "ADDR")]
     tls_listen: Option<SocketAddr>,
@@ -231,6 +248,9 @@ struct FileLimits {
     handshake_timeout_secs: Option<u64>,
     max_handshakes: Option<usize>,
     max_handshakes_per_ip: Option<usize>,
+    max_connections: Option<usize>,
+    max_connections_per_peer: Option<usize>,
+    keepalive_secs: Option<u64>,
 }
 
 /// Where the daemon listens and clients connect by default:
@@ -305,6 +325,15 @@ fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, Opti
     }
     if let Some(n) = args.max_handshakes_per_ip.or(limits.max_handshakes_per_ip) {
         config.max_handshakes_per_ip = n;
+    }
+    if let Some(n) = args.max_connections.or(limits.max_connections) {
+        config.max_connections = n;
+    }
+    if let Some(n) = args.max_connections_per_peer.or(limits.max_connections_per_peer) {
+        config.max_connections_per_peer = n;
+    }
+    if let Some(s) = args.keepalive.or(limits.keepalive_secs) {
+        config.keepalive = (s > 0).then(|| Duration::from_secs(s));
     }
     config.tls = tls;
     config.uncertified_names = unix_names(file.unix_names, trust.is_some())?;
@@ -560,6 +589,13 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     if choice.kind == BackboneKind::Cluster {
         tracing::info!("cluster backbone: daemon {} of CPG group {:?}", backbone.daemon_id().0, choice.cpg_group);
     }
+    // The daemon fits its connection caps under the descriptor limit: first make that as high as it may be.
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    let raised = conclave_gcs_net::daemon::raise_descriptor_limit();
+    if raised != soft {
+        let show = |l: Option<u64>| l.map_or("unlimited".to_owned(), |n| n.to_string());
+        tracing::info!("descriptor limit (ulimit -n) raised from {} to {}", show(soft), show(raised));
+    }
     crate::block_on(async move {
         let mut daemon = Daemon::start_with(config.clone(), backbone).await.context("cannot start the daemon")?;
         if let Some(path) = daemon.unix_path() {
@@ -587,19 +623,23 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         }
         tracing::info!(
             "limits: max message size {} bytes, {} groups per client, queue depth {} frames or {} bytes, \
-             hello timeout {:?}, frame timeout {:?}",
+             hello timeout {:?}, frame timeout {:?}, at most {} client connections ({} per IP address or Unix user), \
+             TCP keepalive {}",
             config.max_payload,
             config.max_groups_per_client,
             config.queue_depth,
             config.queue_bytes,
             config.hello_timeout,
             config.frame_timeout,
+            daemon.max_connections(),
+            config.max_connections_per_peer,
+            config.keepalive.map_or("off".to_owned(), |k| format!("{k:?}")),
         );
         if config.tls.is_some() {
             tracing::info!(
                 "TLS handshakes: timeout {:?}, at most {} under way, {} per IP address",
                 config.handshake_timeout,
-                config.max_handshakes,
+                daemon.max_handshakes(),
                 config.max_handshakes_per_ip
             );
         }

@@ -26,13 +26,29 @@
 //! Time limits: a new connection must say Hello within
 //! [`DaemonConfig::hello_timeout`]; after that, a frame it has begun must be
 //! complete within [`DaemonConfig::frame_timeout`] ([`ErrorCode::Timeout`]),
-//! while a client that sends nothing at all may stay as long as it likes. TLS
+//! while a client that sends nothing at all may stay as long as it likes:
+//! quiet members are normal in group communication. What must not stay is a
+//! TCP or TLS peer that vanished without closing (a machine switched off, a
+//! cable cut), holding its connection and its name: the daemon turns on TCP
+//! keepalive ([`DaemonConfig::keepalive`]), so the kernel probes a connection
+//! quiet that long and closes it when the peer does not answer. (A Unix
+//! socket's peer cannot vanish unnoticed.) TLS
 //! handshakes must finish within [`DaemonConfig::handshake_timeout`]; at most
 //! [`DaemonConfig::max_handshakes`] are under way at once, at most
 //! [`DaemonConfig::max_handshakes_per_ip`] from one address, and a newcomer
 //! over either bound evicts the oldest pending handshake (of its address, or
 //! of all) rather than being refused, so idle sockets cannot keep valid
 //! clients out.
+//!
+//! Connections: at most [`DaemonConfig::max_connections`] client connections
+//! at once (lowered at start, with a warning, to fit the process's descriptor
+//! limit), and at most [`DaemonConfig::max_connections_per_peer`] from one IP
+//! address (TCP, TLS) or one Unix user (the Unix socket's peer credentials).
+//! A connection counts from when it is accepted, Hello or not, until it is
+//! closed; one over a cap is told so ([`wire::TOO_MANY_CONNECTIONS`]) instead
+//! of Welcome and closed, and refusals are logged at most every ten seconds.
+//! A listener that cannot accept (out of descriptors, say) pauses briefly
+//! rather than spin.
 //!
 //! A TLS client that showed a certificate is bound to the member name the
 //! certificate certifies: a Hello with another name ends the connection with
@@ -48,13 +64,14 @@
 //! refuses any other Hello with [`ErrorCode::IdentityMismatch`].
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, ErrorCode, Limits, Machine, Op, Output};
@@ -64,7 +81,7 @@ use conclave_gka::suite::ed25519::Ed25519Signer;
 use conclave_integrated::{DaemonIdentities, KeyedDaemon};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::tls::{
@@ -107,6 +124,22 @@ pub struct DaemonConfig {
     /// new connection beyond that evicts the oldest pending handshake of the
     /// same address.
     pub max_handshakes_per_ip: usize,
+    /// Client connections at once, with or without Hello (default 4096); a
+    /// new one beyond that is refused ([`wire::TOO_MANY_CONNECTIONS`]). Lowered
+    /// at start to fit the process's descriptor limit (`ulimit -n`), keeping
+    /// descriptors for TLS handshakes and the daemon's own use.
+    pub max_connections: usize,
+    /// Client connections at once from one IP address (TCP and TLS) or one
+    /// Unix user (the Unix socket) (default 256); a new one beyond that is
+    /// refused ([`wire::TOO_MANY_CONNECTIONS`]).
+    pub max_connections_per_peer: usize,
+    /// TCP keepalive on TCP and TLS connections: after this long without
+    /// traffic the kernel probes the peer, three times at a quarter of this
+    /// apart, and closes the connection if it never answers, so a peer that
+    /// vanished frees its connection and its name within about 1¾ times this
+    /// (default 60 s; `None`: off). A live client that is quiet is not
+    /// disturbed: its kernel answers.
+    pub keepalive: Option<Duration>,
     /// The member names clients without a certificate may take (default: any).
     pub uncertified_names: UncertifiedNames,
 }
@@ -176,6 +209,9 @@ impl Default for DaemonConfig {
             handshake_timeout: Duration::from_secs(3),
             max_handshakes: 1024,
             max_handshakes_per_ip: 64,
+            max_connections: 4096,
+            max_connections_per_peer: 256,
+            keepalive: Some(Duration::from_secs(60)),
             uncertified_names: UncertifiedNames::Any,
         }
     }
@@ -183,6 +219,18 @@ impl Default for DaemonConfig {
 
 /// How long a connection that is being closed gets to take its last frames.
 const LAST_WORDS: Duration = Duration::from_secs(2);
+
+/// Connections being refused (told why, then closed) at once; beyond that a
+/// connection over a cap is closed without a word.
+const REFUSING: usize = 32;
+
+/// Descriptors the daemon keeps for itself out of its descriptor limit:
+/// listeners, the runtime, the backbone, files it reads, and connections
+/// being refused.
+const RESERVED_DESCRIPTORS: u64 = 64 + REFUSING as u64;
+
+/// How often refused connections are reported while refusals go on.
+const REFUSAL_REPORT: Duration = Duration::from_secs(10);
 
 /// Operations applied per lock of the connection table.
 const BATCH: usize = 256;
@@ -284,12 +332,160 @@ struct Shared {
     next_conn: AtomicU64,
     /// What TLS handshakes are checked against, if there is a TLS listener.
     trust: Option<SharedTrust>,
+    /// The connection caps and the connections they count.
+    caps: Arc<Caps>,
+    /// Permits for connections being refused ([`REFUSING`]).
+    refusing: Arc<Semaphore>,
+}
+
+/// Whom a connection counts against for [`DaemonConfig::max_connections_per_peer`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum PeerKey {
+    /// A TCP or TLS client's IP address.
+    Ip(IpAddr),
+    /// A Unix socket client's user id.
+    Uid(u32),
+}
+
+impl fmt::Display for PeerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PeerKey::Ip(ip) => write!(f, "IP address {ip}"),
+            PeerKey::Uid(uid) => write!(f, "Unix user {uid}"),
+        }
+    }
+}
+
+/// The connection caps in force and the connections they count.
+struct Caps {
+    max: usize,
+    per_peer: usize,
+    count: Mutex<CapCount>,
+}
+
+#[derive(Default)]
+struct CapCount {
+    total: usize,
+    by_peer: HashMap<PeerKey, usize>,
+    /// Refusals not yet reported, and when they last were.
+    refused: u64,
+    reported: Option<Instant>,
+}
+
+/// One connection's place under the caps, given back when it is dropped.
+struct Slot {
+    caps: Arc<Caps>,
+    key: PeerKey,
+}
+
+impl Caps {
+    /// A place for a new connection from `key`, or why there is none, in
+    /// words for the client.
+    fn take(self: &Arc<Self>, key: PeerKey) -> Result<Slot, String> {
+        let mut count = self.count.lock().expect("connection caps");
+        let why = if count.total >= self.max {
+            format!(
+                "the daemon already serves as many client connections as it may ({}): connection refused, try again \
+                 later",
+                self.max
+            )
+        } else if count.by_peer.get(&key).copied().unwrap_or(0) >= self.per_peer {
+            format!(
+                "the daemon already serves as many connections from your {key} as it may ({}): connection refused; \
+                 close some of them, or try again later",
+                self.per_peer
+            )
+        } else {
+            count.total += 1;
+            *count.by_peer.entry(key).or_default() += 1;
+            return Ok(Slot { caps: self.clone(), key });
+        };
+        count.refused += 1;
+        if count.reported.is_none_or(|at| at.elapsed() >= REFUSAL_REPORT) {
+            tracing::warn!(
+                "too many client connections (at most {} in all, {} per IP address or Unix user): {} new connections \
+                 refused; the last from {key}",
+                self.max,
+                self.per_peer,
+                count.refused
+            );
+            count.refused = 0;
+            count.reported = Some(Instant::now());
+        }
+        Err(why)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut count = self.caps.count.lock().expect("connection caps");
+        count.total -= 1;
+        if let Some(n) = count.by_peer.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                count.by_peer.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Raises this process's soft limit on open descriptors (`RLIMIT_NOFILE`) to
+/// its hard limit, and returns the soft limit in force after (`None`:
+/// unlimited). A daemon process calls this before [`Daemon::start`], which
+/// fits its connection caps to the limit; the default soft limit (often
+/// 1024) is far below what a busy daemon needs.
+pub fn raise_descriptor_limit() -> Option<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let limit = getrlimit(Resource::Nofile);
+    if let (Some(soft), Some(hard)) = (limit.current, limit.maximum) {
+        if soft < hard && setrlimit(Resource::Nofile, rustix::process::Rlimit { current: Some(hard), ..limit }).is_ok()
+        {
+            return Some(hard);
+        }
+    }
+    limit.current
+}
+
+/// The connection and TLS handshake caps that fit in `limit` descriptors
+/// (this process's soft limit, `None`: unlimited), keeping
+/// [`RESERVED_DESCRIPTORS`]: the configured caps if they fit, else lower ones
+/// (handshakes get at most a quarter of what is left), with a warning.
+fn fit_descriptors(config: &DaemonConfig, limit: Option<u64>) -> Result<(usize, usize), DaemonError> {
+    let wanted = (config.max_connections, config.max_handshakes);
+    let Some(limit) = limit else { return Ok(wanted) };
+    let room = usize::try_from(limit.saturating_sub(RESERVED_DESCRIPTORS)).unwrap_or(usize::MAX);
+    let handshakes = match config.tls {
+        Some(_) => config.max_handshakes.min((room / 4).max(1)),
+        None => 0,
+    };
+    let connections = config.max_connections.min(room.saturating_sub(handshakes));
+    if connections == 0 {
+        return Err(DaemonError::Descriptors { limit, needed: RESERVED_DESCRIPTORS + 2 });
+    }
+    let handshakes = if config.tls.is_some() { handshakes } else { config.max_handshakes };
+    if (connections, handshakes) != wanted {
+        tracing::warn!(
+            "the descriptor limit (ulimit -n) is {limit}: serving at most {connections} client connections \
+             (configured: {}){}, keeping {RESERVED_DESCRIPTORS} descriptors for the daemon itself; raise the limit \
+             (ulimit -n, or LimitNOFILE= in a systemd unit) to serve more",
+            config.max_connections,
+            if handshakes != config.max_handshakes {
+                format!(" and {handshakes} TLS handshakes under way (configured: {})", config.max_handshakes)
+            } else {
+                String::new()
+            },
+        );
+    }
+    Ok((connections, handshakes))
 }
 
 /// A running daemon. Dropping it stops it; [`Daemon::shutdown`] stops it
 /// telling its clients why.
 pub struct Daemon {
     conns: Conns,
+    /// The connection and TLS handshake caps in force (fitted to the descriptor limit).
+    max_connections: usize,
+    max_handshakes: usize,
     submit: mpsc::Sender<Op>,
     /// The daemon's TLS identity and what its TLS listener trusts, if it has one.
     tls_trust: Option<(Identity, SharedTrust)>,
@@ -319,6 +515,17 @@ pub enum DaemonError {
     /// A configured limit is out of range.
     #[error("bad configuration: {0}")]
     Config(&'static str),
+    /// The process may open too few descriptors to serve any client.
+    #[error(
+        "the descriptor limit (ulimit -n) of {limit} leaves no room for client connections: the daemon needs at \
+         least {needed}; raise it (ulimit -n, or LimitNOFILE= in a systemd unit)"
+    )]
+    Descriptors {
+        /// This process's soft limit on open descriptors.
+        limit: u64,
+        /// The least the daemon can work with.
+        needed: u64,
+    },
     /// Binding a listener failed.
     #[error("cannot listen on {what}: {source}")]
     Bind {
@@ -361,6 +568,14 @@ impl Daemon {
         if config.max_handshakes == 0 || config.max_handshakes_per_ip == 0 {
             return Err(DaemonError::Config("TLS handshake limits must be at least 1"));
         }
+        if config.keepalive.is_some_and(|k| k < Duration::from_secs(1)) {
+            return Err(DaemonError::Config("the TCP keepalive time must be at least 1 s (or off)"));
+        }
+        if config.max_connections == 0 || config.max_connections_per_peer == 0 {
+            return Err(DaemonError::Config("connection limits must be at least 1"));
+        }
+        let (max_connections, max_handshakes) =
+            fit_descriptors(&config, rustix::process::getrlimit(rustix::process::Resource::Nofile).current)?;
         let trust = match &config.tls {
             Some(listen) => {
                 let trust = Trust::new(&listen.identity, listen.client_auth.as_ref())?;
@@ -386,7 +601,7 @@ impl Daemon {
                     trust.clone(),
                     HandshakeLimits {
                         timeout: config.handshake_timeout,
-                        max: config.max_handshakes,
+                        max: max_handshakes,
                         per_ip: config.max_handshakes_per_ip,
                     },
                 )
@@ -435,6 +650,12 @@ impl Daemon {
             me,
             next_conn: AtomicU64::new(1),
             trust: trust.as_ref().map(|(_, t)| t.clone()),
+            caps: Arc::new(Caps {
+                max: max_connections,
+                per_peer: config.max_connections_per_peer,
+                count: Mutex::default(),
+            }),
+            refusing: Arc::new(Semaphore::new(REFUSING)),
         });
 
         let mut tasks = Vec::new();
@@ -449,6 +670,8 @@ impl Daemon {
         }
         Ok(Self {
             conns,
+            max_connections,
+            max_handshakes,
             submit,
             tls_trust: trust,
             unix: config.unix,
@@ -470,6 +693,18 @@ impl Daemon {
             Ok(reason) => reason,
             Err(_) => std::future::pending().await,
         }
+    }
+
+    /// The most client connections the daemon serves at once: the configured
+    /// [`DaemonConfig::max_connections`], or less if the descriptor limit is lower.
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
+    }
+
+    /// The most TLS handshakes under way at once: the configured
+    /// [`DaemonConfig::max_handshakes`], or less if the descriptor limit is lower.
+    pub fn max_handshakes(&self) -> usize {
+        self.max_handshakes
     }
 
     /// The Unix socket the daemon listens on.
@@ -568,48 +803,120 @@ enum Peer {
 trait Listener: Send + 'static {
     /// One accepted connection.
     type Stream: AsyncRead + AsyncWrite + Send + 'static;
-    /// Waits for the next connection; with it, who is at the other end.
-    fn next(&mut self) -> impl Future<Output = io::Result<(Self::Stream, Peer)>> + Send;
+    /// Waits for the next connection; with it, who is at the other end and
+    /// whom it counts against for the per-peer cap.
+    fn next(&mut self) -> impl Future<Output = io::Result<(Self::Stream, Peer, PeerKey)>> + Send;
+    /// The TCP connection under a stream, if there is one.
+    fn tcp(_stream: &Self::Stream) -> Option<&TcpStream> {
+        None
+    }
+}
+
+/// Turns on TCP keepalive on `stream`: probes after `idle` without traffic,
+/// three of them a quarter of `idle` apart (at least a second).
+fn keep_alive(stream: &TcpStream, idle: Duration) -> io::Result<()> {
+    use rustix::net::sockopt;
+    sockopt::set_tcp_keepidle(stream, idle)?;
+    sockopt::set_tcp_keepintvl(stream, (idle / 4).max(Duration::from_secs(1)))?;
+    sockopt::set_tcp_keepcnt(stream, 3)?;
+    sockopt::set_socket_keepalive(stream, true)?;
+    Ok(())
 }
 
 impl Listener for UnixListener {
     type Stream = UnixStream;
-    async fn next(&mut self) -> io::Result<(UnixStream, Peer)> {
+    async fn next(&mut self) -> io::Result<(UnixStream, Peer, PeerKey)> {
         let (stream, _) = self.accept().await?;
         let uid = stream.peer_cred()?.uid();
-        Ok((stream, Peer::Local { uid }))
+        Ok((stream, Peer::Local { uid }, PeerKey::Uid(uid)))
     }
 }
 
 impl Listener for TcpListener {
     type Stream = TcpStream;
-    async fn next(&mut self) -> io::Result<(TcpStream, Peer)> {
-        let (stream, _) = self.accept().await?;
+    async fn next(&mut self) -> io::Result<(TcpStream, Peer, PeerKey)> {
+        let (stream, addr) = self.accept().await?;
         stream.set_nodelay(true)?;
-        Ok((stream, Peer::Remote))
+        Ok((stream, Peer::Remote, PeerKey::Ip(addr.ip().to_canonical())))
+    }
+    fn tcp(stream: &TcpStream) -> Option<&TcpStream> {
+        Some(stream)
     }
 }
 
 impl Listener for TlsListener {
     type Stream = tokio_rustls::server::TlsStream<TcpStream>;
-    async fn next(&mut self) -> io::Result<(Self::Stream, Peer)> {
-        let (stream, certified) = TlsListener::next(self).await?;
-        Ok((stream, certified.map_or(Peer::Remote, Peer::Certified)))
+    async fn next(&mut self) -> io::Result<(Self::Stream, Peer, PeerKey)> {
+        let (stream, certified, addr) = TlsListener::next(self).await?;
+        Ok((stream, certified.map_or(Peer::Remote, Peer::Certified), PeerKey::Ip(addr.ip().to_canonical())))
+    }
+    fn tcp(stream: &Self::Stream) -> Option<&TcpStream> {
+        Some(stream.get_ref().0)
     }
 }
 
-/// Accepts connections until aborted. After a failure (out of file
-/// descriptors, say) it pauses rather than spin.
-async fn accept_loop(mut listener: impl Listener, shared: Arc<Shared>) {
+/// How long a listener pauses after it failed to accept (out of file
+/// descriptors, say), rather than spin.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+
+/// Accepts connections until aborted: serves those within the caps, refuses
+/// the others.
+async fn accept_loop<L: Listener>(mut listener: L, shared: Arc<Shared>) {
     loop {
         match listener.next().await {
-            Ok((stream, peer)) => spawn_conn(stream, peer, shared.clone()),
+            Ok((stream, peer, key)) => {
+                if keep_alive_if(L::tcp(&stream), shared.config.keepalive).is_err() {
+                    continue;
+                }
+                match shared.caps.take(key) {
+                    Ok(slot) => spawn_conn(stream, peer, slot, shared.clone()),
+                    Err(why) => refuse(stream, why, &shared.refusing),
+                }
+            }
             Err(e) => {
                 tracing::warn!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(ACCEPT_PAUSE).await;
             }
         }
     }
+}
+
+/// Turns on TCP keepalive on a TCP connection if the daemon wants it; an
+/// error means the connection is broken already (and is logged).
+fn keep_alive_if(tcp: Option<&TcpStream>, keepalive: Option<Duration>) -> io::Result<()> {
+    let (Some(stream), Some(idle)) = (tcp, keepalive) else { return Ok(()) };
+    keep_alive(stream, idle).inspect_err(|e| tracing::info!("connection dropped: cannot turn on TCP keepalive: {e}"))
+}
+
+/// Tells a connection over a cap why it is refused, and closes it. The
+/// client's Hello is read and dropped, so that closing does not reset the
+/// connection before the client has the reason. At most [`REFUSING`] are
+/// under way at once, each for at most [`LAST_WORDS`]; beyond that, a
+/// connection is closed at once.
+fn refuse<S>(stream: S, why: String, refusing: &Arc<Semaphore>)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let Ok(permit) = refusing.clone().try_acquire_owned() else { return };
+    tokio::spawn(async move {
+        let _permit = permit;
+        tokio::pin!(stream);
+        let last = frame(&Delivery::Error { code: wire::TOO_MANY_CONNECTIONS, text: why });
+        let _ = tokio::time::timeout(LAST_WORDS, async {
+            stream.write_all(&last).await?;
+            stream.shutdown().await?;
+            let mut sink = [0u8; 4096];
+            let mut left: usize = 64 * 1024;
+            while left > 0 {
+                match stream.read(&mut sink).await? {
+                    0 => break,
+                    n => left = left.saturating_sub(n),
+                }
+            }
+            io::Result::Ok(())
+        })
+        .await;
+    });
 }
 
 /// The sequencer's side of a backbone.
@@ -733,7 +1040,8 @@ fn deliver(table: &mut HashMap<ConnId, ConnHandle>, c: ConnId, bytes: Bytes, fat
     resubmit(submit, Op::Disconnect { conn: c });
 }
 
-fn spawn_conn<S>(stream: S, peer: Peer, shared: Arc<Shared>)
+/// Serves a new connection, which holds `slot` until it is closed.
+fn spawn_conn<S>(stream: S, peer: Peer, slot: Slot, shared: Arc<Shared>)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -757,15 +1065,25 @@ where
             drop(table);
             tracing::info!(conn = %conn, "{why}: disconnecting");
             self::kill(&kill, ErrorCode::Revoked, format!("{why}: disconnected"));
-            tokio::spawn(write_loop(wr, queue_rx, kill_rx, queued));
+            tokio::spawn(async move {
+                write_loop(wr, queue_rx, kill_rx, queued).await;
+                drop(slot);
+            });
             return;
         }
         let budget = shared.config.queue_bytes;
         table.insert(conn, ConnHandle { queue, kill: kill.clone(), queued: queued.clone(), budget, certified });
     }
-    let writer = tokio::spawn(write_loop(wr, queue_rx, kill_rx, queued));
+    // The connection is closed once both halves are dropped: each holds the slot.
+    let slot = Arc::new(slot);
+    let writer_slot = slot.clone();
+    let writer = tokio::spawn(async move {
+        write_loop(wr, queue_rx, kill_rx, queued).await;
+        drop(writer_slot);
+    });
     tokio::spawn(async move {
         read_loop(rd, conn, &peer, &shared, &kill, writer).await;
+        drop(slot);
         tracing::info!(conn = %conn, "client disconnected");
         let _ = shared.submit.send(Op::Disconnect { conn }).await;
     });

@@ -71,6 +71,9 @@ pub enum TlsError {
          install a fresh CRL from the authority (`conclave keys revoke` writes a new authority.crl)"
     )]
     CrlExpired(String),
+    /// A client certificate is refused, for the reason given in words.
+    #[error("the client certificate {0}")]
+    ClientCertificate(String),
 }
 
 /// A certificate chain (own certificate first) and its private key.
@@ -119,7 +122,11 @@ impl ClientAuth {
     /// nextUpdate), if any says. Refuses a CRL that cannot be read or whose
     /// nextUpdate has passed.
     pub fn next_update(&self) -> Result<Option<SystemTime>, TlsError> {
-        let now = SystemTime::now();
+        self.next_update_at(SystemTime::now())
+    }
+
+    /// [`ClientAuth::next_update`] as of `now`.
+    fn next_update_at(&self, now: SystemTime) -> Result<Option<SystemTime>, TlsError> {
         let mut earliest: Option<SystemTime> = None;
         for der in &self.crls {
             let (_, crl) = x509_parser::parse_x509_crl(der.as_ref()).map_err(|e| TlsError::BadCrl(e.to_string()))?;
@@ -133,10 +140,37 @@ impl ClientAuth {
         Ok(earliest)
     }
 
+    /// Checks a client's certificate chain (own certificate first), as of
+    /// `now`, the way the daemon checks the chain a TLS client shows: the
+    /// same verifier (issued by the roots, not revoked by the CRLs, none of
+    /// them past its nextUpdate, valid at `now`), then the member name it
+    /// certifies, which it returns. (The handshake also makes the client
+    /// prove that it holds the certificate's key; that is not checked here.)
+    pub fn verify_client_chain(&self, chain: &[CertificateDer<'_>], now: SystemTime) -> Result<MemberId, TlsError> {
+        let verifier = self.verifier_at(provider(), now)?;
+        let Some((end_entity, intermediates)) = chain.split_first() else {
+            return Err(TlsError::ClientCertificate("is missing: the chain is empty".into()));
+        };
+        let at = UnixTime::since_unix_epoch(now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default());
+        verifier
+            .verify_client_cert(end_entity, intermediates, at)
+            .map_err(|e| TlsError::ClientCertificate(refused_because(e)))?;
+        certified_name(end_entity).map_err(|e| TlsError::ClientCertificate(format!("certifies no member name: {e}")))
+    }
+
     /// The verifier of client certificates: issued by the roots, not revoked,
     /// and refused outright once a CRL is past its nextUpdate.
     fn verifier(&self, provider: Arc<CryptoProvider>) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
-        self.next_update()?;
+        self.verifier_at(provider, SystemTime::now())
+    }
+
+    /// [`ClientAuth::verifier`], with CRLs checked as of `now`.
+    fn verifier_at(
+        &self,
+        provider: Arc<CryptoProvider>,
+        now: SystemTime,
+    ) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+        self.next_update_at(now)?;
         Ok(WebPkiClientVerifier::builder_with_provider(Arc::new(root_store(&self.roots)?), provider)
             .with_crls(self.crls.clone())
             .enforce_revocation_expiration()
@@ -232,18 +266,25 @@ impl Trust {
     pub(crate) fn recheck(&self, c: &Certified) -> Result<(), String> {
         let (Some(verifier), false) = (&self.verifier, c.generation == self.generation) else { return Ok(()) };
         let Some((end_entity, intermediates)) = c.chain.split_first() else { return Ok(()) };
-        verifier.verify_client_cert(end_entity, intermediates, UnixTime::now()).map(|_| ()).map_err(|e| match e {
-            rustls::Error::InvalidCertificate(CertificateError::Revoked) => {
-                format!("the certificate of {} has been revoked", c.name)
-            }
-            rustls::Error::InvalidCertificate(CertificateError::Expired | CertificateError::ExpiredContext { .. }) => {
-                format!("the certificate of {} has expired", c.name)
-            }
-            rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
-                format!("the certificate of {} is not issued by an authority the daemon trusts", c.name)
-            }
-            e => format!("the certificate of {} is no longer accepted ({e})", c.name),
-        })
+        verifier
+            .verify_client_cert(end_entity, intermediates, UnixTime::now())
+            .map(|_| ())
+            .map_err(|e| format!("the certificate of {} {}", c.name, refused_because(e)))
+    }
+}
+
+/// Why the verifier refused a client certificate, in words that follow "the
+/// certificate".
+fn refused_because(e: rustls::Error) -> String {
+    match e {
+        rustls::Error::InvalidCertificate(CertificateError::Revoked) => "has been revoked".into(),
+        rustls::Error::InvalidCertificate(CertificateError::Expired | CertificateError::ExpiredContext { .. }) => {
+            "has expired".into()
+        }
+        rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
+            "is not issued by an authority the daemon trusts".into()
+        }
+        e => format!("is not accepted ({e})"),
     }
 }
 
@@ -347,9 +388,9 @@ pub(crate) struct TlsListener {
 /// How often evictions are reported while they go on.
 const EVICTION_REPORT: Duration = Duration::from_secs(10);
 
-/// A connection whose handshake succeeded, and its client certificate, if it
-/// showed one.
-pub(crate) type Handshaken = (tokio_rustls::server::TlsStream<TcpStream>, Option<Certified>);
+/// A connection whose handshake succeeded, its client certificate, if it
+/// showed one, and its peer's address.
+pub(crate) type Handshaken = (tokio_rustls::server::TlsStream<TcpStream>, Option<Certified>, SocketAddr);
 
 impl TlsListener {
     /// Binds the listener; its handshakes go through whatever `trust` holds
@@ -446,7 +487,7 @@ impl TlsListener {
                 }),
                 _ => None,
             };
-            Ok((handshake, certified))
+            Ok((handshake, certified, peer))
         });
         self.arrival.insert(abort.id(), id);
         self.pending.insert(id, (ip, abort));

@@ -442,6 +442,33 @@ fn the_certified_name_is_the_subject_common_name() {
     assert!(tls::certified_name(&cert).is_err());
 }
 
+/// The check the daemon makes of a client's chain, as a function (the one
+/// the certificate fuzz target runs): a valid member certificate gives its
+/// name; a revoked one, one of another authority, one checked before it is
+/// valid, and an empty chain are refused in words; a CRL past its nextUpdate
+/// refuses everything.
+#[test]
+fn a_client_chain_is_verified_as_the_daemon_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Authority::new(dir.path(), "group");
+    let other = Authority::new(dir.path(), "other");
+    let cert = |a: &Authority, cn: &str, serial| tls::load_certs(&a.issue(cn, cn, &[], serial).0).unwrap();
+    let auth = ClientAuth::from_pem_files(&a.ca_path(), &[a.revoke_until(&[3], 2090)]).unwrap();
+    let at = |year: u64| std::time::SystemTime::UNIX_EPOCH + Duration::from_secs((year - 1970) * 365 * 86400);
+    let now = std::time::SystemTime::now();
+    assert_eq!(auth.verify_client_chain(&cert(&a, "alice", 2), now).unwrap().as_str(), "alice");
+    for (chain, when, why) in [
+        (cert(&a, "mallory", 3), now, "has been revoked"),
+        (cert(&other, "eve", 2), now, "not issued by an authority the daemon trusts"),
+        (cert(&a, "bob", 4), at(1971), "not accepted"),
+        (vec![], now, "missing"),
+        (cert(&a, "bob", 4), at(2095), "out of date"),
+    ] {
+        let e = auth.verify_client_chain(&chain, when).unwrap_err().to_string();
+        assert!(e.contains(why), "{e}");
+    }
+}
+
 /// The soft limit on open files of this process, from /proc/self/limits.
 fn open_files_limit() -> usize {
     let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
@@ -529,4 +556,22 @@ async fn a_flood_from_one_address_evicts_only_its_own_handshakes() {
         .await
         .expect("a valid client connects within 1 s")
         .unwrap();
+}
+
+/// Over TLS, a connection over the per-address cap (2 here) is refused after
+/// its handshake, in words and through TLS (TooManyConnections, instead of
+/// Welcome); the Unix socket, another peer, is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_connection_over_the_per_address_cap_is_refused_in_words() {
+    let s = start_with(false, &[], |c| c.max_connections_per_peer = 2).await;
+    let options = s.options(None);
+    let _a = s.connect(&options, "a").await.unwrap();
+    let _b = s.connect(&options, "b").await.unwrap();
+    match s.connect(&options, "c").await {
+        Err(ClientError::Refused { code, text }) if code == conclave_gcs::wire::TOO_MANY_CONNECTIONS => {
+            assert!(text.contains("IP address 127.0.0.1") && text.contains("(2)"), "{text}")
+        }
+        other => panic!("expected a refusal for too many connections, got {:?}", other.map(|_| ())),
+    }
+    within("unix", Client::connect_unix(s.dir.path().join("conclave.sock"), "d")).await.unwrap();
 }
