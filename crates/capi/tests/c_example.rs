@@ -1,0 +1,121 @@
+//! The C example, `examples/chat_pair.c`, built with the system's C
+//! compiler (`$CC`, else `cc`) against the generated header and the cdylib
+//! this test was built with, and run twice at once, as alice and bob, on an
+//! embedded daemon: each joins the group, sees the other in a secure view,
+//! reads the membership, sends one message, receives both, leaves.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::World;
+
+/// The directory of the library this test links: the test binary's own
+/// (`target/<profile>/deps`, where cargo writes the cdylib next to it).
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().to_path_buf();
+    assert!(
+        dir.join("libconclave.so").exists(),
+        "no libconclave.so in {} (cargo builds it with the tests)",
+        dir.display()
+    );
+    dir
+}
+
+/// Builds the example into `out`.
+fn build_example(out: &Path) -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+    let lib = lib_dir();
+    let exe = out.join("chat_pair");
+    let result = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-I"])
+        .arg(manifest.join("include"))
+        .arg(manifest.join("examples/chat_pair.c"))
+        .arg("-L")
+        .arg(&lib)
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-lconclave")
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler {cc:?} (install gcc, or set CC): {e}"));
+    assert!(result.status.success(), "building the C example failed:\n{}", String::from_utf8_lossy(&result.stderr));
+    exe
+}
+
+/// Waits for `child` up to `limit`, killing it if it takes longer.
+fn finish(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Runs alice and bob at once with `policy`; returns their outputs.
+fn run_pair(policy: &str) -> [String; 2] {
+    let w = World::new(&["alice", "bob"]);
+    let exe = build_example(w.dir.path());
+    let start = |me: &str, peer: &str| {
+        Command::new(&exe)
+            .arg(&w.socket)
+            .arg(me)
+            .arg(&w.keys)
+            .arg("room")
+            .arg(peer)
+            .arg(policy)
+            // Cargo's LD_LIBRARY_PATH names target/<profile> first, where an
+            // older libconclave.so (from `cargo build`) may lie: the rpath
+            // to the one built with this test decides instead.
+            .env_remove("LD_LIBRARY_PATH")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (alice, bob) = (start("alice", "bob"), start("bob", "alice"));
+    let outs = [finish(alice, Duration::from_secs(90)), finish(bob, Duration::from_secs(90))];
+    outs.map(|o| {
+        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "chat_pair failed ({}):\n{stdout}\n{stderr}", o.status);
+        stdout
+    })
+}
+
+fn check(outs: &[String; 2]) {
+    for (me, peer, out) in [("alice", "bob", &outs[0]), ("bob", "alice", &outs[1])] {
+        let lines: Vec<&str> = out.lines().collect();
+        let has = |l: &str| lines.contains(&l);
+        assert!(lines.iter().all(|l| l.starts_with(&format!("{me}: "))), "{out}");
+        assert!(has(&format!("{me}: joining again: CONCLAVE_ERR_ALREADY_JOINED")), "{out}");
+        // Oldest first: whoever joined first.
+        assert!(has(&format!("{me}: members: alice bob")) || has(&format!("{me}: members: bob alice")), "{out}");
+        assert!(has(&format!("{me}: received from {peer}: hello from {peer}")), "{out}");
+        assert!(has(&format!("{me}: received from {me}: hello from {me}")), "{out}");
+        assert_eq!(lines.last(), Some(&format!("{me}: left room").as_str()), "{out}");
+        assert!(!out.contains("note:"), "nothing was refused or rejected:\n{out}");
+    }
+}
+
+#[test]
+fn c_example_pair_exchanges_messages() {
+    let outs = run_pair("tgdh");
+    check(&outs);
+    assert!(outs[0].contains("alice: secure view of room (tgdh, 2 members)"), "{}", outs[0]);
+}
+
+#[test]
+fn c_example_pair_with_interval_rekeying() {
+    // SEAL's Queue-batch with a short interval: the joiner waits for the
+    // next rekey, then both exchange as before.
+    let outs = run_pair("queue-batch:500ms");
+    check(&outs);
+}
