@@ -194,6 +194,26 @@ fn read_key_file(path: &Path, secret: bool) -> Result<Option<Zeroizing<String>>>
     Ok(Some(text))
 }
 
+/// Blocks SIGPIPE in the calling thread (each of the runtime's threads).
+///
+/// A C program, unlike a Rust one, usually leaves SIGPIPE's default action
+/// (terminate) in place, and a write to a connection the daemon has closed
+/// raises it where the write does not ask otherwise (rustls writes TLS
+/// records with `writev`, which cannot). Blocked in the threads that do the
+/// writing, the signal stays pending there and the write fails with EPIPE,
+/// which ends the session (`CONCLAVE_EVENT_CLOSED`) instead of the process.
+/// The process's signal dispositions are left alone.
+fn block_sigpipe() {
+    // SAFETY: plain libc calls on a local, initialised signal set; changes
+    // only this thread's signal mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 /// Connects as `name`, with an error that says where to.
 async fn connect(endpoint: &Endpoint, name: &str, keys: &KeyFiles) -> Result<Client> {
     let (what, r) = match endpoint {
@@ -232,17 +252,22 @@ impl Handle {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("conclave-capi")
+            .on_thread_start(block_sigpipe)
             .enable_all()
             .build()
             .map_err(|e| fail(CONCLAVE_ERR_INTERNAL, format!("cannot start the library's runtime: {e}")))?;
         let (requests, requests_rx) = mpsc::unbounded_channel();
         let (events_tx, events) = mpsc::unbounded_channel();
-        rt.block_on(async {
-            let client = connect(&endpoint, name, &keys).await?;
+        // Connected in a task, not on the caller's thread: all socket I/O
+        // happens on the runtime's threads, where SIGPIPE is blocked.
+        let name = name.to_owned();
+        let started = rt.spawn(async move {
+            let client = connect(&endpoint, &name, &keys).await?;
             let session = Session::connect_certified(client, me, identity, authority);
             tokio::spawn(drive(session, requests_rx, events_tx));
             Ok::<_, crate::status::Failure>(())
-        })?;
+        });
+        rt.block_on(started).map_err(|e| fail(CONCLAVE_ERR_INTERNAL, format!("connecting failed: {e}")))??;
         Ok(Handle { requests, events: Mutex::new(events), rt: Some(rt) })
     }
 

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use conclave::*;
-use conclave_gcs_net::{Daemon, DaemonConfig};
+use conclave_gcs_net::{ClientAuth, Daemon, DaemonConfig, Identity, TlsListen};
 use conclave_secure::trust::Issuer;
 use conclave_secure::MemberId;
 use rand_chacha::ChaCha20Rng;
@@ -35,6 +35,10 @@ pub fn key_dir(root: &Path, names: &[&str], seed: u64) -> PathBuf {
         std::fs::write(&key, issued.key_pem.as_bytes()).unwrap();
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
+    // A TLS certificate for a daemon on the loopback address.
+    let daemon = issuer.issue_daemon(&["127.0.0.1".to_owned()], now - DAY, now + DAY, &mut rng).unwrap();
+    std::fs::write(dir.join("daemon.crt"), &daemon.cert_pem).unwrap();
+    std::fs::write(dir.join("daemon.key"), daemon.key_pem.as_bytes()).unwrap();
     dir
 }
 
@@ -44,19 +48,43 @@ pub struct World {
     pub rt: tokio::runtime::Runtime,
     pub daemon: Option<Daemon>,
     pub socket: PathBuf,
+    /// What `conclave_init` takes: the socket's path, or `tls:ADDR`.
+    pub endpoint: String,
     pub keys: PathBuf,
     pub dir: tempfile::TempDir,
 }
 
 impl World {
     pub fn new(names: &[&str]) -> World {
+        Self::start(names, false)
+    }
+
+    /// A daemon that listens on TLS only (on 127.0.0.1, a free port),
+    /// certified by the key directory's authority and demanding its members'
+    /// certificates; `endpoint` is `tls:127.0.0.1:PORT`.
+    pub fn new_tls(names: &[&str]) -> World {
+        Self::start(names, true)
+    }
+
+    fn start(names: &[&str], tls: bool) -> World {
         let dir = tempfile::tempdir().unwrap();
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let socket = dir.path().join("conclave.sock");
-        let config = DaemonConfig { unix: Some(socket.clone()), tcp: None, ..DaemonConfig::default() };
-        let daemon = rt.block_on(Daemon::start(config)).unwrap();
         let keys = key_dir(dir.path(), names, 7);
-        World { rt, daemon: Some(daemon), socket, keys, dir }
+        let socket = dir.path().join("conclave.sock");
+        let config = if tls {
+            let identity = Identity::from_pem_files(&keys.join("daemon.crt"), &keys.join("daemon.key")).unwrap();
+            let client_auth = Some(ClientAuth::from_pem_files(&keys.join("authority.crt"), &[]).unwrap());
+            let listen = TlsListen { addr: "127.0.0.1:0".parse().unwrap(), identity, client_auth };
+            DaemonConfig { unix: None, tcp: None, tls: Some(listen), ..DaemonConfig::default() }
+        } else {
+            DaemonConfig { unix: Some(socket.clone()), tcp: None, ..DaemonConfig::default() }
+        };
+        let daemon = rt.block_on(Daemon::start(config)).unwrap();
+        let endpoint = match daemon.tls_addr() {
+            Some(addr) => format!("tls:{addr}"),
+            None => socket.to_str().unwrap().to_owned(),
+        };
+        World { rt, daemon: Some(daemon), socket, endpoint, keys, dir }
     }
 
     /// Stops the daemon (its clients see their connections close).
@@ -70,12 +98,7 @@ impl World {
     pub fn member(&self, name: &str) -> *mut conclave_t {
         let mut h = std::ptr::null_mut();
         let rc = unsafe {
-            conclave_init(
-                c(self.socket.to_str().unwrap()).as_ptr(),
-                c(name).as_ptr(),
-                c(self.keys.to_str().unwrap()).as_ptr(),
-                &mut h,
-            )
+            conclave_init(c(&self.endpoint).as_ptr(), c(name).as_ptr(), c(self.keys.to_str().unwrap()).as_ptr(), &mut h)
         };
         assert_eq!(rc, CONCLAVE_OK, "init {name}: {}", last_error());
         assert!(!h.is_null());
