@@ -2,7 +2,8 @@
 //! compiler (`$CC`, else `cc`) against the generated header and the cdylib
 //! this test was built with, and run twice at once, as alice and bob, on an
 //! embedded daemon: each joins the group, sees the other in a secure view,
-//! reads the membership, sends one message, receives both, leaves.
+//! reads the membership, sends one message, receives both, leaves. It also
+//! links with the staticlib and the system libraries docs/capi.md names.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -24,26 +25,45 @@ fn lib_dir() -> PathBuf {
     dir
 }
 
-/// Builds the example into `out`.
-fn build_example(out: &Path) -> PathBuf {
+/// The C compiler's command, with the header and the example.
+fn cc() -> Command {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+    let mut cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".to_owned()));
+    cc.args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-I"])
+        .arg(manifest.join("include"))
+        .arg(manifest.join("examples/chat_pair.c"));
+    cc
+}
+
+/// Runs a C compiler command; panics with its messages if it fails.
+fn compile(mut cmd: Command) {
+    let result =
+        cmd.output().unwrap_or_else(|e| panic!("cannot run the C compiler {cmd:?} (install gcc, or set CC): {e}"));
+    assert!(result.status.success(), "building the C example failed:\n{}", String::from_utf8_lossy(&result.stderr));
+}
+
+/// Builds the example into `out`, linked with the cdylib.
+fn build_example(out: &Path) -> PathBuf {
     let lib = lib_dir();
     let exe = out.join("chat_pair");
-    let result = Command::new(&cc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-I"])
-        .arg(manifest.join("include"))
-        .arg(manifest.join("examples/chat_pair.c"))
-        .arg("-L")
-        .arg(&lib)
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .arg("-lconclave")
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run the C compiler {cc:?} (install gcc, or set CC): {e}"));
-    assert!(result.status.success(), "building the C example failed:\n{}", String::from_utf8_lossy(&result.stderr));
+    let mut cmd = cc();
+    cmd.arg("-L").arg(&lib).arg(format!("-Wl,-rpath,{}", lib.display())).arg("-lconclave").arg("-o").arg(&exe);
+    compile(cmd);
     exe
+}
+
+/// The example links with the staticlib and the system libraries
+/// docs/capi.md names, and runs (here: to its usage message).
+#[test]
+fn c_example_links_statically() {
+    let out = tempfile::tempdir().unwrap();
+    let exe = out.path().join("chat_pair_static");
+    let mut cmd = cc();
+    cmd.arg(lib_dir().join("libconclave.a")).args(["-lssl", "-lcrypto", "-lpthread", "-ldl", "-lm", "-o"]).arg(&exe);
+    compile(cmd);
+    let run = Command::new(&exe).output().unwrap();
+    assert_eq!(run.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&run.stderr).contains("usage:"), "{run:?}");
 }
 
 /// Waits for `child` up to `limit`, killing it if it takes longer.
