@@ -139,3 +139,57 @@ fn c_example_pair_with_interval_rekeying() {
     let outs = run_pair("queue-batch:500ms");
     check(&outs);
 }
+
+/// The C example with a member that is not C: bob is a Rust session set up
+/// as `conclave chat` sets up its own (certified, from the same key
+/// directory, `Session::connect_certified`), and behaves as chat_pair does.
+#[test]
+fn c_example_with_a_certified_rust_member() {
+    use conclave_secure::trust::{Authority, Identity};
+    use conclave_secure::{MemberId, Policy, SecureEvent, Session};
+    use std::sync::Arc;
+
+    let w = World::new(&["alice", "bob"]);
+    let exe = build_example(w.dir.path());
+    let read = |p: &str| std::fs::read_to_string(w.keys.join(p)).unwrap();
+    let identity = Identity::from_pem(&read("members/bob.crt"), &read("members/bob.key")).unwrap();
+    let authority = Arc::new(Authority::from_pem(&read("authority.crt"), None).unwrap());
+    let socket = w.socket.clone();
+    let bob = w.rt.spawn(async move {
+        let client = conclave_gcs_net::Client::connect_unix(&socket, "bob").await.unwrap();
+        let mut s = Session::connect_certified(client, MemberId::new("bob").unwrap(), identity, authority);
+        s.join("room", Policy::default()).unwrap();
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let ev = tokio::time::timeout_at(deadline, s.recv()).await.expect("bob timed out").unwrap();
+            match ev {
+                SecureEvent::View(v) if v.members.iter().any(|m| m.as_str() == "alice") => {
+                    s.send("room", b"hello from bob").unwrap();
+                }
+                SecureEvent::Message { sender, data, .. } if sender.as_str() == "alice" => {
+                    got.push(String::from_utf8(data).unwrap());
+                    s.leave("room").unwrap();
+                }
+                SecureEvent::Left { .. } => return got,
+                _ => {}
+            }
+        }
+    });
+    let alice = Command::new(&exe)
+        .arg(&w.socket)
+        .args(["alice"])
+        .arg(&w.keys)
+        .args(["room", "bob", "tgdh"])
+        .env_remove("LD_LIBRARY_PATH")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = finish(alice, Duration::from_secs(90));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "chat_pair failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.lines().any(|l| l == "alice: received from bob: hello from bob"), "{stdout}");
+    assert!(stdout.lines().any(|l| l == "alice: received from alice: hello from alice"), "{stdout}");
+    assert_eq!(w.rt.block_on(bob).unwrap(), ["hello from alice"]);
+}
