@@ -240,10 +240,23 @@ async fn connect(endpoint: &Endpoint, name: &str, keys: &KeyFiles) -> Result<Cli
     })
 }
 
+/// Refuses a call made from inside a tokio runtime (only a Rust caller
+/// can), where blocking on the handle's runtime would panic.
+fn outside_runtime() -> Result<()> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(_) => Err(fail(
+            CONCLAVE_ERR_INVALID,
+            "called from inside a tokio runtime: the C API blocks; call it from a thread of your own",
+        )),
+        Err(_) => Ok(()),
+    }
+}
+
 impl Handle {
     /// Loads `name`'s identity and the authority from `keys_dir`, connects
     /// to the daemon at `endpoint` and starts the session task.
     pub(crate) fn open(endpoint: &str, name: &str, keys_dir: &str) -> Result<Handle> {
+        outside_runtime()?;
         let me = MemberId::new(name).map_err(|e| fail(CONCLAVE_ERR_INVALID, format!("bad member name: {e}")))?;
         let endpoint = Endpoint::parse(endpoint)?;
         let keys = KeyFiles::new(Path::new(keys_dir), name)?;
@@ -277,6 +290,7 @@ impl Handle {
 
     /// Sends a request and waits for its answer.
     fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Request) -> Result<T> {
+        outside_runtime()?;
         let (tx, rx) = oneshot::channel();
         let closed = || fail(CONCLAVE_ERR_CLOSED, "the session has ended (the connection to the daemon is gone)");
         self.requests.send(make(tx)).map_err(|_| closed())?;
@@ -309,6 +323,7 @@ impl Handle {
     /// The next delivery, waiting up to `timeout` (forever if `None`);
     /// `Ok(None)` on timeout.
     pub(crate) fn recv(&self, timeout: Option<Duration>) -> Result<Option<Delivered>> {
+        outside_runtime()?;
         let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
         let next = self.runtime().block_on(async {
             match timeout {
@@ -331,7 +346,12 @@ impl Drop for Handle {
         let (closed, _) = mpsc::unbounded_channel();
         drop(std::mem::replace(&mut self.requests, closed));
         if let Some(rt) = self.rt.take() {
-            rt.shutdown_timeout(Duration::from_secs(1));
+            if tokio::runtime::Handle::try_current().is_ok() {
+                // Inside a runtime (a Rust caller) a runtime cannot wait.
+                rt.shutdown_background();
+            } else {
+                rt.shutdown_timeout(Duration::from_secs(1));
+            }
         }
     }
 }

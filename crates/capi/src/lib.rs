@@ -32,8 +32,8 @@
 //!   point into their object and live as long as it. The library never
 //!   keeps or frees a pointer the caller passes in.
 //! * **Threads.** A handle may be used from several threads at once;
-//!   `conclave_destroy` must be its last call. Do not call the library from
-//!   inside a tokio runtime (Rust callers only).
+//!   `conclave_destroy` must be its last call. Calls from inside a tokio
+//!   runtime (Rust callers only) are refused with `CONCLAVE_ERR_INVALID`.
 #![warn(missing_docs)]
 #![allow(clippy::missing_safety_doc)] // Each function's doc has a "Safety" paragraph in C terms.
 

@@ -21,7 +21,8 @@ pub enum conclave_status_t {
     /// A string argument is not valid UTF-8.
     CONCLAVE_ERR_UTF8 = -2,
     /// An argument is invalid: a bad member or group name, a bad endpoint,
-    /// a message length that is not addressable.
+    /// a message length that is not addressable; a call from inside a tokio
+    /// runtime (Rust callers only).
     CONCLAVE_ERR_INVALID = -3,
     /// The policy string names no policy this library knows.
     CONCLAVE_ERR_POLICY = -4,

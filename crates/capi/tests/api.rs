@@ -286,3 +286,23 @@ fn a_daemon_that_goes_away_closes_the_session() {
         assert_eq!(conclave_destroy(h), CONCLAVE_OK);
     }
 }
+
+#[test]
+fn calls_from_inside_a_tokio_runtime_are_refused() {
+    // Only a Rust caller can do this; it must get an error, not a panic
+    // (or an abort from dropping a runtime inside another).
+    let w = World::new(&["alice"]);
+    let h = w.member("alice");
+    let (sock, keys) = (c(w.socket.to_str().unwrap()), c(w.keys.to_str().unwrap()));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut other = null_mut();
+        let rc = unsafe { conclave_init(sock.as_ptr(), c("alice").as_ptr(), keys.as_ptr(), &mut other) };
+        assert_eq!(rc, CONCLAVE_ERR_INVALID);
+        assert!(last_error().contains("inside a tokio runtime"), "{}", last_error());
+        let mut ev = null_mut();
+        assert_eq!(unsafe { conclave_recv(h, 0, &mut ev) }, CONCLAVE_ERR_INVALID);
+        assert_eq!(unsafe { conclave_join(h, c("room").as_ptr(), null()) }, CONCLAVE_ERR_INVALID);
+        assert_eq!(unsafe { conclave_destroy(h) }, CONCLAVE_OK);
+    });
+}
