@@ -160,3 +160,34 @@ pub(crate) unsafe fn arg_opt_str<'a>(p: *const c_char, what: &str) -> Result<Opt
         unsafe { arg_str(p, what) }.map(Some)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_an_internal_error_with_a_message() {
+        // Quiet the default hook's report of the panic this test provokes.
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let code = guard(|| panic!("provoked"));
+        let value = guard_value(7, || -> i32 { panic!("provoked") });
+        std::panic::set_hook(hook);
+        assert_eq!(code, CONCLAVE_ERR_INTERNAL);
+        assert_eq!(value, 7);
+        // SAFETY: the thread's last error, a NUL-terminated string.
+        let msg = unsafe { CStr::from_ptr(last_error_ptr()) }.to_str().unwrap();
+        assert!(msg.contains("panicked") && !msg.contains("provoked"), "{msg}");
+    }
+
+    #[test]
+    fn failures_keep_their_code_and_message() {
+        assert_eq!(guard(|| Err(fail(CONCLAVE_ERR_POLICY, "no such\0policy"))), CONCLAVE_ERR_POLICY);
+        // SAFETY: as above.
+        let msg = unsafe { CStr::from_ptr(last_error_ptr()) }.to_str().unwrap();
+        assert_eq!(msg, "no such?policy");
+        assert_eq!(guard(|| Ok(CONCLAVE_OK)), CONCLAVE_OK);
+        // SAFETY: as above.
+        assert_eq!(unsafe { CStr::from_ptr(last_error_ptr()) }.to_str().unwrap(), "no such?policy");
+    }
+}
