@@ -133,6 +133,12 @@ fn c_example_pair_exchanges_messages() {
 }
 
 #[test]
+fn c_example_pair_with_integrated_keying() {
+    // The daemon keys the group (Integrated VS), confirmed by the session.
+    check(&run_pair("integrated-vs"));
+}
+
+#[test]
 fn c_example_pair_with_interval_rekeying() {
     // SEAL's Queue-batch with a short interval: the joiner waits for the
     // next rekey, then both exchange as before.
