@@ -485,6 +485,9 @@ pub enum ErrorCode {
     /// The client's certificate was revoked (or is no longer trusted) while
     /// it was connected.
     Revoked,
+    /// The daemon serves as many connections (from this peer, or in all) as
+    /// it may.
+    TooManyConnections,
     /// A join asked for a group keyed by its daemons where the group is not,
     /// or the other way round: the group's creator chose.
     ModeMismatch,
@@ -512,6 +515,7 @@ impl ErrorCode {
             ErrorCode::ShuttingDown => 14,
             ErrorCode::IdentityMismatch => 15,
             ErrorCode::Revoked => 16,
+            ErrorCode::TooManyConnections => 17,
             ErrorCode::ModeMismatch => 18,
             ErrorCode::Other(n) => n,
         }
@@ -536,6 +540,7 @@ impl ErrorCode {
             14 => ErrorCode::ShuttingDown,
             15 => ErrorCode::IdentityMismatch,
             16 => ErrorCode::Revoked,
+            17 => ErrorCode::TooManyConnections,
             18 => ErrorCode::ModeMismatch,
             n => ErrorCode::Other(n),
         }
@@ -553,6 +558,7 @@ impl ErrorCode {
                 | ErrorCode::ShuttingDown
                 | ErrorCode::IdentityMismatch
                 | ErrorCode::Revoked
+                | ErrorCode::TooManyConnections
         )
     }
 }

@@ -34,9 +34,8 @@ pub const MAX_ERROR_TEXT: usize = u16::MAX as usize;
 /// connection because it already serves as many connections as it may, in
 /// all or from the client's address (or Unix user); the client may try again
 /// later. The daemon sends it instead of Welcome, before or without reading
-/// the client's Hello, and closes the connection. (A constant of
-/// [`ErrorCode::Other`] until the core's `ErrorCode` names it.)
-pub const TOO_MANY_CONNECTIONS: ErrorCode = ErrorCode::Other(17);
+/// the client's Hello, and closes the connection.
+pub const TOO_MANY_CONNECTIONS: ErrorCode = ErrorCode::TooManyConnections;
 
 const HELLO: u8 = 0x01;
 const JOIN: u8 = 0x02;
