@@ -7,11 +7,21 @@
 //! nothing (the session reports it); a key for another view is dropped. The
 //! application key is derived from the daemons' key as every engine derives
 //! its own from the agreed secret, bound to the group and the epoch.
+//!
+//! The daemons give the key to every member of the view, trusted or not: they,
+//! not the members, decide who is in a keyed group. So a view with a member
+//! that this member does not trust (not in its directory, or not admitted in
+//! certified mode) installs nothing: the key is known to someone it refused,
+//! and nothing is sent under it. The group waits for a view without them — an
+//! untrusted client that joins stalls a keyed group until it leaves, which is
+//! why a daemon that keys groups should control who may join them.
 
 use conclave_gcs::{MemberId, View, ViewId};
 use rand_core::CryptoRngCore;
 
-use crate::engine::{Engine, Error, Output, StaticDirectory};
+use std::sync::Arc;
+
+use crate::engine::{Directory, Engine, Error, Output, StaticDirectory};
 use crate::key::{Epoch, GroupKey, SecureView};
 use crate::meter::Costs;
 use crate::ProtocolId;
@@ -20,6 +30,7 @@ use crate::ProtocolId;
 pub struct KeyedEngine {
     me: MemberId,
     group: String,
+    directory: Arc<dyn Directory>,
     view: Option<View>,
     /// The key the daemons gave for a view, until that view comes.
     offered: Option<(ViewId, zeroize::Zeroizing<[u8; 32]>)>,
@@ -27,15 +38,23 @@ pub struct KeyedEngine {
 }
 
 impl KeyedEngine {
-    /// The engine of member `me` in the group whose context is `group`.
-    pub fn new(me: MemberId, group: String) -> Self {
-        Self { me, group, view: None, offered: None, installed: None }
+    /// The engine of member `me` in the group whose context is `group`,
+    /// trusting the members `directory` knows (see [`Engine::start`] for
+    /// certified groups).
+    pub fn new(me: MemberId, group: String, directory: Arc<dyn Directory>) -> Self {
+        Self { me, group, directory, view: None, offered: None, installed: None }
     }
 
-    fn install(&mut self) -> Result<Vec<Output>, Error> {
+    /// Installs the current view's key if every member is `trusted`.
+    fn install(&mut self, trusted: &dyn Directory) -> Result<Vec<Output>, Error> {
         let Some(view) = &self.view else { return Err(Error::BadView("no view yet")) };
-        match self.offered.take() {
-            Some((id, key)) if id == view.id => {
+        if view.ids().any(|m| trusted.verifier(m).is_none()) {
+            // Someone this member does not trust holds the key too.
+            self.installed = None;
+            return Ok(Vec::new());
+        }
+        match &self.offered {
+            Some((id, key)) if *id == view.id => {
                 let epoch = Epoch::new(view.id, 0);
                 let sv = SecureView {
                     view_id: view.id,
@@ -64,7 +83,8 @@ impl Engine for KeyedEngine {
 
     fn on_view(&mut self, view: &View, _rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
         self.observe(view)?;
-        self.install()
+        let directory = self.directory.clone();
+        self.install(directory.as_ref())
     }
 
     fn observe(&mut self, view: &View) -> Result<(), Error> {
@@ -76,8 +96,8 @@ impl Engine for KeyedEngine {
         Ok(())
     }
 
-    fn start(&mut self, _admitted: &StaticDirectory, _rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
-        self.install()
+    fn start(&mut self, admitted: &StaticDirectory, _rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
+        self.install(admitted)
     }
 
     fn stand_aside(&mut self) {
@@ -88,13 +108,16 @@ impl Engine for KeyedEngine {
         Err(Error::BadView("the daemons key this group: a new key comes with a new view"))
     }
 
+    /// Members were admitted or refused since the view's start: the key
+    /// the daemons gave is still the view's, installed only if every member
+    /// is admitted now.
     fn restart(
         &mut self,
-        _admitted: &StaticDirectory,
+        admitted: &StaticDirectory,
         _run: u32,
         _rng: &mut dyn CryptoRngCore,
     ) -> Result<Vec<Output>, Error> {
-        Err(Error::BadView("the daemons key this group: a new key comes with a new view"))
+        self.install(admitted)
     }
 
     fn current_epoch(&self) -> Option<Epoch> {
@@ -159,10 +182,37 @@ mod tests {
         View { id: ViewId::new(7, seq), members, cause: Cause::Join }
     }
 
+    /// A directory that trusts `names`.
+    fn trusting(names: &[&str]) -> StaticDirectory {
+        let mut d = StaticDirectory::new();
+        for n in names {
+            let signer = crate::suite::ed25519::Ed25519Signer::generate(&mut OsRng);
+            d.insert(MemberId::new(*n).unwrap(), crate::suite::Signer::verifier(&signer));
+        }
+        d
+    }
+
+    fn engine(me: &str, trusted: &[&str]) -> KeyedEngine {
+        KeyedEngine::new(MemberId::new(me).unwrap(), "g".into(), Arc::new(trusting(trusted)))
+    }
+
+    #[test]
+    fn a_view_with_a_member_not_trusted_installs_nothing() {
+        let mut a = engine("a", &["a", "b"]);
+        let v = view(1, &["a", "b", "mallory"]);
+        a.daemon_key(v.id, &[9; 32]).unwrap();
+        assert!(a.on_view(&v, &mut OsRng).unwrap().is_empty(), "mallory holds the key too");
+        assert!(a.secure_view().is_none());
+        // Certified: installed once every member is admitted, not before.
+        a.observe(&v).unwrap();
+        assert!(a.start(&trusting(&["a", "b"]), &mut OsRng).unwrap().is_empty());
+        assert_eq!(a.restart(&trusting(&["a", "b", "mallory"]), 1, &mut OsRng).unwrap().len(), 1);
+    }
+
     #[test]
     fn a_view_installs_the_key_the_daemons_gave_for_it_and_no_other() {
-        let mut a = KeyedEngine::new(MemberId::new("a").unwrap(), "g".into());
-        let mut b = KeyedEngine::new(MemberId::new("b").unwrap(), "g".into());
+        let mut a = engine("a", &["a", "b"]);
+        let mut b = engine("b", &["a", "b"]);
         let v1 = view(1, &["a", "b"]);
         for e in [&mut a, &mut b] {
             e.daemon_key(v1.id, &[9; 32]).unwrap();

@@ -526,7 +526,7 @@ impl SessionCore {
             directory,
         };
         let engine = match policy.interval {
-            _ if policy.keyed => Box::new(KeyedEngine::new(config.me, config.group)),
+            _ if policy.keyed => Box::new(KeyedEngine::new(config.me, config.group, config.directory)),
             None => conclave_gka::new_engine(config),
             Some(interval) => conclave_gka::new_interval_engine(config, interval.algorithm)
                 .ok_or(SessionError::Unsupported("interval rekeying with another protocol than TGDH"))?,

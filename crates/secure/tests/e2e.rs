@@ -633,3 +633,38 @@ async fn a_group_keyed_by_its_daemon_gets_a_key_with_every_view() {
     assert_ne!(alone, ab);
     assert_ne!(fp_alone, fp_ab, "the leaver's key is not the one left in use");
 }
+
+/// The daemon gives a keyed group's key to every member of the view, trusted
+/// or not. A member does not use a key that someone it does not trust holds
+/// too: while an untrusted client is in the view, no secure view is
+/// delivered and nothing is sent; once it leaves, the group is keyed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_view_with_an_untrusted_member_is_not_used() {
+    let w = world(&["alice", "bob"], 14).await;
+    let a = w.member("alice").await;
+    let b = w.member("bob").await;
+    a.join(Policy::integrated());
+    b.join(Policy::integrated());
+    let (ab, _) = a.until_view(&["alice", "bob"]).await;
+    b.until_view(&["alice", "bob"]).await;
+    // Mallory is in nobody's directory; the daemon keys her view all the same.
+    let path = w.daemon.unix_path().unwrap();
+    let mallory_key = generate_signer(SignatureId::Ed25519, &mut ChaCha20Rng::seed_from_u64(99)).unwrap();
+    let m = Member::start(path, "mallory", mallory_key, w.directory.clone()).await;
+    m.join(Policy::integrated());
+    a.send("not while mallory listens");
+    // Let the daemon's view with mallory reach everyone, then some more.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    for member in [&a, &b] {
+        let views = member.views();
+        assert!(
+            views.values().all(|v| !v.iter().any(|x| x.as_str() == "mallory")),
+            "{} used mallory's key",
+            member.name
+        );
+        assert_eq!(views.keys().max(), Some(&ab), "{} installed a key after mallory came", member.name);
+    }
+    m.leave();
+    let (after, _) = b.until_view_after(&["alice", "bob"], ab).await;
+    assert_eq!(b.until_msg("not while mallory listens").await, after, "the send waited for a key mallory lacks");
+}
