@@ -122,6 +122,8 @@ enum ServerKey {
 pub struct KeyedDaemon {
     core: Core,
     me: DaemonId,
+    /// The daemons this one trusts.
+    directory: StaticDirectory,
     engine: Box<dyn Engine>,
     rng: Box<dyn CryptoRngCore + Send>,
     key: ServerKey,
@@ -146,7 +148,7 @@ impl KeyedDaemon {
     pub fn new(mut core: Core, identities: DaemonIdentities, rng: Box<dyn CryptoRngCore + Send>) -> Self {
         core.key_groups();
         let me = core.me();
-        let directory: Arc<dyn Directory> = Arc::new(identities.directory);
+        let directory: Arc<dyn Directory> = Arc::new(identities.directory.clone());
         let engine = conclave_gka::new_engine(conclave_gka::Config {
             protocol: ProtocolId::Tgdh,
             group_id: GroupId::Ristretto255,
@@ -158,6 +160,7 @@ impl KeyedDaemon {
         let mut daemon = Self {
             core,
             me,
+            directory: identities.directory,
             engine,
             rng,
             key: ServerKey::Agreeing,
@@ -203,7 +206,17 @@ impl KeyedDaemon {
         // Every daemon a newcomer: a fresh contribution from each.
         let members = daemons.iter().map(|&d| ViewMember { id: daemon_member(d), prev: None }).collect();
         let view = View { id, members, cause: Cause::Network };
-        let res = self.engine.on_view(&view, &mut *self.rng);
+        // From scratch: no daemon may bring a tree it saved from an earlier
+        // configuration (the others would not share it), so every engine
+        // forgets its state and the view is agreed as a merge of singletons,
+        // in the view's first run at every daemon.
+        // (The view's run 0 is started and abandoned at once, the same at
+        // every daemon: only run 1's messages are sent.)
+        let res = self
+            .engine
+            .observe(&view)
+            .and_then(|()| self.engine.start(&self.directory, &mut *self.rng))
+            .and_then(|_| self.engine.rekey(&mut *self.rng));
         self.engine_result(res, out);
     }
 

@@ -652,9 +652,11 @@ async fn a_keyed_view_with_an_untrusted_member_is_not_used() {
     let mallory_key = generate_signer(SignatureId::Ed25519, &mut ChaCha20Rng::seed_from_u64(99)).unwrap();
     let m = Member::start(path, "mallory", mallory_key, w.directory.clone()).await;
     m.join(Policy::integrated());
+    // Let the daemon's view with mallory reach everyone (it carries no event
+    // to wait for: that is the point), then send.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     a.send("not while mallory listens");
-    // Let the daemon's view with mallory reach everyone, then some more.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     for member in [&a, &b] {
         let views = member.views();
         assert!(
