@@ -1146,10 +1146,13 @@ impl SessionCore {
     ) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         // Interval rekeying: the key being confirmed outlives views, and so
-        // does its confirmation.
+        // does its confirmation. A confirmation of the key already confirmed
+        // here (a replay, or one that came after the last one awaited) is
+        // another run's too: the run is over.
         let confirming = gs.phase.confirming().map(|c| c.view.epoch);
         let expected = gs.engine.current_epoch() == Some(epoch) || (gs.engine.interval() && confirming == Some(epoch));
-        if gs.phase.is_aside() || !expected || gs.confirms.of(epoch).accepted.contains_key(&sender) {
+        let confirmed = gs.phase.keys().is_some_and(|k| k.epoch() == epoch);
+        if gs.phase.is_aside() || !expected || confirmed || gs.confirms.of(epoch).accepted.contains_key(&sender) {
             tracing::debug!(%group, %sender, %epoch, "confirmation of another run, or a second one, dropped");
             return Ok(());
         }
@@ -1167,18 +1170,29 @@ impl SessionCore {
             gs.confirms.accepted.insert(sender, *mac);
             return self.check_confirmed(group);
         }
-        let Some(key) = sender_key(&self.certified, self.directory.as_ref(), gs, &sender) else {
-            return Ok(()); // refused, or no identity: takes no part in this run
-        };
-        // A MAC that matches this member's key is accepted as it is; the
-        // others wait until every member's confirmation is in (a second one
-        // in the same name means one of them is forged).
+        // A MAC that matches this member's key is accepted as it is, without
+        // the sender's identity key (see `crate::confirm`): with interval
+        // rekeying the key, agreed among the members admitted in an earlier
+        // view, is confirmed in a later one, whose certificates may come
+        // after the confirmations in the agreed stream (a join or a merge
+        // decides every verdict afresh). The others wait until every
+        // member's confirmation is in (a second one in the same name means
+        // one of them is forged).
         if gs.phase.confirming().is_some_and(|c| c.confirmer.matches(&sender, mac)) {
             gs.confirms.pending.remove(&sender);
             gs.confirms.accepted.insert(sender, *mac);
             return self.check_confirmed(group);
         }
+        let Some(key) = sender_key(&self.certified, self.directory.as_ref(), gs, &sender) else {
+            // Refused, or no identity (yet): its signature cannot be checked.
+            tracing::debug!(%group, %sender, %epoch, "unmatched confirmation from a member with no key here; dropped");
+            return Ok(());
+        };
         let candidates = gs.confirms.pending.entry(sender.clone()).or_default();
+        if candidates.iter().any(|u| u.mac == *mac && u.signature == signature) {
+            tracing::debug!(%group, %sender, "a copy of a confirmation held already; dropped");
+            return Ok(());
+        }
         if candidates.len() >= MAX_CONFIRM_CANDIDATES {
             tracing::debug!(%group, %sender, "a third confirmation in one name in one run; dropped");
             return Ok(());

@@ -1017,6 +1017,34 @@ mod tests {
         }
     }
 
+    /// Seeds 7038 and 7704 of `conclave sim`'s defaults (certified) accepted a
+    /// replayed key confirmation: a rekey installed in one view was confirmed
+    /// in the next, a join, whose certificates the agreed order put after the
+    /// confirmations; a confirmation from a member without a verdict yet was
+    /// dropped even though its MAC matched, the members waited, and the
+    /// attacker's replay of it (once the verdicts were in) completed the
+    /// confirmation.
+    #[test]
+    fn a_confirmation_in_the_view_after_its_rekey_counts_before_the_certificates() {
+        for algorithm in IntervalAlgorithm::ALL {
+            let cfg = SimConfig {
+                protocol: ProtocolId::Tgdh,
+                members: 5,
+                steps: 40,
+                daemons: 3,
+                print: false,
+                certified: true,
+                interval: Some(algorithm),
+                keyed: false,
+            };
+            for seed in [7038, 7704] {
+                let out = run(seed, cfg);
+                assert!(out.certified, "{} seed {seed} runs certified", algorithm.name());
+                assert!(out.failures.is_empty(), "{} seed {seed}: {:?}", algorithm.name(), out.failures);
+            }
+        }
+    }
+
     /// GDH seed 58100 of `conclave sim`'s defaults broke virtual synchrony:
     /// a daemon alone in its transitional set delivered the rest of the old
     /// configuration with a hole (a multicast lost with another daemon) and

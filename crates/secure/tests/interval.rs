@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use conclave_gcs::core::{Delivery, Op, Service};
 use conclave_secure::core::{SessionCore, WallClock};
+use conclave_secure::payload::tag;
 use conclave_secure::trust::{Authority, Identity, Issuer};
 use conclave_secure::{IntervalAlgorithm, MemberId, Policy, SecureEvent};
 use rand_chacha::ChaCha20Rng;
@@ -202,25 +204,33 @@ impl WallClock for Fixed {
     }
 }
 
+/// Members with certificates of one authority, connected, none joined yet.
+fn certified(names: &[&str], seed: u64) -> Net {
+    let t = SystemTime::UNIX_EPOCH + 20_000 * DAY;
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let (issuer, _) = Issuer::create("conclave test authority", t - DAY, t + 365 * DAY, &mut rng).unwrap();
+    let authority = Arc::new(Authority::from_pem(issuer.ca_pem(), None).unwrap());
+    let mut net = Net::new(&[], seed);
+    for (i, name) in names.iter().enumerate() {
+        let member = MemberId::new(*name).unwrap();
+        let issued = issuer.issue(&member, t - DAY, t + DAY, &mut rng).unwrap();
+        let identity = Identity::from_pem(&issued.cert_pem, &issued.key_pem).unwrap();
+        let (authority, rng) = (authority.clone(), ChaCha20Rng::seed_from_u64(200 + i as u64));
+        net.add(name, move |now| {
+            SessionCore::new_certified(member, identity, authority, Arc::new(Fixed(t)), Box::new(rng), now)
+        });
+    }
+    net
+}
+
 /// Certified members: admission decides who the engine admits in each view,
 /// as with per-view rekeying, and an outsider without a certificate is
 /// refused and never gets the key, while the key in use outlives its view.
 #[test]
 fn certified_members_rekey_at_the_interval_and_outsiders_get_nothing() {
-    let t = SystemTime::UNIX_EPOCH + 20_000 * DAY;
-    let mut rng = ChaCha20Rng::seed_from_u64(11);
-    let (issuer, _) = Issuer::create("conclave test authority", t - DAY, t + 365 * DAY, &mut rng).unwrap();
-    let authority = Arc::new(Authority::from_pem(issuer.ca_pem(), None).unwrap());
-    let mut net = Net::new(&[], 11);
+    let mut net = certified(&["alice", "bob", "carol"], 11);
     let policy = Policy::interval(IntervalAlgorithm::QueueBatch, PERIOD);
-    for (i, name) in ["alice", "bob", "carol"].into_iter().enumerate() {
-        let member = MemberId::new(name).unwrap();
-        let issued = issuer.issue(&member, t - DAY, t + DAY, &mut rng).unwrap();
-        let identity = Identity::from_pem(&issued.cert_pem, &issued.key_pem).unwrap();
-        let (authority, rng) = (authority.clone(), ChaCha20Rng::seed_from_u64(200 + i as u64));
-        let m = net.add(name, move |now| {
-            SessionCore::new_certified(member, identity, authority, Arc::new(Fixed(t)), Box::new(rng), now)
-        });
+    for m in 0..3 {
         net.join(m, policy);
         net.advance(Duration::from_millis(10));
     }
@@ -280,7 +290,6 @@ fn policies_parse_from_their_names() {
 /// gets it dropped, although its epoch and key are still bob's.
 #[test]
 fn a_data_message_is_accepted_only_in_the_view_it_was_sent_in() {
-    use conclave_gcs::core::{Delivery, Op, Service};
     let mut net = Net::new(&["alice", "bob", "carol"], 13);
     let policy = Policy::interval(IntervalAlgorithm::Batch, PERIOD);
     net.join(0, policy);
@@ -331,4 +340,106 @@ fn rekey_on_leave_rekeys_a_leave_at_once_and_batches_joins() {
     send(&mut net, 1, "after carol");
     assert!(!received(&net, 2).iter().any(|m| m == "after carol"));
     no_rejections(&net);
+}
+
+/// Moves member `i`'s events to its log and its requests to the daemon,
+/// except its key confirmations, which a slow link holds back: returned.
+fn drain_holding_confirmations(net: &mut Net, i: usize) -> Vec<Op> {
+    let conn = net.members[i].conn;
+    let mut held = Vec::new();
+    while let Some(t) = net.members[i].session.poll_transmit() {
+        let op = t.into_op(conn);
+        let confirmation = matches!(&op, Op::Multicast { payload, .. } if payload.first() == Some(&tag::CONFIRM));
+        if confirmation {
+            held.push(op);
+        } else {
+            net.submit(op);
+        }
+    }
+    while let Some(e) = net.members[i].session.poll_event() {
+        net.members[i].log.push(e);
+    }
+    held
+}
+
+/// [`Net::settle`], holding back every key confirmation: returned.
+fn settle_holding_confirmations(net: &mut Net) -> Vec<Op> {
+    let mut held = Vec::new();
+    loop {
+        let mut idle = true;
+        for i in 0..net.members.len() {
+            let Some(d) = net.members[i].inbox.pop_front() else { continue };
+            idle = false;
+            let now = net.now();
+            net.members[i].session.handle_delivery(now, d).unwrap();
+            held.extend(drain_holding_confirmations(net, i));
+        }
+        if idle {
+            return held;
+        }
+    }
+}
+
+/// Keys outlive views, and so do their confirmations: a rekey installed in
+/// one view may be confirmed in the next. When that view is a join, every
+/// verdict is decided afresh (certified mode), and the agreed order may put
+/// the confirmations before the certificates: they count all the same (a
+/// MAC that matches needs no identity key), so nobody is left waiting for
+/// confirmations already delivered, and a replay of one afterwards (a
+/// compromised link's) changes nothing.
+#[test]
+fn a_rekey_is_confirmed_in_the_next_view_before_its_certificates() {
+    for (k, algorithm) in IntervalAlgorithm::ALL.into_iter().enumerate() {
+        let mut net = certified(&["alice", "bob", "carol"], 30 + k as u64);
+        let policy = Policy::interval(algorithm, PERIOD);
+        net.join(0, policy);
+        net.advance(Duration::from_millis(10));
+        net.join(1, policy);
+        assert_eq!(keys(&net, 0).len(), 1, "{algorithm:?}: alice's own key");
+        assert!(keys(&net, 1).is_empty(), "{algorithm:?}: bob before the tick");
+
+        // The leader's tick rekeys alice and bob; their confirmations are
+        // held back until carol's join is ordered.
+        let due = net.members[0].session.poll_timeout().unwrap();
+        net.advance(due.saturating_duration_since(net.now()) - Duration::from_millis(1));
+        assert!(keys(&net, 1).is_empty(), "{algorithm:?}: the tick came early");
+        net.members[0].session.handle_timeout(due).unwrap();
+        let mut held = drain_holding_confirmations(&mut net, 0);
+        held.extend(settle_holding_confirmations(&mut net));
+        assert_eq!(held.len(), 2, "{algorithm:?}: both installed the key and confirm it");
+        let now = net.now();
+        net.members[2].session.join(now, vnet::GROUP, policy).unwrap();
+        net.drain(2);
+        let bobs = held.iter().find_map(|op| match op {
+            Op::Multicast { conn, payload, .. } if *conn == net.members[1].conn => Some(payload.clone()),
+            _ => None,
+        });
+        for op in held {
+            net.submit(op);
+        }
+        net.settle();
+
+        let (fp, members) = keys(&net, 0).last().unwrap().clone();
+        assert_eq!(members, ["alice", "bob"], "{algorithm:?}: alice never confirmed the rekey");
+        assert_eq!(keys(&net, 1).last(), Some(&(fp, members)), "{algorithm:?}: bob never confirmed the rekey");
+
+        // Bob's confirmation again, on alice's link: nothing happens.
+        let group = conclave_gcs::GroupName::new(vnet::GROUP).unwrap();
+        let view = net.core.view(&group).unwrap().id;
+        let (sender, payload) = (MemberId::new("bob").unwrap(), bobs.unwrap());
+        let d = Delivery::Message { group, sender, service: Service::Agreed, view, payload };
+        let now = net.now();
+        net.members[0].session.handle_delivery(now, d).unwrap();
+        assert_eq!(net.members[0].session.poll_transmit(), None, "{algorithm:?}: a replay made alice send");
+        assert_eq!(net.members[0].session.poll_event(), None, "{algorithm:?}: a replay changed what alice sees");
+
+        // Carol gets the key at the next tick, as ever.
+        net.advance(PERIOD);
+        let (fp, members) = keys(&net, 0).last().unwrap().clone();
+        assert_eq!(members, ["alice", "bob", "carol"], "{algorithm:?}");
+        for i in 1..3 {
+            assert_eq!(keys(&net, i).last(), Some(&(fp.clone(), members.clone())), "{algorithm:?}: member {i}");
+        }
+        no_rejections(&net);
+    }
 }
