@@ -17,7 +17,9 @@
 //! certificate may take only the names `[unix_names]` lists for their Unix
 //! user.
 //!
-//! A configuration file looks like this (every key is optional):
+//! A configuration file looks like this (every key is optional;
+//! docs/conclave.toml is a commented sample with the defaults, and
+//! `--check-config FILE` checks one without starting anything):
 //!
 //! ```toml
 //! backbone = "standalone"       # or "cluster": one daemon per corosync node
@@ -25,7 +27,7 @@
 //!
 //! [listen]
 //! unix = "/run/conclave.sock"   # or `false` for no Unix socket (off by default with client_ca)
-//! tcp = "127.0.0.1:4803"        # no TCP unless given
+//! tcp = "localhost:4803"        # no TCP unless given; HOST or HOST:PORT (port 4803 by default)
 //!
 //! [limits]
 //! max_message_size = 1048576    # bytes of payload
@@ -42,7 +44,7 @@
 //! keepalive_secs = 60           # TCP keepalive: probe a quiet TCP/TLS peer after this long (0: off)
 //!
 //! [tls]                         # no TLS unless `listen` is given
-//! listen = "0.0.0.0:4804"
+//! listen = "0.0.0.0:4804"       # HOST or HOST:PORT (port 4804 by default)
 //! cert = "daemon.crt"           # PEM certificate chain, own certificate first
 //! key = "daemon.key"            # PEM private key (PKCS#8)
 //! client_ca = "authority.crt"   # demand client certificates issued by this CA
@@ -107,7 +109,8 @@ pub struct DaemonArgs {
     no_unix: bool,
     /// TCP address to listen on: HOST or HOST:PORT, e.g. localhost, 127.0.0.1:4803 or [::1]:4803; the port defaults
     /// to 4803 and a host name is resolved (its first IPv4 address, else its first). Plain TCP is neither encrypted
-    /// nor authenticated: meant for loopback, warned about elsewhere (off unless given).
+    /// nor authenticated: it is meant for loopback, and the daemon warns when it listens elsewhere (off unless
+    /// given).
     #[arg(long, value_name = "ADDR")]
     tcp: Option<String>,
     /// Largest message payload accepted, in bytes [default: 1048576].
