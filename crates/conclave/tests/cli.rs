@@ -1109,17 +1109,19 @@ fn daemon_logs_json_lines() {
 fn daemon_on_a_terminal(env: &[(&str, &str)]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("conclave.sock");
-    // The daemon stops itself (timeout sends SIGTERM), so nothing outlives the pseudo-terminal.
+    // The shell stops the daemon (SIGTERM) once it has been listening for a moment, so nothing outlives the
+    // pseudo-terminal; the daemon's exit status is the shell's, and script's.
     let inner = format!(
-        "timeout --preserve-status -s TERM 2 {} daemon --unix {}",
-        env!("CARGO_BIN_EXE_conclave"),
-        socket.display()
+        "{bin} daemon --unix {sock} & pid=$!; n=0; while [ ! -S {sock} ] && [ $n -lt 200 ]; do sleep 0.05; \
+         n=$((n+1)); done; sleep 0.3; kill -TERM $pid; wait $pid",
+        bin = env!("CARGO_BIN_EXE_conclave"),
+        sock = socket.display()
     );
     let mut cmd = Command::new("script");
     cmd.args(["-q", "-e", "-c", &inner, "/dev/null"]).env_remove("NO_COLOR").envs(env.iter().copied());
     cmd.env_remove("XDG_RUNTIME_DIR").env_remove("RUST_LOG");
     let (status, out, err) = run(&mut cmd);
-    assert!(status.success(), "script (util-linux) is needed for this test: {status:?} {err}\n{out}");
+    assert!(status.success(), "the daemon under script (util-linux) failed: {status:?} {err}\n{out}");
     assert!(out.contains("listening on unix socket") && out.contains("shutting down"), "{out}");
     out
 }
