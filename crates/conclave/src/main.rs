@@ -140,7 +140,9 @@ fn run(command: Command) -> Result<()> {
 
 /// Prints the manual page of conclave, or of one of its commands.
 fn man(command: Option<&str>) -> Result<()> {
-    let cli = Cli::command();
+    let mut cli = Cli::command();
+    // Built, the commands carry the global options (-v, -q) too.
+    cli.build();
     let page = match command {
         None => cli,
         Some(name) => {

@@ -1041,7 +1041,7 @@ fn completions_and_man_page() {
     let (status, out, err) = run(conclave().args(["man", "daemon"]));
     assert!(status.success(), "{err}");
     assert_man_page(&out, "conclave-daemon");
-    assert!(out.contains("log\\-format") && out.contains("check\\-config"), "{out}");
+    assert!(out.contains("log\\-format") && out.contains("check\\-config") && out.contains("\\-\\-quiet"), "{out}");
     let (status, _, err) = run(conclave().args(["man", "deamon"]));
     assert!(!status.success() && err.contains("\"deamon\"") && err.contains("daemon"), "{err}");
 }
