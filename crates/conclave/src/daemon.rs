@@ -17,7 +17,9 @@
 //! certificate may take only the names `[unix_names]` lists for their Unix
 //! user.
 //!
-//! A configuration file looks like this (every key is optional):
+//! A configuration file looks like this (every key is optional;
+//! docs/conclave.toml is a commented sample with the defaults, and
+//! `--check-config FILE` checks one without starting anything):
 //!
 //! ```toml
 //! backbone = "standalone"       # or "cluster": one daemon per corosync node
@@ -25,7 +27,7 @@
 //!
 //! [listen]
 //! unix = "/run/conclave.sock"   # or `false` for no Unix socket (off by default with client_ca)
-//! tcp = "127.0.0.1:4803"        # no TCP unless given
+//! tcp = "localhost:4803"        # no TCP unless given; HOST or HOST:PORT (port 4803 by default)
 //!
 //! [limits]
 //! max_message_size = 1048576    # bytes of payload
@@ -42,7 +44,7 @@
 //! keepalive_secs = 60           # TCP keepalive: probe a quiet TCP/TLS peer after this long (0: off)
 //!
 //! [tls]                         # no TLS unless `listen` is given
-//! listen = "0.0.0.0:4804"
+//! listen = "0.0.0.0:4804"       # HOST or HOST:PORT (port 4804 by default)
 //! cert = "daemon.crt"           # PEM certificate chain, own certificate first
 //! key = "daemon.key"            # PEM private key (PKCS#8)
 //! client_ca = "authority.crt"   # demand client certificates issued by this CA
@@ -54,7 +56,6 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -64,6 +65,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use conclave_gcs_net::{Backbone, ClientAuth, Daemon, DaemonConfig, Identity, TlsListen, UncertifiedNames};
 use serde::Deserialize;
+
+use crate::logging::LogFormat;
 
 /// Options of `conclave daemon`.
 #[derive(Args, Debug)]
@@ -85,7 +88,14 @@ groups see them leave. With --client-ca the Unix socket is off unless --unix PAT
 it, and clients without a certificate may take only the names [unix_names] lists for their Unix user; any \
 other name, and any name over plain TCP, is refused. Files are PEM, as `conclave keys` writes them.
 
-Set RUST_LOG=debug|info|warn|error for more or less logging.")]
+Addresses (--tcp, --tls-listen, [listen] tcp, [tls] listen) are HOST or HOST:PORT; host names are resolved, and \
+the port defaults to 4803 for plain TCP and 4804 for TLS. The daemon warns at start when plain TCP, or TLS without \
+client certificates, listens on an address other machines may reach. docs/conclave.toml is a commented sample \
+configuration; --check-config FILE checks one without starting anything.
+
+Logging goes to stderr: -v (debug) and -vv (trace) log more, -q (warnings), -qq (errors) and -qqq (nothing) \
+less; RUST_LOG, when set, takes precedence (a level, or directives such as RUST_LOG=info,conclave_gcs_net=debug). \
+--log-format json writes one JSON object per line. Colour only on a terminal, and never when NO_COLOR is set.")]
 pub struct DaemonArgs {
     /// TOML configuration file.
     #[arg(long, value_name = "FILE")]
@@ -97,9 +107,12 @@ pub struct DaemonArgs {
     /// Do not listen on a Unix socket (then --tcp is needed).
     #[arg(long)]
     no_unix: bool,
-    /// TCP address to listen on, e.g. 127.0.0.1:4803 (off unless given).
+    /// TCP address to listen on: HOST or HOST:PORT, e.g. localhost, 127.0.0.1:4803 or [::1]:4803; the port defaults
+    /// to 4803 and a host name is resolved (its first IPv4 address, else its first). Plain TCP is neither encrypted
+    /// nor authenticated: it is meant for loopback, and the daemon warns when it listens elsewhere (off unless
+    /// given).
     #[arg(long, value_name = "ADDR")]
-    tcp: Option<SocketAddr>,
+    tcp: Option<String>,
     /// Largest message payload accepted, in bytes [default: 1048576].
     #[arg(long, value_name = "BYTES")]
     max_message_size: Option<usize>,
@@ -145,9 +158,12 @@ pub struct DaemonArgs {
     /// apart; quiet clients that are alive are not disturbed. 0 turns it off [default: 60].
     #[arg(long, value_name = "SECS")]
     keepalive: Option<u64>,
-    /// TCP address to listen on for TLS clients, e.g. 0.0.0.0:4804 (off unless given).
+    /// TCP address to listen on for TLS clients: HOST or HOST:PORT, e.g. localhost, 0.0.0.0 or
+    /// daemon.example.org:4804; the port defaults to 4804 and a host name is resolved (its first IPv4 address, else
+    /// its first). Without --client-ca, anyone who reaches it may connect under any name: warned about off loopback
+    /// (off unless given).
     #[arg(long, value_name = "ADDR")]
-    tls_listen: Option<SocketAddr>,
+    tls_listen: Option<String>,
     /// The daemon's certificate chain for TLS (PEM, own certificate first).
     #[arg(long, value_name = "PEM")]
     tls_cert: Option<PathBuf>,
@@ -172,6 +188,64 @@ pub struct DaemonArgs {
     /// The CPG group of the cluster's daemons [default: conclave].
     #[arg(long, value_name = "NAME")]
     cpg_group: Option<String>,
+    /// How the log on stderr is written: text (coloured on a terminal unless NO_COLOR is set) or json (one JSON
+    /// object per line, for log collectors).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Check a configuration file (with the other options given) and exit: 0 and a summary if the daemon could
+    /// start with it, 1 and what is wrong if not. Nothing is started, and no socket is touched.
+    #[arg(long, value_name = "FILE", conflicts_with = "config")]
+    check_config: Option<PathBuf>,
+}
+
+/// The port of `--tcp` when the address gives none.
+pub const DEFAULT_TCP_PORT: u16 = 4803;
+/// The port of `--tls-listen` when the address gives none.
+pub const DEFAULT_TLS_PORT: u16 = 4804;
+
+/// A listening address from the command line or the configuration file: an
+/// IP address or a host name, with or without a port (`default_port` then),
+/// resolved with the standard library; of a name's addresses, the first IPv4
+/// one (`localhost` is 127.0.0.1 wherever the daemon runs), else the first.
+pub fn resolve_listen(text: &str, default_port: u16, what: &str) -> Result<SocketAddr> {
+    let text = text.trim();
+    if text.is_empty() {
+        bail!("{what}: the address is empty (give HOST or HOST:PORT, e.g. localhost:{default_port})");
+    }
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if let Ok(ip) = text.parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, default_port));
+    }
+    let (host, port) = match text.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => match port.parse::<u16>() {
+            Ok(port) => (host, port),
+            Err(_) => bail!("{what}: {port:?} in {text:?} is not a port (a number from 0 to 65535)"),
+        },
+        Some(_) => bail!(
+            "{what}: {text:?} is not an address; write an IPv6 address with a port in brackets, e.g. [::1]:{default_port}"
+        ),
+        None => (text, default_port),
+    };
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    if host.is_empty() {
+        bail!("{what}: {text:?} has no host (give e.g. localhost:{port} or 0.0.0.0:{port})");
+    }
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<SocketAddr> = match (host, port).to_socket_addrs() {
+        Ok(addrs) => addrs.collect(),
+        Err(e) => bail!("{what}: cannot resolve the host name {host:?} ({e})"),
+    };
+    match addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()) {
+        Some(addr) => Ok(*addr),
+        None => bail!("{what}: the host name {host:?} has no address"),
+    }
+}
+
+/// Whether only this machine can reach a listener on `addr`.
+fn loopback_only(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
 }
 
 /// The backbones `conclave daemon` can run on.
@@ -212,7 +286,7 @@ struct FileConfig {
 #[derive(Deserialize, Default, Debug)]
 #[serde(deny_unknown_fields)]
 struct FileTls {
-    listen: Option<SocketAddr>,
+    listen: Option<String>,
     cert: Option<PathBuf>,
     key: Option<PathBuf>,
     client_ca: Option<PathBuf>,
@@ -226,7 +300,7 @@ struct FileTls {
 #[serde(deny_unknown_fields)]
 struct Listen {
     unix: Option<UnixSetting>,
-    tcp: Option<SocketAddr>,
+    tcp: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -274,7 +348,7 @@ pub fn default_socket() -> Result<PathBuf> {
 /// backbone; and, if TLS clients must show certificates, the files those are
 /// checked against.
 fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, Option<TrustFiles>)> {
-    let file = match &args.config {
+    let file = match args.config.as_ref().or(args.check_config.as_ref()) {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read configuration file {}", path.display()))?;
@@ -297,7 +371,12 @@ fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, Opti
         kind: args.backbone.or(file.backbone).unwrap_or(BackboneKind::Standalone),
         cpg_group: args.cpg_group.clone().or(file.cpg_group).unwrap_or_else(|| "conclave".to_owned()),
     };
-    let mut config = DaemonConfig { unix, tcp: args.tcp.or(file.listen.tcp), ..DaemonConfig::default() };
+    let tcp = match (&args.tcp, &file.listen.tcp) {
+        (Some(addr), _) => Some(resolve_listen(addr, DEFAULT_TCP_PORT, "--tcp")?),
+        (None, Some(addr)) => Some(resolve_listen(addr, DEFAULT_TCP_PORT, "[listen] tcp")?),
+        (None, None) => None,
+    };
+    let mut config = DaemonConfig { unix, tcp, ..DaemonConfig::default() };
     let limits = &file.limits;
     if let Some(n) = args.max_message_size.or(limits.max_message_size) {
         config.max_payload = n;
@@ -336,6 +415,7 @@ fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, Opti
         config.keepalive = (s > 0).then(|| Duration::from_secs(s));
     }
     config.tls = tls;
+    check_limits(&config)?;
     config.uncertified_names = unix_names(file.unix_names, trust.is_some())?;
     if config.unix.is_none() && config.tcp.is_none() && config.tls.is_none() {
         bail!(
@@ -343,6 +423,39 @@ fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, Opti
         );
     }
     Ok((config, backbone, trust))
+}
+
+/// The limits the daemon refuses at start, said with the options and keys
+/// that set them (so that `--check-config` finds them too).
+fn check_limits(config: &DaemonConfig) -> Result<()> {
+    if config.queue_depth == 0 {
+        bail!("the queue depth must be at least 1 frame (--queue-depth, [limits] queue_depth)");
+    }
+    if config.max_payload > 1 << 30 {
+        bail!("the largest message size is 1 GiB, 1073741824 bytes (--max-message-size, [limits] max_message_size)");
+    }
+    let least = config.max_payload + conclave_gcs::wire::FRAME_OVERHEAD;
+    if config.queue_bytes < least {
+        bail!(
+            "the per-client queue of {} bytes cannot hold one message of the largest size: make it at least {least} \
+             bytes (--queue-bytes, [limits] queue_bytes) or lower the message size (--max-message-size, [limits] \
+             max_message_size)",
+            config.queue_bytes
+        );
+    }
+    if config.max_handshakes == 0 || config.max_handshakes_per_ip == 0 {
+        bail!(
+            "TLS handshake limits must be at least 1 (--max-handshakes, --max-handshakes-per-ip, [limits] \
+             max_handshakes, max_handshakes_per_ip)"
+        );
+    }
+    if config.max_connections == 0 || config.max_connections_per_peer == 0 {
+        bail!(
+            "connection limits must be at least 1 (--max-connections, --max-connections-per-peer, [limits] \
+             max_connections, max_connections_per_peer)"
+        );
+    }
+    Ok(())
 }
 
 /// The names clients without a certificate may take: any, unless the daemon
@@ -371,7 +484,11 @@ fn unix_names(table: BTreeMap<String, Vec<String>>, certified: bool) -> Result<U
 /// certificates loaded, and the files of the client certificate authority if
 /// it demands client certificates; `None` when TLS is not asked for.
 fn tls_config(args: &DaemonArgs, file: FileTls) -> Result<Option<(TlsListen, Option<TrustFiles>)>> {
-    let listen = args.tls_listen.or(file.listen);
+    let listen = match (&args.tls_listen, &file.listen) {
+        (Some(addr), _) => Some(resolve_listen(addr, DEFAULT_TLS_PORT, "--tls-listen")?),
+        (None, Some(addr)) => Some(resolve_listen(addr, DEFAULT_TLS_PORT, "[tls] listen")?),
+        (None, None) => None,
+    };
     let cert = args.tls_cert.clone().or(file.cert);
     let key = args.tls_key.clone().or(file.key);
     let client_ca = args.client_ca.clone().or(file.client_ca);
@@ -561,27 +678,38 @@ fn check_socket_path(path: &Path) -> Result<bool> {
     }
 }
 
-fn init_logging() {
-    let level = std::env::var("RUST_LOG")
-        .ok()
-        .and_then(|s| s.trim().parse::<tracing::Level>().ok())
-        .unwrap_or(tracing::Level::INFO);
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(level)
-        .with_target(false)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+/// What `--check-config` prints for a configuration the daemon could start with.
+fn check_summary(file: &Path, config: &DaemonConfig, choice: &BackboneChoice, certified: bool) -> String {
+    let mut listeners = Vec::new();
+    if let Some(path) = &config.unix {
+        listeners.push(format!("unix socket {}", path.display()));
+    }
+    if let Some(addr) = config.tcp {
+        listeners.push(format!("tcp {addr}"));
+    }
+    if let Some(tls) = &config.tls {
+        let who = if certified { "client certificates required" } else { "no client certificates" };
+        listeners.push(format!("tls {} ({who})", tls.addr));
+    }
+    let backbone = match choice.kind {
+        BackboneKind::Standalone => "standalone".to_owned(),
+        BackboneKind::Cluster => format!("cluster (CPG group {:?})", choice.cpg_group),
+    };
+    format!("{}: ok\n  listening on: {}\n  backbone: {backbone}\n", file.display(), listeners.join(", "))
 }
 
 /// Runs the daemon until Ctrl-C or SIGTERM.
 pub fn run(args: DaemonArgs) -> Result<()> {
     let (config, choice, mut trust) = build_config(&args)?;
+    if let Some(file) = &args.check_config {
+        print!("{}", check_summary(file, &config, &choice, trust.is_some()));
+        return Ok(());
+    }
     let stale = match &config.unix {
         Some(path) => check_socket_path(path)?,
         None => false,
     };
-    init_logging();
+    crate::logging::init(args.log_format)?;
     if let (true, Some(path)) = (stale, &config.unix) {
         tracing::info!("removed the stale socket {} (nothing was listening on it)", path.display());
     }
@@ -603,6 +731,14 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         }
         if let Some(addr) = daemon.tcp_addr() {
             tracing::info!("listening on tcp {addr}");
+            if !loopback_only(&addr) {
+                tracing::warn!(
+                    "plain TCP on {addr}, which other machines may reach: its traffic is neither encrypted nor \
+                     authenticated, and anyone who reaches it may connect under any free name; listen on loopback \
+                     (--tcp localhost) or serve remote clients over TLS with client certificates (--tls-listen with \
+                     --client-ca)"
+                );
+            }
         }
         if let (Some(_), UncertifiedNames::ByUid(names)) = (&trust, &config.uncertified_names) {
             if config.unix.is_some() {
@@ -620,6 +756,13 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         if let Some(addr) = daemon.tls_addr() {
             let who = if trust.is_some() { "client certificates required" } else { "no client certificates" };
             tracing::info!("listening on tls {addr} ({who})");
+            if trust.is_none() && !loopback_only(&addr) {
+                tracing::warn!(
+                    "TLS on {addr} without client certificates, and other machines may reach it: anyone who connects \
+                     may take any free name; demand certificates with --client-ca authority.crt --client-crl \
+                     authority.crl (`conclave keys authority` writes them)"
+                );
+            }
         }
         tracing::info!(
             "limits: max message size {} bytes, {} groups per client, queue depth {} frames or {} bytes, \
@@ -678,4 +821,36 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listening_addresses_take_host_names_and_default_ports() {
+        let v4 = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(resolve_listen("localhost", 4803, "--tcp").unwrap(), v4("127.0.0.1:4803"));
+        assert_eq!(resolve_listen("localhost:7800", 4803, "--tcp").unwrap(), v4("127.0.0.1:7800"));
+        assert_eq!(resolve_listen(" [localhost]:9 ", 4803, "--tcp").unwrap(), v4("127.0.0.1:9"));
+        assert_eq!(resolve_listen("127.0.0.1", 4804, "--tls-listen").unwrap(), v4("127.0.0.1:4804"));
+        assert_eq!(resolve_listen("::1", 4803, "--tcp").unwrap(), v4("[::1]:4803"));
+        assert_eq!(resolve_listen("[::1]:5", 4803, "--tcp").unwrap(), v4("[::1]:5"));
+        assert_eq!(resolve_listen("0.0.0.0:0", 4803, "--tcp").unwrap(), v4("0.0.0.0:0"));
+        for (bad, says) in
+            [("localhost:", "not a port"), ("localhost:-1", "not a port"), (":1", "no host"), (" ", "empty")]
+        {
+            let e = resolve_listen(bad, 4803, "--tcp").unwrap_err().to_string();
+            assert!(e.starts_with("--tcp: ") && e.contains(says), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn only_loopback_listeners_are_private() {
+        for (addr, private) in
+            [("127.0.0.1:1", true), ("127.3.2.1:1", true), ("[::1]:1", true), ("0.0.0.0:1", false), ("[::]:1", false)]
+        {
+            assert_eq!(loopback_only(&addr.parse().unwrap()), private, "{addr}");
+        }
+    }
 }

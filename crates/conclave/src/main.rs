@@ -22,17 +22,27 @@ mod demo;
 #[cfg(feature = "bench")]
 mod flood;
 mod keys;
+mod logging;
 mod sim;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{ArgAction, CommandFactory, Parser, Subcommand};
 
 /// Conclave: secure group communication with contributory group key agreement.
 #[derive(Parser)]
 #[command(name = "conclave", version, about, long_about = None)]
+#[command(after_help = "Shell completions: `conclave completions bash` (or zsh, fish, elvish, powershell) prints a \
+script to load in your shell; `conclave man` prints the manual page (`conclave man | man -l -`).")]
 struct Cli {
+    /// Log more: -v debug, -vv trace (for the commands that log: the daemon). RUST_LOG, when set, takes precedence
+    /// [default: info].
+    #[arg(short, long, action = ArgAction::Count, global = true, conflicts_with = "quiet")]
+    verbose: u8,
+    /// Log less: -q warnings and errors only, -qq errors only, -qqq nothing. RUST_LOG, when set, takes precedence.
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    quiet: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -67,10 +77,23 @@ enum Command {
         #[command(subcommand)]
         which: keys::KeysCommand,
     },
+    /// Print a shell completion script on stdout, e.g. `conclave completions bash > ~/.local/share/bash-completion/completions/conclave`.
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) on stdout: `conclave man | man -l -`, or `conclave man daemon` for one command's page.
+    Man {
+        /// A command whose page to print (e.g. daemon, client, keys) [default: the page of conclave itself].
+        #[arg(value_name = "COMMAND")]
+        command: Option<String>,
+    },
 }
 
 fn main() {
     let cli = Cli::parse();
+    logging::set_verbosity(cli.verbose, cli.quiet);
     quiet_when_stdout_closes();
     // A print to a closed stdout (`conclave demo | head -1`) panics in
     // `println!`; the panic unwinds through the command, so its guards remove
@@ -103,7 +126,39 @@ fn run(command: Command) -> Result<()> {
         Command::Flood(args) => flood::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Keys { which } => keys::run(which),
+        Command::Completions { shell } => {
+            let mut cli = Cli::command();
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut cli, "conclave", &mut out);
+            // print!: a closed stdout ends the run quietly (see quiet_when_stdout_closes).
+            print!("{}", String::from_utf8_lossy(&out));
+            Ok(())
+        }
+        Command::Man { command } => man(command.as_deref()),
     }
+}
+
+/// Prints the manual page of conclave, or of one of its commands.
+fn man(command: Option<&str>) -> Result<()> {
+    let mut cli = Cli::command();
+    // Built, the commands carry the global options (-v, -q) too.
+    cli.build();
+    let page = match command {
+        None => cli,
+        Some(name) => {
+            let Some(sub) = cli.find_subcommand(name) else {
+                let names: Vec<&str> = cli.get_subcommands().map(|c| c.get_name()).collect();
+                anyhow::bail!("there is no command {name:?}; the commands are {}", names.join(", "));
+            };
+            // The page is conclave-daemon(1), its synopsis `conclave daemon`.
+            let page: &'static str = Box::leak(format!("conclave-{}", sub.get_name()).into_boxed_str());
+            sub.clone().name(page).bin_name(format!("conclave {}", sub.get_name())).version(env!("CARGO_PKG_VERSION"))
+        }
+    };
+    let mut out = Vec::new();
+    clap_mangen::Man::new(page).render(&mut out)?;
+    print!("{}", String::from_utf8_lossy(&out));
+    Ok(())
 }
 
 /// An error and its causes on one line, each said once: a cause whose text

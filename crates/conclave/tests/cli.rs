@@ -987,3 +987,318 @@ fn the_readmes_client_example_works_as_written() {
         assert_eq!(heard.count(), 2, "both should hear {who}:\n{out}\n{err}");
     }
 }
+
+/// The commands `conclave --help` lists.
+fn subcommands() -> Vec<String> {
+    let (status, out, _) = run(conclave().arg("--help"));
+    assert!(status.success());
+    let list = out.split("Commands:").nth(1).expect("a Commands: section").split("\n\n").next().unwrap();
+    let names: Vec<String> =
+        list.lines().filter_map(|l| l.split_whitespace().next()).filter(|n| *n != "help").map(str::to_owned).collect();
+    assert!(names.len() >= 8 && names.iter().any(|n| n == "daemon"), "{out}");
+    names
+}
+
+/// A man page: roff whose first request, after clap_mangen's string
+/// definitions (`.ie`/`.el`), is `.TH TITLE 1`, with the usual sections.
+fn assert_man_page(page: &str, title: &str) {
+    let first = page.lines().find(|l| !l.starts_with(".ie ") && !l.starts_with(".el ")).unwrap_or_default();
+    assert!(first.starts_with(&format!(".TH {title} 1 ")), "{}", &page[..page.len().min(300)]);
+    for section in [".SH NAME", ".SH SYNOPSIS", ".SH DESCRIPTION", ".SH OPTIONS"] {
+        assert!(page.contains(section), "no {section}:\n{page}");
+    }
+}
+
+/// `conclave completions SHELL` prints a script for each shell that names
+/// every command; `conclave man` prints a man page, for conclave and for one
+/// command; an unknown shell or command is refused in words.
+#[test]
+fn completions_and_man_page() {
+    let commands = subcommands();
+    assert!(commands.iter().any(|c| c == "completions") && commands.iter().any(|c| c == "man"), "{commands:?}");
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let (status, out, err) = run(conclave().args(["completions", shell]));
+        assert!(status.success(), "{shell}: {err}");
+        assert!(out.len() > 500, "{shell}: {out}");
+        assert!(out.contains("log-format") && out.contains("check-config"), "{shell}: {out}");
+        if shell == "bash" {
+            for c in &commands {
+                assert!(out.contains(&format!("conclave,{c})")), "bash completion lacks {c}:\n{out}");
+            }
+            // The daemon's options are completed too.
+            assert!(out.contains("--log-format") && out.contains("--check-config") && out.contains("--tcp"), "{out}");
+        }
+    }
+    let (status, _, err) = run(conclave().args(["completions", "tcsh"]));
+    assert!(!status.success() && err.contains("tcsh") && err.contains("bash"), "{err}");
+
+    let (status, out, err) = run(conclave().arg("man"));
+    assert!(status.success(), "{err}");
+    assert_man_page(&out, "conclave");
+    for c in &commands {
+        assert!(out.contains(&format!("conclave\\-{c}(1)")), "the man page lacks {c}");
+    }
+    let (status, out, err) = run(conclave().args(["man", "daemon"]));
+    assert!(status.success(), "{err}");
+    assert_man_page(&out, "conclave-daemon");
+    assert!(out.contains("log\\-format") && out.contains("check\\-config") && out.contains("\\-\\-quiet"), "{out}");
+    let (status, _, err) = run(conclave().args(["man", "deamon"]));
+    assert!(!status.success() && err.contains("\"deamon\"") && err.contains("daemon"), "{err}");
+}
+
+/// Starts `conclave ARGS --unix SOCKET` (ARGS with `daemon`) with `env`, waits until
+/// it has been listening for a moment, stops it with SIGTERM and returns its
+/// stderr.
+fn daemon_stderr(args: &[&str], env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("conclave.sock");
+    let log_path = dir.path().join("daemon.log");
+    let mut cmd = conclave();
+    cmd.args(args).arg("--unix").arg(&socket);
+    cmd.envs(env.iter().copied()).stdout(Stdio::null()).stderr(File::create(&log_path).unwrap());
+    let mut p = Proc::spawn(&mut cmd);
+    wait_for_socket(&socket);
+    // The start-up lines follow the socket at once.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(Command::new("kill").args(["-TERM", &p.child.id().to_string()]).status().unwrap().success());
+    assert!(p.wait().success());
+    std::fs::read_to_string(&log_path).unwrap()
+}
+
+/// `--log-format json`: every line the daemon logs is a JSON object with a
+/// level and a message.
+#[test]
+fn daemon_logs_json_lines() {
+    let log = daemon_stderr(&["daemon"], &[]);
+    assert!(log.contains("INFO") && log.contains("listening on unix socket"), "{log}");
+    assert!(serde_json::from_str::<serde_json::Value>(log.lines().next().unwrap()).is_err(), "{log}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("conclave.sock");
+    let log_path = dir.path().join("daemon.log");
+    let mut p = Proc::spawn(
+        conclave()
+            .args(["daemon", "--log-format", "json", "--unix"])
+            .arg(&socket)
+            .stdout(Stdio::null())
+            .stderr(File::create(&log_path).unwrap()),
+    );
+    wait_for_socket(&socket);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(Command::new("kill").args(["-TERM", &p.child.id().to_string()]).status().unwrap().success());
+    assert!(p.wait().success());
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}\n{log}")))
+        .collect();
+    assert!(lines.len() >= 3, "{log}");
+    for line in &lines {
+        assert!(line["level"].is_string() && line["message"].is_string() && line["timestamp"].is_string(), "{line}");
+    }
+    let messages: Vec<&str> = lines.iter().filter_map(|l| l["message"].as_str()).collect();
+    assert!(messages.iter().any(|m| m.starts_with("listening on unix socket")), "{log}");
+    assert!(messages.contains(&"shutting down"), "{log}");
+
+    let (status, _, err) = run(conclave().args(["daemon", "--log-format", "xml", "--no-unix"]));
+    assert!(!status.success() && err.contains("json") && err.contains("text"), "{err}");
+}
+
+/// The daemon's stderr on a terminal (a pseudo-terminal from `script`), with
+/// `env` set.
+fn daemon_on_a_terminal(env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("conclave.sock");
+    // The shell stops the daemon (SIGTERM) once it has been listening for a moment, so nothing outlives the
+    // pseudo-terminal; the daemon's exit status is the shell's, and script's.
+    let inner = format!(
+        "{bin} daemon --unix {sock} & pid=$!; n=0; while [ ! -S {sock} ] && [ $n -lt 200 ]; do sleep 0.05; \
+         n=$((n+1)); done; sleep 0.3; kill -TERM $pid; wait $pid",
+        bin = env!("CARGO_BIN_EXE_conclave"),
+        sock = socket.display()
+    );
+    let mut cmd = Command::new("script");
+    cmd.args(["-q", "-e", "-c", &inner, "/dev/null"]).env_remove("NO_COLOR").envs(env.iter().copied());
+    cmd.env_remove("XDG_RUNTIME_DIR").env_remove("RUST_LOG");
+    let (status, out, err) = run(&mut cmd);
+    assert!(status.success(), "the daemon under script (util-linux) failed: {status:?} {err}\n{out}");
+    assert!(out.contains("listening on unix socket") && out.contains("shutting down"), "{out}");
+    out
+}
+
+/// Colour on a terminal, but never with NO_COLOR set, nor when stderr is
+/// not a terminal.
+#[test]
+fn the_log_respects_no_color() {
+    assert!(daemon_on_a_terminal(&[]).contains("\x1b["), "no colour on a terminal: the test proves nothing");
+    let out = daemon_on_a_terminal(&[("NO_COLOR", "1")]);
+    assert!(!out.contains("\x1b["), "escape sequences with NO_COLOR=1: {out:?}");
+    assert!(!daemon_stderr(&["daemon"], &[]).contains("\x1b["));
+}
+
+/// `-q` leaves warnings and errors only, `-qqq` nothing, `-v` adds debug
+/// (before or after the command); RUST_LOG, when set, wins over them; a
+/// RUST_LOG that is not a filter is an error in words.
+#[test]
+fn verbosity_flags_and_rust_log() {
+    let normal = daemon_stderr(&["daemon"], &[]);
+    assert!(normal.contains(" INFO ") && normal.contains("listening on unix socket"), "{normal}");
+    assert!(!normal.contains("DEBUG"), "{normal}");
+    for quiet in [&["-q", "daemon"][..], &["daemon", "-q"], &["daemon", "--quiet"]] {
+        let log = daemon_stderr(quiet, &[]);
+        assert!(!log.contains("INFO") && !log.contains("listening"), "{quiet:?} logged INFO lines:\n{log}");
+    }
+    let quietest = daemon_stderr(&["daemon", "-qqq"], &[]);
+    assert!(quietest.is_empty(), "{quietest}");
+    let verbose = daemon_stderr(&["-v", "daemon"], &[]);
+    assert!(verbose.contains(" INFO ") && !verbose.contains("TRACE"), "{verbose}");
+    // RUST_LOG wins over -q and -v.
+    let forced = daemon_stderr(&["daemon", "-q"], &[("RUST_LOG", "info")]);
+    assert!(forced.contains("listening on unix socket"), "RUST_LOG=info did not win over -q:\n{forced}");
+    let forced = daemon_stderr(&["-vv", "daemon"], &[("RUST_LOG", "warn")]);
+    assert!(!forced.contains("INFO") && !forced.contains("DEBUG"), "{forced}");
+    let (status, _, err) =
+        run(conclave().args(["daemon", "--no-unix", "--tcp", "localhost:0"]).env("RUST_LOG", "lots=of=noise"));
+    assert!(!status.success() && err.contains("RUST_LOG") && err.contains("not a log filter"), "{err}");
+    let (status, _, err) = run(conclave().args(["-v", "-q", "daemon"]));
+    assert!(!status.success() && err.contains("--quiet"), "{err}");
+}
+
+/// Waits for a line of the log at `path` that `pred` picks, and returns it.
+fn log_line(path: &Path, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let log = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(line) = log.lines().find(|l| pred(l)) {
+            return line.to_owned();
+        }
+        assert!(Instant::now() < deadline, "no {what} in the log:\n{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `--tcp` and `--tls-listen` (and the configuration file's addresses) take
+/// host names, resolved at start; on loopback there is no warning; a bad
+/// port or a missing host is refused in words.
+#[test]
+fn tcp_and_tls_listen_take_host_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("tcp.log");
+    let _daemon = Proc::spawn(
+        conclave()
+            .args(["daemon", "--no-unix", "--tcp", "localhost:0"])
+            .stdout(Stdio::null())
+            .stderr(File::create(&log_path).unwrap()),
+    );
+    let line = log_line(&log_path, "tcp listener", |l| l.contains("listening on tcp "));
+    let addr: std::net::SocketAddr = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(addr.ip().is_loopback() && addr.port() != 0, "{line}");
+    std::net::TcpStream::connect(addr).expect("connect to the daemon's TCP address");
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(!log.contains("WARN"), "a warning for loopback:\n{log}");
+
+    let pki = Pki::new();
+    pki.issue("daemon", &["localhost"]);
+    let tls_log = pki.path("tls.log");
+    let config = pki.path("conclave.toml");
+    let file = |name: &str| format!("{:?}", pki.path(name).display().to_string());
+    std::fs::write(
+        &config,
+        format!(
+            "[listen]\nunix = false\ntcp = \"localhost:0\"\n\n[tls]\nlisten = \"localhost:0\"\ncert = {}\nkey = {}\n",
+            file("daemon.crt"),
+            file("daemon.key")
+        ),
+    )
+    .unwrap();
+    let _tls = Proc::spawn(
+        conclave()
+            .arg("daemon")
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(File::create(&tls_log).unwrap()),
+    );
+    let line = log_line(&tls_log, "tls listener", |l| l.contains("listening on tls "));
+    assert!(line.contains("127.0.0.1:") && line.contains("no client certificates"), "{line}");
+    log_line(&tls_log, "tcp listener", |l| l.contains("listening on tcp 127.0.0.1:"));
+    let log = std::fs::read_to_string(&tls_log).unwrap();
+    assert!(!log.contains("WARN"), "a warning for loopback:\n{log}");
+
+    for (addr, says) in
+        [("localhost:99999", "not a port"), ("localhost:http", "not a port"), (":4803", "no host"), ("", "empty")]
+    {
+        let (status, _, err) = run(conclave().args(["daemon", "--no-unix", "--tcp", addr]));
+        assert!(!status.success() && err.contains("--tcp") && err.contains(says), "{addr}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    std::fs::write(&config, "[listen]\nunix = false\ntcp = \"localhost:65536\"\n").unwrap();
+    let (status, _, err) = run(conclave().arg("daemon").arg("--config").arg(&config));
+    assert!(!status.success() && err.contains("[listen] tcp") && err.contains("not a port"), "{err}");
+}
+
+/// `conclave daemon --check-config FILE`: 0 and a summary for a file the
+/// daemon could start with (nothing started, no socket made), 1 and what is
+/// wrong, once, for one it could not.
+#[test]
+fn daemon_check_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("checked.sock");
+    let config = dir.path().join("conclave.toml");
+    std::fs::write(&config, format!("[listen]\nunix = {:?}\ntcp = \"localhost\"\n", socket.display().to_string()))
+        .unwrap();
+    let (status, out, err) = run(conclave().arg("daemon").arg("--check-config").arg(&config));
+    assert!(status.success(), "{err}");
+    assert!(out.contains(": ok") && out.contains(&socket.display().to_string()), "{out}");
+    assert!(out.contains("tcp 127.0.0.1:4803") && out.contains("standalone"), "{out}");
+    assert!(!socket.exists(), "--check-config made the socket");
+
+    for (text, says) in [
+        ("[limits]\nqueue_deep = 3\n", &["unknown field", "queue_deep", "line 2"][..]),
+        ("[limits]\nqueue_depth = \"many\"\n", &["queue_depth", "line 2"]),
+        ("[listen]\nunix = 3\n", &["a socket path (a string) or false"]),
+        ("[listen]\nunix = false\n[tls]\nlisten = \"localhost\"\n", &["--tls-cert", "127.0.0.1:4804"]),
+        ("[listen]\nunix = false\n", &["no listener"]),
+        ("[listen]\nunix = \"/x.sock\"\n[limits]\nqueue_bytes = 1000\n", &["queue_bytes", "at least 1049600 bytes"]),
+        ("[listen]\nunix = \"/x.sock\"\n[limits]\nmax_connections = 0\n", &["max_connections", "at least 1"]),
+        ("backbone = \"ring\"\n", &["backbone", "standalone", "cluster"]),
+        ("[unix_names]\n1000 = [\"alice\"]\n[listen]\nunix = \"/x.sock\"\n", &["no client CA"]),
+    ] {
+        std::fs::write(&config, text).unwrap();
+        let (status, out, err) = run(conclave().arg("daemon").arg("--check-config").arg(&config));
+        assert_eq!(status.code(), Some(1), "{text}: {out} {err}");
+        assert!(out.is_empty(), "{text}: {out}");
+        for s in says {
+            assert!(err.contains(s), "{text}: no {s:?} in {err}");
+        }
+        assert!(!err.contains("UnixSetting") && !err.contains("FileConfig"), "{err}");
+    }
+    let (status, _, err) = run(conclave().arg("daemon").arg("--check-config").arg(dir.path().join("missing.toml")));
+    assert_eq!(status.code(), Some(1));
+    assert!(err.contains("cannot read configuration file") && err.contains("missing.toml"), "{err}");
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+}
+
+/// docs/conclave.toml passes `--check-config` and names every key of the
+/// configuration file that the daemon's documentation lists.
+#[test]
+fn the_sample_configuration_is_complete_and_valid() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let sample_path = root.join("docs/conclave.toml");
+    let (status, out, err) = run(conclave().arg("daemon").arg("--check-config").arg(&sample_path));
+    assert!(status.success(), "{err}");
+    assert!(out.contains("unix socket /run/conclave/conclave.sock"), "{out}");
+    let sample = std::fs::read_to_string(&sample_path).unwrap();
+    let source = std::fs::read_to_string(root.join("crates/conclave/src/daemon.rs")).unwrap();
+    let documented: Vec<&str> = source
+        .lines()
+        .filter_map(|l| l.strip_prefix("//! "))
+        .filter_map(|l| l.split_once(" = ").map(|(k, _)| k.trim()))
+        .filter(|k| k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .collect();
+    assert!(documented.len() >= 20, "{documented:?}");
+    for key in documented {
+        let set = |l: &str| l.trim_start_matches('#').starts_with(&format!("{key} = "));
+        assert!(sample.lines().any(set), "docs/conclave.toml lacks {key}");
+    }
+}
