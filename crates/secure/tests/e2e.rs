@@ -644,6 +644,7 @@ async fn a_keyed_view_with_an_untrusted_member_is_not_used() {
     let a = w.member("alice").await;
     let b = w.member("bob").await;
     a.join(Policy::integrated());
+    a.until_view(&["alice"]).await;
     b.join(Policy::integrated());
     let (ab, _) = a.until_view(&["alice", "bob"]).await;
     b.until_view(&["alice", "bob"]).await;
