@@ -991,6 +991,21 @@ impl World {
 mod tests {
     use super::*;
 
+    /// `conclave sim`'s defaults: TGDH rekeyed on every view, 5 member names,
+    /// 40 steps, 3 daemons, certified every other seed.
+    fn defaults() -> SimConfig {
+        SimConfig {
+            protocol: ProtocolId::Tgdh,
+            members: 5,
+            steps: 40,
+            daemons: 3,
+            print: false,
+            certified: true,
+            interval: None,
+            keyed: false,
+        }
+    }
+
     /// Seeds that failed while interval rekeying was wired into the sessions:
     /// 4 and 7 (certified) split confirmations across two rekeys without a
     /// view between them (a stale confirmation of the first counted against
@@ -1000,16 +1015,7 @@ mod tests {
     #[test]
     fn interval_rekeying_passes_the_seeds_that_once_failed() {
         for algorithm in IntervalAlgorithm::ALL {
-            let cfg = SimConfig {
-                protocol: ProtocolId::Tgdh,
-                members: 5,
-                steps: 40,
-                daemons: 3,
-                print: false,
-                certified: true,
-                interval: Some(algorithm),
-                keyed: false,
-            };
+            let cfg = SimConfig { interval: Some(algorithm), ..defaults() };
             for seed in [4, 7, 115, 163, 425] {
                 let out = run(seed, cfg);
                 assert!(out.failures.is_empty(), "{} seed {seed}: {:?}", algorithm.name(), out.failures);
@@ -1027,16 +1033,7 @@ mod tests {
     #[test]
     fn a_confirmation_in_the_view_after_its_rekey_counts_before_the_certificates() {
         for algorithm in IntervalAlgorithm::ALL {
-            let cfg = SimConfig {
-                protocol: ProtocolId::Tgdh,
-                members: 5,
-                steps: 40,
-                daemons: 3,
-                print: false,
-                certified: true,
-                interval: Some(algorithm),
-                keyed: false,
-            };
+            let cfg = SimConfig { interval: Some(algorithm), ..defaults() };
             for seed in [7038, 7704] {
                 let out = run(seed, cfg);
                 assert!(out.certified, "{} seed {seed} runs certified", algorithm.name());
@@ -1052,32 +1049,14 @@ mod tests {
     /// (see *Transitional sets* in the daemon core's docs).
     #[test]
     fn a_hole_in_a_transitional_set_keeps_virtual_synchrony() {
-        let cfg = SimConfig {
-            protocol: ProtocolId::Gdh,
-            members: 5,
-            steps: 40,
-            daemons: 3,
-            print: false,
-            certified: true,
-            interval: None,
-            keyed: false,
-        };
+        let cfg = SimConfig { protocol: ProtocolId::Gdh, ..defaults() };
         let out = run(58100, cfg);
         assert!(out.failures.is_empty(), "{:?}", out.failures);
     }
 
     #[test]
     fn groups_keyed_by_their_daemons_pass_a_few_seeds_and_a_seed_replays_exactly() {
-        let cfg = SimConfig {
-            protocol: ProtocolId::Tgdh,
-            members: 5,
-            steps: 40,
-            daemons: 3,
-            print: false,
-            certified: true,
-            interval: None,
-            keyed: true,
-        };
+        let cfg = SimConfig { keyed: true, ..defaults() };
         for seed in 0..8 {
             let out = run(seed, cfg);
             assert!(out.failures.is_empty(), "seed {seed}: {:?}", out.failures);
@@ -1090,16 +1069,7 @@ mod tests {
     fn every_protocol_passes_a_few_seeds_and_a_seed_replays_exactly() {
         for protocol in ProtocolId::ALL {
             for daemons in [1, 3] {
-                let cfg = SimConfig {
-                    protocol,
-                    members: 4,
-                    steps: 40,
-                    daemons,
-                    print: false,
-                    certified: false,
-                    interval: None,
-                    keyed: false,
-                };
+                let cfg = SimConfig { protocol, members: 4, daemons, certified: false, ..defaults() };
                 for seed in 0..6 {
                     let out = run(seed, cfg);
                     assert!(out.failures.is_empty(), "{protocol} seed {seed} on {daemons}: {:?}", out.failures);
