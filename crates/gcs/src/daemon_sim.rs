@@ -324,7 +324,7 @@ impl DaemonSim {
 
     /// A running daemon's core, to inspect (`None` while it is crashed).
     pub fn core(&self, daemon: u16) -> Option<&Core> {
-        self.daemons.get(&DaemonId(daemon)).filter(|d| d.up).map(|d| d.core.core())
+        self.machine(daemon).map(|m| m.core())
     }
 
     /// The machine daemon `daemon` runs, if it is running.
