@@ -19,7 +19,7 @@ use crate::core::{AppliedOps, ClientState, ConnId, DaemonId, DaemonState, ErrorC
 use crate::wire::{group_options, Fields, WireError, MAX_ERROR_TEXT};
 
 /// The version of the daemon–daemon encoding this module speaks.
-pub const OP_VERSION: u8 = 5;
+pub const OP_VERSION: u8 = 6;
 
 const CONNECT: u8 = 0x01;
 const DISCONNECT: u8 = 0x02;
@@ -139,6 +139,7 @@ fn put_op(op: &Op, out: &mut BytesMut) {
             out.put_u16(state.daemon.0);
             out.put_u64(state.next_view);
             out.put_u64(state.incarnation);
+            out.put_u64(state.view_incarnation);
             out.put_u64(state.applied.floor);
             out.put_u8(u8::try_from(state.applied.ranges.len()).expect("at most 64 ranges"));
             for &(start, end) in &state.applied.ranges {
@@ -219,6 +220,7 @@ pub fn decode_op(msg: Bytes) -> Result<Op, OpError> {
             let daemon = DaemonId(f.u16("daemon")?);
             let next_view = f.u64("next view")?;
             let incarnation = f.u64("incarnation")?;
+            let view_incarnation = f.u64("view incarnation")?;
             let floor = f.u64("applied floor")?;
             let n = f.u8("applied range count")?;
             let mut ranges = Vec::with_capacity(usize::from(n).min(f.rest_len() / 16));
@@ -250,7 +252,10 @@ pub fn decode_op(msg: Bytes) -> Result<Op, OpError> {
                 }
                 clients.push(ClientState { conn, name, groups });
             }
-            Op::State { epoch, state: DaemonState { daemon, next_view, incarnation, applied, cut, clients } }
+            Op::State {
+                epoch,
+                state: DaemonState { daemon, next_view, incarnation, view_incarnation, applied, cut, clients },
+            }
         }
         k => return Err(WireError::UnknownKind(k).into()),
     };
@@ -384,22 +389,25 @@ mod tests {
             (
                 any::<u64>(),
                 any::<u16>(),
-                any::<(u64, u64)>(),
+                any::<(u64, u64, u64)>(),
                 applied_ops(),
                 proptest::collection::vec(any::<u16>(), 0..4),
                 proptest::collection::vec(client, 0..4)
             )
-                .prop_map(|(epoch, d, (next_view, incarnation), applied, cut, clients)| Op::State {
-                    epoch,
-                    state: DaemonState {
-                        daemon: DaemonId(d),
-                        next_view,
-                        incarnation,
-                        applied,
-                        cut: cut.into_iter().map(DaemonId).collect(),
-                        clients
+                .prop_map(
+                    |(epoch, d, (next_view, incarnation, view_incarnation), applied, cut, clients)| Op::State {
+                        epoch,
+                        state: DaemonState {
+                            daemon: DaemonId(d),
+                            next_view,
+                            incarnation,
+                            view_incarnation,
+                            applied,
+                            cut: cut.into_iter().map(DaemonId).collect(),
+                            clients
+                        }
                     }
-                }),
+                ),
         ]
     }
 
@@ -487,6 +495,7 @@ mod tests {
                 daemon: DaemonId(1),
                 next_view: 1,
                 incarnation: 1,
+                view_incarnation: 1,
                 applied: AppliedOps { floor, ranges: ranges.to_vec() },
                 cut: Vec::new(),
                 clients: Vec::new(),
@@ -516,7 +525,7 @@ mod tests {
     #[test]
     fn a_huge_count_is_refused_without_allocating_for_it() {
         let mut msg = vec![OP_VERSION, STATE];
-        msg.extend_from_slice(&[0; 8 + 2 + 8 + 8 + 8 + 1 + 2]);
+        msg.extend_from_slice(&[0; 8 + 2 + 8 + 8 + 8 + 8 + 1 + 2]);
         msg.extend_from_slice(&u32::MAX.to_be_bytes());
         assert!(matches!(decode_op(Bytes::from(msg)), Err(OpError::Malformed(WireError::Truncated(_)))));
     }

@@ -406,6 +406,11 @@ pub struct DaemonState {
     pub next_view: u64,
     /// The daemon's incarnation (random per boot; see [`ViewId`]).
     pub incarnation: u64,
+    /// The incarnation of the views the daemon installed last (derived per
+    /// configuration and transitional set): folded into the next
+    /// configuration's, so that two configurations in a row never share ids
+    /// even when every other field of every state is the same.
+    pub view_incarnation: u64,
     /// The client operations this daemon numbered, in this incarnation
     /// ([`OpId::seq`]), that its groups have seen: the effects the rebuilt
     /// groups hold for its clients, and (below the floor) numbers never
@@ -1283,7 +1288,15 @@ impl Core {
             .get(&self.me)
             .filter(|a| a.incarnation == self.incarnation)
             .map_or_else(AppliedOps::default, Applied::ops);
-        DaemonState { daemon: self.me, next_view: self.next_view, incarnation: self.incarnation, applied, cut, clients }
+        DaemonState {
+            daemon: self.me,
+            next_view: self.next_view,
+            incarnation: self.incarnation,
+            view_incarnation: self.view_incarnation,
+            applied,
+            cut,
+            clients,
+        }
     }
 
     fn daemons_changed(&mut self, epoch: u64, members: Vec<DaemonId>, out: &mut Vec<Output>) {
@@ -1353,7 +1366,8 @@ impl Core {
         // from the same states.
         let tag_incarnation = x.states.get(&DaemonId(self.tag)).map_or(self.incarnation, |s| s.incarnation);
         self.view_incarnation = x.states.values().fold(derive(tag_incarnation, REBUILT), |h, s| {
-            derive(derive(derive(h, u64::from(s.daemon.0)), s.incarnation), s.next_view)
+            let h = derive(derive(derive(h, u64::from(s.daemon.0)), s.incarnation), s.next_view);
+            derive(h, s.view_incarnation)
         });
         self.configuration = ViewId::new(self.view_incarnation, u64::from(self.tag) << COUNTER_BITS);
         // What the rebuilt groups have seen of each origin is what its own

@@ -590,6 +590,7 @@ fn operations_during_an_exchange_are_held_then_applied_in_order() {
         daemon: DaemonId(2),
         next_view: 40,
         incarnation: inc(2),
+        view_incarnation: inc(2),
         applied: Default::default(),
         cut: vec![DaemonId(1), DaemonId(2)],
         clients: Vec::new(),
@@ -956,4 +957,20 @@ fn operations_applied_in_an_exchange_their_origin_missed_are_applied_again() {
     let at_b = merged.take(conn(2, 1));
     let m_at_b = at_b.iter().filter(|d| matches!(d, Delivery::Message { payload, .. } if payload == "m")).count();
     assert_eq!(m_at_b, 1, "b, at the origin, gets m once, now");
+}
+
+/// Two configurations in a row with the same daemons, and nothing installed
+/// between them, exchange states that differ in nothing but the one each
+/// daemon's ids came from; they must still get different ids, or whatever
+/// runs per configuration (the daemons' key agreement) mixes the two.
+#[test]
+fn consecutive_configurations_with_the_same_daemons_have_different_ids() {
+    let mut pair = Component::new(&[1, 2]);
+    pair.feed(daemons(1, &[1, 2]));
+    let first = pair.cores[0].configuration().expect("installed").0;
+    assert_eq!(pair.cores[1].configuration().expect("installed").0, first);
+    pair.feed(daemons(2, &[1, 2]));
+    let second = pair.cores[0].configuration().expect("installed").0;
+    assert_eq!(pair.cores[1].configuration().expect("installed").0, second);
+    assert_ne!(first, second);
 }
