@@ -188,6 +188,22 @@ pub struct DaemonArgs {
     /// The CPG group of the cluster's daemons [default: conclave].
     #[arg(long, value_name = "NAME")]
     cpg_group: Option<String>,
+    /// In a cluster, key groups with the integrated architecture (`--policy integrated-vs`): this daemon's
+    /// certificate of the group authority, for the member name daemon-N with N this node's daemon number (its
+    /// Corosync node id; `conclave keys issue daemon-N`). The daemons agree a key among themselves, admitting only
+    /// daemons whose certificates --daemon-ca and --daemon-crl accept. Without it a cluster daemon refuses keyed
+    /// joins.
+    #[arg(long, value_name = "PEM", requires_all = ["daemon_key", "daemon_ca", "daemon_crl"])]
+    daemon_cert: Option<PathBuf>,
+    /// The secret key of --daemon-cert (PEM, PKCS#8).
+    #[arg(long, value_name = "PEM", requires = "daemon_cert")]
+    daemon_key: Option<PathBuf>,
+    /// The group authority that certifies the daemons (PEM CA certificate; `conclave keys authority`).
+    #[arg(long, value_name = "PEM", requires = "daemon_cert")]
+    daemon_ca: Option<PathBuf>,
+    /// The authority's CRL: daemons whose certificates it revokes are not admitted (read at start).
+    #[arg(long, value_name = "PEM", requires = "daemon_cert")]
+    daemon_crl: Option<PathBuf>,
     /// How the log on stderr is written: text (coloured on a terminal unless NO_COLOR is set) or json (one JSON
     /// object per line, for log collectors).
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text)]
@@ -698,6 +714,37 @@ fn check_summary(file: &Path, config: &DaemonConfig, choice: &BackboneChoice, ce
     format!("{}: ok\n  listening on: {}\n  backbone: {backbone}\n", file.display(), listeners.join(", "))
 }
 
+/// This cluster daemon's identity in the daemons' key agreement
+/// (`--daemon-cert`), checked against `--daemon-ca` and `--daemon-crl`.
+fn daemon_identity(
+    args: &DaemonArgs,
+    choice: &BackboneChoice,
+    me: conclave_gcs::core::DaemonId,
+) -> Result<Option<conclave_secure::trust::CertifiedDaemon>> {
+    let (Some(cert), Some(key), Some(ca), Some(crl)) =
+        (&args.daemon_cert, &args.daemon_key, &args.daemon_ca, &args.daemon_crl)
+    else {
+        return Ok(None);
+    };
+    if choice.kind != BackboneKind::Cluster {
+        bail!("--daemon-cert is for a cluster daemon (--backbone cluster): a standalone daemon keys groups by itself");
+    }
+    let read = |path: &Path| std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()));
+    let identity = conclave_secure::trust::Identity::from_pem(&read(cert)?, &read(key)?)
+        .with_context(|| format!("cannot load the daemon identity {} / {}", cert.display(), key.display()))?;
+    let authority = conclave_secure::trust::Authority::from_pem(&read(ca)?, Some(&read(crl)?))
+        .with_context(|| format!("cannot load the authority {} with its CRL {}", ca.display(), crl.display()))?;
+    let certified = conclave_secure::trust::CertifiedDaemon::new(me, identity, authority).with_context(|| {
+        format!(
+            "{} is not a valid certificate for daemon-{} (this node's daemon number) under {}",
+            cert.display(),
+            me.0,
+            ca.display()
+        )
+    })?;
+    Ok(Some(certified))
+}
+
 /// Runs the daemon until Ctrl-C or SIGTERM.
 pub fn run(args: DaemonArgs) -> Result<()> {
     let (config, choice, mut trust) = build_config(&args)?;
@@ -717,6 +764,13 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     if choice.kind == BackboneKind::Cluster {
         tracing::info!("cluster backbone: daemon {} of CPG group {:?}", backbone.daemon_id().0, choice.cpg_group);
     }
+    let backbone = match daemon_identity(&args, &choice, backbone.daemon_id())? {
+        Some(certified) => {
+            tracing::info!("keyed groups: this daemon takes part in the daemons' key agreement as {certified:?}");
+            backbone.with_daemon_trust(certified)
+        }
+        None => backbone,
+    };
     // The daemon fits its connection caps under the descriptor limit: first make that as high as it may be.
     let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
     let raised = conclave_gcs_net::daemon::raise_descriptor_limit();

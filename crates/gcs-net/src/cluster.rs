@@ -401,6 +401,12 @@ impl Dispatch {
                 tracing::warn!("dropping a daemon-group change sent by node {node}: only CPG reports those");
                 return;
             }
+            // The daemons' key agreement: each daemon speaks for itself only.
+            Op::DaemonKa { from: claimed, .. } if claimed == from => op,
+            Op::DaemonKa { .. } => {
+                tracing::warn!("dropping another daemon's key agreement message sent by node {node}");
+                return;
+            }
             op => match op.conn() {
                 Some(c) if c.daemon == from => op,
                 _ => {

@@ -78,7 +78,7 @@ use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, ErrorCode, Limits, Ma
 use conclave_gcs::wire::{self, FrameReader, Request, WireError};
 use conclave_gcs::MemberId;
 use conclave_gka::suite::ed25519::Ed25519Signer;
-use conclave_integrated::{DaemonIdentities, KeyedDaemon};
+use conclave_integrated::{DaemonIdentities, DaemonTrust, KeyedDaemon};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -249,8 +249,22 @@ pub struct Backbone {
     ordered: mpsc::Receiver<Op>,
     failure: oneshot::Receiver<String>,
     resources: Option<Box<dyn Send + Sync>>,
-    /// Whether the daemon keys groups itself (see `start`).
-    keys_groups: bool,
+    /// How the daemon keys groups (see `start`).
+    keying: Keying,
+}
+
+/// Whether and how a daemon keys groups (the integrated architecture; see
+/// `conclave-integrated`).
+enum Keying {
+    /// A standalone daemon is its own daemon group and keys groups with a
+    /// key of its own, under a signing key drawn at start.
+    Alone,
+    /// A cluster daemon admits to the daemons' key agreement the daemons this
+    /// trust admits.
+    Trusted(Box<dyn DaemonTrust>),
+    /// A cluster daemon without a daemon identity refuses keyed joins
+    /// (`ModeMismatch`).
+    Off,
 }
 
 impl Backbone {
@@ -267,7 +281,7 @@ impl Backbone {
             ordered,
             failure,
             resources: None,
-            keys_groups: true,
+            keying: Keying::Alone,
         }
     }
 
@@ -285,7 +299,17 @@ impl Backbone {
         failure: oneshot::Receiver<String>,
         resources: Box<dyn Send + Sync>,
     ) -> Self {
-        Self { me, incarnation, submit, ordered, failure, resources: Some(resources), keys_groups: false }
+        Self { me, incarnation, submit, ordered, failure, resources: Some(resources), keying: Keying::Off }
+    }
+
+    /// Lets this (cluster) daemon key groups: it takes part in the daemons'
+    /// key agreement as `trust` says, and admits the daemons it admits.
+    /// Every daemon of the cluster should be given the same trust (the
+    /// same authority); one that others do not admit gets no key, and its
+    /// clients no keyed views.
+    pub fn with_daemon_trust(mut self, trust: impl DaemonTrust + 'static) -> Self {
+        self.keying = Keying::Trusted(Box::new(trust));
+        self
     }
 
     /// This daemon's number in the daemon group.
@@ -625,19 +649,17 @@ impl Daemon {
             None => None,
         };
 
-        let Backbone { me, incarnation, submit, ordered, failure, resources, keys_groups } = backbone;
+        let Backbone { me, incarnation, submit, ordered, failure, resources, keying } = backbone;
         let conns: Conns = Arc::default();
         let core = Core::new(me, Limits { max_groups_per_client: config.max_groups_per_client }, incarnation);
-        // A standalone daemon is its own daemon group: it keys groups with a
-        // key of its own (the integrated architecture's, trivially). A
-        // cluster's daemons would first need identities they trust one
-        // another by: there a keyed join is refused.
-        let core: Box<dyn Machine> = if keys_groups {
-            let signer = Arc::new(Ed25519Signer::generate(&mut rand_core::OsRng));
-            let identities = DaemonIdentities::alone(me, signer);
-            Box::new(KeyedDaemon::new(core, identities, Box::new(rand_core::OsRng)))
-        } else {
-            Box::new(core)
+        let core: Box<dyn Machine> = match keying {
+            Keying::Alone => {
+                let signer = Arc::new(Ed25519Signer::generate(&mut rand_core::OsRng));
+                let identities = DaemonIdentities::alone(me, signer);
+                Box::new(KeyedDaemon::new(core, identities, Box::new(rand_core::OsRng)))
+            }
+            Keying::Trusted(trust) => Box::new(KeyedDaemon::new(core, trust, Box::new(rand_core::OsRng))),
+            Keying::Off => Box::new(core),
         };
         let (stop, stopped) = oneshot::channel();
         let (report, failed) = oneshot::channel();

@@ -50,9 +50,7 @@ use std::sync::Arc;
 use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, Machine, Op, Output, ViewKey};
 use conclave_gcs::{Cause, GroupName, MemberId, View, ViewId, ViewMember};
 use conclave_gka::suite::{Signer, Verifier};
-use conclave_gka::{
-    Directory, Engine, GroupId, GroupKey, Output as EngineOutput, ProtocolId, SecureView, StaticDirectory,
-};
+use conclave_gka::{Engine, GroupId, GroupKey, Output as EngineOutput, ProtocolId, SecureView, StaticDirectory};
 use hmac::{Hmac, Mac};
 use rand_core::CryptoRngCore;
 use sha2::Sha256;
@@ -64,9 +62,17 @@ pub const DAEMON_GROUP: &str = "conclave/daemons";
 /// The label of [`view_key`]'s input.
 const VIEW_KEY_LABEL: &[u8] = b"conclave/integrated/v1/view-key";
 
-/// Daemon `d`'s member name in the daemons' key agreement.
+/// Daemon `d`'s member name in the daemons' key agreement, and the name its
+/// certificate of the group authority holds (`conclave keys issue daemon-N`).
 pub fn daemon_member(d: DaemonId) -> MemberId {
     MemberId::new(format!("daemon-{}", d.0)).expect("a valid member name")
+}
+
+/// The daemon whose member name is `m` ([`daemon_member`]'s inverse).
+pub fn daemon_of_member(m: &MemberId) -> Option<DaemonId> {
+    let n = m.as_str().strip_prefix("daemon-")?;
+    // Canonical numbers only: "daemon-01" is nobody.
+    n.parse::<u16>().ok().filter(|d| d.to_string() == n).map(DaemonId)
 }
 
 /// The key of view `view` of keyed group `group` under the daemons' key
@@ -81,22 +87,40 @@ pub fn view_key(server_key: &GroupKey, group: &GroupName, view: ViewId) -> ViewK
     ViewKey::new(mac.finalize().into_bytes().into())
 }
 
-/// Who the daemons are: this daemon's signing identity and every daemon's
-/// verifying key.
+/// How a daemon proves who it is to the other daemons, and checks them: the
+/// Servers Agreement Engine admits to its key agreement only the daemons
+/// this accepts. The daemons of a configuration present their credentials
+/// over the ordered stream, so each one judges the same credentials in the
+/// same order; daemons configured with the same trust agree on whom they
+/// admit.
+pub trait DaemonTrust: Send {
+    /// This daemon's signing key for the key agreement.
+    fn signer(&self) -> Arc<dyn Signer>;
+    /// What this daemon presents to the others (a certificate, say); at most
+    /// [`MAX_CREDENTIAL`] bytes.
+    fn credential(&self) -> Vec<u8>;
+    /// Checks what daemon `daemon` presented; its verifying key if it is
+    /// admitted, why not otherwise.
+    fn verify(&self, daemon: DaemonId, credential: &[u8]) -> Result<Arc<dyn Verifier>, String>;
+}
+
+/// The largest credential a daemon presents (a certificate of the group
+/// authority is well under it).
+pub const MAX_CREDENTIAL: usize = 16 * 1024;
+
+/// Who the daemons are, fixed in advance: this daemon's signing identity and
+/// every daemon's verifying key (simulations and tests, and a standalone
+/// daemon, which trusts only itself). Credentials are empty.
 #[derive(Clone)]
 pub struct DaemonIdentities {
     me: Arc<dyn Signer>,
-    directory: StaticDirectory,
+    keys: BTreeMap<DaemonId, Arc<dyn Verifier>>,
 }
 
 impl DaemonIdentities {
     /// This daemon signs with `me`; daemon `d` is trusted with `keys[d]`.
     pub fn new(me: Arc<dyn Signer>, keys: impl IntoIterator<Item = (DaemonId, Arc<dyn Verifier>)>) -> Self {
-        let mut directory = StaticDirectory::new();
-        for (d, key) in keys {
-            directory.insert(daemon_member(d), key);
-        }
-        Self { me, directory }
+        Self { me, keys: keys.into_iter().collect() }
     }
 
     /// A daemon that trusts no other: its configuration is itself alone, as
@@ -107,13 +131,45 @@ impl DaemonIdentities {
     }
 }
 
+impl DaemonTrust for DaemonIdentities {
+    fn signer(&self) -> Arc<dyn Signer> {
+        self.me.clone()
+    }
+
+    fn credential(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    fn verify(&self, daemon: DaemonId, _credential: &[u8]) -> Result<Arc<dyn Verifier>, String> {
+        self.keys.get(&daemon).cloned().ok_or_else(|| format!("daemon {} is not one of the known daemons", daemon.0))
+    }
+}
+
+/// The kinds of [`Op::DaemonKa`] payloads: the first byte.
+mod ka_kind {
+    /// A daemon's credential for a configuration: the configuration id (16
+    /// bytes), then the credential.
+    pub const CREDENTIAL: u8 = 0;
+    /// A message of the key agreement.
+    pub const AGREEMENT: u8 = 1;
+}
+
 /// Where the daemons' key stands.
 enum ServerKey {
-    /// A change of the daemon group is being worked through, or the key
-    /// agreement of its configuration runs: views of keyed groups wait.
+    /// A change of the daemon group is being worked through: views of keyed
+    /// groups wait.
+    Changing,
+    /// The daemons of configuration `id` present their credentials; `heard`
+    /// holds each one's verdict so far (its key if admitted).
+    Presenting { id: ViewId, daemons: Vec<DaemonId>, heard: BTreeMap<DaemonId, Option<Arc<dyn Verifier>>> },
+    /// The admitted daemons run the key agreement.
     Agreeing,
     /// The key of the current configuration.
     Agreed(SecureView),
+    /// This daemon was not admitted to its configuration's key agreement (or
+    /// none of it could start): no keyed view is delivered until the next
+    /// configuration.
+    Refused,
 }
 
 /// A daemon [`Core`] with the integrated architecture's two engines around
@@ -122,9 +178,11 @@ enum ServerKey {
 pub struct KeyedDaemon {
     core: Core,
     me: DaemonId,
-    /// The daemons this one trusts.
-    directory: StaticDirectory,
-    engine: Box<dyn Engine>,
+    /// How this daemon proves itself and checks the others.
+    trust: Box<dyn DaemonTrust>,
+    /// The key agreement of the current configuration, among its admitted
+    /// daemons (a new engine for each: it runs from scratch).
+    engine: Option<Box<dyn Engine>>,
     rng: Box<dyn CryptoRngCore + Send>,
     key: ServerKey,
     /// Deliveries of keyed groups waiting for the key, by group, in order.
@@ -142,28 +200,20 @@ pub struct KeyedDaemon {
 }
 
 impl KeyedDaemon {
-    /// Wraps `core`, fresh from [`Core::new`]; its daemons are `identities`.
-    /// A fresh core is alone in its configuration, so this daemon has a key
-    /// at once; the daemons agree one when the backbone puts them together.
-    pub fn new(mut core: Core, identities: DaemonIdentities, rng: Box<dyn CryptoRngCore + Send>) -> Self {
+    /// Wraps `core`, fresh from [`Core::new`]; `trust` says who this daemon
+    /// is and which daemons it admits to the key agreement. A fresh core is
+    /// alone in its configuration, so this daemon has a key at once; the
+    /// daemons agree one when the backbone puts them together.
+    pub fn new(mut core: Core, trust: impl DaemonTrust + 'static, rng: Box<dyn CryptoRngCore + Send>) -> Self {
         core.key_groups();
         let me = core.me();
-        let directory: Arc<dyn Directory> = Arc::new(identities.directory.clone());
-        let engine = conclave_gka::new_engine(conclave_gka::Config {
-            protocol: ProtocolId::Tgdh,
-            group_id: GroupId::Ristretto255,
-            group: DAEMON_GROUP.to_string(),
-            me: daemon_member(me),
-            signer: identities.me,
-            directory,
-        });
         let mut daemon = Self {
             core,
             me,
-            directory: identities.directory,
-            engine,
+            trust: Box::new(trust),
+            engine: None,
             rng,
-            key: ServerKey::Agreeing,
+            key: ServerKey::Changing,
             held: BTreeMap::new(),
             agreements: 0,
             data_limit: None,
@@ -171,7 +221,7 @@ impl KeyedDaemon {
             refreshing: false,
         };
         let mut out = Vec::new();
-        daemon.start_agreement(&mut out);
+        daemon.configuration_installed(&mut out);
         assert!(out.is_empty(), "a fresh core is alone in its configuration");
         daemon
     }
@@ -196,27 +246,99 @@ impl KeyedDaemon {
     pub fn server_epoch(&self) -> Option<conclave_gka::Epoch> {
         match &self.key {
             ServerKey::Agreed(sv) => Some(sv.epoch),
-            ServerKey::Agreeing => None,
+            _ => None,
         }
     }
 
-    /// Starts the key agreement of the core's configuration, if it has one.
-    fn start_agreement(&mut self, out: &mut Vec<Output>) {
+    /// The daemons that share the current key, if agreed (the admitted
+    /// daemons of the configuration).
+    pub fn keyed_daemons(&self) -> Option<Vec<DaemonId>> {
+        match &self.key {
+            ServerKey::Agreed(sv) => Some(sv.members.iter().filter_map(|m| daemon_of_member(m)).collect()),
+            _ => None,
+        }
+    }
+
+    /// The core installed a configuration: its daemons present their
+    /// credentials, or, alone, this daemon agrees with itself at once.
+    fn configuration_installed(&mut self, out: &mut Vec<Output>) {
         let Some((id, daemons)) = self.core.configuration() else { return };
-        // Every daemon a newcomer: a fresh contribution from each.
-        let members = daemons.iter().map(|&d| ViewMember { id: daemon_member(d), prev: None }).collect();
+        if daemons == [self.me] {
+            let verifier = self.trust.signer().verifier();
+            self.start_agreement(id, BTreeMap::from([(self.me, verifier)]), out);
+            return;
+        }
+        let mut payload = vec![ka_kind::CREDENTIAL];
+        payload.extend_from_slice(&id.to_bytes());
+        payload.extend_from_slice(&self.trust.credential());
+        out.push(Output::Submit(Op::DaemonKa { from: self.me, payload: payload.into() }));
+        self.key = ServerKey::Presenting { id, daemons, heard: BTreeMap::new() };
+    }
+
+    /// Daemon `from` presented `credential` for configuration `id`.
+    fn credential(&mut self, from: DaemonId, id: ViewId, credential: &[u8], out: &mut Vec<Output>) {
+        let ServerKey::Presenting { id: current, daemons, heard } = &mut self.key else { return };
+        if id != *current || !daemons.contains(&from) || heard.contains_key(&from) {
+            return;
+        }
+        let verdict = if credential.len() > MAX_CREDENTIAL {
+            Err(format!("a credential of {} bytes", credential.len()))
+        } else {
+            self.trust.verify(from, credential)
+        };
+        let verdict = match verdict {
+            Ok(key) => Some(key),
+            Err(why) => {
+                tracing::warn!(daemon = from.0, %why, "a daemon is not admitted to the daemons' key agreement");
+                None
+            }
+        };
+        heard.insert(from, verdict);
+        if heard.len() < daemons.len() {
+            return;
+        }
+        let id = *current;
+        let admitted: BTreeMap<DaemonId, Arc<dyn Verifier>> =
+            std::mem::take(heard).into_iter().filter_map(|(d, key)| key.map(|k| (d, k))).collect();
+        if !admitted.contains_key(&self.me) {
+            tracing::error!(
+                daemon = self.me.0,
+                "this daemon was not admitted to the daemons' key agreement: keyed groups get no views here"
+            );
+            self.key = ServerKey::Refused;
+            return;
+        }
+        self.start_agreement(id, admitted, out);
+    }
+
+    /// Starts the key agreement of configuration `id` among `admitted`.
+    fn start_agreement(&mut self, id: ViewId, admitted: BTreeMap<DaemonId, Arc<dyn Verifier>>, out: &mut Vec<Output>) {
+        let mut directory = StaticDirectory::new();
+        for (&d, key) in &admitted {
+            directory.insert(daemon_member(d), key.clone());
+        }
+        // From scratch, with a new engine: no daemon may bring a tree it
+        // saved from an earlier configuration (the others would not share
+        // it), so the view is agreed as a merge of singletons, every daemon
+        // a newcomer with a fresh contribution.
+        let mut engine = conclave_gka::new_engine(conclave_gka::Config {
+            protocol: ProtocolId::Tgdh,
+            group_id: GroupId::Ristretto255,
+            group: DAEMON_GROUP.to_string(),
+            me: daemon_member(self.me),
+            signer: self.trust.signer(),
+            directory: Arc::new(directory.clone()),
+        });
+        let members = admitted.keys().map(|&d| ViewMember { id: daemon_member(d), prev: None }).collect();
         let view = View { id, members, cause: Cause::Network };
-        // From scratch: no daemon may bring a tree it saved from an earlier
-        // configuration (the others would not share it), so every engine
-        // forgets its state and the view is agreed as a merge of singletons,
-        // in the view's first run at every daemon.
         // (The view's run 0 is started and abandoned at once, the same at
         // every daemon: only run 1's messages are sent.)
-        let res = self
-            .engine
+        let res = engine
             .observe(&view)
-            .and_then(|()| self.engine.start(&self.directory, &mut *self.rng))
-            .and_then(|_| self.engine.rekey(&mut *self.rng));
+            .and_then(|()| engine.start(&directory, &mut *self.rng))
+            .and_then(|_| engine.rekey(&mut *self.rng));
+        self.key = ServerKey::Agreeing;
+        self.engine = Some(engine);
         self.engine_result(res, out);
     }
 
@@ -233,7 +355,10 @@ impl KeyedDaemon {
         for o in outputs {
             match o {
                 EngineOutput::Send { to: None, bytes } => {
-                    out.push(Output::Submit(Op::DaemonKa { from: self.me, payload: bytes.into() }));
+                    let mut payload = Vec::with_capacity(1 + bytes.len());
+                    payload.push(ka_kind::AGREEMENT);
+                    payload.extend_from_slice(&bytes);
+                    out.push(Output::Submit(Op::DaemonKa { from: self.me, payload: payload.into() }));
                 }
                 EngineOutput::Send { to: Some(to), .. } => {
                     // TGDH only broadcasts; the stream has no unicast.
@@ -256,6 +381,23 @@ impl KeyedDaemon {
                     }
                 }
             }
+        }
+    }
+
+    /// A daemon key agreement message from `from`, in stream order.
+    fn daemon_ka(&mut self, from: DaemonId, payload: &[u8], out: &mut Vec<Output>) {
+        match payload.split_first() {
+            Some((&ka_kind::CREDENTIAL, rest)) if rest.len() >= 16 => {
+                let (id, credential) = rest.split_at(16);
+                let id = ViewId::from_bytes(id.try_into().expect("16 bytes"));
+                self.credential(from, id, credential, out);
+            }
+            Some((&ka_kind::AGREEMENT, message)) => {
+                let Some(engine) = &mut self.engine else { return };
+                let res = engine.on_message(&daemon_member(from), message, &mut *self.rng);
+                self.engine_result(res, out);
+            }
+            _ => tracing::warn!(daemon = from.0, "a malformed daemons' key agreement message; dropped"),
         }
     }
 
@@ -285,7 +427,8 @@ impl KeyedDaemon {
         if self.data_under_key >= limit && self.core.configuration().is_some() {
             tracing::debug!(bytes = self.data_under_key, "data-out: the daemons renew their key");
             self.refreshing = true;
-            match self.engine.rekey(&mut *self.rng) {
+            let Some(engine) = &mut self.engine else { return };
+            match engine.rekey(&mut *self.rng) {
                 Ok(outputs) => self.engine_result(Ok(outputs), out),
                 Err(e) => {
                     tracing::warn!(error = %e, "data-out: the daemons' key cannot be renewed");
@@ -336,7 +479,7 @@ impl KeyedDaemon {
         };
         let waiting = self.held.get(&group).is_some_and(|h| !h.is_empty());
         let keyed_view = matches!(delivery, Delivery::View { .. }) && self.core.keyed(&group);
-        if waiting || (keyed_view && matches!(self.key, ServerKey::Agreeing)) {
+        if waiting || (keyed_view && !matches!(self.key, ServerKey::Agreed(_))) {
             self.held.entry(group).or_default().push_back((to, delivery));
         } else if keyed_view {
             self.deliver_keyed(to, delivery, out);
@@ -353,15 +496,15 @@ impl Machine for KeyedDaemon {
                 // Only the current configuration's run takes it: a message
                 // ordered during an exchange is of a run that ended.
                 if self.core.configuration().is_some() {
-                    let res = self.engine.on_message(&daemon_member(from), &payload, &mut *self.rng);
-                    self.engine_result(res, out);
+                    self.daemon_ka(from, &payload, out);
                 }
                 return;
             }
             Op::Daemons { .. } => {
                 // Views of the new configuration wait for its key, a new one
                 // in any case.
-                self.key = ServerKey::Agreeing;
+                self.key = ServerKey::Changing;
+                self.engine = None;
                 self.refreshing = false;
                 op
             }
@@ -375,12 +518,26 @@ impl Machine for KeyedDaemon {
             self.route(o, out);
         }
         if was_exchanging && !self.core.exchanging() {
-            self.start_agreement(out);
+            self.configuration_installed(out);
         }
         self.count_data(sent, out);
     }
 
     fn core(&self) -> &Core {
         &self.core
+    }
+}
+
+impl DaemonTrust for Box<dyn DaemonTrust> {
+    fn signer(&self) -> Arc<dyn Signer> {
+        (**self).signer()
+    }
+
+    fn credential(&self) -> Vec<u8> {
+        (**self).credential()
+    }
+
+    fn verify(&self, daemon: DaemonId, credential: &[u8]) -> Result<Arc<dyn Verifier>, String> {
+        (**self).verify(daemon, credential)
     }
 }

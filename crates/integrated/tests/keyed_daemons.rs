@@ -212,3 +212,36 @@ fn the_daemons_renew_their_key_after_the_data_limit_and_every_keyed_group_gets_a
     assert_eq!(refreshed.members.len(), 2);
     assert_eq!(after[&a][0].2, after[&b][0].2, "both members hold the new key");
 }
+
+/// Daemon 2 is not one daemons 0 and 1 trust (it trusts them, and claims a
+/// place). They agree a key between the two of them; daemon 2 never gets a
+/// key, so its client never gets a group key, while the others' clients get
+/// the same key for the same view.
+#[test]
+fn a_daemon_the_others_do_not_trust_is_kept_out_of_the_daemons_key() {
+    let signer = |d: u16| -> Arc<dyn Signer> { Arc::new(Ed25519Signer::from_seed(&[d as u8 + 1; 32])) };
+    let all: Vec<_> = (0..3).map(|d| (DaemonId(d), signer(d).verifier())).collect();
+    let make = move |id: DaemonId, incarnation: u64| -> Box<dyn Machine> {
+        let trusted = if id.0 == 2 { all.clone() } else { all[..2].to_vec() };
+        let identities = DaemonIdentities::new(signer(id.0), trusted);
+        let rng = Box::new(ChaCha20Rng::seed_from_u64(incarnation));
+        Box::new(KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng))
+    };
+    let mut sim = DaemonSim::with_machines(3, NetConfig::default(), 5, Box::new(make)).unwrap();
+    sim.run_idle();
+    let a = join(&mut sim, 0, "a", &[("k", true)]);
+    let b = join(&mut sim, 1, "b", &[("k", true)]);
+    let c = join(&mut sim, 2, "c", &[("k", true)]);
+    sim.run_idle();
+    for d in 0..2 {
+        assert_eq!(keyed_daemon(&sim, d).keyed_daemons(), Some(vec![DaemonId(0), DaemonId(1)]));
+    }
+    assert_eq!(keyed_daemon(&sim, 2).server_epoch(), None, "the untrusted daemon has no key");
+    let log = sim.take_log();
+    assert!(!log.iter().any(|d| d.to == c && matches!(d.delivery, Delivery::GroupKey { .. })));
+    let got = keys_by_client(&log);
+    let last = |m: ConnId| got[&m].last().unwrap().clone();
+    assert_eq!(last(a).1, last(b).1, "a and b end in the same view");
+    assert!(last(a).2.is_some());
+    assert_eq!(last(a).2, last(b).2);
+}

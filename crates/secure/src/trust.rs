@@ -707,3 +707,56 @@ mod tests {
         assert!(certified.starts_with(&got));
     }
 }
+
+/// A cluster daemon's identity in the integrated architecture's key
+/// agreement among the daemons: its certificate of the group authority
+/// (member name `daemon-N`, as `conclave keys issue daemon-N` issues it) and
+/// the authority it checks the other daemons' certificates against. The
+/// daemons present their certificates over the ordered stream, and a daemon
+/// admits daemon `N` only with a valid, unrevoked certificate for
+/// `daemon-N`.
+pub struct CertifiedDaemon {
+    identity: Identity,
+    authority: Authority,
+}
+
+impl std::fmt::Debug for CertifiedDaemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertifiedDaemon").field("name", &self.identity.name).finish_non_exhaustive()
+    }
+}
+
+impl CertifiedDaemon {
+    /// Daemon `daemon` with `identity`, trusting `authority`. Refuses an
+    /// identity that is not `daemon`'s, or that the authority refuses now.
+    pub fn new(
+        daemon: conclave_gcs::core::DaemonId,
+        identity: Identity,
+        authority: Authority,
+    ) -> Result<Self, TrustError> {
+        let member = conclave_integrated::daemon_member(daemon);
+        authority.verify(&identity.cert_der, &member, SystemTime::now()).map_err(|refusal| TrustError::Malformed {
+            what: "daemon certificate",
+            detail: format!("for {member}: {refusal}"),
+        })?;
+        Ok(Self { identity, authority })
+    }
+}
+
+impl conclave_integrated::DaemonTrust for CertifiedDaemon {
+    fn signer(&self) -> Arc<dyn Signer> {
+        self.identity.signer()
+    }
+
+    fn credential(&self) -> Vec<u8> {
+        self.identity.cert_der.clone()
+    }
+
+    fn verify(&self, daemon: conclave_gcs::core::DaemonId, credential: &[u8]) -> Result<Arc<dyn Verifier>, String> {
+        let member = conclave_integrated::daemon_member(daemon);
+        self.authority
+            .verify(credential, &member, SystemTime::now())
+            .map(|c| c.verifier)
+            .map_err(|refusal| format!("{member}'s certificate: {refusal}"))
+    }
+}

@@ -49,6 +49,8 @@ pub struct Node {
     shm: PathBuf,
     corosync: Option<Child>,
     daemon: Option<Child>,
+    /// Appended to the daemon's command line (see [`NetnsCluster::start_with`]).
+    daemon_args: Vec<String>,
 }
 
 /// A running cluster; see the module docs.
@@ -128,6 +130,19 @@ impl NetnsCluster {
     /// (`conclave` is the binary, `cpg_group` the daemons' group), and waits
     /// until every daemon is in one daemon group of all nodes.
     pub fn start(nodes: usize, conclave: &Path, cpg_group: &str, timeout: Duration) -> Result<Self> {
+        Self::start_with(nodes, conclave, cpg_group, timeout, &|_| Vec::new())
+    }
+
+    /// As [`NetnsCluster::start`], with `daemon_args(i)` appended to the
+    /// command line of node `i`'s daemon (nodes count from 1, as their ids
+    /// and daemon numbers do); restarts keep them.
+    pub fn start_with(
+        nodes: usize,
+        conclave: &Path,
+        cpg_group: &str,
+        timeout: Duration,
+        daemon_args: &dyn Fn(usize) -> Vec<String>,
+    ) -> Result<Self> {
         if !(1..=200).contains(&nodes) {
             bail!("between 1 and 200 nodes");
         }
@@ -158,7 +173,8 @@ impl NetnsCluster {
         // One key per run, a copy in every node's directory (as on real nodes).
         let authkey = new_authkey()?;
         for i in 1..=nodes {
-            let node = cluster.add_node(&format!("n{i}"), format!("node {i}"), i, nodes, &authkey)?;
+            let mut node = cluster.add_node(&format!("n{i}"), format!("node {i}"), i, nodes, &authkey)?;
+            node.daemon_args = daemon_args(i);
             cluster.nodes.push(node);
         }
         for node in &mut cluster.nodes {
@@ -207,6 +223,7 @@ impl NetnsCluster {
             shm,
             corosync: None,
             daemon: None,
+            daemon_args: Vec::new(),
         })
     }
 
@@ -394,10 +411,11 @@ impl Node {
         loop {
             let script = format!(
                 "mount --bind {shm} /dev/shm && RUST_LOG=info exec {bin} daemon --backbone cluster --cpg-group {cpg_group} \
-                 --unix {sock}",
+                 --unix {sock}{extra}",
                 shm = self.shm.display(),
                 bin = conclave.display(),
                 sock = self.socket.display(),
+                extra = self.daemon_args.iter().map(|a| format!(" '{}'", a.replace('\'', "'\\''"))).collect::<String>(),
             );
             let mut child = spawn_in(&self.netns, &script, &self.daemon_log)?;
             // The daemon listens only once it is in the CPG group.

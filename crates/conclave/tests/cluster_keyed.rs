@@ -1,0 +1,274 @@
+//! The integrated architecture on three Conclave daemons over Corosync CPG,
+//! one per network namespace: daemons certified by the group authority
+//! (`--daemon-cert`) agree a key among themselves, give every view of every
+//! keyed group its key, and re-key every keyed group when the daemon group
+//! partitions and merges; a daemon certified by another authority is kept
+//! out of the daemons' key.
+//!
+//! Needs root, `ip` and corosync; run by `.ci/run`'s cluster step:
+//! `cargo nextest run -p conclave --features cluster --run-ignored ignored-only -E 'binary(cluster_keyed)'`.
+#![cfg(feature = "cluster")]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use conclave_gcs::{Cause, MemberId, View, ViewId};
+use conclave_gcs_net::{Client, ClientSender, Event};
+use conclave_secure::trust::Issuer;
+use conclave_testkit::netns::NetnsCluster;
+
+/// Keyed groups every client joins.
+const GROUPS: usize = 20;
+/// Every wait of the test is bounded by this.
+const WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Default)]
+struct Log {
+    /// Per group, the views in order.
+    views: BTreeMap<String, Vec<View>>,
+    /// Per (group, view), the key that came with it.
+    keys: BTreeMap<(String, ViewId), [u8; 32]>,
+    errors: Vec<String>,
+}
+
+struct Member {
+    name: String,
+    tx: ClientSender,
+    log: Arc<Mutex<Log>>,
+}
+
+impl Member {
+    async fn connect(socket: &Path, name: &str) -> Self {
+        let client = Client::connect_unix(socket, name).await.unwrap_or_else(|e| panic!("connect {name}: {e}"));
+        let (tx, mut rx) = client.split();
+        let log = Arc::new(Mutex::new(Log::default()));
+        let sink = log.clone();
+        tokio::spawn(async move {
+            while let Ok(ev) = rx.recv().await {
+                let mut log = sink.lock().unwrap();
+                match ev {
+                    Event::View { group, view } => log.views.entry(group.as_str().to_owned()).or_default().push(view),
+                    Event::GroupKey { group, view, key } => {
+                        log.keys.insert((group.as_str().to_owned(), view), *key.expose_secret());
+                    }
+                    Event::Error { code, text } => log.errors.push(format!("{code:?}: {text}")),
+                    _ => {}
+                }
+            }
+        });
+        Member { name: name.to_owned(), tx, log }
+    }
+
+    /// The last view of `group`, with its key if one came.
+    fn last(&self, group: &str) -> Option<(View, Option<[u8; 32]>)> {
+        let log = self.log.lock().unwrap();
+        let view = log.views.get(group)?.last()?.clone();
+        let key = log.keys.get(&(group.to_owned(), view.id)).copied();
+        Some((view, key))
+    }
+}
+
+fn groups() -> Vec<String> {
+    (0..GROUPS).map(|i| format!("k{i}")).collect()
+}
+
+/// Waits until every member's last view of every group has `n` members and
+/// cause `cause`, and (with `keyed`) came with a key; returns, per group,
+/// the view and each member's key.
+async fn settle(
+    members: &[&Member],
+    n: usize,
+    cause: Cause,
+    keyed: bool,
+    what: &str,
+) -> BTreeMap<String, (ViewId, Vec<Option<[u8; 32]>>)> {
+    let start = Instant::now();
+    loop {
+        let mut out = BTreeMap::new();
+        let mut ready = true;
+        'groups: for g in groups() {
+            let mut ids = BTreeSet::new();
+            let mut keys = Vec::new();
+            for m in members {
+                match m.last(&g) {
+                    Some((v, key)) if v.members.len() == n && v.cause == cause && (key.is_some() || !keyed) => {
+                        ids.insert(v.id);
+                        keys.push(key);
+                    }
+                    _ => {
+                        ready = false;
+                        break 'groups;
+                    }
+                }
+            }
+            if ids.len() != 1 {
+                ready = false;
+                break;
+            }
+            out.insert(g, (ids.into_iter().next().unwrap(), keys));
+        }
+        if ready {
+            return out;
+        }
+        if start.elapsed() > WAIT {
+            let state: Vec<String> = members
+                .iter()
+                .map(|m| format!("{}: {:?} errors {:?}", m.name, m.last("k0"), m.log.lock().unwrap().errors))
+                .collect();
+            panic!("timed out waiting for {what}:\n{}", state.join("\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An authority's files in `dir`: the CA, its CRL, and certificates for
+/// `daemon-1`..`daemon-n` issued by `issuer`.
+fn certify(dir: &Path, issuer: &Issuer, daemons: &[usize], tag: &str) -> BTreeMap<usize, (PathBuf, PathBuf)> {
+    let mut rng = rand_core::OsRng;
+    let now = SystemTime::now();
+    let day = Duration::from_secs(86_400);
+    let mut out = BTreeMap::new();
+    for &d in daemons {
+        let issued =
+            issuer.issue(&MemberId::new(format!("daemon-{d}")).unwrap(), now - day, now + day, &mut rng).unwrap();
+        let cert = dir.join(format!("{tag}-daemon-{d}.crt"));
+        let key = dir.join(format!("{tag}-daemon-{d}.key"));
+        std::fs::write(&cert, &issued.cert_pem).unwrap();
+        std::fs::write(&key, issued.key_pem.as_bytes()).unwrap();
+        out.insert(d, (cert, key));
+    }
+    out
+}
+
+fn authority(dir: &Path, name: &str) -> (Issuer, PathBuf, PathBuf) {
+    let now = SystemTime::now();
+    let day = Duration::from_secs(86_400);
+    let (issuer, _key) = Issuer::create(name, now - day, now + day, &mut rand_core::OsRng).unwrap();
+    let ca = dir.join(format!("{name}.crt"));
+    let crl = dir.join(format!("{name}.crl"));
+    std::fs::write(&ca, issuer.ca_pem()).unwrap();
+    std::fs::write(&crl, issuer.crl(1, &[], now, now + day).unwrap()).unwrap();
+    (issuer, ca, crl)
+}
+
+/// The daemon arguments of node `i`: its certificate from `certs`, checked
+/// against `ca` and `crl`.
+fn daemon_args(certs: &BTreeMap<usize, (PathBuf, PathBuf)>, ca: &Path, crl: &Path, i: usize) -> Vec<String> {
+    let (cert, key) = &certs[&i];
+    [("--daemon-cert", cert.as_path()), ("--daemon-key", key), ("--daemon-ca", ca), ("--daemon-crl", crl)]
+        .into_iter()
+        .flat_map(|(flag, path)| [flag.to_owned(), path.display().to_string()])
+        .collect()
+}
+
+async fn start(daemon_args: impl Fn(usize) -> Vec<String> + Send + 'static) -> NetnsCluster {
+    let bin = Path::new(env!("CARGO_BIN_EXE_conclave")).to_owned();
+    tokio::task::spawn_blocking(move || {
+        NetnsCluster::start_with(3, &bin, "conclave-keyed", Duration::from_secs(30), &daemon_args)
+            .unwrap_or_else(|e| panic!("cannot start the cluster: {e:#}"))
+    })
+    .await
+    .unwrap()
+}
+
+async fn join_all(cluster: &NetnsCluster) -> Vec<Member> {
+    let mut members = Vec::new();
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        members.push(Member::connect(&node.socket, &format!("n{}", i + 1)).await);
+    }
+    for m in &members {
+        for g in groups() {
+            m.tx.join_keyed(&g).await.expect("join");
+        }
+    }
+    members
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, network namespaces and corosync: run by .ci/run's cluster step"]
+async fn certified_daemons_key_every_group_and_rekey_them_on_a_partition_and_a_merge() {
+    let begin = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let (issuer, ca, crl) = authority(dir.path(), "authority");
+    let certs = certify(dir.path(), &issuer, &[1, 2, 3], "good");
+    let cluster = start(move |i| daemon_args(&certs, &ca, &crl, i)).await;
+    let members = join_all(&cluster).await;
+    let all: Vec<&Member> = members.iter().collect();
+    let joined = settle(&all, 3, Cause::Join, true, "every keyed group's view of all three, keyed").await;
+    for (g, (_, keys)) in &joined {
+        assert!(keys.windows(2).all(|w| w[0] == w[1]), "members of {g}'s view got different keys");
+    }
+    let distinct: BTreeSet<_> = joined.values().map(|(_, k)| k[0]).collect();
+    assert_eq!(distinct.len(), GROUPS, "two groups' views share a key");
+    eprintln!("keyed after {:?}", begin.elapsed());
+
+    cluster.cut(2).unwrap();
+    let big = settle(&all[..2], 2, Cause::Network, true, "nodes 1-2's keyed network views").await;
+    let small = settle(&all[2..], 1, Cause::Network, true, "node 3's keyed network views").await;
+    for g in groups() {
+        let (b, s, j) = (&big[&g].1, &small[&g].1, &joined[&g].1);
+        assert_eq!(b[0], b[1], "nodes 1 and 2 hold different keys for {g}");
+        assert_ne!(b[0], s[0], "the two sides of the partition share {g}'s key");
+        assert_ne!(b[0], j[0], "{g}'s key did not change in the partition");
+        assert_ne!(s[0], j[0], "{g}'s key did not change on node 3");
+    }
+    eprintln!("partitioned after {:?}", begin.elapsed());
+
+    cluster.heal(2).unwrap();
+    let merged = settle(&all, 3, Cause::Network, true, "the merged keyed views").await;
+    for g in groups() {
+        let m = &merged[&g].1;
+        assert!(m.windows(2).all(|w| w[0] == w[1]), "members of {g}'s merged view got different keys");
+        assert!(m[0] != big[&g].1[0] && m[0] != small[&g].1[0], "{g}'s merged key is an old one");
+    }
+    for m in &members {
+        assert!(m.log.lock().unwrap().errors.is_empty(), "{}: {:?}", m.name, m.log.lock().unwrap().errors);
+    }
+    eprintln!("merged after {:?}", begin.elapsed());
+    drop(cluster);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, network namespaces and corosync: run by .ci/run's cluster step"]
+async fn a_daemon_another_authority_certified_is_kept_out_of_the_daemons_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (issuer, ca, crl) = authority(dir.path(), "authority");
+    let (rogue, rogue_ca, rogue_crl) = authority(dir.path(), "rogue");
+    let mut certs = certify(dir.path(), &issuer, &[1, 2], "good");
+    certs.extend(certify(dir.path(), &rogue, &[3], "rogue"));
+    // Node 3 trusts its own authority as well as it can: it checks the
+    // others against the rogue one, so it admits only itself; nodes 1 and 2
+    // check against the real one and admit each other only.
+    let cluster = start(move |i| {
+        let (ca, crl) = if i == 3 { (&rogue_ca, &rogue_crl) } else { (&ca, &crl) };
+        daemon_args(&certs, ca, crl, i)
+    })
+    .await;
+    let members = join_all(&cluster).await;
+    let all: Vec<&Member> = members.iter().collect();
+    let views = settle(&all, 3, Cause::Join, false, "every group's view of all three").await;
+    // Nodes 1 and 2 agreed without node 3: their clients get the same keys.
+    let keyed = settle(&all[..2], 3, Cause::Join, true, "nodes 1-2's clients' keys").await;
+    for g in groups() {
+        assert_eq!(keyed[&g].0, views[&g].0);
+        assert_eq!(keyed[&g].1[0], keyed[&g].1[1], "nodes 1 and 2 hold different keys for {g}");
+    }
+    for node in &cluster.nodes[..2] {
+        let log = std::fs::read_to_string(&node.daemon_log).unwrap();
+        assert!(
+            log.contains("not admitted to the daemons' key agreement daemon=3"),
+            "a certified daemon did not say why it kept daemon 3 out:\n{log}"
+        );
+    }
+    // Node 3 admitted only itself, so whatever key it gave its client is
+    // not the one the certified daemons share.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let n3 = members[2].log.lock().unwrap();
+    for g in groups() {
+        if let Some(key) = n3.keys.get(&(g.clone(), views[&g].0)) {
+            assert_ne!(Some(*key), keyed[&g].1[0], "the uncertified daemon holds the certified daemons' key for {g}");
+        }
+    }
+}
