@@ -29,9 +29,8 @@ pub struct SimArgs {
     seed: u64,
     /// Protocols, comma-separated: gdh, ckd, tgdh, str, bd (rekeyed on every view), SEAL's interval
     /// rekeying rebuild, batch, queue-batch (TGDH, rekeyed every 50 ms of virtual time), and
-    /// integrated-vs (the daemons agree a key with TGDH and key every view; not in the default list
-    /// yet: it fails seed 1220 of the first 3,000).
-    #[arg(long, value_delimiter = ',', default_value = "gdh,ckd,tgdh,str,bd,rebuild,batch,queue-batch")]
+    /// integrated-vs (the daemons agree a key with TGDH and key every view).
+    #[arg(long, value_delimiter = ',', default_value = "gdh,ckd,tgdh,str,bd,rebuild,batch,queue-batch,integrated-vs")]
     protocols: Vec<String>,
     /// Member names per run (each comes and goes as the seed says).
     #[arg(long, default_value_t = 5)]

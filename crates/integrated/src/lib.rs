@@ -39,10 +39,16 @@
 //!   each keyed group are held from its first view on, in order, and released
 //!   with their keys when the key is there. Other groups are not held.
 //!
-//! Not here yet: refreshing `K_s` by policy (time-out, data-out) as an
-//! artificial view change, Three-Step client–server and Optimized EVS, and
-//! daemon identities certified by the group authority in a cluster (a
-//! cluster daemon does not run this machine yet).
+//! * **Who takes part** ([`DaemonTrust`]): after each change of the daemon
+//!   group every daemon presents a credential over the stream (a certificate
+//!   of the group authority in a cluster), and each admits to the agreement
+//!   only the daemons its trust accepts. A daemon the others do not admit
+//!   never holds their key.
+//! * **Data-out** ([`KeyedDaemon::with_data_limit`]): `K_s` is renewed after
+//!   a number of bytes, and every keyed group gets an artificial view change.
+//!
+//! Not here yet: renewing `K_s` by time-out, Three-Step client–server and
+//! Optimized EVS.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
