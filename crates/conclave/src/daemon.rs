@@ -42,6 +42,8 @@
 //! max_connections = 4096        # client connections at once (lowered to fit `ulimit -n`)
 //! max_connections_per_peer = 256 # the same, per client IP address or local Unix user
 //! keepalive_secs = 60           # TCP keepalive: probe a quiet TCP/TLS peer after this long (0: off)
+//! key_lifetime_secs = 3600      # keyed groups: renew the daemons' key after this long (default: never)
+//! key_data_limit = 1073741824   # keyed groups: renew it after this many payload bytes (default: no limit)
 //!
 //! [tls]                         # no TLS unless `listen` is given
 //! listen = "0.0.0.0:4804"       # HOST or HOST:PORT (port 4804 by default)
@@ -73,7 +75,8 @@ use crate::logging::LogFormat;
 #[command(after_help = "The configuration file is TOML with the keys backbone (\"standalone\" or \"cluster\") and \
 cpg_group, and the sections [listen] (unix = \"PATH\" or false, tcp = \"ADDR\"), [limits] (max_message_size, \
 groups_per_client, queue_depth, queue_bytes, hello_timeout_secs, frame_timeout_secs, handshake_timeout_secs, \
-max_handshakes, max_handshakes_per_ip, max_connections, max_connections_per_peer, keepalive_secs) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
+max_handshakes, max_handshakes_per_ip, max_connections, max_connections_per_peer, keepalive_secs, key_lifetime_secs, \
+key_data_limit) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
 client_crl = [...], no_crl) and [unix_names] (UID = [\"NAME\", \"PATTERN-*\", ...]); command-line options \
 override it. Without either, the daemon listens on \
 $XDG_RUNTIME_DIR/conclave.sock (without $XDG_RUNTIME_DIR, pass --unix PATH) and not on TCP.
@@ -158,6 +161,15 @@ pub struct DaemonArgs {
     /// apart; quiet clients that are alive are not disturbed. 0 turns it off [default: 60].
     #[arg(long, value_name = "SECS")]
     keepalive: Option<u64>,
+    /// Keyed groups (--policy integrated-vs): the daemons renew their shared key after this many seconds, and
+    /// every keyed group gets a new view with a new key (time-out). Give every daemon of a cluster the same
+    /// [default: never].
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    key_lifetime: Option<u64>,
+    /// Keyed groups: the daemons renew their shared key once keyed groups have sent this many payload bytes under
+    /// it (data-out). Every daemon of a cluster must have the same [default: no limit].
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    key_data_limit: Option<u64>,
     /// TCP address to listen on for TLS clients: HOST or HOST:PORT, e.g. localhost, 0.0.0.0 or
     /// daemon.example.org:4804; the port defaults to 4804 and a host name is resolved (its first IPv4 address, else
     /// its first). Without --client-ca, anyone who reaches it may connect under any name: warned about off loopback
@@ -341,6 +353,8 @@ struct FileLimits {
     max_connections: Option<usize>,
     max_connections_per_peer: Option<usize>,
     keepalive_secs: Option<u64>,
+    key_lifetime_secs: Option<u64>,
+    key_data_limit: Option<u64>,
 }
 
 /// Where the daemon listens and clients connect by default:
@@ -429,6 +443,14 @@ fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, Opti
     }
     if let Some(s) = args.keepalive.or(limits.keepalive_secs) {
         config.keepalive = (s > 0).then(|| Duration::from_secs(s));
+    }
+    match args.key_lifetime.or(limits.key_lifetime_secs) {
+        Some(0) => bail!("[limits] key_lifetime_secs must be at least 1 (leave it out for keys that never time out)"),
+        s => config.key_lifetime = s.map(Duration::from_secs),
+    }
+    match args.key_data_limit.or(limits.key_data_limit) {
+        Some(0) => bail!("[limits] key_data_limit must be at least 1 (leave it out for no limit)"),
+        b => config.key_data_limit = b,
     }
     config.tls = tls;
     check_limits(&config)?;

@@ -142,6 +142,15 @@ pub struct DaemonConfig {
     pub keepalive: Option<Duration>,
     /// The member names clients without a certificate may take (default: any).
     pub uncertified_names: UncertifiedNames,
+    /// Keyed groups (the integrated architecture): the longest one key of
+    /// the daemons is used before they agree a new one and every keyed group
+    /// gets a new view (time-out; default: none). Every daemon of a cluster
+    /// should have the same.
+    pub key_lifetime: Option<Duration>,
+    /// Keyed groups: the most payload bytes keyed groups send under one key
+    /// of the daemons before it is renewed (data-out; default: none). Every
+    /// daemon of a cluster must have the same: each counts the one stream.
+    pub key_data_limit: Option<u64>,
 }
 
 /// The member names clients without a certificate (on the Unix socket, over
@@ -213,6 +222,8 @@ impl Default for DaemonConfig {
             max_connections_per_peer: 256,
             keepalive: Some(Duration::from_secs(60)),
             uncertified_names: UncertifiedNames::Any,
+            key_lifetime: None,
+            key_data_limit: None,
         }
     }
 }
@@ -652,13 +663,22 @@ impl Daemon {
         let Backbone { me, incarnation, submit, ordered, failure, resources, keying } = backbone;
         let conns: Conns = Arc::default();
         let core = Core::new(me, Limits { max_groups_per_client: config.max_groups_per_client }, incarnation);
+        let renewal = |mut keyed: KeyedDaemon| {
+            if let Some(lifetime) = config.key_lifetime {
+                keyed = keyed.with_key_lifetime(lifetime.as_micros().try_into().unwrap_or(u64::MAX));
+            }
+            if let Some(bytes) = config.key_data_limit {
+                keyed = keyed.with_data_limit(bytes);
+            }
+            keyed
+        };
         let core: Box<dyn Machine> = match keying {
             Keying::Alone => {
                 let signer = Arc::new(Ed25519Signer::generate(&mut rand_core::OsRng));
                 let identities = DaemonIdentities::alone(me, signer);
-                Box::new(KeyedDaemon::new(core, identities, Box::new(rand_core::OsRng)))
+                Box::new(renewal(KeyedDaemon::new(core, identities, Box::new(rand_core::OsRng))))
             }
-            Keying::Trusted(trust) => Box::new(KeyedDaemon::new(core, trust, Box::new(rand_core::OsRng))),
+            Keying::Trusted(trust) => Box::new(renewal(KeyedDaemon::new(core, trust, Box::new(rand_core::OsRng)))),
             Keying::Off => Box::new(core),
         };
         let (stop, stopped) = oneshot::channel();
@@ -965,7 +985,12 @@ async fn sequence(
     let mut out = Vec::new();
     let mut gone = Vec::new();
     let mut batch = Vec::with_capacity(BATCH);
+    // The machine's clock: microseconds since the sequencer started.
+    let origin = tokio::time::Instant::now();
+    let micros = |at: tokio::time::Instant| at.saturating_duration_since(origin).as_micros() as u64;
     loop {
+        let timer = core.poll_timeout().map(|t| origin + Duration::from_micros(t));
+        let mut timed_out = false;
         tokio::select! {
             biased;
             _ = &mut stopped => break,
@@ -977,12 +1002,17 @@ async fn sequence(
                 }
                 Err(_) => may_fail = false,
             },
+            () = tokio::time::sleep_until(timer.unwrap_or(origin)), if timer.is_some() => timed_out = true,
+        }
+        let now = micros(tokio::time::Instant::now());
+        if timed_out {
+            core.handle_timeout(now, &mut out);
         }
         for op in batch.drain(..) {
             if let Op::Disconnect { conn } = op {
                 gone.push(conn);
             }
-            core.handle(op, &mut out);
+            core.handle(op, now, &mut out);
         }
         let mut table = conns.lock().expect("connection table");
         for o in out.drain(..) {

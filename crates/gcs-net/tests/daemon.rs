@@ -3,7 +3,7 @@
 //! concurrent traffic and churn, errors that stay with the client that caused
 //! them, and slow clients that are cut off without holding up the rest.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -976,4 +976,56 @@ async fn tcp_connections_have_keepalive_unless_it_is_off() {
             None => assert!(matches!(daemon_side_timer(daemon.port(), client), Some((0 | 1, _)))),
         }
     }
+}
+
+/// Time-out on the real daemon: with a key lifetime of 300 ms, a keyed
+/// group's members get a new view with the same members (cause Refresh) and
+/// a new key every lifetime, from the daemon's own timer; a plain group
+/// gets nothing.
+#[tokio::test]
+async fn a_keyed_group_gets_a_new_key_each_key_lifetime() {
+    let s = start(|c| c.key_lifetime = Some(Duration::from_millis(300))).await;
+    let mut a = s.unix("a").await;
+    let mut b = s.unix("b").await;
+    for c in [&a, &b] {
+        c.join_keyed("k").await.unwrap();
+        c.join("plain").await.unwrap();
+    }
+    until_view(&mut a, "plain", 2).await;
+    // Collect what a sees for about three lifetimes.
+    let begin = std::time::Instant::now();
+    let (mut keys, mut refreshes, mut plain) = (BTreeMap::new(), 0, 0);
+    while begin.elapsed() < Duration::from_millis(1000) {
+        let Ok(ev) = tokio::time::timeout(Duration::from_millis(100), a.recv()).await else { continue };
+        match ev.unwrap() {
+            Event::GroupKey { view, key, .. } => {
+                keys.insert(view, *key.expose_secret());
+            }
+            Event::View { group, view } if group.as_str() == "k" && view.members.len() == 2 => {
+                if view.cause == conclave_gcs::Cause::Refresh {
+                    refreshes += 1;
+                    assert!(keys.contains_key(&view.id), "a refreshed view came without its key");
+                }
+            }
+            Event::View { group, .. } if group.as_str() == "plain" => plain += 1,
+            _ => {}
+        }
+    }
+    assert!((2..=4).contains(&refreshes), "{refreshes} key refreshes in 1 s at a 300 ms lifetime");
+    assert_eq!(plain, 0, "the plain group got a view");
+    let distinct: BTreeSet<_> = keys.values().collect();
+    assert_eq!(distinct.len(), keys.len(), "a key came twice");
+    // b holds the same key for the same view.
+    let last = *keys.keys().max().unwrap();
+    let got = within("b's key", async {
+        loop {
+            if let Event::GroupKey { view, key, .. } = b.recv().await.unwrap() {
+                if view == last {
+                    return *key.expose_secret();
+                }
+            }
+        }
+    })
+    .await;
+    assert_eq!(got, keys[&last]);
 }

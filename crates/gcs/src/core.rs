@@ -857,15 +857,30 @@ impl Applied {
 /// or a machine around it that adds to what the core does (the integrated
 /// architecture's keys: `conclave-integrated`). Deterministic like the core.
 /// A shell that knows which machine it runs may downcast it (`Any`).
+///
+/// Time is the shell's: `now` is a monotonic clock in microseconds from any
+/// origin the shell picks, passed in, never read. A machine never acts on
+/// time by itself at one daemon only: what it does at a time-out it submits
+/// to the stream, so that every daemon acts at the same point of it.
 pub trait Machine: std::any::Any + Send {
-    /// Consumes the next operation of the stream (see [`Core::handle`]).
-    fn handle(&mut self, op: Op, out: &mut Vec<Output>);
+    /// Consumes the next operation of the stream at time `now` (see
+    /// [`Core::handle`]).
+    fn handle(&mut self, op: Op, now: u64, out: &mut Vec<Output>);
+    /// When the machine wants [`Machine::handle_timeout`] next, if ever
+    /// (the shell asks after every call).
+    fn poll_timeout(&self) -> Option<u64> {
+        None
+    }
+    /// The shell's clock reached [`Machine::poll_timeout`]'s time.
+    fn handle_timeout(&mut self, now: u64, out: &mut Vec<Output>) {
+        let _ = (now, out);
+    }
     /// The core inside.
     fn core(&self) -> &Core;
 }
 
 impl Machine for Core {
-    fn handle(&mut self, op: Op, out: &mut Vec<Output>) {
+    fn handle(&mut self, op: Op, _now: u64, out: &mut Vec<Output>) {
         Core::handle(self, op, out);
     }
 

@@ -237,6 +237,8 @@ struct SimDaemon {
     last_at_sequencer: Micros,
     cpu_free: Micros,
     next_conn: u64,
+    /// When the machine wants its time-out ([`Machine::poll_timeout`]).
+    timer: Option<Micros>,
 }
 
 /// Makes the machine a simulated daemon runs, for a daemon and a fresh
@@ -308,6 +310,7 @@ impl DaemonSim {
                 last_at_sequencer: 0,
                 cpu_free: 0,
                 next_conn: 1,
+                timer: None,
             };
             sim.daemons.insert(id, daemon);
         }
@@ -424,6 +427,7 @@ impl DaemonSim {
             return Err(DaemonSimError::Running(daemon));
         }
         d.core = (self.make)(id, incarnation);
+        d.timer = d.core.poll_timeout();
         d.next_op = 0;
         d.up = true;
         d.first_conn = d.next_conn;
@@ -479,13 +483,28 @@ impl DaemonSim {
     /// Runs until nothing is left to do or virtual time passes `until`;
     /// every delivery to a client goes through `react`.
     pub fn run_until(&mut self, until: Micros, react: &mut dyn FnMut(Micros, ConnId, &Delivery) -> Reaction) {
-        while let Some(Reverse(next)) = self.queue.peek() {
-            if next.at > until {
+        loop {
+            let next = self.queue.peek().map(|Reverse(s)| s.at);
+            // Machines' timers alone do not keep a run without end going:
+            // with nothing else left, it is idle.
+            if next.is_none() && until == Micros::MAX {
                 break;
             }
-            let Reverse(s) = self.queue.pop().expect("peeked");
-            self.now = s.at;
-            self.handle(s.event, react);
+            match (next, self.next_timer()) {
+                (next, Some((at, d))) if next.is_none_or(|n| at < n) => {
+                    if at > until {
+                        break;
+                    }
+                    self.now = self.now.max(at);
+                    self.fire_timer(d);
+                }
+                (Some(at), _) if at <= until => {
+                    let Reverse(s) = self.queue.pop().expect("peeked");
+                    self.now = s.at;
+                    self.handle(s.event, react);
+                }
+                _ => break,
+            }
         }
         if until != Micros::MAX {
             self.now = self.now.max(until);
@@ -495,7 +514,8 @@ impl DaemonSim {
     /// When the next event is due, if any: a driver whose clients set timers
     /// as they react runs up to it, then checks its timers.
     pub fn next_event_at(&self) -> Option<Micros> {
-        self.queue.peek().map(|Reverse(s)| s.at)
+        let timer = self.next_timer().map(|(at, _)| at);
+        self.queue.peek().map(|Reverse(s)| s.at).into_iter().chain(timer).min()
     }
 
     /// Runs until nothing is left to do, with clients that never react.
@@ -688,7 +708,30 @@ impl DaemonSim {
         let done = d.cpu_free.max(self.now) + cpu;
         d.cpu_free = done;
         let mut out = Vec::new();
-        d.core.handle(op, &mut out);
+        d.core.handle(op, done, &mut out);
+        d.timer = d.core.poll_timeout();
+        self.outputs(id, done, out);
+    }
+
+    /// The daemon whose machine's time-out is due first, and when, if any.
+    fn next_timer(&self) -> Option<(Micros, DaemonId)> {
+        self.daemons.iter().filter(|(_, d)| d.up).filter_map(|(&id, d)| Some((d.timer?, id))).min()
+    }
+
+    /// Daemon `id`'s machine's time-out is due.
+    fn fire_timer(&mut self, id: DaemonId) {
+        let cpu = self.net.cpu_per_op;
+        let d = self.daemons.get_mut(&id).expect("daemon");
+        let done = d.cpu_free.max(self.now) + cpu;
+        d.cpu_free = done;
+        let mut out = Vec::new();
+        d.core.handle_timeout(self.now, &mut out);
+        d.timer = d.core.poll_timeout();
+        self.outputs(id, done, out);
+    }
+
+    /// Sends on what daemon `id`'s machine output, done with it at `done`.
+    fn outputs(&mut self, id: DaemonId, done: Micros, out: Vec<Output>) {
         for o in out {
             match o {
                 Output::Deliver { to, delivery } => {

@@ -158,6 +158,9 @@ mod ka_kind {
     pub const CREDENTIAL: u8 = 0;
     /// A message of the key agreement.
     pub const AGREEMENT: u8 = 1;
+    /// A daemon's request to renew the key of an epoch (time-out): the
+    /// epoch ([`conclave_gka::EPOCH_LEN`] bytes).
+    pub const RENEW: u8 = 2;
 }
 
 /// Where the daemons' key stands.
@@ -200,9 +203,17 @@ pub struct KeyedDaemon {
     data_limit: Option<u64>,
     /// Payload bytes keyed groups sent under the current key.
     data_under_key: u64,
-    /// The daemons are renewing their key (data-out); views keep their keys
-    /// meanwhile.
+    /// The daemons are renewing their key (data-out or time-out); views keep
+    /// their keys meanwhile.
     refreshing: bool,
+    /// Time-out: the longest a key of the daemons is used (shell clock
+    /// microseconds).
+    key_lifetime: Option<u64>,
+    /// When this daemon asks for the current key to be renewed; `None` until
+    /// the first `now` after the key was agreed, and after asking.
+    renew_at: Option<u64>,
+    /// The current key was agreed and its time-out not yet set.
+    lifetime_starts: bool,
 }
 
 impl KeyedDaemon {
@@ -225,6 +236,9 @@ impl KeyedDaemon {
             data_limit: None,
             data_under_key: 0,
             refreshing: false,
+            key_lifetime: None,
+            renew_at: None,
+            lifetime_starts: false,
         };
         let mut out = Vec::new();
         daemon.configuration_installed(&mut out);
@@ -240,6 +254,18 @@ impl KeyedDaemon {
     /// ordered stream, so all renew at the same point of it.
     pub fn with_data_limit(mut self, bytes: u64) -> Self {
         self.data_limit = Some(bytes.max(1));
+        self
+    }
+
+    /// Time-out (paper §4.3): a key of the daemons is used for at most
+    /// `micros` of the shell's clock; then the daemons agree a new one, and
+    /// every keyed group gets a new view with the same members and a key
+    /// from it, as after the data-out limit. Each daemon asks for the renewal
+    /// through the stream when its own clock says so; the first request
+    /// ordered renews the key at every daemon at the same point of the
+    /// stream, and the others are void.
+    pub fn with_key_lifetime(mut self, micros: u64) -> Self {
+        self.key_lifetime = Some(micros.max(1));
         self
     }
 
@@ -375,6 +401,8 @@ impl KeyedDaemon {
                     self.key = ServerKey::Agreed(sv);
                     self.agreements += 1;
                     self.data_under_key = 0;
+                    self.lifetime_starts = true;
+                    self.renew_at = None;
                     self.release(out);
                     if std::mem::take(&mut self.refreshing) {
                         // The artificial view change: every keyed group's next
@@ -397,6 +425,17 @@ impl KeyedDaemon {
                 let (id, credential) = rest.split_at(16);
                 let id = ViewId::from_bytes(id.try_into().expect("16 bytes"));
                 self.credential(from, id, credential, out);
+            }
+            Some((&ka_kind::RENEW, epoch)) => {
+                // Only a request for the key in use counts: later ones for the
+                // same key, and replays, find another epoch or a renewal under
+                // way.
+                if let ServerKey::Agreed(sv) = &self.key {
+                    if epoch == sv.epoch.to_bytes().as_slice() {
+                        tracing::debug!(daemon = from.0, "time-out: the daemons renew their key");
+                        self.renew(out);
+                    }
+                }
             }
             Some((&ka_kind::AGREEMENT, message)) => {
                 let Some(engine) = &mut self.engine else { return };
@@ -430,16 +469,26 @@ impl KeyedDaemon {
             return;
         }
         self.data_under_key += bytes;
-        if self.data_under_key >= limit && self.core.configuration().is_some() {
+        if self.data_under_key >= limit {
             tracing::debug!(bytes = self.data_under_key, "data-out: the daemons renew their key");
-            self.refreshing = true;
-            let Some(engine) = &mut self.engine else { return };
-            match engine.rekey(&mut *self.rng) {
-                Ok(outputs) => self.engine_result(Ok(outputs), out),
-                Err(e) => {
-                    tracing::warn!(error = %e, "data-out: the daemons' key cannot be renewed");
-                    self.refreshing = false;
-                }
+            self.renew(out);
+        }
+    }
+
+    /// Starts renewing the current key (at the same point of the stream at
+    /// every daemon).
+    fn renew(&mut self, out: &mut Vec<Output>) {
+        if self.refreshing || !matches!(self.key, ServerKey::Agreed(_)) || self.core.configuration().is_none() {
+            return;
+        }
+        let Some(engine) = &mut self.engine else { return };
+        self.refreshing = true;
+        self.renew_at = None;
+        match engine.rekey(&mut *self.rng) {
+            Ok(outputs) => self.engine_result(Ok(outputs), out),
+            Err(e) => {
+                tracing::warn!(error = %e, "the daemons' key cannot be renewed");
+                self.refreshing = false;
             }
         }
     }
@@ -496,7 +545,36 @@ impl KeyedDaemon {
 }
 
 impl Machine for KeyedDaemon {
-    fn handle(&mut self, op: Op, out: &mut Vec<Output>) {
+    fn poll_timeout(&self) -> Option<u64> {
+        self.renew_at
+    }
+
+    fn handle_timeout(&mut self, now: u64, out: &mut Vec<Output>) {
+        let (Some(at), ServerKey::Agreed(sv)) = (self.renew_at, &self.key) else { return };
+        if now < at || self.refreshing {
+            return;
+        }
+        self.renew_at = None;
+        let mut payload = vec![ka_kind::RENEW];
+        payload.extend_from_slice(&sv.epoch.to_bytes());
+        out.push(Output::Submit(Op::DaemonKa { from: self.me, payload: payload.into() }));
+    }
+
+    fn handle(&mut self, op: Op, now: u64, out: &mut Vec<Output>) {
+        self.handle_op(op, out);
+        // A key agreed since the last call is used from now on.
+        if std::mem::take(&mut self.lifetime_starts) {
+            self.renew_at = self.key_lifetime.map(|l| now.saturating_add(l));
+        }
+    }
+
+    fn core(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl KeyedDaemon {
+    fn handle_op(&mut self, op: Op, out: &mut Vec<Output>) {
         let op = match op {
             Op::DaemonKa { from, payload } => {
                 // Only the current configuration's run takes it: a message
@@ -512,6 +590,7 @@ impl Machine for KeyedDaemon {
                 self.key = ServerKey::Changing;
                 self.engine = None;
                 self.refreshing = false;
+                self.renew_at = None;
                 op
             }
             op => op,
@@ -527,10 +606,6 @@ impl Machine for KeyedDaemon {
             self.configuration_installed(out);
         }
         self.count_data(sent, out);
-    }
-
-    fn core(&self) -> &Core {
-        &self.core
     }
 }
 

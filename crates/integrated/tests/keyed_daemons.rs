@@ -27,14 +27,23 @@ fn keyed_sim(n: u16, seed: u64) -> DaemonSim {
 
 /// As [`keyed_sim`], with a data-out limit on the daemons' key.
 fn keyed_sim_with(n: u16, seed: u64, data_limit: Option<u64>) -> DaemonSim {
+    keyed_sim_limits(n, seed, data_limit, None)
+}
+
+/// As [`keyed_sim`], with a data-out limit and a time-out on the daemons' key.
+fn keyed_sim_limits(n: u16, seed: u64, data_limit: Option<u64>, lifetime: Option<u64>) -> DaemonSim {
     let signer = |d: u16| -> Arc<dyn Signer> { Arc::new(Ed25519Signer::from_seed(&[d as u8 + 1; 32])) };
     let keys: Vec<_> = (0..n).map(|d| (DaemonId(d), signer(d).verifier())).collect();
     let make = move |id: DaemonId, incarnation: u64| -> Box<dyn Machine> {
         let identities = DaemonIdentities::new(signer(id.0), keys.clone());
         let rng = Box::new(ChaCha20Rng::seed_from_u64(incarnation));
         let daemon = KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng);
-        Box::new(match data_limit {
+        let daemon = match data_limit {
             Some(bytes) => daemon.with_data_limit(bytes),
+            None => daemon,
+        };
+        Box::new(match lifetime {
+            Some(micros) => daemon.with_key_lifetime(micros),
             None => daemon,
         })
     };
@@ -244,4 +253,36 @@ fn a_daemon_the_others_do_not_trust_is_kept_out_of_the_daemons_key() {
     assert_eq!(last(a).1, last(b).1, "a and b end in the same view");
     assert!(last(a).2.is_some());
     assert_eq!(last(a).2, last(b).2);
+}
+
+/// Time-out: a key of the daemons lives one second of (virtual) time. Each
+/// second every keyed group gets a new view with the same members and a new
+/// key, the same at every daemon, with one agreement per daemon and
+/// renewal however many daemons asked for it; a plain group is not touched.
+#[test]
+fn the_daemons_renew_their_key_when_it_times_out_and_every_keyed_group_gets_a_new_view() {
+    const SECOND: u64 = 1_000_000;
+    let mut sim = keyed_sim_limits(3, 6, None, Some(SECOND));
+    sim.run_until(SECOND / 10, &mut |_, _, _| Default::default());
+    let a = join(&mut sim, 0, "a", &[("k", true), ("plain", false)]);
+    let b = join(&mut sim, 1, "b", &[("k", true), ("plain", false)]);
+    let c = join(&mut sim, 2, "c", &[("k", true)]);
+    sim.run_until(SECOND / 2, &mut |_, _, _| Default::default());
+    let before = keys_by_client(&sim.take_log());
+    let agreed = |sim: &DaemonSim| -> Vec<u64> { (0..3).map(|d| keyed_daemon(sim, d).agreements()).collect() };
+    let start = agreed(&sim);
+    sim.run_until(SECOND / 2 + 3 * SECOND + SECOND / 10, &mut |_, _, _| Default::default());
+    assert_eq!(agreed(&sim), start.iter().map(|n| n + 3).collect::<Vec<_>>(), "three renewals in three seconds");
+    let after = keys_by_client(&sim.take_log());
+    for m in [a, b, c] {
+        let views: Vec<_> = after[&m].iter().map(|(g, ..)| g.as_str()).collect();
+        assert_eq!(views, ["k", "k", "k"], "a new view of the keyed group per renewal, and of no other");
+        let keys: BTreeSet<_> = after[&m].iter().map(|(.., k)| k.expect("keyed")).collect();
+        assert_eq!(keys.len(), 3);
+        let old = before[&m].iter().rev().find(|(g, ..)| g.as_str() == "k").unwrap().2.unwrap();
+        assert!(!keys.contains(&old));
+    }
+    assert_eq!(after[&a], after[&b], "a and b went through the same views with the same keys");
+    assert_eq!(after[&a], after[&c]);
+    assert_eq!(sim.core(0).unwrap().view(&group("k")).unwrap().cause, conclave_gcs::Cause::Refresh);
 }
