@@ -15,6 +15,10 @@
 //!   leaving one group on simulated daemons in virtual time, rekeyed by the
 //!   interval algorithms (Rebuild, Batch, Queue-batch) and by per-view TGDH,
 //!   beside SEAL's Table 2.
+//! * `bench integrated` — the layered against the integrated architecture
+//!   on a Corosync cluster of certified daemons: one group's events and many
+//!   groups re-keyed by a partition and a merge, beside the
+//!   integrated-architecture paper's Figures 5 and 6.
 //! * `bench gcs` — group communication on real sockets: agreed-multicast
 //!   latency and throughput, join and leave latency; with the `cluster`
 //!   feature also over Corosync, with bare CPG's own delivery as the floor.
@@ -33,6 +37,7 @@ mod events;
 pub mod flood;
 mod gauge;
 mod gcs;
+mod integrated;
 mod live;
 mod mls;
 mod paper;
@@ -61,6 +66,10 @@ pub enum Command {
     /// Time from a membership event until every member has the new key, on
     /// the simulator with virtual time (TISSEC §6 scenarios).
     Events(events::EventsArgs),
+    /// The layered against the integrated architecture on a Corosync cluster of certified daemons: one group's
+    /// join, leave, partition and merge (Fig. 5 of the integrated-architecture paper), and many groups re-keyed
+    /// by one partition and merge (Fig. 6). Needs root, corosync and a build with --features cluster.
+    Integrated(integrated::IntegratedArgs),
     /// Group communication on real sockets: agreed-multicast latency and throughput, join and leave
     /// latency, against an embedded daemon or the daemons given (and over TLS with --tls).
     Gcs(gcs::GcsArgs),
@@ -77,6 +86,7 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::Crypto(args) => crypto::run(args),
         Command::Events(args) => events::run(args),
         Command::Gcs(args) => gcs::run(args),
+        Command::Integrated(args) => integrated::run(args),
     }
 }
 

@@ -141,6 +141,56 @@ impl Target {
         self.time_line(Line::Membership, event, n, runs, seed)
     }
 
+    /// Many groups at once (Fig. 6 of the integrated-architecture paper):
+    /// `groups` groups of `n` members each, every member a secure session
+    /// under `policy` (member i of every group on node i mod N), formed one
+    /// after another; then the network splits and heals once. Returns the
+    /// time from the split until every member of every group shows its
+    /// side's secure view, and from the heal until every member shows the
+    /// merged one, in ms. Needs a cluster.
+    pub fn time_groups(
+        &self,
+        policy: Policy,
+        scheme: SignatureId,
+        groups: usize,
+        n: usize,
+        seed: u64,
+    ) -> Result<Healed> {
+        let Some(c) = &self.cluster else {
+            bail!("a standalone daemon cannot partition: give --cluster N");
+        };
+        if self.stop.as_ref().is_some_and(|s| *s.borrow()) {
+            bail!("interrupted");
+        }
+        let mut stop = self.stop.clone();
+        crate::block_on(async move {
+            let timed = async {
+                let sockets = c.sockets();
+                let mut all = Vec::with_capacity(groups);
+                for g in 0..groups {
+                    let tag = self.points.get();
+                    self.points.set(tag + 1);
+                    let mut group = Group::<Secure>::start(&sockets, policy, scheme, n, tag, seed ^ g as u64).await?;
+                    let members: Vec<usize> = (0..n).collect();
+                    form(&mut group, &members).await.with_context(|| format!("group {g}"))?;
+                    all.push(group);
+                }
+                c.partition_and_merge(&mut all, n).await
+            };
+            let interrupted = async {
+                match &mut stop {
+                    Some(s) => drop(s.wait_for(|&s| s).await),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = timed => r,
+                _ = interrupted => bail!("interrupted"),
+            }
+        })
+        .with_context(|| format!("{} groups of {n} under {policy}", groups))
+    }
+
     fn time_line(&self, line: Line, event: TimedEvent, n: usize, runs: usize, seed: u64) -> Result<Vec<Sample>> {
         if n < 2 {
             bail!("group size {n} is too small: an event needs at least 2 members");
@@ -194,6 +244,19 @@ impl Target {
 pub struct Sample {
     pub ms: f64,
     pub cpu_ms: Option<f64>,
+    /// Secure members: the longest any member concerned took from its
+    /// daemon's view to the key's installation (the session's rekey time):
+    /// the key management's part of `ms`, without the membership's.
+    pub key_ms: Option<f64>,
+}
+
+/// A split of the network and its heal, timed.
+#[derive(Clone, Copy, Debug)]
+pub struct Healed {
+    /// From the split until both sides show their views.
+    pub split: Sample,
+    /// From the heal until everyone shows the merged view.
+    pub merge: Sample,
 }
 
 /// CPU time of this process, all threads, in ms.
@@ -248,8 +311,9 @@ impl Line {
 /// What a member reported, as the event choreography reads it.
 enum Seen {
     /// A view (secure or plain) of `size` members, and what its members
-    /// must agree on: the key's fingerprint, or the view id.
-    View { size: usize, agreed: String },
+    /// must agree on: the key's fingerprint, or the view id; for a secure
+    /// view, the time from the daemon's view to the key.
+    View { size: usize, agreed: String, rekey: Option<Duration> },
     /// The member's leave took effect.
     Left,
     /// Anything else.
@@ -300,7 +364,9 @@ impl Kind for Secure {
 
     fn read(r: Report<usize>) -> (usize, Instant, Result<Seen, String>) {
         let seen = match r.event {
-            Ok(SecureEvent::View(v)) => Ok(Seen::View { size: v.members.len(), agreed: v.fingerprint }),
+            Ok(SecureEvent::View(v)) => {
+                Ok(Seen::View { size: v.members.len(), agreed: v.fingerprint, rekey: Some(v.rekey_time) })
+            }
             Ok(SecureEvent::Left { .. }) => Ok(Seen::Left),
             Ok(SecureEvent::DaemonError { code, text }) => Err(format!("the daemon says {code:?}: {text}")),
             Ok(_) => Ok(Seen::Other),
@@ -346,7 +412,9 @@ impl Kind for Plain {
 
     fn read(r: PlainReport) -> (usize, Instant, Result<Seen, String>) {
         let seen = match r.event {
-            Ok(Event::View { view, .. }) => Ok(Seen::View { size: view.members.len(), agreed: view.id.to_string() }),
+            Ok(Event::View { view, .. }) => {
+                Ok(Seen::View { size: view.members.len(), agreed: view.id.to_string(), rekey: None })
+            }
             Ok(Event::Left { .. }) => Ok(Seen::Left),
             Ok(Event::Error { code, text }) => Err(format!("the daemon says {code:?}: {text}")),
             Ok(_) => Ok(Seen::Other),
@@ -404,7 +472,7 @@ struct Group<K: Kind> {
     /// Per member since the last [`Group::forget`]: the size of the last
     /// view it showed, what its members agree on (key fingerprint or view
     /// id), and when.
-    latest: BTreeMap<usize, (usize, String, Instant)>,
+    latest: BTreeMap<usize, (usize, String, Instant, Option<Duration>)>,
     /// Members whose `Left` has arrived since their last command: only they
     /// may join again (a session refuses to join a group it is still leaving).
     gone: BTreeSet<usize>,
@@ -502,22 +570,28 @@ impl<K: Kind> Group<K> {
     async fn settled(&mut self, who: &[usize], size: usize) -> Result<(Instant, String)> {
         let deadline = Instant::now() + WAIT;
         loop {
-            let shown: Option<Vec<&(usize, String, Instant)>> =
-                who.iter().map(|m| self.latest.get(m).filter(|(s, _, _)| *s == size)).collect();
+            let shown: Option<Vec<&(usize, String, Instant, Option<Duration>)>> =
+                who.iter().map(|m| self.latest.get(m).filter(|(s, ..)| *s == size)).collect();
             if let Some(shown) = shown.filter(|s| !s.is_empty()) {
                 let agreed = &shown[0].1;
-                if shown.iter().any(|(_, a, _)| a != agreed) {
+                if shown.iter().any(|(_, a, ..)| a != agreed) {
                     bail!("members show different {}s for one view of {size}", K::AGREED);
                 }
-                let last = shown.iter().map(|(_, _, at)| *at).max().expect("not empty");
+                let last = shown.iter().map(|(_, _, at, _)| *at).max().expect("not empty");
                 return Ok((last, agreed.clone()));
             }
             let (who, at, seen) =
                 self.next(deadline).await.with_context(|| format!("waiting for views of {size} members"))?;
-            if let Seen::View { size, agreed } = seen {
-                self.latest.insert(who, (size, agreed, at));
+            if let Seen::View { size, agreed, rekey } = seen {
+                self.latest.insert(who, (size, agreed, at, rekey));
             }
         }
+    }
+
+    /// The longest time from a daemon's view to the key among the views
+    /// `who` showed last (secure members; `None` for plain clients).
+    fn key_ms(&self, who: &[usize]) -> Option<f64> {
+        who.iter().filter_map(|m| self.latest.get(m)?.3).map(|d| d.as_secs_f64() * 1e3).max_by(f64::total_cmp)
     }
 
     /// Waits until `member` has confirmed its leave.
@@ -546,6 +620,20 @@ impl<K: Kind> Group<K> {
     }
 }
 
+/// Forms `group` of `members`, who join in waves: all at once, n cascaded
+/// views would bring each member O(n²) messages, past the daemon's queue for
+/// a client that cannot keep up.
+async fn form<K: Kind>(group: &mut Group<K>, members: &[usize]) -> Result<()> {
+    for wave in 1..=members.len().div_ceil(FORMING_WAVE) {
+        let upto = (wave * FORMING_WAVE).min(members.len());
+        for &m in &members[(wave - 1) * FORMING_WAVE..upto] {
+            group.join(m)?;
+        }
+        group.settled(&members[..upto], upto).await.context("forming the group")?;
+    }
+    Ok(())
+}
+
 /// Milliseconds from `t0` to `t`.
 fn ms_since(t0: Instant, t: Instant) -> f64 {
     t.duration_since(t0).as_secs_f64() * 1e3
@@ -564,19 +652,11 @@ async fn point<K: Kind>(
     seed: u64,
 ) -> Result<Vec<Sample>> {
     let mut rng = ChaCha20Rng::seed_from_u64(seed ^ 0x11fe);
-    // The group of n − 1 (join) or n (the others) forms first; members join at once.
+    // The group of n − 1 (join) or n (the others) forms first.
     let first = if event == TimedEvent::Join { n - 1 } else { n };
     let mut inside: Vec<usize> = (0..first).collect();
     let mut outside: Vec<usize> = (first..n).collect();
-    // In waves: all at once, n cascaded views would bring each member O(n²)
-    // messages, past the daemon's queue for a client that cannot keep up.
-    for wave in 1..=inside.len().div_ceil(FORMING_WAVE) {
-        let upto = (wave * FORMING_WAVE).min(inside.len());
-        for &m in &inside[(wave - 1) * FORMING_WAVE..upto] {
-            group.join(m)?;
-        }
-        group.settled(&inside[..upto], upto).await.context("forming the group")?;
-    }
+    form(&mut group, &inside).await?;
     let mut times = Vec::with_capacity(runs);
     for _ in 0..runs {
         match event {
@@ -586,7 +666,7 @@ async fn point<K: Kind>(
                 group.join(joiner)?;
                 inside.push(joiner);
                 let ms = ms_since(t0, group.settled(&inside, n).await?.0);
-                times.push(Sample { ms, cpu_ms: Some(process_cpu_ms() - cpu0) });
+                times.push(Sample { ms, cpu_ms: Some(process_cpu_ms() - cpu0), key_ms: group.key_ms(&inside) });
                 // Back to n − 1, untimed: the oldest leaves (and waits outside).
                 let leaver = inside.remove(0);
                 group.leave(leaver)?;
@@ -606,7 +686,7 @@ async fn point<K: Kind>(
                 let (t0, cpu0) = (Instant::now(), process_cpu_ms());
                 group.leave(leaver)?;
                 let ms = ms_since(t0, group.settled(&inside, n - 1).await?.0);
-                times.push(Sample { ms, cpu_ms: Some(process_cpu_ms() - cpu0) });
+                times.push(Sample { ms, cpu_ms: Some(process_cpu_ms() - cpu0), key_ms: group.key_ms(&inside) });
                 // Back to n, untimed, once the leaver is out.
                 group.departed(leaver).await?;
                 group.join(leaver)?;
@@ -615,10 +695,9 @@ async fn point<K: Kind>(
             }
             TimedEvent::Partition | TimedEvent::Merge => {
                 let net = net.ok_or_else(|| anyhow!("a standalone daemon cannot partition"))?;
-                let (split, merged) = net.partition_and_merge(&mut group, n).await?;
+                let healed = net.partition_and_merge(std::slice::from_mut(&mut group), n).await?;
                 // The cluster's daemons and Corosync run in other processes: no CPU sum.
-                let ms = if event == TimedEvent::Partition { split } else { merged };
-                times.push(Sample { ms, cpu_ms: None });
+                times.push(if event == TimedEvent::Partition { healed.split } else { healed.merge });
             }
             TimedEvent::PartitionP1 | TimedEvent::PartitionP2 | TimedEvent::PartitionHalves => {
                 bail!("the member-order splits (Fig. 13's odd/even, the first/last halves) run on the simulator only")
@@ -643,6 +722,45 @@ mod cluster {
         wan: Wan,
         /// The nodes a partition moves to the second side.
         second: Vec<usize>,
+        /// The daemons' certificates (see [`certify_daemons`]).
+        _certificates: tempfile::TempDir,
+    }
+
+    /// Certificates of a fresh group authority for daemons 1..=`nodes`, so
+    /// that the cluster's daemons key groups (the integrated architecture):
+    /// the directory, and each node's `conclave daemon` arguments.
+    fn certify_daemons(nodes: usize) -> Result<(tempfile::TempDir, Vec<Vec<String>>)> {
+        use conclave_secure::trust::Issuer;
+        use std::time::SystemTime;
+        let dir = tempfile::tempdir().context("cannot create a directory for the daemons' certificates")?;
+        let now = SystemTime::now();
+        let day = Duration::from_secs(86_400);
+        let mut rng = rand_core::OsRng;
+        let (issuer, _) = Issuer::create("conclave bench authority", now - day, now + day, &mut rng)?;
+        let ca = dir.path().join("authority.crt");
+        let crl = dir.path().join("authority.crl");
+        std::fs::write(&ca, issuer.ca_pem())?;
+        std::fs::write(&crl, issuer.crl(1, &[], now, now + day)?)?;
+        let mut args = Vec::new();
+        for d in 1..=nodes {
+            let issued = issuer.issue(&MemberId::new(format!("daemon-{d}"))?, now - day, now + day, &mut rng)?;
+            let cert = dir.path().join(format!("daemon-{d}.crt"));
+            let key = dir.path().join(format!("daemon-{d}.key"));
+            std::fs::write(&cert, &issued.cert_pem)?;
+            std::fs::write(&key, issued.key_pem.as_bytes())?;
+            let path = |p: &std::path::Path| p.display().to_string();
+            args.push(vec![
+                "--daemon-cert".into(),
+                path(&cert),
+                "--daemon-key".into(),
+                path(&key),
+                "--daemon-ca".into(),
+                path(&ca),
+                "--daemon-crl".into(),
+                path(&crl),
+            ]);
+        }
+        Ok((dir, args))
     }
 
     /// Catches SIGINT and SIGTERM from now on (in a thread of its own, for the
@@ -683,19 +801,22 @@ mod cluster {
             eprintln!(
                 "starting a {nodes}-node cluster (network namespaces, corosync, conclave daemon --backbone cluster)"
             );
-            let mut nodes_up = NetnsCluster::start(nodes, &exe, &group, FORM_LIMIT).with_context(|| {
-                format!(
+            let (certificates, daemon_args) = certify_daemons(nodes)?;
+            let args_of = |i: usize| daemon_args[i - 1].clone();
+            let mut nodes_up =
+                NetnsCluster::start_with(nodes, &exe, &group, FORM_LIMIT, &args_of).with_context(|| {
+                    format!(
                     "cannot start the {nodes}-node cluster (needs root, iproute2, corosync and this executable built \
                      with --features cluster; see the README)"
                 )
-            })?;
+                })?;
             let second: Vec<usize> = (nodes - nodes / 2..nodes).collect();
             let place = Placement { machines: nodes, wan, second_side_from: Some(second[0]) };
             if wan == Wan::Tissec2002 {
                 let one_way = |a: usize, b: usize| crate::scenario::one_way(place.site(a), place.site(b));
                 nodes_up.delay((0..nodes).map(|a| (0..nodes).map(|b| one_way(a, b)).collect()).collect())?;
             }
-            let c = Cluster { nodes: nodes_up, wan, second };
+            let c = Cluster { nodes: nodes_up, wan, second, _certificates: certificates };
             let list = |v: &[usize]| v.iter().map(|i| (i + 1).to_string()).collect::<Vec<_>>().join(", ");
             let first: Vec<usize> = (0..nodes - nodes / 2).collect();
             writeln!(
@@ -742,13 +863,13 @@ mod cluster {
             Placement { machines: self.nodes.nodes.len(), wan: self.wan, second_side_from: Some(self.second[0]) }
         }
 
-        /// Splits the network and heals it again, with `group`'s `n` members
-        /// in one view before and after; returns the time from the split
-        /// until both sides show their views (secure views, for sessions),
-        /// and from the heal until all show the merged one, in ms. Checks one
-        /// key (plain clients: one view id) per side, and that the two sides'
-        /// differ.
-        pub(super) async fn partition_and_merge<K: Kind>(&self, group: &mut Group<K>, n: usize) -> Result<(f64, f64)> {
+        /// Splits the network and heals it again, with the `n` members of
+        /// each of `groups` in one view before and after; returns the time
+        /// from the split until both sides of every group show their views
+        /// (secure views, for sessions), and from the heal until all show the
+        /// merged ones, in ms. Checks one key (plain clients: one view id)
+        /// per side of each group, and that the two sides' differ.
+        pub(super) async fn partition_and_merge<K: Kind>(&self, groups: &mut [Group<K>], n: usize) -> Result<Healed> {
             let nodes = self.nodes.nodes.len();
             let all: Vec<usize> = (0..n).collect();
             let (second, first): (Vec<usize>, Vec<usize>) =
@@ -756,20 +877,40 @@ mod cluster {
             if first.is_empty() || second.is_empty() {
                 bail!("{n} members leave one side of the partition empty: give at least {nodes} members");
             }
-            group.forget();
+            for group in groups.iter_mut() {
+                group.forget();
+            }
             let t0 = Instant::now();
             self.nodes.split(&self.second)?;
-            let (a, key_a) = group.settled(&first, first.len()).await.context("the first side of the partition")?;
-            let (b, key_b) = group.settled(&second, second.len()).await.context("the second side of the partition")?;
-            if key_a == key_b {
-                bail!("both sides of the partition show one {}", K::AGREED);
+            let (mut last, mut key) = (t0, None::<f64>);
+            for (i, group) in groups.iter_mut().enumerate() {
+                let (a, key_a) = group
+                    .settled(&first, first.len())
+                    .await
+                    .with_context(|| format!("group {i}: the first side of the partition"))?;
+                let (b, key_b) = group
+                    .settled(&second, second.len())
+                    .await
+                    .with_context(|| format!("group {i}: the second side of the partition"))?;
+                if key_a == key_b {
+                    bail!("both sides of the partition show one {} in group {i}", K::AGREED);
+                }
+                last = last.max(a).max(b);
+                key = key.into_iter().chain(group.key_ms(&all)).max_by(f64::total_cmp);
             }
-            let split = ms_since(t0, a.max(b));
-            group.forget();
+            let split = Sample { ms: ms_since(t0, last), cpu_ms: None, key_ms: key };
+            for group in groups.iter_mut() {
+                group.forget();
+            }
             let t1 = Instant::now();
             self.nodes.unsplit(&self.second)?;
-            let (m, _) = group.settled(&all, n).await.context("the merge")?;
-            Ok((split, ms_since(t1, m)))
+            let (mut last, mut key) = (t1, None::<f64>);
+            for (i, group) in groups.iter_mut().enumerate() {
+                let (m, _) = group.settled(&all, n).await.with_context(|| format!("group {i}: the merge"))?;
+                last = last.max(m);
+                key = key.into_iter().chain(group.key_ms(&all)).max_by(f64::total_cmp);
+            }
+            Ok(Healed { split, merge: Sample { ms: ms_since(t1, last), cpu_ms: None, key_ms: key } })
         }
     }
 }
@@ -791,7 +932,7 @@ mod cluster {
             match *self {}
         }
 
-        pub(super) async fn partition_and_merge<K: Kind>(&self, _: &mut Group<K>, _: usize) -> Result<(f64, f64)> {
+        pub(super) async fn partition_and_merge<K: Kind>(&self, _: &mut [Group<K>], _: usize) -> Result<Healed> {
             match *self {}
         }
     }
