@@ -304,6 +304,8 @@ struct Snapshot<'a> {
     connected: bool,
     ended: bool,
     members: &'a [String],
+    /// Members of the view that wait for the next rekey (interval rekeying).
+    waiting: Vec<&'a str>,
     epoch: Option<String>,
     fingerprint: Option<&'a str>,
     /// "none", "waiting", "keyed" or "aside".
@@ -354,6 +356,7 @@ pub fn snapshot(chat: &Chat, ended: bool) -> String {
         connected: chat.connected,
         ended,
         members: &chat.members,
+        waiting: chat.roster().into_iter().filter(|(_, w)| *w).map(|(m, _)| m).collect(),
         epoch: chat.epoch().map(|e| e.to_string()),
         fingerprint,
         key_state,
