@@ -1,4 +1,7 @@
-//! `conclave gauge --engine sim`: SEAL's Gauger (§6) in virtual time.
+//! `conclave gauge`: SEAL's Gauger (§6). This module is the command, its
+//! tables and charts, and `--engine sim`, in virtual time; `--engine daemon`
+//! (real sessions, wall clock) is `crate::live::gauge`, which draws the same
+//! churn and averages the same way ([`summarize`]).
 //!
 //! N members repeatedly join and leave one group. Each is a client of a
 //! simulated daemon (`conclave_gcs::daemon_sim::DaemonSim`, the real daemon
@@ -263,7 +266,9 @@ pub struct GaugeArgs {
     /// Print one JSON array (one object per run) instead of the tables.
     #[arg(long)]
     json: bool,
-    /// Write gauge.csv, gauge.json, rekeys.csv and a per-rekey chart (SVG, PNG) into this directory.
+    /// Write gauge.csv, gauge.json, rekeys.csv and charts (SVG and PNG) into this directory (checked before
+    /// the run): per configuration the rekeying time of each rekey (SEAL Fig. 11), and with several T_in
+    /// per T_out, or several T_in = T_out, each metric against T (Fig. 9, Fig. 10).
     #[arg(long)]
     out: Option<PathBuf>,
 }

@@ -12,9 +12,11 @@
 //!   or over real daemons (one embedded, or a Corosync cluster in network
 //!   namespaces with the `cluster` feature), with MLS (mls-rs) as a peer.
 //! * `conclave gauge` (module `gauge`) — SEAL's Gauger: members joining and
-//!   leaving one group on simulated daemons in virtual time, rekeyed by the
-//!   interval algorithms (Rebuild, Batch, Queue-batch) and by per-view TGDH,
-//!   beside SEAL's Table 2.
+//!   leaving one group on simulated daemons in virtual time, or as real
+//!   sessions over real daemons in wall-clock time (`live::gauge`), rekeyed
+//!   by the interval algorithms (Rebuild, Batch, Queue-batch, optionally with
+//!   `:rekey-on-leave`) and by per-view TGDH, beside SEAL's Table 2, with
+//!   charts like its Figures 9–11.
 //! * `bench gcs` — group communication on real sockets: agreed-multicast
 //!   latency and throughput, join and leave latency; with the `cluster`
 //!   feature also over Corosync, with bare CPG's own delivery as the floor.
