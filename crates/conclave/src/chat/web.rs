@@ -393,6 +393,19 @@ mod tests {
 
     const DEFAULT_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
 
+    #[test]
+    fn the_snapshot_lists_the_members_waiting_for_the_next_rekey_apart() {
+        let mut chat = Chat::new("alice", "room", "batch:15s".parse().unwrap());
+        chat.members = vec!["alice".into()];
+        chat.waiting = vec!["bob".into(), "carol".into()];
+        let v: serde_json::Value = serde_json::from_str(&snapshot(&chat, false)).unwrap();
+        assert_eq!(v["members"], serde_json::json!(["alice"]));
+        assert_eq!(v["waiting"], serde_json::json!(["bob", "carol"]));
+        chat.waiting.clear();
+        let v: serde_json::Value = serde_json::from_str(&snapshot(&chat, false)).unwrap();
+        assert_eq!(v["waiting"], serde_json::json!([]));
+    }
+
     /// A server on a free loopback port with a chat model behind it.
     async fn serve() -> (SocketAddr, String, WebFront) {
         let server = Server::bind(DEFAULT_ADDR).await.unwrap();
