@@ -1,4 +1,7 @@
-//! `conclave gauge --engine sim`: SEAL's Gauger (§6) in virtual time.
+//! `conclave gauge`: SEAL's Gauger (§6). This module is the command, its
+//! tables and charts, and `--engine sim`, in virtual time; `--engine daemon`
+//! (real sessions, wall clock) is `crate::live::gauge`, which draws the same
+//! churn and averages the same way ([`summarize`]).
 //!
 //! N members repeatedly join and leave one group. Each is a client of a
 //! simulated daemon (`conclave_gcs::daemon_sim::DaemonSim`, the real daemon
@@ -140,6 +143,17 @@ const SECOND: f64 = 1e6;
 pub enum GaugeEngine {
     /// Simulated daemons in virtual time, crypto charged from a cost model.
     Sim,
+    /// Real sessions over the embedded daemon (or `--cluster N`), wall-clock time.
+    Daemon,
+}
+
+impl GaugeEngine {
+    fn name(self) -> &'static str {
+        match self {
+            GaugeEngine::Sim => "sim",
+            GaugeEngine::Daemon => "daemon",
+        }
+    }
 }
 
 /// Which interval algorithms to run.
@@ -194,33 +208,55 @@ impl std::str::FromStr for Span {
 /// Options of `conclave gauge`.
 #[derive(Args, Clone)]
 pub struct GaugeArgs {
-    /// Engine: `sim` (simulated daemons, virtual time).
+    /// Engine: `sim` (simulated daemons, virtual time: SEAL's two-hour runs in
+    /// seconds) or `daemon` (real secure sessions over an embedded daemon, or
+    /// the Corosync cluster of --cluster, in wall-clock time: give short runs,
+    /// e.g. --duration 2m --t-in 5 --t-out 5 --constant 2 --interval 3).
     #[arg(long, value_enum, default_value = "sim")]
     engine: GaugeEngine,
+    /// `--engine daemon`: run the members over a Corosync cluster of N nodes
+    /// in network namespaces (needs the `cluster` feature and root) instead
+    /// of one embedded daemon.
+    #[arg(long, value_name = "N")]
+    cluster: Option<usize>,
     /// Members that join and leave (each a Gauger).
     #[arg(long, default_value_t = 15)]
     members: usize,
-    /// Simulated daemon machines; members go round-robin over them.
+    /// Simulated daemon machines; members go round-robin over them (`--engine
+    /// sim`; the daemon engine uses one embedded daemon or the cluster's nodes).
     #[arg(long, default_value_t = 3)]
     machines: u16,
-    /// Mean of T_in, seconds (a member stays in for T_in + c).
-    #[arg(long, default_value_t = 30.0)]
-    t_in: f64,
-    /// Mean of T_out, seconds (a member stays out for T_out + c).
-    #[arg(long, default_value_t = 30.0)]
-    t_out: f64,
+    /// Mean of T_in, seconds (a member stays in for T_in + c). A list
+    /// (`30,60,90`) runs every value: SEAL's Fig. 9 varies T_in.
+    #[arg(long, value_delimiter = ',', default_value = "30")]
+    t_in: Vec<f64>,
+    /// Mean of T_out, seconds (a member stays out for T_out + c); a list runs
+    /// every value (with every T_in, unless --paired).
+    #[arg(long, value_delimiter = ',', default_value = "30")]
+    t_out: Vec<f64>,
+    /// Pair the T_in and T_out lists (the i-th with the i-th) instead of
+    /// running every combination: `--t-in 30,60,90 --t-out 30,60,90 --paired`
+    /// is SEAL's Experiment 2 (Fig. 10, T_in = T_out).
+    #[arg(long)]
+    paired: bool,
     /// The constant c, seconds.
     #[arg(long, default_value_t = 10.0)]
     constant: f64,
     /// Rekeying interval, seconds (the leader ticks every interval).
     #[arg(long, default_value_t = 15.0)]
     interval: f64,
-    /// Virtual time of churn: `2h`, `30m`, `90s`.
-    #[arg(long, default_value = "2h")]
-    duration: Span,
+    /// Time of churn: `2h`, `30m`, `90s` (default: 2h of virtual time with
+    /// `--engine sim`, 2m of wall-clock time with `--engine daemon`).
+    #[arg(long)]
+    duration: Option<Span>,
     /// Interval algorithm(s).
     #[arg(long, value_enum, default_value = "all")]
     algorithm: AlgorithmChoice,
+    /// Also run each interval algorithm with the policy option
+    /// `:rekey-on-leave` (the leader rekeys at once when a member of the key
+    /// leaves; joins still batch): rows `ALGORITHM +leave`.
+    #[arg(long)]
+    rekey_on_leave: bool,
     /// Also run the same churn through per-view TGDH (`--baseline false` to leave it out).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     baseline: bool,
@@ -230,7 +266,9 @@ pub struct GaugeArgs {
     /// Print one JSON array (one object per run) instead of the tables.
     #[arg(long)]
     json: bool,
-    /// Write gauge.csv, gauge.json, rekeys.csv and a per-rekey chart (SVG, PNG) into this directory.
+    /// Write gauge.csv, gauge.json, rekeys.csv and charts (SVG and PNG) into this directory (checked before
+    /// the run): per configuration the rekeying time of each rekey (SEAL Fig. 11), and with several T_in
+    /// per T_out, or several T_in = T_out, each metric against T (Fig. 9, Fig. 10).
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -240,17 +278,33 @@ pub struct GaugeArgs {
 pub(crate) enum Policy {
     /// SEAL's interval rekeying.
     Interval(IntervalAlgorithm),
+    /// SEAL's interval rekeying with the policy option `:rekey-on-leave`:
+    /// the leader ticks at once when a view drops a member of the key in use
+    /// (as `conclave_secure::SessionCore` does), joins still wait.
+    OnLeave(IntervalAlgorithm),
     /// TGDH, every view rekeyed.
     PerView,
 }
 
 impl Policy {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
+        use IntervalAlgorithm as A;
         match self {
-            Policy::Interval(IntervalAlgorithm::Rebuild) => "rebuild",
-            Policy::Interval(IntervalAlgorithm::Batch) => "batch",
-            Policy::Interval(IntervalAlgorithm::QueueBatch) => "queue-batch",
+            Policy::Interval(A::Rebuild) => "rebuild",
+            Policy::Interval(A::Batch) => "batch",
+            Policy::Interval(A::QueueBatch) => "queue-batch",
+            Policy::OnLeave(A::Rebuild) => "rebuild +leave",
+            Policy::OnLeave(A::Batch) => "batch +leave",
+            Policy::OnLeave(A::QueueBatch) => "queue-batch +leave",
             Policy::PerView => "tgdh (per view)",
+        }
+    }
+
+    /// The interval algorithm, if the group rekeys by interval.
+    pub(crate) fn algorithm(self) -> Option<IntervalAlgorithm> {
+        match self {
+            Policy::Interval(a) | Policy::OnLeave(a) => Some(a),
+            Policy::PerView => None,
         }
     }
 }
@@ -283,11 +337,12 @@ pub(crate) struct RekeyRecord {
     pub blinded_keys: Option<u64>,
     /// BKEY packets (baseline: broadcasts).
     pub packets: u64,
-    /// Restarts during it.
-    pub restarts: u64,
-    /// Of `blinded_keys` and `packets`, those of Queue-merge (all but Queue-subtree's).
+    /// Restarts during it (`None`: not measured, the daemon engine's baseline).
+    pub restarts: Option<u64>,
+    /// Of `blinded_keys` and `packets`, those of Queue-merge (all but
+    /// Queue-subtree's; `None`: not measured, the daemon engine).
     pub merge_blinded_keys: Option<u64>,
-    pub merge_packets: u64,
+    pub merge_packets: Option<u64>,
 }
 
 /// One run's summary: the `--json` object.
@@ -301,7 +356,8 @@ pub(crate) struct Summary {
     pub interval: f64,
     pub duration_s: f64,
     pub rekeys: u64,
-    pub restarts: u64,
+    /// `null`: not measured (the daemon engine's baseline).
+    pub restarts: Option<u64>,
     pub rekey_time_s: f64,
     pub exps: f64,
     pub blinded_keys: Option<f64>,
@@ -317,16 +373,17 @@ pub(crate) struct RunResult {
     pub summary: Summary,
     pub rekeys: Vec<RekeyRecord>,
     /// Queue-merge only (SEAL's measure of Queue-batch): blinded keys and
-    /// packets per rekey, averaged like the summary's.
-    pub merge_only: (Option<f64>, f64),
+    /// packets per rekey, averaged like the summary's (`None`: not measured).
+    pub merge_only: (Option<f64>, Option<f64>),
     /// Rekeys begun that installed nothing: rekey messages sent minus rekeys
     /// (restarted, or abandoned by a view until the next tick); the
-    /// baseline's cascades.
-    pub abandoned: u64,
+    /// baseline's cascades (`None`: not measured).
+    pub abandoned: Option<u64>,
     /// Median over rekeys of the rekeying time, seconds.
     pub median_time_s: f64,
-    /// Distinct views the group went through.
-    pub views: u64,
+    /// Distinct views the group went through (`None`: not seen, the daemon
+    /// engine: a session shows only secure views).
+    pub views: Option<u64>,
     /// At the end, per member still in: its name, its view's members and
     /// its key's fingerprint and members (None: no key).
     pub end: Vec<EndState>,
@@ -451,7 +508,7 @@ impl State {
     fn fresh_engine(&mut self, conn: ConnId) -> Eng {
         let m = &self.members[&conn];
         match self.policy {
-            Policy::Interval(a) => Eng::Interval(Box::new(IntervalTgdh::new(
+            Policy::Interval(a) | Policy::OnLeave(a) => Eng::Interval(Box::new(IntervalTgdh::new(
                 Ristretto255,
                 self.group.as_str().to_string(),
                 m.name.clone(),
@@ -493,7 +550,17 @@ impl State {
                         m.open = Some(Open { start: now, ..Open::default() });
                     }
                 }
-                engine.on_view(view, &mut m.rng)
+                let mut outputs = engine.on_view(view, &mut m.rng);
+                // :rekey-on-leave: the leader rekeys at once when a member of
+                // the key in use is gone from the view.
+                if let (Policy::OnLeave(_), Eng::Interval(e)) = (policy, &mut *engine) {
+                    let leads = view.members.first().is_some_and(|f| f.id == m.name);
+                    let holder_left = e.secure_view().is_some_and(|sv| sv.members.iter().any(|x| !view.contains(x)));
+                    if leads && holder_left {
+                        outputs.extend(e.tick(&mut m.rng).expect("the leader ticks"));
+                    }
+                }
+                outputs
             }
             Delivery::Message { sender, payload, .. } => {
                 if policy != Policy::PerView && m.open.is_none() && is_rekey_message(payload) {
@@ -515,7 +582,7 @@ impl State {
             o.exps += after.exps - before.exps;
             o.restarts += restarts;
             match policy {
-                Policy::Interval(_) => {
+                Policy::Interval(_) | Policy::OnLeave(_) => {
                     o.bks += after_stats.bks_sent - before_stats.bks_sent;
                     o.packets += after_stats.packets_sent - before_stats.packets_sent;
                 }
@@ -557,7 +624,9 @@ impl State {
     /// The leader ticks (interval algorithms): the member first in its own
     /// latest view.
     fn tick(&mut self, sim: &mut DaemonSim) {
-        let Policy::Interval(_) = self.policy else { return };
+        if self.policy.algorithm().is_none() {
+            return;
+        }
         for (conn, m) in self.members.iter_mut() {
             let leads = m.view.as_ref().is_some_and(|v| v.members.first().is_some_and(|f| f.id == m.name));
             let Some(Eng::Interval(e)) = m.engine.as_mut().filter(|_| leads) else { continue };
@@ -625,16 +694,13 @@ pub(crate) fn run_once(setup: &Setup, policy: Policy, progress: &mut dyn FnMut(M
     let group = GroupName::new("gauge").expect("a valid group name");
     let mut directory = StaticDirectory::new();
     let mut members = BTreeMap::new();
-    let p_in = (setup.t_in + setup.constant) / (setup.t_in + setup.t_out + 2.0 * setup.constant);
     for i in 0..setup.members {
         let name = MemberId::new(format!("g{i}")).expect("a valid member name");
         let signer = generate_signer(SignatureId::Ed25519, &mut keys).context("identity")?;
         directory.insert(name.clone(), signer.verifier());
         let conn = sim.open((i % setup.machines as usize) as u16).map_err(|e| anyhow::anyhow!("{e}"))?;
         sim.submit(Op::Connect { conn, name: name.clone() });
-        // In at time 0 with the share of time a member spends in.
-        let starts_in = unit(&mut churn) < p_in;
-        let next = if starts_in { 1_000 * (i as Micros + 1) } else { stay(&mut churn, setup.t_out, setup.constant) };
+        let next = first_change(&mut churn, setup, i);
         members.insert(
             conn,
             Member {
@@ -667,9 +733,9 @@ pub(crate) fn run_once(setup: &Setup, policy: Policy, progress: &mut dyn FnMut(M
     let mut next_tick = interval;
     loop {
         let next_churn = st.members.values().map(|m| m.next).min().unwrap_or(Micros::MAX);
-        let t = match policy {
-            Policy::Interval(_) => next_churn.min(next_tick),
-            Policy::PerView => next_churn,
+        let t = match policy.algorithm() {
+            Some(_) => next_churn.min(next_tick),
+            None => next_churn,
         };
         if t > end {
             break;
@@ -689,7 +755,7 @@ pub(crate) fn run_once(setup: &Setup, policy: Policy, progress: &mut dyn FnMut(M
     }
     // No more churn: let the daemons go quiet, then the last rekey.
     sim.run_until(Micros::MAX, &mut |now, c, d| st.react(now, c, d));
-    if let Policy::Interval(_) = policy {
+    if policy.algorithm().is_some() {
         st.tick(&mut sim);
         sim.run_until(Micros::MAX, &mut |now, c, d| st.react(now, c, d));
     }
@@ -714,12 +780,31 @@ fn toggle(st: &mut State, sim: &mut DaemonSim, churn: &mut ChaCha20Rng, setup: &
     }
     let m = st.members.get_mut(&conn).expect("member");
     m.inside = !inside;
-    let (mean, c) = if m.inside { (setup.t_in, setup.constant) } else { (setup.t_out, setup.constant) };
-    m.next = t + stay(churn, mean, c).max(1);
+    m.next = t + next_stay(churn, setup, m.inside);
+}
+
+/// When member `i` first joins, µs from the start (both engines draw the
+/// churn alike): at time 0 a member is in with the share of time a member
+/// spends in, (T_in + c) / (T_in + T_out + 2c), and those join 1 ms apart;
+/// the others join after a stay out.
+pub(crate) fn first_change(churn: &mut ChaCha20Rng, setup: &Setup, i: usize) -> Micros {
+    let p_in = (setup.t_in + setup.constant) / (setup.t_in + setup.t_out + 2.0 * setup.constant);
+    let starts_in = unit(churn) < p_in;
+    if starts_in {
+        1_000 * (i as Micros + 1)
+    } else {
+        stay(churn, setup.t_out, setup.constant)
+    }
+}
+
+/// How long a member that just went in (`inside`) or out stays so, µs.
+pub(crate) fn next_stay(churn: &mut ChaCha20Rng, setup: &Setup, inside: bool) -> Micros {
+    let mean = if inside { setup.t_in } else { setup.t_out };
+    stay(churn, mean, setup.constant).max(1)
 }
 
 fn finish(st: State, setup: &Setup, policy: Policy) -> RunResult {
-    let mut rekeys: Vec<RekeyRecord> = st
+    let rekeys: Vec<RekeyRecord> = st
         .rekeys
         .values()
         .map(|a| {
@@ -732,33 +817,15 @@ fn finish(st: State, setup: &Setup, policy: Policy) -> RunResult {
                 exps: a.exps as f64 / n,
                 blinded_keys: (policy != Policy::PerView).then_some(a.bks),
                 packets: a.packets,
-                restarts: a.restarts,
+                restarts: Some(a.restarts),
                 merge_blinded_keys: (policy != Policy::PerView).then_some(a.bks - a.sub_bks),
-                merge_packets: a.packets - a.sub_packets,
+                merge_packets: Some(a.packets - a.sub_packets),
             }
         })
         .collect();
-    rekeys.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
-    let k = rekeys.len().max(1) as f64;
-    let mean = |f: &dyn Fn(&RekeyRecord) -> f64| rekeys.iter().map(f).sum::<f64>() / k;
-    let restarts = match policy {
-        Policy::Interval(_) => st.restarts,
-        Policy::PerView => st.cascades.len() as u64,
-    };
-    let summary = Summary {
-        algorithm: policy.name().to_string(),
-        members: setup.members,
-        t_in: setup.t_in,
-        t_out: setup.t_out,
-        constant: setup.constant,
-        interval: setup.interval,
-        duration_s: setup.duration_s,
-        rekeys: rekeys.len() as u64,
-        restarts,
-        rekey_time_s: mean(&|r| r.time_s),
-        exps: mean(&|r| r.exps),
-        blinded_keys: (policy != Policy::PerView).then(|| mean(&|r| r.blinded_keys.unwrap_or(0) as f64)),
-        bkey_packets: mean(&|r| r.packets as f64),
+    let restarts = match policy.algorithm() {
+        Some(_) => st.restarts,
+        None => st.cascades.len() as u64,
     };
     let end = st
         .members
@@ -771,18 +838,56 @@ fn finish(st: State, setup: &Setup, policy: Policy) -> RunResult {
             (m.name.clone(), view, key)
         })
         .collect();
-    let merge_only = (
-        (policy != Policy::PerView).then(|| mean(&|r| r.merge_blinded_keys.unwrap_or(0) as f64)),
-        mean(&|r| r.merge_packets as f64),
-    );
-    let abandoned = match policy {
-        Policy::Interval(_) => st.led.saturating_sub(rekeys.len() as u64),
-        Policy::PerView => restarts,
+    let abandoned = match policy.algorithm() {
+        Some(_) => st.led.saturating_sub(rekeys.len() as u64),
+        None => restarts,
     };
+    let counted = Counted { restarts: Some(restarts), abandoned: Some(abandoned), views: Some(st.views.len() as u64) };
+    summarize(setup, policy, rekeys, counted, end)
+}
+
+/// What a run counted besides its rekeys (`None`: not measured).
+pub(crate) struct Counted {
+    pub restarts: Option<u64>,
+    pub abandoned: Option<u64>,
+    pub views: Option<u64>,
+}
+
+/// A run's result from its rekeys, whichever engine ran it: the means over
+/// rekeys (SEAL §6's averaging) and the median rekeying time.
+pub(crate) fn summarize(
+    setup: &Setup,
+    policy: Policy,
+    mut rekeys: Vec<RekeyRecord>,
+    counted: Counted,
+    end: Vec<EndState>,
+) -> RunResult {
+    rekeys.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    let k = rekeys.len().max(1) as f64;
+    let mean = |f: &dyn Fn(&RekeyRecord) -> f64| rekeys.iter().map(f).sum::<f64>() / k;
+    let mean_of = |f: &dyn Fn(&RekeyRecord) -> Option<u64>| {
+        rekeys.iter().map(f).collect::<Option<Vec<u64>>>().map(|v| v.iter().sum::<u64>() as f64 / k)
+    };
+    let summary = Summary {
+        algorithm: policy.name().to_string(),
+        members: setup.members,
+        t_in: setup.t_in,
+        t_out: setup.t_out,
+        constant: setup.constant,
+        interval: setup.interval,
+        duration_s: setup.duration_s,
+        rekeys: rekeys.len() as u64,
+        restarts: counted.restarts,
+        rekey_time_s: mean(&|r| r.time_s),
+        exps: mean(&|r| r.exps),
+        blinded_keys: (policy != Policy::PerView).then(|| mean(&|r| r.blinded_keys.unwrap_or(0) as f64)),
+        bkey_packets: mean(&|r| r.packets as f64),
+    };
+    let merge_only = (mean_of(&|r| r.merge_blinded_keys), mean_of(&|r| r.merge_packets));
     let mut times: Vec<f64> = rekeys.iter().map(|r| r.time_s).collect();
     times.sort_by(f64::total_cmp);
     let median_time_s = times.get(times.len() / 2).copied().unwrap_or(0.0);
-    RunResult { summary, rekeys, merge_only, abandoned, median_time_s, views: st.views.len() as u64, end }
+    RunResult { summary, rekeys, merge_only, abandoned: counted.abandoned, median_time_s, views: counted.views, end }
 }
 
 /// SEAL Table 2, wired LAN (15 members, interval 15 s, c = 10 s, 2 h,
@@ -802,40 +907,86 @@ fn table2_row(s: &Setup) -> Option<[f64; 4]> {
 
 /// Runs `conclave gauge`.
 pub fn run(args: GaugeArgs) -> Result<()> {
-    let GaugeEngine::Sim = args.engine;
-    let setup = Setup {
-        members: args.members,
-        machines: args.machines,
-        t_in: args.t_in,
-        t_out: args.t_out,
-        constant: args.constant,
-        interval: args.interval,
-        duration_s: args.duration.0,
-        seed: args.seed,
+    let duration = args.duration.unwrap_or(match args.engine {
+        GaugeEngine::Sim => Span(7200.0),
+        GaugeEngine::Daemon => Span(120.0),
+    });
+    if args.cluster.is_some() && args.engine != GaugeEngine::Daemon {
+        bail!("--cluster runs real daemons: give it with --engine daemon");
+    }
+    let pairs: Vec<(f64, f64)> = if args.paired {
+        if args.t_in.len() != args.t_out.len() {
+            bail!(
+                "--paired needs as many --t-in values as --t-out values ({} and {})",
+                args.t_in.len(),
+                args.t_out.len()
+            );
+        }
+        args.t_in.iter().copied().zip(args.t_out.iter().copied()).collect()
+    } else {
+        args.t_out.iter().flat_map(|&o| args.t_in.iter().map(move |&i| (i, o))).collect()
     };
+    let setups: Vec<Setup> = pairs
+        .iter()
+        .map(|&(t_in, t_out)| Setup {
+            members: args.members,
+            machines: args.machines,
+            t_in,
+            t_out,
+            constant: args.constant,
+            interval: args.interval,
+            duration_s: duration.0,
+            seed: args.seed,
+        })
+        .collect();
+    if args.members == 0 || args.interval <= 0.0 {
+        bail!("--members must be at least 1 and --interval positive");
+    }
     if let Some(dir) = &args.out {
         check_writable(dir)?;
     }
-    let mut policies: Vec<Policy> = args.algorithm.algorithms().into_iter().map(Policy::Interval).collect();
+    let mut policies: Vec<Policy> = Vec::new();
+    for a in args.algorithm.algorithms() {
+        policies.push(Policy::Interval(a));
+        if args.rekey_on_leave {
+            policies.push(Policy::OnLeave(a));
+        }
+    }
     if args.baseline {
         policies.push(Policy::PerView);
     }
-    let replay = replay_command(&args);
-    let end = (setup.duration_s * SECOND) as u64;
-    let bar = progress_bar(end * policies.len() as u64);
+    let replay = replay_command(&args, duration);
+    let target = match args.engine {
+        GaugeEngine::Sim => None,
+        GaugeEngine::Daemon => {
+            Some(crate::live::Target::start(args.cluster, crate::scenario::Wan::Lan, &mut std::io::stderr())?)
+        }
+    };
+    let end = (duration.0 * SECOND) as u64;
+    let bar = progress_bar(end * (policies.len() * setups.len()) as u64, args.engine);
     let mut results = Vec::new();
-    for (i, &p) in policies.iter().enumerate() {
-        bar.set_message(p.name());
+    let runs = setups.iter().flat_map(|s| policies.iter().map(move |p| (s, *p)));
+    for (i, (setup, p)) in runs.enumerate() {
+        bar.set_message(format!("{} {}/{}", p.name(), setup.t_in, setup.t_out));
         let base = end * i as u64;
-        let r = run_once(&setup, p, &mut |t| bar.set_position(base + t.min(end)))?;
+        let r = match &target {
+            None => run_once(setup, p, &mut |t| bar.set_position(base + t.min(end)))?,
+            Some(target) => crate::live::gauge::run_once(target, setup, p, &mut |s| {
+                bar.set_position(base + ((s * SECOND) as u64).min(end))
+            })
+            .with_context(|| format!("{} over real daemons", p.name()))?,
+        };
         let inside = agreed(&r).with_context(|| format!("{}, seed {}", p.name(), setup.seed))?;
         bar.suspend(|| {
             eprintln!(
-                "{}: {} rekeys, {} restarts, {} views; at the end {inside} members in, one key, of their view",
+                "{} (T_in {} s, T_out {} s): {} rekeys, {} restarts, {} views; at the end {inside} members in, one \
+                 key, of their view",
                 p.name(),
+                setup.t_in,
+                setup.t_out,
                 r.summary.rekeys,
-                r.summary.restarts,
-                r.views
+                crate::table::or_dash(r.summary.restarts.map(|v| v as f64), 0),
+                crate::table::or_dash(r.views.map(|v| v as f64), 0)
             )
         });
         results.push(r);
@@ -848,12 +999,14 @@ pub fn run(args: GaugeArgs) -> Result<()> {
         writeln!(out, "{}", serde_json::to_string_pretty(&summaries)?)?;
     } else {
         writeln!(out, "replay: {replay}")?;
-        write_tables(&mut out, &setup, &results)?;
+        for (setup, rs) in setups.iter().zip(results.chunks(policies.len())) {
+            write_tables(&mut out, setup, args.engine, rs)?;
+        }
     }
     if let Some(dir) = &args.out {
-        write_outputs(dir, &results)?;
+        let charts = write_outputs(dir, &results)?;
         if !args.json {
-            writeln!(out, "wrote gauge.csv, gauge.json, rekeys.csv and rekeys.svg/.png to {}", dir.display())?;
+            writeln!(out, "wrote gauge.csv, gauge.json, rekeys.csv and {} to {}", charts.join(", "), dir.display())?;
         }
     }
     Ok(())
@@ -861,7 +1014,7 @@ pub fn run(args: GaugeArgs) -> Result<()> {
 
 /// Checks that every member in at the end holds one key, of its view;
 /// returns how many are in.
-fn agreed(r: &RunResult) -> Result<usize> {
+pub(crate) fn agreed(r: &RunResult) -> Result<usize> {
     let mut first: Option<&str> = None;
     for (name, view, key) in &r.end {
         let Some((fp, members)) = key else { bail!("{name} is in the group at the end without a key") };
@@ -879,17 +1032,45 @@ fn agreed(r: &RunResult) -> Result<usize> {
     Ok(r.end.len())
 }
 
-fn replay_command(a: &GaugeArgs) -> String {
+fn replay_command(a: &GaugeArgs, duration: Span) -> String {
     let algorithm = a.algorithm.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
-    format!(
-        "conclave gauge --engine sim --members {} --machines {} --t-in {} --t-out {} --constant {} --interval {} \
-         --duration {}s --algorithm {algorithm} --baseline {} --seed {}",
-        a.members, a.machines, a.t_in, a.t_out, a.constant, a.interval, a.duration.0, a.baseline, a.seed
-    )
+    let placement = match (a.engine, a.cluster) {
+        (GaugeEngine::Sim, _) => format!("--machines {}", a.machines),
+        (GaugeEngine::Daemon, Some(n)) => format!("--cluster {n}"),
+        (GaugeEngine::Daemon, None) => String::new(),
+    };
+    let list = |v: &[f64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
+    let cmd = format!(
+        "conclave gauge --engine {} --members {} {placement} --t-in {} --t-out {}{} --constant {} --interval {} \
+         --duration {}s --algorithm {algorithm}{} --baseline {} --seed {}",
+        a.engine.name(),
+        a.members,
+        list(&a.t_in),
+        list(&a.t_out),
+        if a.paired { " --paired" } else { "" },
+        a.constant,
+        a.interval,
+        duration.0,
+        if a.rekey_on_leave { " --rekey-on-leave" } else { "" },
+        a.baseline,
+        a.seed
+    );
+    cmd.replace("  ", " ")
 }
 
-fn write_tables(out: &mut impl Write, setup: &Setup, results: &[RunResult]) -> Result<()> {
-    writeln!(
+fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, results: &[RunResult]) -> Result<()> {
+    if engine == GaugeEngine::Daemon {
+        writeln!(
+            out,
+            "\nGauger on real secure sessions over real daemons, wall-clock time: {} members, T_in {} s, T_out {} s, \
+             c {} s, interval {} s, {} s of churn, seed {}. Per rekey, averaged over its members, then over rekeys \
+             (SEAL §6); rekeying time from the first rekey message to the key confirmed by every member; blinded \
+             keys and packets are those broadcast in the rekey, which every member sees. All members share this \
+             machine's CPUs. -: not measured on this engine.\n",
+            setup.members, setup.t_in, setup.t_out, setup.constant, setup.interval, setup.duration_s, setup.seed
+        )?;
+    } else {
+        writeln!(
         out,
         "\nGauger on {} simulated daemons, virtual time: {} members, T_in {} s, T_out {} s, c {} s, interval {} s, \
          {} s of churn, seed {}. Per rekey, averaged over its members, then over rekeys (SEAL §6); blinded keys and \
@@ -904,6 +1085,7 @@ fn write_tables(out: &mut impl Write, setup: &Setup, results: &[RunResult]) -> R
         setup.duration_s,
         setup.seed
     )?;
+    }
     let mut t = crate::table::new(
         [
             "algorithm",
@@ -914,6 +1096,7 @@ fn write_tables(out: &mut impl Write, setup: &Setup, results: &[RunResult]) -> R
             "rekey time (ms)",
             "p50 (ms)",
             "exps",
+            "exps/min",
             "blinded keys",
             "BKEY packets",
             "blinded keys (merge)",
@@ -926,16 +1109,17 @@ fn write_tables(out: &mut impl Write, setup: &Setup, results: &[RunResult]) -> R
         t.add_row(vec![
             s.algorithm.clone(),
             s.rekeys.to_string(),
-            s.restarts.to_string(),
-            r.abandoned.to_string(),
-            r.views.to_string(),
+            crate::table::or_dash(s.restarts.map(|v| v as f64), 0),
+            crate::table::or_dash(r.abandoned.map(|v| v as f64), 0),
+            crate::table::or_dash(r.views.map(|v| v as f64), 0),
             format!("{:.3}", s.rekey_time_s * 1e3),
             format!("{:.3}", r.median_time_s * 1e3),
             format!("{:.2}", s.exps),
+            format!("{:.1}", exps_per_minute(r)),
             crate::table::or_dash(s.blinded_keys, 2),
             format!("{:.2}", s.bkey_packets),
             crate::table::or_dash(r.merge_only.0, 2),
-            crate::table::or_dash(r.merge_only.0.map(|_| r.merge_only.1), 2),
+            crate::table::or_dash(r.merge_only.0.and(r.merge_only.1), 2),
         ]);
     }
     writeln!(out, "{t}")?;
@@ -944,9 +1128,11 @@ fn write_tables(out: &mut impl Write, setup: &Setup, results: &[RunResult]) -> R
         "(merge): without Queue-subtree's BKEY packets, which SEAL does not measure (Queue-batch only; the other \
          algorithms have none). abandoned: rekeys begun that installed nothing (restarted, or abandoned by a view \
          and begun again at the next tick, whose wait the rekeying time then includes: see p50); for the baseline, \
-         its cascades."
+         its cascades. exps/min: the exponentiations per minute of a member in every rekey (the sum over rekeys of \
+         their per-member mean, over the minutes of churn): the cost of rekeying more often (per view, or \
+         +leave: :rekey-on-leave) against batching, beside the per-rekey means."
     )?;
-    if let Some(paper) = table2_row(setup) {
+    if let Some(paper) = table2_row(setup).filter(|_| engine == GaugeEngine::Sim) {
         if let Some(r) = results.iter().find(|r| r.summary.algorithm == "queue-batch") {
             let s = &r.summary;
             writeln!(
@@ -961,8 +1147,8 @@ fn write_tables(out: &mut impl Write, setup: &Setup, results: &[RunResult]) -> R
                 s.exps,
                 s.blinded_keys.unwrap_or(0.0),
                 s.bkey_packets,
-                r.merge_only.0.unwrap_or(0.0),
-                r.merge_only.1,
+                r.merge_only.0.unwrap_or(f64::NAN),
+                r.merge_only.1.unwrap_or(f64::NAN),
             ];
             let names = [
                 "rekeying time (s)",
@@ -982,6 +1168,12 @@ fn write_tables(out: &mut impl Write, setup: &Setup, results: &[RunResult]) -> R
     Ok(())
 }
 
+/// The exponentiations per minute of churn of a member in every rekey: the
+/// sum over rekeys of their per-member mean, over the churn's minutes.
+fn exps_per_minute(r: &RunResult) -> f64 {
+    r.rekeys.iter().map(|k| k.exps).sum::<f64>() / (r.summary.duration_s / 60.0)
+}
+
 /// Fails early if `dir` cannot be written (before a long run).
 fn check_writable(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -989,7 +1181,9 @@ fn check_writable(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<()> {
+/// Writes gauge.json, gauge.csv, rekeys.csv and the charts; returns the
+/// charts' names (each also as PNG).
+fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
     let summaries: Vec<&Summary> = results.iter().map(|r| &r.summary).collect();
     std::fs::write(dir.join("gauge.json"), serde_json::to_string_pretty(&summaries)?)
         .with_context(|| format!("writing {}", dir.join("gauge.json").display()))?;
@@ -1019,7 +1213,7 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<()> {
             s.interval.to_string(),
             s.duration_s.to_string(),
             s.rekeys.to_string(),
-            s.restarts.to_string(),
+            s.restarts.map_or(String::new(), |v| v.to_string()),
             format!("{:.6}", s.rekey_time_s),
             format!("{:.4}", s.exps),
             s.blinded_keys.map_or(String::new(), |v| format!("{v:.4}")),
@@ -1030,6 +1224,8 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<()> {
     let mut w = csv::Writer::from_path(dir.join("rekeys.csv"))?;
     w.write_record([
         "algorithm",
+        "t_in",
+        "t_out",
         "rekey",
         "at_s",
         "members",
@@ -1045,6 +1241,8 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<()> {
         for (i, k) in r.rekeys.iter().enumerate() {
             w.write_record([
                 r.summary.algorithm.clone(),
+                r.summary.t_in.to_string(),
+                r.summary.t_out.to_string(),
                 (i + 1).to_string(),
                 format!("{:.6}", k.at_s),
                 k.members.to_string(),
@@ -1052,51 +1250,105 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<()> {
                 format!("{:.4}", k.exps),
                 k.blinded_keys.map_or(String::new(), |v| v.to_string()),
                 k.packets.to_string(),
-                k.restarts.to_string(),
+                k.restarts.map_or(String::new(), |v| v.to_string()),
                 k.merge_blinded_keys.map_or(String::new(), |v| v.to_string()),
-                k.merge_packets.to_string(),
+                k.merge_packets.map_or(String::new(), |v| v.to_string()),
             ])?;
         }
     }
     w.flush()?;
-    // Like SEAL Fig. 11: each rekey's time over the first 200 rekeys; a
-    // restart shows as a spike, and as a point on the restarts line.
-    let mut series = Vec::new();
+    let mut charts = Vec::new();
+    // Like SEAL Fig. 11: each rekey's time over the first 200 rekeys, one
+    // chart per (T_in, T_out); a restart shows as a spike, and as a point on
+    // the restarts line.
+    let mut configs: Vec<(f64, f64)> = Vec::new();
     for r in results {
-        let first: Vec<&RekeyRecord> = r.rekeys.iter().take(200).collect();
-        let pts = first.iter().enumerate().map(|(i, k)| ((i + 1) as f64, k.time_s * 1e3)).collect();
-        series.push(crate::chart::Series { name: r.summary.algorithm.clone(), points: pts });
-        let spikes: Vec<(f64, f64)> = first
-            .iter()
-            .enumerate()
-            .filter(|(_, k)| k.restarts > 0)
-            .map(|(i, k)| ((i + 1) as f64, k.time_s * 1e3))
-            .collect();
-        if !spikes.is_empty() {
-            series.push(crate::chart::Series { name: format!("{} restarts", r.summary.algorithm), points: spikes });
+        let c = (r.summary.t_in, r.summary.t_out);
+        if !configs.contains(&c) {
+            configs.push(c);
         }
     }
-    crate::chart::line_chart(
-        &dir.join("rekeys.svg"),
-        "Rekeying time of each rekey (first 200), virtual ms",
-        "rekey",
-        "rekeying time, mean over its members (ms)",
-        &series,
-        false,
-    )?;
-    Ok(())
+    for &(t_in, t_out) in &configs {
+        let mut series = Vec::new();
+        for r in results.iter().filter(|r| (r.summary.t_in, r.summary.t_out) == (t_in, t_out)) {
+            let first: Vec<&RekeyRecord> = r.rekeys.iter().take(200).collect();
+            let pts = first.iter().enumerate().map(|(i, k)| ((i + 1) as f64, k.time_s * 1e3)).collect();
+            series.push(crate::chart::Series { name: r.summary.algorithm.clone(), points: pts });
+            let spikes: Vec<(f64, f64)> = first
+                .iter()
+                .enumerate()
+                .filter(|(_, k)| k.restarts.is_some_and(|r| r > 0))
+                .map(|(i, k)| ((i + 1) as f64, k.time_s * 1e3))
+                .collect();
+            if !spikes.is_empty() {
+                series.push(crate::chart::Series { name: format!("{} restarts", r.summary.algorithm), points: spikes });
+            }
+        }
+        let name = format!("rekeys-tin{t_in}-tout{t_out}.svg");
+        crate::chart::line_chart(
+            &dir.join(&name),
+            &format!("Fig. 11: rekeying time of each rekey (first 200), T_in {t_in} s, T_out {t_out} s"),
+            "rekey",
+            "rekeying time, mean over its members (ms)",
+            &series,
+            false,
+        )?;
+        charts.push(name);
+    }
+    // Like SEAL Fig. 9 (T_out fixed, T_in varied) and Fig. 10 (T_in = T_out
+    // varied): each metric against T, one line per algorithm, wherever the
+    // runs give at least two values of T.
+    let mut t_outs: Vec<f64> = configs.iter().map(|c| c.1).collect();
+    t_outs.dedup();
+    let mut sweeps: Vec<(String, String, Vec<(f64, f64)>)> = Vec::new();
+    for t_out in t_outs {
+        let xs: Vec<(f64, f64)> = configs.iter().copied().filter(|c| c.1 == t_out).collect();
+        sweeps.push((format!("fig9-tout{t_out}"), format!("T_out = {t_out} s"), xs));
+    }
+    sweeps.push(("fig10".into(), "T_in = T_out".into(), configs.iter().copied().filter(|c| c.0 == c.1).collect()));
+    let metrics: [(&str, &str, fn(&Summary) -> Option<f64>); 4] = [
+        ("time", "rekeying time (ms)", |s| Some(s.rekey_time_s * 1e3)),
+        ("exps", "exponentiations", |s| Some(s.exps)),
+        ("blinded-keys", "broadcast blinded keys", |s| s.blinded_keys),
+        ("packets", "BKEY packets", |s| Some(s.bkey_packets)),
+    ];
+    for (stem, what, xs) in sweeps.iter().filter(|(_, _, xs)| xs.len() >= 2) {
+        for (key, label, metric) in metrics {
+            let mut lines: Vec<crate::chart::Series> = Vec::new();
+            for r in results.iter().filter(|r| xs.contains(&(r.summary.t_in, r.summary.t_out))) {
+                let Some(y) = metric(&r.summary) else { continue };
+                let x = r.summary.t_in;
+                match lines.iter_mut().find(|l| l.name == r.summary.algorithm) {
+                    Some(l) => l.points.push((x, y)),
+                    None => {
+                        lines.push(crate::chart::Series { name: r.summary.algorithm.clone(), points: vec![(x, y)] })
+                    }
+                }
+            }
+            lines.iter_mut().for_each(|l| l.points.sort_by(|a, b| a.0.total_cmp(&b.0)));
+            let name = format!("{stem}-{key}.svg");
+            let x_label = if stem == "fig10" { "T_in = T_out (s)" } else { "T_in (s)" };
+            let title = format!("{label} per member per rekey, {what}");
+            crate::chart::line_chart(&dir.join(&name), &title, x_label, label, &lines, false)?;
+            charts.push(name);
+        }
+    }
+    Ok(charts)
 }
 
 /// A bar over virtual time, on stderr when it is a terminal.
-fn progress_bar(len: u64) -> indicatif::ProgressBar {
+fn progress_bar(len: u64, engine: GaugeEngine) -> indicatif::ProgressBar {
     use std::io::IsTerminal;
     if !std::io::stderr().is_terminal() {
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new(len.max(1));
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg:16} {wide_bar} {percent}% of virtual time, ETA {eta}")
-            .expect("static template"),
+        indicatif::ProgressStyle::with_template(match engine {
+            GaugeEngine::Sim => "{msg:16} {wide_bar} {percent}% of virtual time, ETA {eta}",
+            GaugeEngine::Daemon => "{msg:16} {wide_bar} {percent}% of the churn (wall clock), ETA {eta}",
+        })
+        .expect("static template"),
     );
     bar
 }
@@ -1130,20 +1382,20 @@ mod tests {
             assert_eq!(agreed(&r).unwrap_or_else(|e| panic!("{p:?}: {e}")), r.end.len());
             let s = &r.summary;
             assert!(s.rekeys > 0 && s.exps > 0.0 && s.bkey_packets > 0.0 && s.rekey_time_s > 0.0, "{p:?}: {s:?}");
-            assert!(r.abandoned >= s.restarts && r.median_time_s > 0.0, "{p:?}");
+            assert!(r.abandoned.unwrap() >= s.restarts.unwrap() && r.median_time_s > 0.0, "{p:?}");
             if p != Policy::PerView {
                 assert!(s.blinded_keys.is_some_and(|b| b > 0.0), "{p:?}: {s:?}");
                 // Only Queue-batch has Queue-subtree packets to leave out.
-                let (mb, mp) = (r.merge_only.0.unwrap(), r.merge_only.1);
+                let (mb, mp) = (r.merge_only.0.unwrap(), r.merge_only.1.unwrap());
                 if p == Policy::Interval(IntervalAlgorithm::QueueBatch) {
                     assert!(mb < s.blinded_keys.unwrap() && mp < s.bkey_packets && mp > 0.0, "{r:?}", r = r.merge_only);
                 } else {
                     assert_eq!((Some(mb), mp), (s.blinded_keys, s.bkey_packets), "{p:?}");
                 }
                 // Intervals batch the views: fewer rekeys than views.
-                assert!(s.rekeys < r.views, "{p:?}: {} rekeys, {} views", s.rekeys, r.views);
+                assert!(s.rekeys < r.views.unwrap(), "{p:?}: {} rekeys, {:?} views", s.rekeys, r.views);
             } else {
-                assert_eq!(s.rekeys, r.views, "per-view TGDH rekeys every view");
+                assert_eq!(Some(s.rekeys), r.views, "per-view TGDH rekeys every view");
             }
         }
     }
@@ -1171,7 +1423,7 @@ mod tests {
             .into_iter()
             .map(|p| run(&setup(5), p))
             .collect();
-        write_outputs(&out, &results).unwrap();
+        let charts = write_outputs(&out, &results).unwrap();
         let json: Vec<serde_json::Value> =
             serde_json::from_str(&std::fs::read_to_string(out.join("gauge.json")).unwrap()).unwrap();
         assert_eq!(json.len(), 2);
@@ -1179,7 +1431,45 @@ mod tests {
         assert!(json[1]["blinded_keys"].is_null());
         let rows = csv::Reader::from_path(out.join("rekeys.csv")).unwrap().records().count();
         assert_eq!(rows as u64, results[0].summary.rekeys + results[1].summary.rekeys);
-        assert!(out.join("rekeys.svg").exists() && out.join("rekeys.png").exists());
+        assert_eq!(charts, ["rekeys-tin4-tout4.svg"], "one configuration: no sweep charts");
+        assert!(out.join("rekeys-tin4-tout4.svg").exists() && out.join("rekeys-tin4-tout4.png").exists());
+    }
+
+    #[test]
+    fn out_draws_fig9_and_fig10_where_the_runs_sweep_t() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Policy::Interval(IntervalAlgorithm::Batch);
+        let at = |t_in: f64, t_out: f64| Setup { t_in, t_out, ..setup(6) };
+        // T_out fixed, T_in varied: Fig. 9's charts for that T_out, no Fig. 10.
+        let results: Vec<RunResult> = [at(4.0, 4.0), at(6.0, 4.0)].iter().map(|s| run(s, p)).collect();
+        let charts = write_outputs(dir.path(), &results).unwrap();
+        let want = ["time", "exps", "blinded-keys", "packets"].map(|m| format!("fig9-tout4-{m}.svg"));
+        assert_eq!(charts[..2], ["rekeys-tin4-tout4.svg", "rekeys-tin6-tout4.svg"]);
+        assert_eq!(charts[2..], want);
+        // T_in = T_out varied: Fig. 10's.
+        let results: Vec<RunResult> = [at(4.0, 4.0), at(6.0, 6.0)].iter().map(|s| run(s, p)).collect();
+        let charts = write_outputs(dir.path(), &results).unwrap();
+        assert!(charts.iter().any(|c| c == "fig10-exps.svg") && !charts.iter().any(|c| c.starts_with("fig9")));
+        for c in &charts {
+            assert!(dir.path().join(c).exists() && dir.path().join(c.replace(".svg", ".png")).exists(), "{c}");
+        }
+    }
+
+    #[test]
+    fn rekey_on_leave_rekeys_more_often_than_plain_batching_on_the_same_churn() {
+        for a in IntervalAlgorithm::ALL {
+            let plain = run(&setup(7), Policy::Interval(a));
+            let on_leave = run(&setup(7), Policy::OnLeave(a));
+            assert_eq!(agreed(&on_leave).unwrap(), on_leave.end.len(), "{a:?}");
+            // Same churn, so the same views; every leave of a key holder rekeys at once.
+            assert_eq!(plain.views, on_leave.views, "{a:?}");
+            assert!(
+                on_leave.summary.rekeys > plain.summary.rekeys,
+                "{a:?}: {} vs {}",
+                on_leave.summary.rekeys,
+                plain.summary.rekeys
+            );
+        }
     }
 
     #[test]

@@ -12,9 +12,11 @@
 //!   or over real daemons (one embedded, or a Corosync cluster in network
 //!   namespaces with the `cluster` feature), with MLS (mls-rs) as a peer.
 //! * `conclave gauge` (module `gauge`) — SEAL's Gauger: members joining and
-//!   leaving one group on simulated daemons in virtual time, rekeyed by the
-//!   interval algorithms (Rebuild, Batch, Queue-batch) and by per-view TGDH,
-//!   beside SEAL's Table 2.
+//!   leaving one group on simulated daemons in virtual time, or as real
+//!   sessions over real daemons in wall-clock time (`live::gauge`), rekeyed
+//!   by the interval algorithms (Rebuild, Batch, Queue-batch, optionally with
+//!   `:rekey-on-leave`) and by per-view TGDH, beside SEAL's Table 2, with
+//!   charts like its Figures 9–11.
 //! * `bench integrated` — the layered against the integrated architecture
 //!   on a Corosync cluster of certified daemons: one group's events and many
 //!   groups re-keyed by a partition and a merge, beside the

@@ -56,6 +56,8 @@ use tokio::sync::{mpsc, watch};
 use crate::scenario::{Placement, TimedEvent, Wan};
 use conclave_testkit::scripted::{self, Cmd, Report};
 
+pub(crate) mod gauge;
+
 /// Members that join at once while the group forms (untimed).
 const FORMING_WAVE: usize = 16;
 
@@ -210,29 +212,70 @@ impl Target {
                 if event.needs_a_network() {
                     bail!("a standalone daemon cannot partition: give --cluster N to time {event:?}");
                 }
-                let dir = tempfile::tempdir().context("cannot create a directory for the daemon's socket")?;
-                let socket = dir.path().join("daemon.sock");
-                let daemon = Daemon::start(DaemonConfig { unix: Some(socket.clone()), ..DaemonConfig::default() })
-                    .await
-                    .context("starting the embedded daemon")?;
+                let (_dir, socket, daemon) = embedded_daemon().await?;
                 let daemons = Daemons { sockets: vec![socket], net: None };
                 let r = line.point(&daemons, event, n, runs, tag, seed).await;
                 daemon.shutdown().await;
                 r
             };
-            let interrupted = async {
-                match &mut stop {
-                    // The sender goes only after sending true.
-                    Some(s) => drop(s.wait_for(|&s| s).await),
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
                 r = timed => r,
-                _ = interrupted => bail!("interrupted"),
+                _ = interrupted(&mut stop) => bail!("interrupted"),
             }
         })
         .with_context(|| format!("{line} {event:?} at n = {n}"))
+    }
+
+    /// Runs `work` on this target's daemons, as [`Target::time`] runs a
+    /// point: given the sockets to connect member i to (`sockets[i % len]`:
+    /// the cluster's nodes, or an embedded daemon started for it and stopped
+    /// after) and a tag that names this run's groups and members afresh.
+    /// With a cluster, SIGINT or SIGTERM ends it with an error.
+    pub(crate) fn run<T, Fut>(&self, work: impl FnOnce(Vec<PathBuf>, usize) -> Fut) -> Result<T>
+    where
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let tag = self.points.get();
+        self.points.set(tag + 1);
+        let mut stop = self.stop.clone();
+        if stop.as_ref().is_some_and(|s| *s.borrow()) {
+            bail!("interrupted");
+        }
+        crate::block_on(async move {
+            let done = async {
+                if let Some(c) = &self.cluster {
+                    return work(c.sockets(), tag).await;
+                }
+                let (_dir, socket, daemon) = embedded_daemon().await?;
+                let r = work(vec![socket], tag).await;
+                daemon.shutdown().await;
+                r
+            };
+            tokio::select! {
+                r = done => r,
+                _ = interrupted(&mut stop) => bail!("interrupted"),
+            }
+        })
+    }
+}
+
+/// An embedded standalone daemon on a Unix socket in a fresh directory
+/// (removed when the returned guard is dropped).
+async fn embedded_daemon() -> Result<(tempfile::TempDir, PathBuf, Daemon)> {
+    let dir = tempfile::tempdir().context("cannot create a directory for the daemon's socket")?;
+    let socket = dir.path().join("daemon.sock");
+    let daemon = Daemon::start(DaemonConfig { unix: Some(socket.clone()), ..DaemonConfig::default() })
+        .await
+        .context("starting the embedded daemon")?;
+    Ok((dir, socket, daemon))
+}
+
+/// Resolves once `stop` turns true (never without a cluster's signal watch).
+async fn interrupted(stop: &mut Option<watch::Receiver<bool>>) {
+    match stop {
+        // The sender goes only after sending true.
+        Some(s) => drop(s.wait_for(|&s| s).await),
+        None => std::future::pending().await,
     }
 }
 

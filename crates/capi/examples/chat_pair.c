@@ -43,8 +43,10 @@ static conclave_event_t *next_event(conclave_t *h) {
         conclave_status_t rc = conclave_recv(h, 200, &ev);
         if (rc == CONCLAVE_OK) {
             conclave_event_kind_t kind = conclave_event_kind(ev);
-            if (kind != CONCLAVE_EVENT_VIEW && kind != CONCLAVE_EVENT_MESSAGE && kind != CONCLAVE_EVENT_LEFT) {
-                /* Refusals, rejected messages, daemon errors: say so, go on. */
+            if (kind != CONCLAVE_EVENT_VIEW && kind != CONCLAVE_EVENT_MESSAGE && kind != CONCLAVE_EVENT_LEFT &&
+                kind != CONCLAVE_EVENT_WAITING) {
+                /* Refusals, rejected messages, daemon errors: say so, go on
+                 * (who waits for the next rekey is no news here). */
                 printf("%s: note: %s\n", me, conclave_event_text(ev));
             }
             if (kind == CONCLAVE_EVENT_CLOSED) {

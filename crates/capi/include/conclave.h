@@ -40,6 +40,10 @@ typedef enum {
     // The session ended (the connection to the daemon is gone); the last
     // event. Later `conclave_recv` calls return `CONCLAVE_ERR_CLOSED`.
     CONCLAVE_EVENT_CLOSED = 10,
+    // Interval rekeying: the members of the view (`conclave_event_member`)
+    // that hold no key yet and wait for the next rekey; sent when that list
+    // changes, empty once everyone is in the key.
+    CONCLAVE_EVENT_WAITING = 11,
 } conclave_event_kind_t;
 
 // What a call returns. `CONCLAVE_OK` (0) is success, `CONCLAVE_TIMEOUT`

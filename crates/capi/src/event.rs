@@ -42,6 +42,10 @@ pub enum conclave_event_kind_t {
     /// The session ended (the connection to the daemon is gone); the last
     /// event. Later `conclave_recv` calls return `CONCLAVE_ERR_CLOSED`.
     CONCLAVE_EVENT_CLOSED = 10,
+    /// Interval rekeying: the members of the view (`conclave_event_member`)
+    /// that hold no key yet and wait for the next rekey; sent when that list
+    /// changes, empty once everyone is in the key.
+    CONCLAVE_EVENT_WAITING = 11,
 }
 
 pub use conclave_event_kind_t::*;
@@ -159,6 +163,17 @@ impl Event {
                     epoch: c(&epoch.to_string()),
                     members: unconfirmed.iter().map(|m| cstring(m.as_str())).collect(),
                     ..Event::new(CONCLAVE_EVENT_KEY_MISMATCH, text)
+                }
+            }
+            SecureEvent::Waiting { group, members } => {
+                let text = match members.is_empty() {
+                    true => format!("{group}: every member holds the key"),
+                    false => format!("{group}: waiting for the next rekey: {}", names(&members)),
+                };
+                Event {
+                    group: c(group.as_str()),
+                    members: members.iter().map(|m| cstring(m.as_str())).collect(),
+                    ..Event::new(CONCLAVE_EVENT_WAITING, text)
                 }
             }
             SecureEvent::DaemonError { code, text } => {

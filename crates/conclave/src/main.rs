@@ -7,7 +7,7 @@
 //! Spread's spuser (`conclave client`) and a load generator in the manner of
 //! spflooder (`conclave flood`), and `conclave demo`, which runs the whole
 //! stack (daemon, secure sessions, key agreement) in one process, `conclave chat`, and `conclave keys`
-//! (certified identities), and `conclave gauge` (SEAL's Gauger on simulated daemons, from
+//! (certified identities), and `conclave gauge` (SEAL's Gauger on simulated daemons or real sessions, from
 //! `conclave-bench`).
 //!
 //! Built without the default feature `bench` (`--no-default-features`), it
@@ -53,8 +53,9 @@ enum Command {
     #[cfg(feature = "bench")]
     #[command(subcommand)]
     Bench(conclave_bench::Command),
-    /// SEAL's Gauger: members repeatedly join and leave one group on simulated daemons (virtual time),
-    /// rekeyed by SEAL's interval algorithms and by per-view TGDH, beside SEAL's Table 2.
+    /// SEAL's Gauger: members repeatedly join and leave one group on simulated daemons (virtual time) or as
+    /// real sessions over real daemons (wall clock), rekeyed by SEAL's interval algorithms and by per-view
+    /// TGDH, beside SEAL's Table 2; charts like its Figures 9-11.
     #[cfg(feature = "bench")]
     Gauge(conclave_bench::GaugeArgs),
     /// The whole stack in one process: an embedded daemon and scripted members

@@ -47,17 +47,23 @@ impl Proc {
     }
 
     /// Waits for the process and returns its status, stdout and stderr.
+    /// The pipes are read while it runs: output beyond a pipe's buffer
+    /// (64 KiB; the PowerShell completion script is larger) would otherwise
+    /// block it forever.
     fn finish(&mut self) -> (ExitStatus, String, String) {
+        fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                if let Some(mut p) = pipe {
+                    p.read_to_string(&mut text).unwrap();
+                }
+                text
+            })
+        }
+        let out = drain(self.child.stdout.take());
+        let err = drain(self.child.stderr.take());
         let status = self.wait();
-        let mut out = String::new();
-        let mut err = String::new();
-        if let Some(mut s) = self.child.stdout.take() {
-            s.read_to_string(&mut out).unwrap();
-        }
-        if let Some(mut s) = self.child.stderr.take() {
-            s.read_to_string(&mut err).unwrap();
-        }
-        (status, out, err)
+        (status, out.join().unwrap(), err.join().unwrap())
     }
 }
 

@@ -344,6 +344,13 @@ pub trait Engine: Send {
     fn in_progress(&self) -> bool;
     /// Everything this engine has spent so far.
     fn costs(&self) -> Costs;
+    /// Interval engines ([`Engine::interval`]): the blinded keys and BKEY
+    /// packets this member broadcast, the rekeys it led and restarted, so far
+    /// (what [`crate::protocols::seal::IntervalTgdh::stats`] gives); `None`
+    /// for the other engines.
+    fn interval_stats(&self) -> Option<crate::protocols::seal::IntervalStats> {
+        None
+    }
     /// Test hook: the member's secrets, as encodings (see [`Leak`]).
     #[cfg(feature = "test-hooks")]
     fn leak(&self) -> Leak;
@@ -415,6 +422,10 @@ pub(crate) trait Protocol<G: Group>: Send + Sized + 'static {
     /// protocols only).
     fn on_tick(&mut self, _cx: &mut Ctx<'_, G>) -> Result<(), Error> {
         Err(Error::BadView("this protocol has no rekeying interval"))
+    }
+    /// What an interval protocol has broadcast and led so far (see [`Engine::interval_stats`]).
+    fn interval_stats(&self) -> Option<crate::protocols::seal::IntervalStats> {
+        None
     }
     /// The member's secrets (test hook).
     #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
@@ -886,6 +897,10 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
 
     fn costs(&self) -> Costs {
         self.st.costs
+    }
+
+    fn interval_stats(&self) -> Option<crate::protocols::seal::IntervalStats> {
+        self.proto.interval_stats()
     }
 
     #[cfg(feature = "test-hooks")]

@@ -377,6 +377,9 @@ struct GroupState {
     /// Interval rekeying: a tick came while the view waited for verdicts;
     /// it is given as soon as the engine runs the view.
     tick_due: bool,
+    /// Interval rekeying: the waiting members last reported
+    /// ([`SecureEvent::Waiting`]).
+    waiting_reported: Vec<MemberId>,
     #[cfg(feature = "test-hooks")]
     captured: Vec<(MemberId, Bytes)>,
     /// Test hook: an insider's tampering with its own key agreement messages.
@@ -558,6 +561,7 @@ impl SessionCore {
                 readmissions: 0,
                 next_tick: None,
                 tick_due: false,
+                waiting_reported: Vec::new(),
                 #[cfg(feature = "test-hooks")]
                 captured: Vec::new(),
                 #[cfg(feature = "test-hooks")]
@@ -607,6 +611,27 @@ impl SessionCore {
     pub fn secure_members(&self, group: &str) -> Option<&[MemberId]> {
         let gs = self.groups.get(&GroupName::new(group).ok()?)?;
         gs.phase.keys().map(|_| gs.members.as_slice())
+    }
+
+    /// Interval rekeying: the members of the group's current view that wait
+    /// for the next rekey, oldest first — those not in the key this member
+    /// holds (joiners since its last rekey); while this member holds no key
+    /// it cannot tell who does, and names only itself. Empty for groups
+    /// rekeyed on every view (their views are shown only with their key) and
+    /// for groups this member is not in.
+    pub fn waiting_members(&self, group: &str) -> Vec<MemberId> {
+        let Some(gs) = GroupName::new(group).ok().and_then(|g| self.groups.get(&g)) else { return Vec::new() };
+        if !gs.engine.interval() {
+            return Vec::new();
+        }
+        waiting_members(&self.me, gs)
+    }
+
+    /// What this member's key agreement engine has spent in `group` since
+    /// it joined (it starts afresh at every join), `None` if not in it.
+    pub fn meter(&self, group: &str) -> Option<crate::Meter> {
+        let gs = self.groups.get(&GroupName::new(group).ok()?)?;
+        Some(crate::Meter { costs: gs.engine.costs(), interval: gs.engine.interval_stats() })
     }
 
     /// A delivery from the daemon.
@@ -749,9 +774,6 @@ impl SessionCore {
     fn on_interval_view(&mut self, group: GroupName, view: View) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(&group) else { return Ok(()) };
         tracing::debug!(%group, view = %view.id, n = view.members.len(), "view; the key in use stays until the next rekey");
-        if !matches!(gs.phase, Phase::Secure(_) | Phase::Confirming(_)) {
-            gs.rekey_since.get_or_insert(self.now);
-        }
         if gs.phase.is_aside() {
             gs.phase = Phase::Agreeing; // set aside in the last view only
         }
@@ -793,7 +815,23 @@ impl SessionCore {
             let res = gs.engine.tick(&mut *self.rng);
             self.engine_result(group, None, res)?;
         }
-        self.check_confirmed(group)
+        self.check_confirmed(group)?;
+        self.report_waiting(group);
+        Ok(())
+    }
+
+    /// Interval rekeying: reports [`SecureEvent::Waiting`] if the members of
+    /// the view waiting for the next rekey are not those reported last.
+    fn report_waiting(&mut self, group: &GroupName) {
+        let Some(gs) = self.groups.get_mut(group) else { return };
+        if !gs.engine.interval() {
+            return;
+        }
+        let waiting = waiting_members(&self.me, gs);
+        if waiting != gs.waiting_reported {
+            gs.waiting_reported = waiting.clone();
+            self.events.push_back(SecureEvent::Waiting { group: group.clone(), members: waiting });
+        }
     }
 
     /// Starts key agreement on the current view once every member has a
@@ -1278,6 +1316,8 @@ impl SessionCore {
             fingerprint: sv.key.fingerprint(),
             rekey_time,
         }));
+        self.report_waiting(group);
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let early = gs.early.take();
         for (sender, view, payload) in early {
             self.on_data(group, sender, view, payload)?;
@@ -1317,6 +1357,11 @@ impl SessionCore {
                 }
                 if gs.phase.is_aside() || matches!(gs.verdicts.get(&sender), Some(Verdict::Refused(_))) {
                     return Ok(()); // from a refused member, or while standing aside
+                }
+                // Interval rekeying: a rekeying operation starts at the first
+                // rekey message received since the last install (SEAL §6).
+                if gs.engine.interval() && is_rekey_message(body) {
+                    gs.rekey_since.get_or_insert(self.now);
                 }
                 if gs.admission.is_waiting() {
                     gs.held_ka.push(sender, view, payload.slice_ref(body));
@@ -1592,6 +1637,22 @@ fn foreign_authority(me: &MemberId, view: &View, gs: &GroupState) -> bool {
 
 /// Certified mode: the members accepted in the current view with their
 /// identity keys, and nobody else: the run's explicit admission.
+/// Whether a key agreement body is an interval rekey message (SEAL's leader's).
+fn is_rekey_message(body: &[u8]) -> bool {
+    conclave_gka::message::Envelope::decode(body).is_ok_and(|e| e.round == conclave_gka::protocols::seal::ROUND_REKEY)
+}
+
+/// See [`SessionCore::waiting_members`] (interval groups).
+fn waiting_members(me: &MemberId, gs: &GroupState) -> Vec<MemberId> {
+    let Some(view) = gs.view.as_ref() else { return Vec::new() };
+    match &gs.phase {
+        Phase::Secure(_) => view.ids().filter(|m| !gs.members.contains(m)).cloned().collect(),
+        Phase::Confirming(c) => view.ids().filter(|m| !c.view.members.contains(m)).cloned().collect(),
+        _ if view.contains(me) => vec![me.clone()],
+        _ => Vec::new(),
+    }
+}
+
 fn admitted(gs: &GroupState) -> StaticDirectory {
     let mut d = StaticDirectory::new();
     for (m, v) in &gs.verdicts {

@@ -158,6 +158,7 @@ pub use crate::core::{
 };
 pub use conclave_gcs::core::ErrorCode;
 pub use conclave_gcs::{GroupName, MemberId};
+pub use conclave_gka::protocols::seal::IntervalStats;
 pub use conclave_gka::{Epoch, GroupId, IntervalAlgorithm, ProtocolId, ViewId};
 pub use confirm::{confirmation_cost, ConfirmCost};
 pub use data::{DataError, DataHeader, EpochKeys};
@@ -340,6 +341,17 @@ impl Default for Policy {
     }
 }
 
+/// What a member's key agreement engine has spent in one group so far
+/// ([`Session::meter`]): its cost meter and, under interval rekeying, the
+/// blinded keys and BKEY packets it broadcast and the rekeys it led.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Meter {
+    /// Exponentiations, signatures, verifications, messages, bytes.
+    pub costs: conclave_gka::Costs,
+    /// Interval rekeying only.
+    pub interval: Option<conclave_gka::protocols::seal::IntervalStats>,
+}
+
 /// A membership view with its agreed key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SecureViewInfo {
@@ -353,7 +365,11 @@ pub struct SecureViewInfo {
     pub protocol: ProtocolId,
     /// A short public fingerprint of the key (equal at every member).
     pub fingerprint: String,
-    /// From the first daemon view not yet secured to the key's installation.
+    /// From the first daemon view not yet secured to the key's
+    /// installation (confirmed by every member). Under interval rekeying,
+    /// SEAL's rekeying time (§6): from the first rekey message this member
+    /// received since its last install (a joiner's wait for the rekey is not
+    /// in it).
     pub rekey_time: Duration,
 }
 
@@ -471,6 +487,17 @@ pub enum SecureEvent {
         epoch: Epoch,
         /// The members whose confirmation did not match this member's key.
         unconfirmed: Vec<MemberId>,
+    },
+    /// Interval rekeying: the members of the current daemon view that hold
+    /// no key of the group yet and wait for the next rekey (joiners since
+    /// this member's last rekey; while this member holds no key, only
+    /// itself). Reported when the list changes; empty once everyone is in
+    /// the key. See [`Session::waiting_members`].
+    Waiting {
+        /// The group.
+        group: GroupName,
+        /// Who waits, oldest first.
+        members: Vec<MemberId>,
     },
     /// The member left the group: nothing more comes from it.
     Left {

@@ -141,6 +141,16 @@ impl Session {
         self.core.secure_members(group)
     }
 
+    /// See [`SessionCore::waiting_members`].
+    pub fn waiting_members(&self, group: &str) -> Vec<MemberId> {
+        self.core.waiting_members(group)
+    }
+
+    /// See [`SessionCore::meter`].
+    pub fn meter(&self, group: &str) -> Option<crate::Meter> {
+        self.core.meter(group)
+    }
+
     /// The next event. Cancel-safe: nothing is lost if the future is dropped.
     pub async fn recv(&mut self) -> Result<SecureEvent, SessionError> {
         loop {

@@ -443,3 +443,64 @@ fn a_rekey_is_confirmed_in_the_next_view_before_its_certificates() {
         no_rejections(&net);
     }
 }
+
+/// The Waiting events member `i` delivered, as lists of names.
+fn waiting_events(net: &Net, i: usize) -> Vec<Vec<String>> {
+    net.members[i]
+        .log
+        .iter()
+        .filter_map(|e| match e {
+            SecureEvent::Waiting { members, .. } => Some(members.iter().map(|m| m.as_str().to_owned()).collect()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn members_waiting_for_the_next_rekey_are_reported_and_the_rekey_is_metered() {
+    let names = |v: Vec<MemberId>| v.into_iter().map(|m| m.as_str().to_owned()).collect::<Vec<_>>();
+    let mut net = Net::new(&["alice", "bob", "carol"], 91);
+    let policy = Policy::interval(IntervalAlgorithm::QueueBatch, PERIOD);
+    net.join(0, policy);
+    assert!(net.members[0].session.waiting_members(vnet::GROUP).is_empty());
+    net.join(1, policy);
+    net.join(2, policy);
+    // Alice holds the key: bob and carol wait. Bob holds none: he names himself.
+    assert_eq!(names(net.members[0].session.waiting_members(vnet::GROUP)), ["bob", "carol"]);
+    // Alice first waited for her own first key (at once: she leads), then
+    // nobody, then bob, then bob and carol.
+    let expected: [&[&str]; 4] = [&["alice"], &[], &["bob"], &["bob", "carol"]];
+    assert_eq!(waiting_events(&net, 0), expected.map(|l| l.iter().map(|s| s.to_string()).collect::<Vec<_>>()));
+    assert_eq!(names(net.members[1].session.waiting_members(vnet::GROUP)), ["bob"]);
+    let before = net.members[0].session.meter(vnet::GROUP).unwrap();
+    net.advance(PERIOD);
+    for i in 0..3 {
+        assert!(net.members[i].session.waiting_members(vnet::GROUP).is_empty(), "member {i}");
+        assert_eq!(waiting_events(&net, i).last(), Some(&Vec::new()), "member {i}: told that nobody waits");
+    }
+    // The leader's meter counts the rekey it led; every member's, its exponentiations.
+    let after = net.members[0].session.meter(vnet::GROUP).unwrap();
+    let (s0, s1) = (before.interval.unwrap(), after.interval.unwrap());
+    assert_eq!(s1.rekeys_led, s0.rekeys_led + 1);
+    assert!(after.costs.exps > before.costs.exps);
+    for i in 1..3 {
+        assert!(net.members[i].session.meter(vnet::GROUP).unwrap().costs.exps > 0, "member {i}");
+    }
+    // SEAL's rekeying time: from the rekey message, not from the join (a
+    // whole period earlier).
+    for i in 1..3 {
+        let SecureEvent::View(v) = net.members[i].log.iter().rfind(|e| matches!(e, SecureEvent::View(_))).unwrap()
+        else {
+            unreachable!()
+        };
+        assert!(v.rekey_time < PERIOD / 2, "member {i}: {:?}", v.rekey_time);
+    }
+    // A group rekeyed on every view has no one waiting and no meter of intervals.
+    let mut net = Net::new(&["alice", "bob"], 92);
+    net.join(0, Policy::default());
+    net.join(1, Policy::default());
+    assert!(net.members[0].session.waiting_members(vnet::GROUP).is_empty());
+    assert!(waiting_events(&net, 0).is_empty());
+    let m = net.members[0].session.meter(vnet::GROUP).unwrap();
+    assert!(m.interval.is_none() && m.costs.exps > 0);
+}

@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use conclave_secure::{Policy, SecureEvent, Session};
+use conclave_secure::{Meter, Policy, SecureEvent, Session};
 use tokio::sync::mpsc;
 
 /// What a script asks a member to do in its group.
@@ -29,6 +29,10 @@ pub struct Report<T> {
     pub event: Result<SecureEvent, String>,
     /// When the member's session delivered it.
     pub at: Instant,
+    /// With a secure view: what the member's key agreement engine has
+    /// spent in the group since it joined ([`Session::meter`]), read when
+    /// the view came.
+    pub meter: Option<Meter>,
 }
 
 /// Runs `session` in group `group` until the command channel closes, the
@@ -53,15 +57,17 @@ pub fn spawn<T: Clone + std::fmt::Display + Send + 'static>(
                         Some(Cmd::Leave) => session.leave(&group),
                     };
                     if let Err(e) = r {
-                        if out.send(Report { who: who.clone(), event: Err(e.to_string()), at: Instant::now() }).is_err() {
+                        if out.send(Report { who: who.clone(), event: Err(e.to_string()), at: Instant::now(), meter: None }).is_err() {
                             return;
                         }
                     }
                 }
                 ev = session.recv() => {
+                    let at = Instant::now();
                     let ended = ev.is_err();
+                    let meter = matches!(ev, Ok(SecureEvent::View(_))).then(|| session.meter(&group)).flatten();
                     let event = ev.map_err(|e| format!("session ended: {e}"));
-                    if out.send(Report { who: who.clone(), event, at: Instant::now() }).is_err() || ended {
+                    if out.send(Report { who: who.clone(), event, at, meter }).is_err() || ended {
                         return;
                     }
                 }

@@ -11,6 +11,8 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+pub mod cbuild;
+
 use conclave::*;
 use conclave_gcs_net::{ClientAuth, Daemon, DaemonConfig, Identity, TlsListen};
 use conclave_secure::trust::Issuer;

@@ -5,7 +5,9 @@
 //! message pane (`sender: text`, with `*` system lines for joins, leaves and
 //! rekeys and `!` lines for refusals, rejected messages and errors), a side
 //! panel with the secure view's members, epoch, protocol and key fingerprint
-//! (or "waiting for key" / "standing aside" while this member holds none), a
+//! (or "waiting for key" / "standing aside" while this member holds none;
+//! under interval rekeying, the members of the view not yet in the key are
+//! listed too, marked as waiting for the next rekey), a
 //! status line that each rekey updates (`rekey to epoch E (protocol) in X ms,
 //! N members`) and an input line with history (Up/Down). Commands: `/who`,
 //! `/leave`, `/join`, `/quit` (and Ctrl-C; Esc does not quit).
@@ -290,16 +292,29 @@ mod tests {
         let mut chat = Chat::new("alice", "room", Policy::default());
         chat.joined = true;
         chat.members = vec!["alice".into(), "bob".into()];
+        chat.waiting = vec!["carol".into()];
         let epoch = conclave_secure::Epoch::new(conclave_secure::ViewId::new(0xabcd << 48, 7), 0);
         chat.key = KeyState::Keyed { epoch, fingerprint: "f00d".into() };
         chat.status = format!("rekey to epoch {epoch} (tgdh) in 3.2 ms, 2 members");
         chat.push(Entry::Message { sender: "bob".into(), text: "hi".into(), mine: false });
         let mut screen = Screen::default();
         type_str(&mut screen, "typing");
-        let mut t = Terminal::new(TestBackend::new(80, 12)).unwrap();
+        let mut t = Terminal::new(TestBackend::new(80, 14)).unwrap();
         t.draw(|f| screen.draw(f, &chat)).unwrap();
         let text = screen_text(&t);
-        for want in ["bob: hi", " alice", " bob", "epoch    v7.abcd/0", "key f00d", "2 members", "> typing", "#room"] {
+        let want = [
+            "bob: hi",
+            " alice",
+            " bob",
+            " carol (waits for",
+            "members (3)",
+            "epoch    v7.abcd/0",
+            "key f00d",
+            "2 members",
+            "> typing",
+            "#room",
+        ];
+        for want in want {
             assert!(text.contains(want), "{want:?} missing from\n{text}");
         }
     }

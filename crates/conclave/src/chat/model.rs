@@ -74,6 +74,9 @@ pub struct Chat {
     pub joined: bool,
     pub connected: bool,
     pub members: Vec<String>,
+    /// Interval rekeying: members of the view that wait for the next rekey
+    /// (the session's [`SecureEvent::Waiting`]); shown beside the members.
+    pub waiting: Vec<String>,
     pub key: KeyState,
     pub status: String,
     pub entries: Vec<Stamped>,
@@ -90,11 +93,20 @@ impl Chat {
             joined: false,
             connected: true,
             members: Vec::new(),
+            waiting: Vec::new(),
             key: KeyState::NotJoined,
             status: format!("joining #{group} ..."),
             entries: Vec::new(),
             next_seq: 1,
         }
+    }
+
+    /// Who to list, in order: the members of the key, then those of the view
+    /// that wait for the next rekey (`true`).
+    pub fn roster(&self) -> Vec<(&str, bool)> {
+        let keyed = self.members.iter().map(|m| (m.as_str(), false));
+        let waiting = self.waiting.iter().filter(|w| !self.members.contains(w)).map(|m| (m.as_str(), true));
+        keyed.chain(waiting).collect()
     }
 
     /// The current epoch, if this member holds a key.
@@ -217,9 +229,19 @@ impl Chat {
                     who.join(", ")
                 ))
             }
+            SecureEvent::Waiting { members, .. } => {
+                let waiting: Vec<String> = members.iter().map(|m| m.as_str().to_owned()).collect();
+                let new: Vec<String> =
+                    waiting.iter().filter(|m| **m != self.me && !self.waiting.contains(m)).cloned().collect();
+                for m in new {
+                    self.system(format!("{m} is in the view, waiting for the next rekey"));
+                }
+                self.waiting = waiting;
+            }
             SecureEvent::Left { group } => {
                 self.joined = false;
                 self.members.clear();
+                self.waiting.clear();
                 self.key = KeyState::NotJoined;
                 self.system(format!("you left #{group}; /join to come back, /quit to exit"));
                 self.status = format!("not in #{group}");
@@ -259,6 +281,35 @@ mod tests {
         assert_eq!(chat.entries.len(), MAX_ENTRIES);
         assert_eq!(chat.entries[0].seq, 6);
         assert_eq!(chat.entries.last().unwrap().seq, MAX_ENTRIES as u64 + 5);
+    }
+
+    #[test]
+    fn members_waiting_for_the_next_rekey_are_listed_and_flagged_until_the_rekey() {
+        let g = || conclave_secure::GroupName::new("room").unwrap();
+        let id = |n: &str| conclave_secure::MemberId::new(n).unwrap();
+        let mut chat = Chat::new("alice", "room", "queue-batch:15s".parse().unwrap());
+        let epoch = Epoch::new(conclave_secure::ViewId::new(1 << 48, 3), 0);
+        let view = |members: &[&str]| {
+            SecureEvent::View(SecureViewInfo {
+                group: g(),
+                members: members.iter().map(|m| id(m)).collect(),
+                epoch,
+                protocol: conclave_secure::ProtocolId::Tgdh,
+                fingerprint: "ab".into(),
+                rekey_time: std::time::Duration::ZERO,
+            })
+        };
+        chat.on_event(view(&["alice", "bob"]));
+        assert_eq!(chat.roster(), [("alice", false), ("bob", false)]);
+        chat.on_event(SecureEvent::Waiting { group: g(), members: vec![id("carol")] });
+        assert_eq!(chat.roster(), [("alice", false), ("bob", false), ("carol", true)]);
+        assert!(chat
+            .entries
+            .iter()
+            .any(|e| matches!(&e.entry, Entry::System(t) if t.contains("carol is in the view, waiting"))));
+        chat.on_event(view(&["alice", "bob", "carol"]));
+        chat.on_event(SecureEvent::Waiting { group: g(), members: vec![] });
+        assert_eq!(chat.roster(), [("alice", false), ("bob", false), ("carol", false)]);
     }
 
     #[test]

@@ -184,12 +184,14 @@ fn render<'a>(chat: &Chat, e: &'a Entry) -> Line<'a> {
 }
 
 fn draw_side(f: &mut Frame, chat: &Chat, area: Rect) {
-    let mut lines: Vec<Line> = chat
-        .members
+    let roster = chat.roster();
+    let mut lines: Vec<Line> = roster
         .iter()
-        .map(|m| {
-            let style = if *m == chat.me { Style::default().fg(Color::Green) } else { Style::default() };
-            Line::styled(format!(" {m}"), style)
+        .map(|&(m, waiting)| match waiting {
+            // In the view, not yet in the key: SEAL's wait for the next rekey.
+            true => Line::styled(format!(" {m} (waits for rekey)"), Style::default().fg(Color::Yellow)),
+            false if m == chat.me => Line::styled(format!(" {m}"), Style::default().fg(Color::Green)),
+            false => Line::raw(format!(" {m}")),
         })
         .collect();
     lines.push(Line::raw(""));
@@ -202,6 +204,6 @@ fn draw_side(f: &mut Frame, chat: &Chat, area: Rect) {
         KeyState::Aside { .. } => lines.push(Line::styled("no key: standing aside", Style::default().fg(Color::Red))),
         KeyState::NotJoined => lines.push(Line::raw("no key")),
     }
-    let block = Block::default().borders(Borders::ALL).title(format!(" members ({}) ", chat.members.len()));
+    let block = Block::default().borders(Borders::ALL).title(format!(" members ({}) ", roster.len()));
     f.render_widget(Paragraph::new(lines).block(block).wrap(Wrap { trim: false }), area);
 }

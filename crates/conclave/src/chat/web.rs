@@ -304,6 +304,8 @@ struct Snapshot<'a> {
     connected: bool,
     ended: bool,
     members: &'a [String],
+    /// Members of the view that wait for the next rekey (interval rekeying).
+    waiting: Vec<&'a str>,
     epoch: Option<String>,
     fingerprint: Option<&'a str>,
     /// "none", "waiting", "keyed" or "aside".
@@ -354,6 +356,7 @@ pub fn snapshot(chat: &Chat, ended: bool) -> String {
         connected: chat.connected,
         ended,
         members: &chat.members,
+        waiting: chat.roster().into_iter().filter(|(_, w)| *w).map(|(m, _)| m).collect(),
         epoch: chat.epoch().map(|e| e.to_string()),
         fingerprint,
         key_state,
@@ -389,6 +392,19 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     const DEFAULT_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+
+    #[test]
+    fn the_snapshot_lists_the_members_waiting_for_the_next_rekey_apart() {
+        let mut chat = Chat::new("alice", "room", "batch:15s".parse().unwrap());
+        chat.members = vec!["alice".into()];
+        chat.waiting = vec!["bob".into(), "carol".into()];
+        let v: serde_json::Value = serde_json::from_str(&snapshot(&chat, false)).unwrap();
+        assert_eq!(v["members"], serde_json::json!(["alice"]));
+        assert_eq!(v["waiting"], serde_json::json!(["bob", "carol"]));
+        chat.waiting.clear();
+        let v: serde_json::Value = serde_json::from_str(&snapshot(&chat, false)).unwrap();
+        assert_eq!(v["waiting"], serde_json::json!([]));
+    }
 
     /// A server on a free loopback port with a chat model behind it.
     async fn serve() -> (SocketAddr, String, WebFront) {

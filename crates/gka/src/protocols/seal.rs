@@ -608,6 +608,10 @@ impl<G: Group> Protocol<G> for Seal<G> {
         Ok(())
     }
 
+    fn interval_stats(&self) -> Option<IntervalStats> {
+        Some(self.stats)
+    }
+
     fn on_tick(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
         if &cx.view.members[0].id != cx.me {
             return Err(Error::BadView("only the leader ticks"));

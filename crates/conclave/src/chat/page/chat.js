@@ -54,7 +54,9 @@
     const ul = $("members");
     ul.replaceChildren();
     for (const m of s.members) ul.appendChild(el("li", m === s.me ? "me" : "", m));
-    $("count").textContent = s.members.length;
+    // In the view but not yet in the key: waiting for the next rekey (SEAL).
+    for (const m of s.waiting) ul.appendChild(el("li", "waiting", m + " (waits for rekey)"));
+    $("count").textContent = s.members.length + s.waiting.length;
     $("epoch").textContent = s.epoch || "-";
     $("protocol").textContent = s.protocol;
     const key = $("key");
