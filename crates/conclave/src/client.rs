@@ -99,6 +99,44 @@ impl Endpoint {
     }
 }
 
+impl Endpoint {
+    /// Asks the daemon for its status, with an error that says where.
+    pub async fn status(&self) -> Result<conclave_gcs::wire::Status> {
+        use conclave_gcs_net::client::{status_tcp, status_tls, status_unix};
+        let (what, r) = match (&self.tls, self.tcp) {
+            (Some(addr), _) => {
+                let ca = self.ca.as_deref().context("--tls needs --ca PEM")?;
+                let identity = self.cert.as_deref().zip(self.key.as_deref());
+                let options = TlsClientOptions::from_pem_files(ca, identity).context("cannot set up TLS")?;
+                let server_name = self.server_name.as_deref().unwrap_or_else(|| host_of(addr));
+                (format!("tls {addr}"), status_tls(addr.as_str(), server_name, &options).await)
+            }
+            (None, Some(addr)) => (format!("tcp {addr}"), status_tcp(addr).await),
+            (None, None) => {
+                let path = match &self.unix {
+                    Some(path) => path.clone(),
+                    None => crate::daemon::default_socket()?,
+                };
+                (format!("unix socket {}", path.display()), status_unix(&path).await)
+            }
+        };
+        r.map_err(|e| match e {
+            ClientError::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
+                anyhow!("cannot reach the daemon at {what}: no such socket (is `conclave daemon` running?)")
+            }
+            ClientError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+                anyhow!("cannot reach the daemon at {what}: connection refused (is `conclave daemon` running?)")
+            }
+            ClientError::Refused { code, text } => anyhow!(
+                "the daemon at {what} refused to give its status ({}): {}",
+                conclave_gcs::wire::code_name(code),
+                safe(&text)
+            ),
+            e => anyhow!("cannot read the status of the daemon at {what}: {e}"),
+        })
+    }
+}
+
 /// Options of `conclave client`.
 #[derive(Args, Debug)]
 #[command(after_help = HELP)]
@@ -186,7 +224,7 @@ fn describe(ev: &Event, me: &str) -> String {
         Event::Unicast { group, sender, view, payload } => {
             format!("[{} {view} -> {}] {}: {}", safe(group.as_str()), safe(me), safe(sender.as_str()), text(payload))
         }
-        Event::Error { code, text } => format!("error ({code:?}): {}", safe(text)),
+        Event::Error { code, text } => format!("error ({}): {}", conclave_gcs::wire::code_name(*code), safe(text)),
         // The key itself is never printed.
         Event::GroupKey { group, view, .. } => format!("key for view {view} of {}", safe(group.as_str())),
     }
@@ -204,7 +242,7 @@ fn text(payload: &Bytes) -> String {
 /// someone else) and the Unicode controls that reorder text are shown as
 /// escapes (`\x1b`, `\u{202e}`), so what a member sends cannot act on the
 /// reader's terminal.
-fn safe(s: &str) -> String {
+pub(crate) fn safe(s: &str) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
@@ -249,7 +287,7 @@ async fn print_events(mut rx: ClientReceiver, me: String, state: Arc<State>) -> 
         state.changed.notify_waiters();
         if let Event::Error { code, .. } = &ev {
             if code.is_fatal() {
-                return Some(format!("the daemon closed the connection ({code:?})"));
+                return Some(format!("the daemon closed the connection ({})", conclave_gcs::wire::code_name(*code)));
             }
         }
     }

@@ -47,17 +47,22 @@ impl Proc {
     }
 
     /// Waits for the process and returns its status, stdout and stderr.
+    /// The pipes are read while it runs: a process whose output fills a
+    /// pipe (64 KiB) would otherwise never exit.
     fn finish(&mut self) -> (ExitStatus, String, String) {
+        fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                if let Some(mut p) = pipe {
+                    p.read_to_string(&mut text).unwrap();
+                }
+                text
+            })
+        }
+        let out = drain(self.child.stdout.take());
+        let err = drain(self.child.stderr.take());
         let status = self.wait();
-        let mut out = String::new();
-        let mut err = String::new();
-        if let Some(mut s) = self.child.stdout.take() {
-            s.read_to_string(&mut out).unwrap();
-        }
-        if let Some(mut s) = self.child.stderr.take() {
-            s.read_to_string(&mut err).unwrap();
-        }
-        (status, out, err)
+        (status, out.join().unwrap(), err.join().unwrap())
     }
 }
 
@@ -883,6 +888,10 @@ fn wire_md_documents_every_error_code() {
         n += 1;
     }
     assert!(n > 15, "the codes stopped at {n}");
+    // Codes the daemon shell sends that the core does not know.
+    let code = conclave_gcs::wire::ACCESS_DENIED;
+    let row = rows.iter().find(|r| r.len() == 4 && r[0] == code.to_u16().to_string()).expect("AccessDenied's row");
+    assert_eq!((row[1], row[2]), (conclave_gcs::wire::code_name(code).as_str(), "no"));
 }
 
 /// Errors are said once and in words: a cause that its context already
@@ -1300,5 +1309,135 @@ fn the_sample_configuration_is_complete_and_valid() {
     for key in documented {
         let set = |l: &str| l.trim_start_matches('#').starts_with(&format!("{key} = "));
         assert!(sample.lines().any(set), "docs/conclave.toml lacks {key}");
+    }
+}
+
+/// A daemon started with the configuration file `text` (its Unix socket is
+/// added), logging to a file.
+fn daemon_with_config(text: &str) -> TestDaemon {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("conclave.sock");
+    let config = dir.path().join("conclave.toml");
+    std::fs::write(&config, format!("[listen]\nunix = {:?}\n{text}", socket.display().to_string())).unwrap();
+    let log = File::create(dir.path().join("daemon.log")).unwrap();
+    let proc = Proc::spawn(conclave().arg("daemon").arg("--config").arg(&config).stderr(log).stdout(Stdio::null()));
+    wait_for_socket(&socket);
+    TestDaemon { proc, dir, socket }
+}
+
+/// This process's Unix user (the daemon's and the clients').
+fn my_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").unwrap().uid()
+}
+
+/// `conclave status` shows the daemon's groups, members and connections,
+/// as text and as JSON, to the daemon's own user; a client over TCP, which
+/// is not an operator, is refused in words and sees no group.
+#[test]
+fn status_shows_what_the_daemon_holds_and_refuses_strangers() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let d = daemon_with_config(&format!("tcp = \"127.0.0.1:{port}\"\n[limits]\nqueue_depth = 99\n"));
+    let mut alice = d.client("alice", "join-open lobby\nwait lobby 2\nwait-msgs lobby 1\n");
+    let (_, out, _) = d.client("bob", "join lobby\nwait lobby 2\n").finish();
+    assert!(out.contains("of lobby"), "{out}");
+    // bob has left; alice is still there, waiting for a message.
+    std::thread::sleep(Duration::from_millis(200));
+    let (status, out, err) = run(conclave().arg("status").arg("--unix").arg(&d.socket));
+    assert!(status.success(), "{err}");
+    assert!(out.starts_with("daemon 0 (standalone), up "), "{out}");
+    assert!(has_line(&out, |l| l.starts_with("  lobby [open] v") && l.ends_with(": alice")), "{out}");
+    assert!(has_line(&out, |l| l.contains(" alice (unix: uid ") && l.contains(", 1 group,")), "{out}");
+    assert!(out.contains("queue_depth=99"), "{out}");
+    assert!(out.contains("no access rules"), "{out}");
+
+    let (status, out, err) = run(conclave().arg("status").arg("--json").arg("--unix").arg(&d.socket));
+    assert!(status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["groups"][0]["name"], "lobby");
+    assert_eq!(v["groups"][0]["members"], serde_json::json!(["alice"]));
+    assert_eq!(v["limits"]["queue_depth"], 99);
+    assert_eq!(v["counters"]["clients"], 1);
+    assert_eq!(v["backbone"], "standalone");
+
+    let (status, out, err) = run(conclave().arg("status").arg("--tcp").arg(format!("127.0.0.1:{port}")));
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(err.contains("refused to give its status (AccessDenied)"), "{err}");
+    assert!(!err.contains("lobby") && !err.contains("alice"), "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(d.log().contains("may not read the daemon's status"), "{}", d.log());
+
+    let (status, _, err) = run(conclave().arg("status").arg("--unix").arg(d.dir.path().join("none.sock")));
+    assert_eq!(status.code(), Some(1));
+    assert!(err.contains("no such socket (is `conclave daemon` running?)"), "{err}");
+    drop(alice.child.stdin.take());
+    let _ = alice.child.kill();
+}
+
+/// `[[access]]` rules: a refused join and send reach `conclave client` as
+/// AccessDenied in words, the daemon logs them, and `conclave status` shows
+/// the rules in force.
+#[test]
+fn access_rules_refuse_in_words_log_and_show_in_status() {
+    let uid = my_uid();
+    let d = daemon_with_config(&format!(
+        "[[access]]\ngroups = \"chat\"\ncreate = [\"uid:{uid}\"]\njoin = [\"uid:{uid}\"]\nsend = [\"uid:4242\"]\n"
+    ));
+    let (_, out, err) =
+        d.client("carol", "join chat\nwait chat 1\nsend chat hello\njoin elsewhere\nsleep 300\n").finish();
+    assert!(has_line(&out, |l| l.starts_with("view v") && l.ends_with(" of chat (join): carol")), "{out}\n{err}");
+    assert!(
+        has_line(&out, |l| l.starts_with("error (AccessDenied): you may not send to group chat")
+            && l.contains(&format!("Unix user {uid}"))),
+        "{out}"
+    );
+    assert!(has_line(&out, |l| l.starts_with("error (AccessDenied): you may not join group elsewhere")), "{out}");
+    assert!(!out.contains("] carol: hello"), "the refused message was delivered:\n{out}");
+    let log = d.log();
+    assert!(log.contains("access denied") && log.contains("may not send to the group"), "{log}");
+    assert!(log.contains("may not create the group"), "{log}");
+    let (status, out, err) = run(conclave().arg("status").arg("--unix").arg(&d.socket));
+    assert!(status.success(), "{err}");
+    assert!(out.contains(&format!("groups chat: create: uid:{uid}; join: uid:{uid}; send: uid:4242")), "{out}");
+    assert!(out.contains("any other group: no one may create, join or send to it"), "{out}");
+}
+
+/// `--check-config` prints the access rules and operators, warns of name
+/// entries a daemon without client certificates can never match, and
+/// refuses bad entries in words.
+#[test]
+fn check_config_validates_access_rules_and_operators() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("conclave.toml");
+    let good = "[listen]\nunix = \"/x.sock\"\n[status]\noperators = [\"uid:1001\"]\n\
+                [[access]]\ngroups = \"ops-*\"\ncreate = [\"alice\"]\njoin = [\"bot-*\", \"uid:1000\"]\n\
+                [[access]]\ngroups = \"*\"\njoin = [\"*\"]\nsend = [\"*\"]\n";
+    std::fs::write(&config, good).unwrap();
+    let (status, out, err) = run(conclave().arg("daemon").arg("--check-config").arg(&config));
+    assert!(status.success(), "{err}");
+    assert!(out.contains("access: 2 rules, first match decides"), "{out}");
+    assert!(out.contains("1. groups ops-*: create: alice; join: bot-*, uid:1000; send: no one"), "{out}");
+    assert!(out.contains("2. groups *: create: no one; join: *; send: *"), "{out}");
+    assert!(out.contains("status: the daemon's own Unix user and root, and uid:1001"), "{out}");
+    assert!(out.contains("warning: [[access]] rule 1 (groups ops-*) names member names"), "{out}");
+
+    for (text, says) in [
+        ("[[access]]\ngroups = \"g\"\njoin = [\"uid:me\"]\n", &["rule 1", "join", "Unix user id"][..]),
+        ("[[access]]\ngroups = \"a b\"\n", &["rule 1", "not a group name"]),
+        ("[[access]]\ngroups = \"g\"\nsend = [\"bad name\"]\n", &["send", "not a member name"]),
+        ("[[access]]\ngroups = \"g\"\nreed = [\"*\"]\n", &["unknown field", "reed"]),
+        ("[[access]]\njoin = [\"*\"]\n", &["missing field", "groups"]),
+        ("[status]\noperators = [\"uid:-1\"]\n", &["[status] operators", "Unix user id"]),
+    ] {
+        std::fs::write(&config, format!("[listen]\nunix = \"/x.sock\"\n{text}")).unwrap();
+        let (status, out, err) = run(conclave().arg("daemon").arg("--check-config").arg(&config));
+        assert_eq!(status.code(), Some(1), "{text}: {out} {err}");
+        for s in says {
+            assert!(err.contains(s), "{text}: no {s:?} in {err}");
+        }
+        assert!(!err.contains("FileRule") && !err.contains("FileStatus"), "{err}");
     }
 }
