@@ -88,14 +88,14 @@ groups_per_client, queue_depth, queue_bytes, hello_timeout_secs, frame_timeout_s
 max_handshakes, max_handshakes_per_ip, max_connections, max_connections_per_peer, keepalive_secs) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
 client_crl = [...], no_crl) and [unix_names] (UID = [\"NAME\", \"PATTERN-*\", ...]), [status] (operators = \
 [...]: who besides the daemon's own user and root may run `conclave status`) and [[access]] rules (groups = \
-\"PATTERN\", create = [...], join = [...], send = [...]); command-line options override it.
+\"PATTERN\", create = [...], join = [...], send = [...]); command-line options override it. Without either, the daemon listens on \
+$XDG_RUNTIME_DIR/conclave.sock (without $XDG_RUNTIME_DIR, pass --unix PATH) and not on TCP.
 
 Access rules (the daemon decides who takes part in which group): without [[access]], every client may create, \
 join and send to every group. With it, the first rule whose groups pattern matches a group decides, and a group \
 no rule matches is closed to everyone. Lists name clients as uid:N (a local user on the Unix socket), NAME or \
 PATTERN-* (a member name the daemon has bound to an identity: a client certificate, or [unix_names]) or * \
-(anyone). A refused request gets AccessDenied (error 19) and is logged; the connection goes on. Without either, the daemon listens on \
-$XDG_RUNTIME_DIR/conclave.sock (without $XDG_RUNTIME_DIR, pass --unix PATH) and not on TCP.
+(anyone). A refused request gets AccessDenied (error 19) and is logged; the connection goes on.
 
 TLS: --tls-listen with --tls-cert and --tls-key serves clients over TLS (plain --tcp is meant for loopback). \
 With --client-ca, every TLS client must show a certificate issued by that authority (and not revoked by a \
@@ -544,7 +544,9 @@ fn policy_warnings(config: &DaemonConfig, certified: bool) -> Vec<String> {
         for (i, r) in access.rules.iter().enumerate() {
             if named(&r.create) || named(&r.join) || named(&r.send) {
                 warnings.push(format!(
-                    "[[access]] rule {} (groups {}) names member names, but this daemon demands no client                      certificates (client_ca), so it binds no name to anyone: those entries match no one; use                      uid:N for local users, or demand client certificates",
+                    "[[access]] rule {} (groups {}) names member names, but this daemon demands no client \
+                     certificates (client_ca), so it binds no name to anyone: those entries match no one; use \
+                     uid:N for local users, or demand client certificates",
                     i + 1,
                     r.groups
                 ));
@@ -553,7 +555,8 @@ fn policy_warnings(config: &DaemonConfig, certified: bool) -> Vec<String> {
     }
     if named(&config.operators) {
         warnings.push(
-            "[status] operators names member names, but this daemon demands no client certificates (client_ca):              those entries match no one; use uid:N for local users"
+            "[status] operators names member names, but this daemon demands no client certificates (client_ca): \
+             those entries match no one; use uid:N for local users"
                 .to_owned(),
         );
     }

@@ -1423,6 +1423,7 @@ fn check_config_validates_access_rules_and_operators() {
     assert!(out.contains("2. groups *: create: no one; join: *; send: *"), "{out}");
     assert!(out.contains("status: the daemon's own Unix user and root, and uid:1001"), "{out}");
     assert!(out.contains("warning: [[access]] rule 1 (groups ops-*) names member names"), "{out}");
+    assert!(!out.lines().any(|l| l.trim_start().contains("  ")), "a message with a run of spaces: {out}");
 
     for (text, says) in [
         ("[[access]]\ngroups = \"g\"\njoin = [\"uid:me\"]\n", &["rule 1", "join", "Unix user id"][..]),

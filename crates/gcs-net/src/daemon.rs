@@ -1447,7 +1447,8 @@ async fn status_reply(conn: ConnId, peer: &Peer, shared: &Shared) -> StatusReply
         tracing::info!(conn = %conn, "access denied: {} may not read the daemon's status", peer.principal());
         return StatusReply::Error {
             code: wire::ACCESS_DENIED,
-            text: "you may not read this daemon's status: only its own Unix user and root (on its Unix socket) and                    the operators its configuration lists ([status] operators) may"
+            text: "you may not read this daemon's status: only its own Unix user and root (on its Unix socket) and \
+                   the operators its configuration lists ([status] operators) may"
                 .to_owned(),
         };
     }

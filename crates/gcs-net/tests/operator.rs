@@ -173,6 +173,7 @@ async fn the_status_is_refused_to_clients_that_are_not_operators_and_shows_them_
         Err(ClientError::Refused { code, text }) => {
             assert_eq!(code, wire::ACCESS_DENIED);
             assert!(text.contains("may not read this daemon's status"), "{text}");
+            assert!(!text.contains("  "), "{text}");
             assert!(!text.contains("secret") && !text.contains("alice"), "{text}");
         }
         r => panic!("a TCP client read the status: {r:?}"),
