@@ -144,6 +144,12 @@ pub struct ClientArgs {
     /// Member name to connect as (unique on the daemon).
     #[arg(long)]
     name: String,
+    /// Print each event as one JSON object per line (for scripts) instead of text: {"event": "view", "group",
+    /// "view", "cause", "members"}, {"event": "message", "group", "view", "sender", "service", "text" or "hex"},
+    /// {"event": "unicast", ...}, {"event": "left", "group"}, {"event": "error", "code", "name", "text"}, and
+    /// {"event": "command_error", "text"} for a rejected command line.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     endpoint: Endpoint,
 }
@@ -230,6 +236,60 @@ fn describe(ev: &Event, me: &str) -> String {
     }
 }
 
+/// One line of `conclave client --json` output for an event.
+fn describe_json(ev: &Event) -> serde_json::Value {
+    use serde_json::json;
+    let body = |payload: &Bytes| match std::str::from_utf8(payload) {
+        Ok(s) => json!({ "text": s }),
+        Err(_) => json!({ "hex": hex::encode(payload) }),
+    };
+    match ev {
+        Event::Welcome { member } => json!({ "event": "welcome", "member": member.as_str() }),
+        Event::View { group, view } => json!({
+            "event": "view",
+            "group": group.as_str(),
+            "view": view.id.to_string(),
+            "cause": match view.cause {
+                Cause::Join => "join",
+                Cause::Leave => "leave",
+                Cause::Disconnect => "disconnect",
+                Cause::Network => "network",
+                Cause::Refresh => "key refresh",
+            },
+            "members": view.ids().map(|m| m.as_str()).collect::<Vec<_>>(),
+        }),
+        Event::ViewChangeBegins { group } => json!({ "event": "view_change_begins", "group": group.as_str() }),
+        Event::Left { group } => json!({ "event": "left", "group": group.as_str() }),
+        Event::Message { group, sender, service, view, payload } => {
+            let mut v = body(payload);
+            v["event"] = json!("message");
+            v["group"] = json!(group.as_str());
+            v["view"] = json!(view.to_string());
+            v["sender"] = json!(sender.as_str());
+            v["service"] = json!(if *service == Service::Fifo { "fifo" } else { "agreed" });
+            v
+        }
+        Event::Unicast { group, sender, view, payload } => {
+            let mut v = body(payload);
+            v["event"] = json!("unicast");
+            v["group"] = json!(group.as_str());
+            v["view"] = json!(view.to_string());
+            v["sender"] = json!(sender.as_str());
+            v
+        }
+        Event::Error { code, text } => json!({
+            "event": "error",
+            "code": code.to_u16(),
+            "name": conclave_gcs::wire::code_name(*code),
+            "text": text,
+        }),
+        // The key itself is never printed.
+        Event::GroupKey { group, view, .. } => {
+            json!({ "event": "group_key", "group": group.as_str(), "view": view.to_string() })
+        }
+    }
+}
+
 fn text(payload: &Bytes) -> String {
     match std::str::from_utf8(payload) {
         Ok(s) => safe(s),
@@ -263,14 +323,18 @@ pub(crate) fn safe(s: &str) -> String {
 }
 
 /// Prints events until the connection closes; returns why it closed.
-async fn print_events(mut rx: ClientReceiver, me: String, state: Arc<State>) -> Option<String> {
+async fn print_events(mut rx: ClientReceiver, me: String, state: Arc<State>, json: bool) -> Option<String> {
     loop {
         let ev = match rx.recv().await {
             Ok(ev) => ev,
             Err(ClientError::Closed) => return None,
             Err(e) => return Some(e.to_string()),
         };
-        println!("{}", describe(&ev, &me));
+        if json {
+            println!("{}", describe_json(&ev));
+        } else {
+            println!("{}", describe(&ev, &me));
+        }
         {
             let mut seen = state.seen.lock().unwrap();
             match &ev {
@@ -388,7 +452,7 @@ pub fn run(args: ClientArgs) -> Result<()> {
         eprintln!("connected as {}; type help for commands", args.name);
         let (tx, rx) = client.split();
         let state = Arc::new(State::default());
-        let mut printer = tokio::spawn(print_events(rx, args.name.clone(), state.clone()));
+        let mut printer = tokio::spawn(print_events(rx, args.name.clone(), state.clone(), args.json));
         let mut lines = BufReader::new(tokio::io::stdin()).lines();
         let mut rejected = false;
         loop {
@@ -412,6 +476,10 @@ pub fn run(args: ClientArgs) -> Result<()> {
             match r {
                 Ok(Next::Go) => {}
                 Ok(Next::Quit) => break,
+                Err(e) if args.json => {
+                    rejected = true;
+                    println!("{}", serde_json::json!({ "event": "command_error", "text": crate::error_text(&e) }));
+                }
                 Err(e) => {
                     rejected = true;
                     println!("error: {}", crate::error_text(&e));

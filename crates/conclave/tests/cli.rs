@@ -1442,3 +1442,88 @@ fn check_config_validates_access_rules_and_operators() {
         assert!(!err.contains("FileRule") && !err.contains("FileStatus"), "{err}");
     }
 }
+
+/// Every line of `out` as JSON.
+fn json_lines(out: &str) -> Vec<serde_json::Value> {
+    out.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect()
+}
+
+/// `--json` on client, flood, keys list and demo: every line of output is
+/// one JSON object, with the fields their help names.
+#[test]
+fn client_flood_keys_list_and_demo_speak_json() {
+    let d = TestDaemon::start();
+    let mut client = Proc::spawn(
+        conclave()
+            .args(["client", "--json", "--name", "jay", "--unix"])
+            .arg(&d.socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let script = "join g\nwait g 1\nsend g hi \u{1b}[2J\nwait-msgs g 1\nfrobnicate\nleave g\n";
+    client.child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    let (_, out, err) = client.finish();
+    let events = json_lines(&out);
+    let kinds: Vec<&str> = events.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["view", "message", "command_error", "left"], "{out}\n{err}");
+    assert_eq!(events[0]["group"], "g");
+    assert_eq!(events[0]["members"], serde_json::json!(["jay"]));
+    assert_eq!(events[0]["cause"], "join");
+    assert_eq!(events[1]["sender"], "jay");
+    assert_eq!(events[1]["service"], "agreed");
+    // The text as sent: JSON escapes what a terminal would act on.
+    assert_eq!(events[1]["text"], "hi \u{1b}[2J");
+    assert!(!out.contains('\u{1b}'), "{out:?}");
+    assert!(events[2]["text"].as_str().unwrap().contains("unknown command \"frobnicate\""), "{out}");
+
+    let (status, out, err) = run(conclave()
+        .args(["flood", "--json", "--count", "50", "--senders", "2", "--sizes", "64,256", "--unix"])
+        .arg(&d.socket));
+    assert!(status.success(), "{err}");
+    let rows = json_lines(&out);
+    assert_eq!(rows.len(), 2, "{out}");
+    for (row, size) in rows.iter().zip([64, 256]) {
+        assert_eq!(
+            (row["size"].as_u64(), row["senders"].as_u64(), row["messages"].as_u64()),
+            (Some(size), Some(2), Some(100))
+        );
+        for key in ["seconds", "msg_per_s", "mb_per_s", "p50_ms", "p99_ms", "max_ms"] {
+            assert!(row[key].as_f64().is_some_and(|v| v >= 0.0), "{key}: {row}");
+        }
+    }
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("keys");
+    let keys = |args: &[&str]| {
+        let (status, out, err) = run(conclave().arg("keys").args(args).arg("--dir").arg(&dir));
+        assert!(status.success(), "keys {args:?}: {err}");
+        out
+    };
+    keys(&["authority"]);
+    keys(&["issue", "alice"]);
+    keys(&["issue", "bob"]);
+    keys(&["revoke", "bob"]);
+    let list: serde_json::Value = serde_json::from_str(&keys(&["list", "--json"])).unwrap();
+    assert!(list["authority"].as_str().unwrap().ends_with("authority.crt"), "{list}");
+    let members = list["members"].as_array().unwrap();
+    let status_of = |name: &str| members.iter().find(|m| m["name"] == name).map(|m| m["status"].clone());
+    assert_eq!(status_of("alice"), Some(serde_json::json!("valid")), "{list}");
+    assert_eq!(status_of("bob"), Some(serde_json::json!("revoked")), "{list}");
+    assert!(members.iter().all(|m| m["serial"].is_string() && m["not_after"].is_string()), "{list}");
+
+    let (status, out, err) = run(conclave().args(["demo", "--json", "--protocols", "tgdh"]));
+    assert!(status.success(), "{err}");
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["event"], "daemon", "{out}");
+    assert_eq!(lines[1]["event"], "protocol");
+    assert_eq!(lines[1]["protocol"], "tgdh");
+    assert!(
+        lines.iter().any(|l| l["event"] == "view"
+            && l["who"] == "alice"
+            && l["members"].as_array().is_some_and(|m| m.len() == 4)),
+        "{out}"
+    );
+    assert!(lines.iter().any(|l| l["event"] == "message" && l["text"] == "dave here"), "{out}");
+    assert!(lines.iter().any(|l| l["event"] == "refused" && l["member"] == "mallory" && l["who"] == "bob"), "{out}");
+}
