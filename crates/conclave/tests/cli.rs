@@ -1527,3 +1527,33 @@ fn client_flood_keys_list_and_demo_speak_json() {
     assert!(lines.iter().any(|l| l["event"] == "message" && l["text"] == "dave here"), "{out}");
     assert!(lines.iter().any(|l| l["event"] == "refused" && l["member"] == "mallory" && l["who"] == "bob"), "{out}");
 }
+
+/// docs/conclave.service starts the daemon with a command line this
+/// version takes (checked on the sample configuration), as an unprivileged
+/// user, with the sample's socket inside the runtime directory it makes.
+#[test]
+fn the_systemd_unit_runs_a_command_this_version_takes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let unit = std::fs::read_to_string(root.join("docs/conclave.service")).unwrap();
+    let value = |key: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("docs/conclave.service has no {key}="))
+            .to_owned()
+    };
+    let exec = value("ExecStart");
+    let words: Vec<&str> = exec.split_whitespace().collect();
+    assert!(words[0].ends_with("/conclave") && words[1] == "daemon", "{exec}");
+    let at = words.iter().position(|w| *w == "--config").expect("ExecStart names its configuration");
+    let mut args: Vec<String> = words[1..].iter().map(|w| w.to_string()).collect();
+    // The unit's configuration path, replaced by the sample it is made from.
+    args[at - 1] = "--check-config".into();
+    args[at] = root.join("docs/conclave.toml").display().to_string();
+    let (status, out, err) = run(conclave().args(&args));
+    assert!(status.success(), "{args:?}: {err}");
+    let runtime = format!("/run/{}/", value("RuntimeDirectory"));
+    assert!(out.contains(&format!("unix socket {runtime}")), "the sample's socket is not in {runtime}: {out}");
+    assert_ne!(value("User"), "root");
+    assert!(value("ExecReload").contains("-HUP"), "reload is SIGHUP");
+    assert!(value("LimitNOFILE").parse::<u64>().unwrap() >= 4096);
+}
