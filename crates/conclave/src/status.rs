@@ -96,14 +96,15 @@ fn to_text(s: &Status) -> String {
         }
         None => out.push_str("daemon group: changing (the daemons are exchanging their state)\n"),
     }
+    let n = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
     let _ = writeln!(
         out,
-        "{} connections ({} clients), {} groups, {} memberships, {} bytes queued",
-        count("connections"),
-        count("clients"),
-        count("groups"),
-        count("memberships"),
-        count("queued_bytes")
+        "{} ({}), {}, {}, {} queued",
+        n(count("connections"), "connection", "connections"),
+        n(count("clients"), "client", "clients"),
+        n(count("groups"), "group", "groups"),
+        n(count("memberships"), "membership", "memberships"),
+        n(count("queued_bytes"), "byte", "bytes"),
     );
     out.push_str("limits:");
     for (k, v) in &s.limits {

@@ -1495,10 +1495,13 @@ async fn status_reply(conn: ConnId, peer: &Peer, shared: &Shared) -> StatusReply
         }
     };
     let operators: Vec<String> = cfg.operators.iter().map(Who::to_string).collect();
+    let own = match shared.euid {
+        0 => "uid:0 (root, the daemon's user)".to_owned(),
+        uid => format!("uid:0 (root), uid:{uid} (the daemon's user)"),
+    };
     policy.push(format!(
-        "status: uid:0, uid:{} (the daemon's user){}{}",
-        shared.euid,
-        if operators.is_empty() { "" } else { ", " },
+        "status: {own} on the Unix socket{}{}",
+        if operators.is_empty() { "" } else { "; operators: " },
         operators.join(", ")
     ));
     StatusReply::Report(Status {
