@@ -385,3 +385,68 @@ async fn a_joiner_that_may_not_create_cannot_recreate_an_emptied_group() {
     let st = s.status().await;
     assert!(st.groups.is_empty(), "{:?}", st.groups);
 }
+
+/// Asks the daemon on `$CONCLAVE_TEST_SOCKET` for its status and prints
+/// the outcome; run as another Unix user by
+/// `another_unix_user_reads_the_status_only_if_listed_as_an_operator`.
+#[test]
+#[ignore = "run by another_unix_user_reads_the_status_only_if_listed_as_an_operator"]
+fn status_child() {
+    let path = std::env::var_os("CONCLAVE_TEST_SOCKET").expect("CONCLAVE_TEST_SOCKET");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    match rt.block_on(status_unix(path)) {
+        Ok(st) => println!("STATUS groups={}", st.groups.len()),
+        Err(ClientError::Refused { code, text }) => println!("REFUSED {} {text}", code.to_u16()),
+        Err(e) => println!("FAILED {e}"),
+    }
+}
+
+/// On the Unix socket, a process of another Unix user (nobody, 65534) is
+/// refused the status, unless the configuration lists its uid among the
+/// operators. Needs root, to run the child as nobody; skipped otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_unix_user_reads_the_status_only_if_listed_as_an_operator() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if rustix_uid() != 0 {
+        eprintln!("skipped: running a process as another user needs root");
+        return;
+    }
+    for (operators, expect) in [(vec![], "REFUSED 19 "), (vec![Who::Uid(65534)], "STATUS groups=1")] {
+        let s = start(|c| c.operators = operators).await;
+        let mut alice = s.unix("alice").await;
+        alice.join("g").await.unwrap();
+        until_view(&mut alice, "g", 1).await;
+        let path = s.daemon.unix_path().unwrap().to_owned();
+        // Let nobody reach the socket: the test's own directory and socket are private.
+        std::fs::set_permissions(path.parent().unwrap(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let out = within(
+            "child",
+            tokio::task::spawn_blocking(move || {
+                std::process::Command::new(std::env::current_exe().unwrap())
+                    .args(["--exact", "status_child", "--ignored", "--nocapture", "--test-threads", "1"])
+                    .env("CONCLAVE_TEST_SOCKET", &path)
+                    .uid(65534)
+                    .gid(65534)
+                    .output()
+                    .unwrap()
+            }),
+        )
+        .await
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = stdout.lines().find_map(|l| {
+            l.split_once("STATUS ")
+                .map(|(_, r)| format!("STATUS {r}"))
+                .or_else(|| l.split_once("REFUSED ").map(|(_, r)| format!("REFUSED {r}")))
+        });
+        let line = line.unwrap_or_else(|| {
+            panic!("the child said nothing useful: {stdout}\n{}", String::from_utf8_lossy(&out.stderr))
+        });
+        assert!(line.starts_with(expect), "expected {expect:?}, the child said {line:?}");
+        if expect.starts_with("REFUSED") {
+            assert!(!line.contains(" g ") && !line.contains("alice"), "{line}");
+        }
+    }
+}
