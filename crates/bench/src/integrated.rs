@@ -143,6 +143,46 @@ pub fn run(args: IntegratedArgs) -> Result<()> {
         }
     }
 
+    if !args.json {
+        if !fig5.is_empty() {
+            writeln!(
+                out,
+                "\nFig. 5: one group, mean of {} runs. total: ms from the event until the last member shows its new \
+                 secure view; key: the longest any member took from its daemon's view to the key (the key \
+                 management's part)",
+                args.runs
+            )?;
+            let mut t = crate::table::new(
+                [
+                    "event",
+                    "n",
+                    "membership",
+                    "layered total",
+                    "integrated total",
+                    "ratio",
+                    "layered key",
+                    "integrated key",
+                    "ratio",
+                ],
+                1,
+            );
+            for p in &fig5 {
+                t.add_row(vec![
+                    format!("{:?}", p.event).to_lowercase(),
+                    p.n.to_string(),
+                    format!("{:.1}", p.membership),
+                    format!("{:.1}", p.total[0]),
+                    format!("{:.1}", p.total[1]),
+                    format!("{:.2}", p.total[0] / p.total[1]),
+                    format!("{:.1}", p.key[0]),
+                    format!("{:.1}", p.key[1]),
+                    format!("{:.2}", p.key[0] / p.key[1]),
+                ]);
+            }
+            writeln!(out, "{t}")?;
+        }
+    }
+
     // Fig. 6.
     let mut fig6 = Vec::new();
     for (k, &g) in groups.iter().enumerate() {
@@ -150,16 +190,22 @@ pub fn run(args: IntegratedArgs) -> Result<()> {
         for (name, policy) in policies() {
             eprintln!("fig. 6: {g} groups of {} ({name}; {} of {})", args.group_size, k + 1, groups.len());
             let seed = args.seed + 1_000_000 + k as u64;
-            let healed: Healed = target
-                .time_groups(policy, scheme, g, args.group_size, seed)
-                .with_context(|| format!("{name}, {g} groups"))?;
-            row.push(healed);
+            match target.time_groups(policy, scheme, g, args.group_size, seed) {
+                Ok(healed) => row.push(healed),
+                Err(e) => {
+                    // What was measured is not lost.
+                    if !args.json {
+                        print_fig6(&mut out, &fig6, args.group_size)?;
+                    }
+                    return Err(e.context(format!("{name}, {g} groups")));
+                }
+            }
         }
         fig6.push((g, row[0], row[1]));
     }
 
-    let key = |s: &Sample| s.key_ms.unwrap_or(f64::NAN);
     if args.json {
+        let key = |s: &Sample| s.key_ms.unwrap_or(f64::NAN);
         let fig5: Vec<_> = fig5
             .iter()
             .map(|p| {
@@ -184,56 +230,25 @@ pub fn run(args: IntegratedArgs) -> Result<()> {
         writeln!(out, "{}", serde_json::to_string_pretty(&json!({"fig5": fig5, "fig6": fig6}))?)?;
         return Ok(());
     }
-    if !fig5.is_empty() {
-        writeln!(
-            out,
-            "\nFig. 5: one group, mean of {} runs. total: ms from the event until the last member shows its new \
-             secure view; key: the longest any member took from its daemon's view to the key (the key \
-             management's part)",
-            args.runs
-        )?;
-        let mut t = crate::table::new(
-            [
-                "event",
-                "n",
-                "membership",
-                "layered total",
-                "integrated total",
-                "ratio",
-                "layered key",
-                "integrated key",
-                "ratio",
-            ],
-            1,
-        );
-        for p in &fig5 {
-            t.add_row(vec![
-                format!("{:?}", p.event).to_lowercase(),
-                p.n.to_string(),
-                format!("{:.1}", p.membership),
-                format!("{:.1}", p.total[0]),
-                format!("{:.1}", p.total[1]),
-                format!("{:.2}", p.total[0] / p.total[1]),
-                format!("{:.1}", p.key[0]),
-                format!("{:.1}", p.key[1]),
-                format!("{:.2}", p.key[0] / p.key[1]),
-            ]);
-        }
-        writeln!(out, "{t}")?;
-    }
+    print_fig6(&mut out, &fig6, args.group_size)
+}
+
+/// The Fig. 6 table of the rows so far (layered, integrated per number of groups).
+fn print_fig6(out: &mut impl Write, fig6: &[(usize, Healed, Healed)], group_size: usize) -> Result<()> {
+    let key = |s: &Sample| s.key_ms.unwrap_or(f64::NAN);
     if !fig6.is_empty() {
         writeln!(
             out,
             "\nFig. 6: groups of {} members, one network split and its heal: ms until every member of every group \
              shows its new secure view (total), and the longest any member took from its daemon's view to the key \
              (key)",
-            args.group_size
+            group_size
         )?;
         let mut t = crate::table::new(
             ["groups", "event", "layered total", "integrated total", "ratio", "layered key", "integrated key", "ratio"],
             2,
         );
-        for (g, l, i) in &fig6 {
+        for (g, l, i) in fig6 {
             for (event, l, i) in [("partition", &l.split, &i.split), ("merge", &l.merge, &i.merge)] {
                 t.add_row(vec![
                     g.to_string(),

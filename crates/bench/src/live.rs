@@ -793,6 +793,9 @@ mod cluster {
             std::fs::write(&key, issued.key_pem.as_bytes())?;
             let path = |p: &std::path::Path| p.display().to_string();
             args.push(vec![
+                // A benchmark's members all connect as this one user.
+                "--max-connections-per-peer".into(),
+                "100000".into(),
                 "--daemon-cert".into(),
                 path(&cert),
                 "--daemon-key".into(),

@@ -99,6 +99,44 @@ impl Endpoint {
     }
 }
 
+impl Endpoint {
+    /// Asks the daemon for its status, with an error that says where.
+    pub async fn status(&self) -> Result<conclave_gcs::wire::Status> {
+        use conclave_gcs_net::client::{status_tcp, status_tls, status_unix};
+        let (what, r) = match (&self.tls, self.tcp) {
+            (Some(addr), _) => {
+                let ca = self.ca.as_deref().context("--tls needs --ca PEM")?;
+                let identity = self.cert.as_deref().zip(self.key.as_deref());
+                let options = TlsClientOptions::from_pem_files(ca, identity).context("cannot set up TLS")?;
+                let server_name = self.server_name.as_deref().unwrap_or_else(|| host_of(addr));
+                (format!("tls {addr}"), status_tls(addr.as_str(), server_name, &options).await)
+            }
+            (None, Some(addr)) => (format!("tcp {addr}"), status_tcp(addr).await),
+            (None, None) => {
+                let path = match &self.unix {
+                    Some(path) => path.clone(),
+                    None => crate::daemon::default_socket()?,
+                };
+                (format!("unix socket {}", path.display()), status_unix(&path).await)
+            }
+        };
+        r.map_err(|e| match e {
+            ClientError::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
+                anyhow!("cannot reach the daemon at {what}: no such socket (is `conclave daemon` running?)")
+            }
+            ClientError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+                anyhow!("cannot reach the daemon at {what}: connection refused (is `conclave daemon` running?)")
+            }
+            ClientError::Refused { code, text } => anyhow!(
+                "the daemon at {what} refused to give its status ({}): {}",
+                conclave_gcs::wire::code_name(code),
+                safe(&text)
+            ),
+            e => anyhow!("cannot read the status of the daemon at {what}: {e}"),
+        })
+    }
+}
+
 /// Options of `conclave client`.
 #[derive(Args, Debug)]
 #[command(after_help = HELP)]
@@ -106,6 +144,12 @@ pub struct ClientArgs {
     /// Member name to connect as (unique on the daemon).
     #[arg(long)]
     name: String,
+    /// Print each event as one JSON object per line (for scripts) instead of text: {"event": "view", "group",
+    /// "view", "cause", "members"}, {"event": "message", "group", "view", "sender", "service", "text" or "hex"},
+    /// {"event": "unicast", ...}, {"event": "left", "group"}, {"event": "error", "code", "name", "text"}, and
+    /// {"event": "command_error", "text"} for a rejected command line.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     endpoint: Endpoint,
 }
@@ -186,9 +230,63 @@ fn describe(ev: &Event, me: &str) -> String {
         Event::Unicast { group, sender, view, payload } => {
             format!("[{} {view} -> {}] {}: {}", safe(group.as_str()), safe(me), safe(sender.as_str()), text(payload))
         }
-        Event::Error { code, text } => format!("error ({code:?}): {}", safe(text)),
+        Event::Error { code, text } => format!("error ({}): {}", conclave_gcs::wire::code_name(*code), safe(text)),
         // The key itself is never printed.
         Event::GroupKey { group, view, .. } => format!("key for view {view} of {}", safe(group.as_str())),
+    }
+}
+
+/// One line of `conclave client --json` output for an event.
+fn describe_json(ev: &Event) -> serde_json::Value {
+    use serde_json::json;
+    let body = |payload: &Bytes| match std::str::from_utf8(payload) {
+        Ok(s) => json!({ "text": s }),
+        Err(_) => json!({ "hex": hex::encode(payload) }),
+    };
+    match ev {
+        Event::Welcome { member } => json!({ "event": "welcome", "member": member.as_str() }),
+        Event::View { group, view } => json!({
+            "event": "view",
+            "group": group.as_str(),
+            "view": view.id.to_string(),
+            "cause": match view.cause {
+                Cause::Join => "join",
+                Cause::Leave => "leave",
+                Cause::Disconnect => "disconnect",
+                Cause::Network => "network",
+                Cause::Refresh => "key refresh",
+            },
+            "members": view.ids().map(|m| m.as_str()).collect::<Vec<_>>(),
+        }),
+        Event::ViewChangeBegins { group } => json!({ "event": "view_change_begins", "group": group.as_str() }),
+        Event::Left { group } => json!({ "event": "left", "group": group.as_str() }),
+        Event::Message { group, sender, service, view, payload } => {
+            let mut v = body(payload);
+            v["event"] = json!("message");
+            v["group"] = json!(group.as_str());
+            v["view"] = json!(view.to_string());
+            v["sender"] = json!(sender.as_str());
+            v["service"] = json!(if *service == Service::Fifo { "fifo" } else { "agreed" });
+            v
+        }
+        Event::Unicast { group, sender, view, payload } => {
+            let mut v = body(payload);
+            v["event"] = json!("unicast");
+            v["group"] = json!(group.as_str());
+            v["view"] = json!(view.to_string());
+            v["sender"] = json!(sender.as_str());
+            v
+        }
+        Event::Error { code, text } => json!({
+            "event": "error",
+            "code": code.to_u16(),
+            "name": conclave_gcs::wire::code_name(*code),
+            "text": text,
+        }),
+        // The key itself is never printed.
+        Event::GroupKey { group, view, .. } => {
+            json!({ "event": "group_key", "group": group.as_str(), "view": view.to_string() })
+        }
     }
 }
 
@@ -204,7 +302,7 @@ fn text(payload: &Bytes) -> String {
 /// someone else) and the Unicode controls that reorder text are shown as
 /// escapes (`\x1b`, `\u{202e}`), so what a member sends cannot act on the
 /// reader's terminal.
-fn safe(s: &str) -> String {
+pub(crate) fn safe(s: &str) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
@@ -225,14 +323,18 @@ fn safe(s: &str) -> String {
 }
 
 /// Prints events until the connection closes; returns why it closed.
-async fn print_events(mut rx: ClientReceiver, me: String, state: Arc<State>) -> Option<String> {
+async fn print_events(mut rx: ClientReceiver, me: String, state: Arc<State>, json: bool) -> Option<String> {
     loop {
         let ev = match rx.recv().await {
             Ok(ev) => ev,
             Err(ClientError::Closed) => return None,
             Err(e) => return Some(e.to_string()),
         };
-        println!("{}", describe(&ev, &me));
+        if json {
+            println!("{}", describe_json(&ev));
+        } else {
+            println!("{}", describe(&ev, &me));
+        }
         {
             let mut seen = state.seen.lock().unwrap();
             match &ev {
@@ -249,7 +351,7 @@ async fn print_events(mut rx: ClientReceiver, me: String, state: Arc<State>) -> 
         state.changed.notify_waiters();
         if let Event::Error { code, .. } = &ev {
             if code.is_fatal() {
-                return Some(format!("the daemon closed the connection ({code:?})"));
+                return Some(format!("the daemon closed the connection ({})", conclave_gcs::wire::code_name(*code)));
             }
         }
     }
@@ -350,7 +452,7 @@ pub fn run(args: ClientArgs) -> Result<()> {
         eprintln!("connected as {}; type help for commands", args.name);
         let (tx, rx) = client.split();
         let state = Arc::new(State::default());
-        let mut printer = tokio::spawn(print_events(rx, args.name.clone(), state.clone()));
+        let mut printer = tokio::spawn(print_events(rx, args.name.clone(), state.clone(), args.json));
         let mut lines = BufReader::new(tokio::io::stdin()).lines();
         let mut rejected = false;
         loop {
@@ -374,6 +476,10 @@ pub fn run(args: ClientArgs) -> Result<()> {
             match r {
                 Ok(Next::Go) => {}
                 Ok(Next::Quit) => break,
+                Err(e) if args.json => {
+                    rejected = true;
+                    println!("{}", serde_json::json!({ "event": "command_error", "text": crate::error_text(&e) }));
+                }
                 Err(e) => {
                     rejected = true;
                     println!("error: {}", crate::error_text(&e));

@@ -55,9 +55,19 @@
 //!
 //! [unix_names]                  # with client_ca: names local clients of each uid may take
 //! 1000 = ["alice", "bot-*"]     # `*` stands for any run of characters
+//!
+//! [status]                      # who may run `conclave status` besides the daemon's user and root
+//! operators = ["uid:1001"]      # uid:N, a certified name or pattern, or "*"
+//!
+//! [[access]]                    # group access rules: the first whose pattern matches decides
+//! groups = "ops-*"              # (with rules, a group none matches is closed to everyone)
+//! create = ["alice"]            # uid:N, a bound member name or pattern, or "*"
+//! join = ["alice", "uid:1000"]
+//! send = ["alice"]
 //! ```
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -65,7 +75,9 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use conclave_gcs_net::{Backbone, ClientAuth, Daemon, DaemonConfig, Identity, TlsListen, UncertifiedNames};
+use conclave_gcs_net::{
+    AccessPolicy, Backbone, ClientAuth, Daemon, DaemonConfig, GroupRule, Identity, TlsListen, UncertifiedNames, Who,
+};
 use serde::Deserialize;
 
 use crate::logging::LogFormat;
@@ -77,9 +89,16 @@ cpg_group, and the sections [listen] (unix = \"PATH\" or false, tcp = \"ADDR\"),
 groups_per_client, queue_depth, queue_bytes, hello_timeout_secs, frame_timeout_secs, handshake_timeout_secs, \
 max_handshakes, max_handshakes_per_ip, max_connections, max_connections_per_peer, keepalive_secs, key_lifetime_secs, \
 key_data_limit) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
-client_crl = [...], no_crl) and [unix_names] (UID = [\"NAME\", \"PATTERN-*\", ...]); command-line options \
-override it. Without either, the daemon listens on \
+client_crl = [...], no_crl) and [unix_names] (UID = [\"NAME\", \"PATTERN-*\", ...]), [status] (operators = \
+[...]: who besides the daemon's own user and root may run `conclave status`) and [[access]] rules (groups = \
+\"PATTERN\", create = [...], join = [...], send = [...]); command-line options override it. Without either, the daemon listens on \
 $XDG_RUNTIME_DIR/conclave.sock (without $XDG_RUNTIME_DIR, pass --unix PATH) and not on TCP.
+
+Access rules (the daemon decides who takes part in which group): without [[access]], every client may create, \
+join and send to every group. With it, the first rule whose groups pattern matches a group decides, and a group \
+no rule matches is closed to everyone. Lists name clients as uid:N (a local user on the Unix socket), NAME or \
+PATTERN-* (a member name the daemon has bound to an identity: a client certificate, or [unix_names]) or * \
+(anyone). A refused request gets AccessDenied (error 19) and is logged; the connection goes on.
 
 TLS: --tls-listen with --tls-cert and --tls-key serves clients over TLS (plain --tcp is meant for loopback). \
 With --client-ca, every TLS client must show a certificate issued by that authority (and not revoked by a \
@@ -309,6 +328,32 @@ struct FileConfig {
     /// clients may take, with client certificates demanded.
     #[serde(default)]
     unix_names: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    status: FileStatus,
+    /// `[[access]]`: group access rules, first match decides; absent: every
+    /// client may create, join and send to every group.
+    access: Option<Vec<FileRule>>,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileStatus {
+    /// Who besides the daemon's own Unix user and root may read its status.
+    #[serde(default)]
+    operators: Vec<String>,
+}
+
+/// One `[[access]]` rule.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileRule {
+    groups: String,
+    #[serde(default)]
+    create: Vec<String>,
+    #[serde(default)]
+    join: Vec<String>,
+    #[serde(default)]
+    send: Vec<String>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -455,6 +500,11 @@ fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, Opti
     config.tls = tls;
     check_limits(&config)?;
     config.uncertified_names = unix_names(file.unix_names, trust.is_some())?;
+    config.operators = who_list(&file.status.operators, "[status] operators")?;
+    config.access = match file.access {
+        None => None,
+        Some(rules) => Some(access_policy(rules)?),
+    };
     if config.unix.is_none() && config.tcp.is_none() && config.tls.is_none() {
         bail!(
             "no listener: the Unix socket is switched off and no TCP address is given (use --tcp ADDR or --tls-listen ADDR)"
@@ -494,6 +544,61 @@ fn check_limits(config: &DaemonConfig) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The entries of a list of clients (`*`, NAME, PATTERN-*, uid:N), said
+/// where they are wrong.
+fn who_list(list: &[String], what: &str) -> Result<Vec<Who>> {
+    list.iter().map(|s| s.parse::<Who>().map_err(|e| anyhow::anyhow!("{what}: {e}"))).collect()
+}
+
+/// The `[[access]]` rules, checked.
+fn access_policy(rules: Vec<FileRule>) -> Result<AccessPolicy> {
+    let mut policy = AccessPolicy::default();
+    for (i, r) in rules.into_iter().enumerate() {
+        let at = |key: &str| format!("[[access]] rule {} (groups {:?}), {key}", i + 1, r.groups);
+        let rule = GroupRule::new(
+            &r.groups,
+            who_list(&r.create, &at("create"))?,
+            who_list(&r.join, &at("join"))?,
+            who_list(&r.send, &at("send"))?,
+        )
+        .map_err(|e| anyhow::anyhow!("[[access]] rule {}: groups: {e}", i + 1))?;
+        policy.rules.push(rule);
+    }
+    Ok(policy)
+}
+
+/// What the daemon should warn of in its access rules and operators: names
+/// in them match only clients whose names the daemon binds to identities,
+/// and without client certificates it binds none.
+fn policy_warnings(config: &DaemonConfig, certified: bool) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if certified {
+        return warnings;
+    }
+    let named = |l: &[Who]| l.iter().any(|w| matches!(w, Who::Name(_)));
+    if let Some(access) = &config.access {
+        for (i, r) in access.rules.iter().enumerate() {
+            if named(&r.create) || named(&r.join) || named(&r.send) {
+                warnings.push(format!(
+                    "[[access]] rule {} (groups {}) names member names, but this daemon demands no client \
+                     certificates (client_ca), so it binds no name to anyone: those entries match no one; use \
+                     uid:N for local users, or demand client certificates",
+                    i + 1,
+                    r.groups
+                ));
+            }
+        }
+    }
+    if named(&config.operators) {
+        warnings.push(
+            "[status] operators names member names, but this daemon demands no client certificates (client_ca): \
+             those entries match no one; use uid:N for local users"
+                .to_owned(),
+        );
+    }
+    warnings
 }
 
 /// The names clients without a certificate may take: any, unless the daemon
@@ -733,7 +838,27 @@ fn check_summary(file: &Path, config: &DaemonConfig, choice: &BackboneChoice, ce
         BackboneKind::Standalone => "standalone".to_owned(),
         BackboneKind::Cluster => format!("cluster (CPG group {:?})", choice.cpg_group),
     };
-    format!("{}: ok\n  listening on: {}\n  backbone: {backbone}\n", file.display(), listeners.join(", "))
+    let mut out = format!("{}: ok\n  listening on: {}\n  backbone: {backbone}\n", file.display(), listeners.join(", "));
+    match &config.access {
+        None => out.push_str("  access: no rules (every client may create, join and send to every group)\n"),
+        Some(access) => {
+            let _ = writeln!(out, "  access: {} rules, first match decides; other groups closed", access.rules.len());
+            for (i, rule) in access.rules.iter().enumerate() {
+                let _ = writeln!(out, "    {}. {rule}", i + 1);
+            }
+        }
+    }
+    let operators: Vec<String> = config.operators.iter().map(Who::to_string).collect();
+    let _ = writeln!(
+        out,
+        "  status: the daemon's own Unix user and root{}{}",
+        if operators.is_empty() { "" } else { ", and " },
+        operators.join(", ")
+    );
+    for w in policy_warnings(config, certified) {
+        let _ = writeln!(out, "  warning: {w}");
+    }
+    out
 }
 
 /// This cluster daemon's identity in the daemons' key agreement
@@ -779,6 +904,15 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         None => false,
     };
     crate::logging::init(args.log_format)?;
+    for w in policy_warnings(&config, trust.is_some()) {
+        tracing::warn!("{w}");
+    }
+    if let Some(access) = &config.access {
+        tracing::info!(
+            "access rules: {} (first match decides; other groups are closed to everyone)",
+            access.rules.len()
+        );
+    }
     if let (true, Some(path)) = (stale, &config.unix) {
         tracing::info!("removed the stale socket {} (nothing was listening on it)", path.display());
     }

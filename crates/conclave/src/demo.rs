@@ -37,6 +37,12 @@ pub struct DemoArgs {
     /// Seed of the authority's and the members' identity keys.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Print one JSON object per line instead of text: {"event": "daemon", "socket"}, {"event": "protocol",
+    /// "protocol", "suite"}, then each member's events with "protocol" and "who" (the member that saw it): "view"
+    /// (epoch, members, fingerprint, rekey_ms), "message" (epoch, sender, text), "left", "refused" (member, reason),
+    /// "excluded" (by, reason), "other" (text), "failed" (error).
+    #[arg(long)]
+    json: bool,
 }
 
 const NAMES: [&str; 4] = ["alice", "bob", "carol", "dave"];
@@ -56,10 +62,14 @@ pub fn run(args: DemoArgs) -> Result<()> {
         let daemon = Daemon::start(DaemonConfig { unix: Some(socket.clone()), ..DaemonConfig::default() })
             .await
             .context("starting the embedded daemon")?;
-        println!("embedded daemon on {}", socket.display());
+        if args.json {
+            println!("{}", serde_json::json!({ "event": "daemon", "socket": socket.display().to_string() }));
+        } else {
+            println!("embedded daemon on {}", socket.display());
+        }
         let scripts = async {
             for protocol in protocols {
-                script(&socket, Policy::new(protocol, group_id), args.seed).await?;
+                script(&socket, Policy::new(protocol, group_id), args.seed, args.json).await?;
             }
             Ok(())
         };
@@ -74,9 +84,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
 }
 
 /// One protocol's script.
-async fn script(socket: &std::path::Path, policy: Policy, seed: u64) -> Result<()> {
+async fn script(socket: &std::path::Path, policy: Policy, seed: u64, json: bool) -> Result<()> {
     let tag = policy.protocol.name();
-    println!("\n=== {} over {} ===", policy.protocol, policy.group_id.name());
+    let show = |r: &Report<String>| if json { show_json(r, tag) } else { show(r) };
+    if json {
+        let suite = policy.group_id.name();
+        println!("{}", serde_json::json!({ "event": "protocol", "protocol": tag, "suite": suite }));
+    } else {
+        println!("\n=== {} over {} ===", policy.protocol, policy.group_id.name());
+    }
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
     // A group authority for the run: it certifies everyone, then revokes mallory.
     let now = SystemTime::now();
@@ -167,6 +183,39 @@ async fn script(socket: &std::path::Path, policy: Policy, seed: u64) -> Result<(
         show(&r);
     }
     Ok(())
+}
+
+/// One JSON line for a member's event (see `--json`).
+fn show_json(r: &Report<String>, protocol: &str) {
+    use serde_json::json;
+    let short = |s: &str| s.split('-').next().unwrap_or(s).to_owned();
+    let mut v = match &r.event {
+        Err(e) => json!({ "event": "failed", "error": e.to_string() }),
+        Ok(SecureEvent::View(v)) => json!({
+            "event": "view",
+            "epoch": v.epoch.to_string(),
+            "members": v.members.iter().map(|m| short(m.as_str())).collect::<Vec<_>>(),
+            "fingerprint": v.fingerprint.to_string(),
+            "rekey_ms": v.rekey_time.as_secs_f64() * 1000.0,
+        }),
+        Ok(SecureEvent::Message { sender, epoch, data, .. }) => json!({
+            "event": "message",
+            "epoch": epoch.to_string(),
+            "sender": short(sender.as_str()),
+            "text": String::from_utf8_lossy(data),
+        }),
+        Ok(SecureEvent::Left { .. }) => json!({ "event": "left" }),
+        Ok(SecureEvent::Refused { member, reason, .. }) => {
+            json!({ "event": "refused", "member": short(member.as_str()), "reason": reason.to_string() })
+        }
+        Ok(SecureEvent::Excluded { by, reason, .. }) => {
+            json!({ "event": "excluded", "by": short(by.as_str()), "reason": reason.to_string() })
+        }
+        Ok(other) => json!({ "event": "other", "text": format!("{other:?}") }),
+    };
+    v["protocol"] = json!(protocol);
+    v["who"] = json!(short(&r.who));
+    println!("{v}");
 }
 
 fn show(r: &Report<String>) {

@@ -46,13 +46,32 @@ pub struct FloodArgs {
     /// [default: 2048 / K, so that no receiver's queue at the daemon overflows].
     #[arg(long, value_name = "N")]
     window: Option<usize>,
+    /// Print each row as one JSON object per line (size, senders, messages, seconds, msg_per_s, mb_per_s, p50_ms,
+    /// p99_ms, max_ms) instead of the table.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     endpoint: Endpoint,
 }
 
-/// Prints `row` as a line of the table.
-fn print_row(row: &Row, senders: usize) {
+/// Prints `row` as a line of the table, or as one JSON object.
+fn print_row(row: &Row, senders: usize, json: bool) {
     let secs = row.elapsed.as_secs_f64().max(1e-9);
+    if json {
+        let out = serde_json::json!({
+            "size": row.size,
+            "senders": senders,
+            "messages": row.sent,
+            "seconds": secs,
+            "msg_per_s": row.sent as f64 / secs,
+            "mb_per_s": (row.sent * row.size) as f64 / secs / 1e6,
+            "p50_ms": row.percentile(0.5),
+            "p99_ms": row.percentile(0.99),
+            "max_ms": row.percentile(1.0),
+        });
+        println!("{out}");
+        return;
+    }
     println!(
         "{:>8} {:>8} {:>10} {:>9.3} {:>11.0} {:>9.2} {:>9.3} {:>9.3} {:>9.3}",
         row.size,
@@ -104,14 +123,16 @@ async fn flood(args: FloodArgs, sizes: Vec<usize>, window: usize) -> Result<()> 
         wait_for_all(c.rx.as_mut().expect("receiver"), &args.group, &ours).await?;
     }
     eprintln!("{} sender(s) in group {}, {} messages each, window {window}", args.senders, args.group, args.count);
-    header();
+    if !args.json {
+        header();
+    }
     let epoch = Instant::now();
     for &size in &sizes {
         let flood = Flood { group: &args.group, senders: args.senders, count: args.count, size, window };
         let row = tokio::time::timeout(ROUND_LIMIT, round(&mut conns, &ours, &flood, epoch))
             .await
             .map_err(|_| anyhow!("the flood stalled: a round took longer than {ROUND_LIMIT:?}"))??;
-        print_row(&row, args.senders);
+        print_row(&row, args.senders, args.json);
     }
     for c in &conns {
         let _ = c.tx.bye().await;

@@ -93,6 +93,9 @@ pub enum KeysCommand {
     List {
         #[command(flatten)]
         dir: DirArg,
+        /// Print one JSON object (authority, CRL number, members with serial, validity and status) instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -240,7 +243,7 @@ pub fn run(cmd: KeysCommand) -> Result<()> {
                 kd.daemon_key().display()
             );
         }
-        KeysCommand::List { dir } => dir.open()?.list()?,
+        KeysCommand::List { dir, json } => dir.open()?.list(json)?,
     }
     Ok(())
 }
@@ -446,14 +449,21 @@ impl KeyDir {
         Ok((info.serial, number + 1))
     }
 
-    /// Prints the members.
-    fn list(&self) -> Result<()> {
+    /// Prints the members, as text or as one JSON object.
+    fn list(&self, json: bool) -> Result<()> {
         let authority = self.authority()?;
         let revoked = match read_opt(&self.crl())? {
             Some(pem) => trust::read_crl(&pem)?.1,
             None => Vec::new(),
         };
-        println!("authority {} (CRL number {})", self.ca_cert().display(), authority.crl_number().unwrap_or("none"));
+        let mut members = Vec::new();
+        if !json {
+            println!(
+                "authority {} (CRL number {})",
+                self.ca_cert().display(),
+                authority.crl_number().unwrap_or("none")
+            );
+        }
         let mut names: Vec<PathBuf> = match std::fs::read_dir(self.members()) {
             Ok(rd) => rd
                 .filter_map(|e| e.ok().map(|e| e.path()))
@@ -462,18 +472,46 @@ impl KeyDir {
             Err(_) => Vec::new(),
         };
         names.sort();
-        if names.is_empty() {
+        if names.is_empty() && !json {
             println!("no members issued yet");
         }
         let now = SystemTime::now();
         for path in names {
             let info = match read(&path).and_then(|pem| Ok(trust::cert_info(&pem)?)) {
                 Ok(i) => i,
+                Err(e) if json => {
+                    members.push(serde_json::json!({
+                        "file": path.display().to_string(),
+                        "status": "unreadable",
+                        "error": crate::error_text(&e),
+                    }));
+                    continue;
+                }
                 Err(e) => {
                     println!("{}: unreadable: {}", path.display(), crate::error_text(&e));
                     continue;
                 }
             };
+            if json {
+                let revocation = revoked.iter().find(|r| r.serial == info.serial_bytes);
+                let status = match revocation {
+                    Some(_) => "revoked",
+                    None if info.not_after < now => "expired",
+                    None => "valid",
+                };
+                members.push(serde_json::json!({
+                    "name": info.name.clone(),
+                    "serial": info.serial.clone(),
+                    "not_before": date(info.not_before),
+                    "not_after": date(info.not_after),
+                    "status": status,
+                    "revoked": revocation.map(|r| serde_json::json!({
+                        "date": date(r.time),
+                        "reason": format!("{:?}", r.reason.unwrap_or(rcgen::RevocationReason::Unspecified)),
+                    })),
+                }));
+                continue;
+            }
             let status = if let Some(r) = revoked.iter().find(|r| r.serial == info.serial_bytes) {
                 format!("REVOKED {} ({:?})", date(r.time), r.reason.unwrap_or(rcgen::RevocationReason::Unspecified))
             } else if info.not_after < now {
@@ -488,6 +526,14 @@ impl KeyDir {
                 date(info.not_before),
                 date(info.not_after)
             );
+        }
+        if json {
+            let out = serde_json::json!({
+                "authority": self.ca_cert().display().to_string(),
+                "crl_number": authority.crl_number(),
+                "members": members,
+            });
+            println!("{out}");
         }
         Ok(())
     }

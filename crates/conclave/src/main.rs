@@ -24,6 +24,7 @@ mod flood;
 mod keys;
 mod logging;
 mod sim;
+mod status;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -66,6 +67,9 @@ enum Command {
     Daemon(daemon::DaemonArgs),
     /// Connect to a daemon and type commands (join, send, leave, ...) on stdin.
     Client(client::ClientArgs),
+    /// Show a running daemon's groups, members, connections, queues, limits, uptime, daemon group and access
+    /// rules (for its own Unix user, root and its configured operators).
+    Status(status::StatusArgs),
     /// A secure chat room in the terminal (end-to-end encrypted, rekeyed on every membership change).
     Chat(chat::ChatArgs),
     /// Load test: several connections flood one group with agreed messages.
@@ -122,6 +126,7 @@ fn run(command: Command) -> Result<()> {
         Command::Demo(args) => demo::run(args),
         Command::Daemon(args) => daemon::run(args),
         Command::Client(args) => client::run(args),
+        Command::Status(args) => status::run(args),
         Command::Chat(args) => chat::run(args),
         #[cfg(feature = "bench")]
         Command::Flood(args) => flood::run(args),

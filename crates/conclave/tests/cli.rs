@@ -47,9 +47,8 @@ impl Proc {
     }
 
     /// Waits for the process and returns its status, stdout and stderr.
-    /// The pipes are read while it runs: output beyond a pipe's buffer
-    /// (64 KiB; the PowerShell completion script is larger) would otherwise
-    /// block it forever.
+    /// The pipes are read while it runs: a process whose output fills a
+    /// pipe (64 KiB) would otherwise never exit.
     fn finish(&mut self) -> (ExitStatus, String, String) {
         fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
             std::thread::spawn(move || {
@@ -889,6 +888,10 @@ fn wire_md_documents_every_error_code() {
         n += 1;
     }
     assert!(n > 15, "the codes stopped at {n}");
+    // Codes the daemon shell sends that the core does not know.
+    let code = conclave_gcs::wire::ACCESS_DENIED;
+    let row = rows.iter().find(|r| r.len() == 4 && r[0] == code.to_u16().to_string()).expect("AccessDenied's row");
+    assert_eq!((row[1], row[2]), (conclave_gcs::wire::code_name(code).as_str(), "no"));
 }
 
 /// Errors are said once and in words: a cause that its context already
@@ -1307,4 +1310,251 @@ fn the_sample_configuration_is_complete_and_valid() {
         let set = |l: &str| l.trim_start_matches('#').starts_with(&format!("{key} = "));
         assert!(sample.lines().any(set), "docs/conclave.toml lacks {key}");
     }
+}
+
+/// A daemon started with the configuration file `text` (its Unix socket is
+/// added), logging to a file.
+fn daemon_with_config(text: &str) -> TestDaemon {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("conclave.sock");
+    let config = dir.path().join("conclave.toml");
+    std::fs::write(&config, format!("[listen]\nunix = {:?}\n{text}", socket.display().to_string())).unwrap();
+    let log = File::create(dir.path().join("daemon.log")).unwrap();
+    let proc = Proc::spawn(conclave().arg("daemon").arg("--config").arg(&config).stderr(log).stdout(Stdio::null()));
+    wait_for_socket(&socket);
+    TestDaemon { proc, dir, socket }
+}
+
+/// This process's Unix user (the daemon's and the clients').
+fn my_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").unwrap().uid()
+}
+
+/// `conclave status` shows the daemon's groups, members and connections,
+/// as text and as JSON, to the daemon's own user; a client over TCP, which
+/// is not an operator, is refused in words and sees no group.
+#[test]
+fn status_shows_what_the_daemon_holds_and_refuses_strangers() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let d = daemon_with_config(&format!("tcp = \"127.0.0.1:{port}\"\n[limits]\nqueue_depth = 99\n"));
+    let mut alice = d.client("alice", "join-open lobby\nwait lobby 2\nwait-msgs lobby 1\n");
+    // Either join may come first and create the group: both ask for it open.
+    let (_, out, _) = d.client("bob", "join-open lobby\nwait lobby 2\n").finish();
+    assert!(out.contains("of lobby"), "{out}");
+    // bob has left; alice is still there, waiting for a message.
+    std::thread::sleep(Duration::from_millis(200));
+    let (status, out, err) = run(conclave().arg("status").arg("--unix").arg(&d.socket));
+    assert!(status.success(), "{err}");
+    assert!(out.starts_with("daemon 0 (standalone), up "), "{out}");
+    assert!(has_line(&out, |l| l.starts_with("  lobby [open] v") && l.ends_with(": alice")), "{out}");
+    assert!(has_line(&out, |l| l.contains(" alice (unix: uid ") && l.contains(", 1 group,")), "{out}");
+    assert!(out.contains("queue_depth=99"), "{out}");
+    assert!(out.contains("no access rules"), "{out}");
+
+    let (status, out, err) = run(conclave().arg("status").arg("--json").arg("--unix").arg(&d.socket));
+    assert!(status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["groups"][0]["name"], "lobby");
+    assert_eq!(v["groups"][0]["members"], serde_json::json!(["alice"]));
+    assert_eq!(v["limits"]["queue_depth"], 99);
+    assert_eq!(v["counters"]["clients"], 1);
+    assert_eq!(v["backbone"], "standalone");
+
+    let (status, out, err) = run(conclave().arg("status").arg("--tcp").arg(format!("127.0.0.1:{port}")));
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(err.contains("refused to give its status (AccessDenied)"), "{err}");
+    assert!(!err.contains("lobby") && !err.contains("alice"), "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(d.log().contains("may not read the daemon's status"), "{}", d.log());
+
+    let (status, _, err) = run(conclave().arg("status").arg("--unix").arg(d.dir.path().join("none.sock")));
+    assert_eq!(status.code(), Some(1));
+    assert!(err.contains("no such socket (is `conclave daemon` running?)"), "{err}");
+    drop(alice.child.stdin.take());
+    let _ = alice.child.kill();
+}
+
+/// `[[access]]` rules: a refused join and send reach `conclave client` as
+/// AccessDenied in words, the daemon logs them, and `conclave status` shows
+/// the rules in force.
+#[test]
+fn access_rules_refuse_in_words_log_and_show_in_status() {
+    let uid = my_uid();
+    let d = daemon_with_config(&format!(
+        "[[access]]\ngroups = \"chat\"\ncreate = [\"uid:{uid}\"]\njoin = [\"uid:{uid}\"]\nsend = [\"uid:4242\"]\n"
+    ));
+    let (_, out, err) =
+        d.client("carol", "join chat\nwait chat 1\nsend chat hello\njoin elsewhere\nsleep 300\n").finish();
+    assert!(has_line(&out, |l| l.starts_with("view v") && l.ends_with(" of chat (join): carol")), "{out}\n{err}");
+    assert!(
+        has_line(&out, |l| l.starts_with("error (AccessDenied): you may not send to group chat")
+            && l.contains(&format!("Unix user {uid}"))),
+        "{out}"
+    );
+    assert!(has_line(&out, |l| l.starts_with("error (AccessDenied): you may not join group elsewhere")), "{out}");
+    assert!(!out.contains("] carol: hello"), "the refused message was delivered:\n{out}");
+    let log = d.log();
+    assert!(log.contains("access denied") && log.contains("may not send to the group"), "{log}");
+    assert!(log.contains("may not create the group"), "{log}");
+    let (status, out, err) = run(conclave().arg("status").arg("--unix").arg(&d.socket));
+    assert!(status.success(), "{err}");
+    assert!(out.contains(&format!("groups chat: create: uid:{uid}; join: uid:{uid}; send: uid:4242")), "{out}");
+    assert!(out.contains("any other group: no one may create, join or send to it"), "{out}");
+}
+
+/// `--check-config` prints the access rules and operators, warns of name
+/// entries a daemon without client certificates can never match, and
+/// refuses bad entries in words.
+#[test]
+fn check_config_validates_access_rules_and_operators() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("conclave.toml");
+    let good = "[listen]\nunix = \"/x.sock\"\n[status]\noperators = [\"uid:1001\"]\n\
+                [[access]]\ngroups = \"ops-*\"\ncreate = [\"alice\"]\njoin = [\"bot-*\", \"uid:1000\"]\n\
+                [[access]]\ngroups = \"*\"\njoin = [\"*\"]\nsend = [\"*\"]\n";
+    std::fs::write(&config, good).unwrap();
+    let (status, out, err) = run(conclave().arg("daemon").arg("--check-config").arg(&config));
+    assert!(status.success(), "{err}");
+    assert!(out.contains("access: 2 rules, first match decides"), "{out}");
+    assert!(out.contains("1. groups ops-*: create: alice; join: bot-*, uid:1000; send: no one"), "{out}");
+    assert!(out.contains("2. groups *: create: no one; join: *; send: *"), "{out}");
+    assert!(out.contains("status: the daemon's own Unix user and root, and uid:1001"), "{out}");
+    assert!(out.contains("warning: [[access]] rule 1 (groups ops-*) names member names"), "{out}");
+    assert!(!out.lines().any(|l| l.trim_start().contains("  ")), "a message with a run of spaces: {out}");
+
+    for (text, says) in [
+        ("[[access]]\ngroups = \"g\"\njoin = [\"uid:me\"]\n", &["rule 1", "join", "Unix user id"][..]),
+        ("[[access]]\ngroups = \"a b\"\n", &["rule 1", "not a group name"]),
+        ("[[access]]\ngroups = \"g\"\nsend = [\"bad name\"]\n", &["send", "not a member name"]),
+        ("[[access]]\ngroups = \"g\"\nreed = [\"*\"]\n", &["unknown field", "reed"]),
+        ("[[access]]\njoin = [\"*\"]\n", &["missing field", "groups"]),
+        ("[status]\noperators = [\"uid:-1\"]\n", &["[status] operators", "Unix user id"]),
+    ] {
+        std::fs::write(&config, format!("[listen]\nunix = \"/x.sock\"\n{text}")).unwrap();
+        let (status, out, err) = run(conclave().arg("daemon").arg("--check-config").arg(&config));
+        assert_eq!(status.code(), Some(1), "{text}: {out} {err}");
+        for s in says {
+            assert!(err.contains(s), "{text}: no {s:?} in {err}");
+        }
+        assert!(!err.contains("FileRule") && !err.contains("FileStatus"), "{err}");
+    }
+}
+
+/// Every line of `out` as JSON.
+fn json_lines(out: &str) -> Vec<serde_json::Value> {
+    out.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect()
+}
+
+/// `--json` on client, flood, keys list and demo: every line of output is
+/// one JSON object, with the fields their help names.
+#[test]
+fn client_flood_keys_list_and_demo_speak_json() {
+    let d = TestDaemon::start();
+    let mut client = Proc::spawn(
+        conclave()
+            .args(["client", "--json", "--name", "jay", "--unix"])
+            .arg(&d.socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let script = "join g\nwait g 1\nsend g hi \u{1b}[2J\nwait-msgs g 1\nfrobnicate\nleave g\n";
+    client.child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    let (_, out, err) = client.finish();
+    let events = json_lines(&out);
+    let kinds: Vec<&str> = events.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["view", "message", "command_error", "left"], "{out}\n{err}");
+    assert_eq!(events[0]["group"], "g");
+    assert_eq!(events[0]["members"], serde_json::json!(["jay"]));
+    assert_eq!(events[0]["cause"], "join");
+    assert_eq!(events[1]["sender"], "jay");
+    assert_eq!(events[1]["service"], "agreed");
+    // The text as sent: JSON escapes what a terminal would act on.
+    assert_eq!(events[1]["text"], "hi \u{1b}[2J");
+    assert!(!out.contains('\u{1b}'), "{out:?}");
+    assert!(events[2]["text"].as_str().unwrap().contains("unknown command \"frobnicate\""), "{out}");
+
+    let (status, out, err) = run(conclave()
+        .args(["flood", "--json", "--count", "50", "--senders", "2", "--sizes", "64,256", "--unix"])
+        .arg(&d.socket));
+    assert!(status.success(), "{err}");
+    let rows = json_lines(&out);
+    assert_eq!(rows.len(), 2, "{out}");
+    for (row, size) in rows.iter().zip([64, 256]) {
+        assert_eq!(
+            (row["size"].as_u64(), row["senders"].as_u64(), row["messages"].as_u64()),
+            (Some(size), Some(2), Some(100))
+        );
+        for key in ["seconds", "msg_per_s", "mb_per_s", "p50_ms", "p99_ms", "max_ms"] {
+            assert!(row[key].as_f64().is_some_and(|v| v >= 0.0), "{key}: {row}");
+        }
+    }
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("keys");
+    let keys = |args: &[&str]| {
+        let (status, out, err) = run(conclave().arg("keys").args(args).arg("--dir").arg(&dir));
+        assert!(status.success(), "keys {args:?}: {err}");
+        out
+    };
+    keys(&["authority"]);
+    keys(&["issue", "alice"]);
+    keys(&["issue", "bob"]);
+    keys(&["revoke", "bob"]);
+    let list: serde_json::Value = serde_json::from_str(&keys(&["list", "--json"])).unwrap();
+    assert!(list["authority"].as_str().unwrap().ends_with("authority.crt"), "{list}");
+    let members = list["members"].as_array().unwrap();
+    let status_of = |name: &str| members.iter().find(|m| m["name"] == name).map(|m| m["status"].clone());
+    assert_eq!(status_of("alice"), Some(serde_json::json!("valid")), "{list}");
+    assert_eq!(status_of("bob"), Some(serde_json::json!("revoked")), "{list}");
+    assert!(members.iter().all(|m| m["serial"].is_string() && m["not_after"].is_string()), "{list}");
+
+    let (status, out, err) = run(conclave().args(["demo", "--json", "--protocols", "tgdh"]));
+    assert!(status.success(), "{err}");
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["event"], "daemon", "{out}");
+    assert_eq!(lines[1]["event"], "protocol");
+    assert_eq!(lines[1]["protocol"], "tgdh");
+    assert!(
+        lines.iter().any(|l| l["event"] == "view"
+            && l["who"] == "alice"
+            && l["members"].as_array().is_some_and(|m| m.len() == 4)),
+        "{out}"
+    );
+    assert!(lines.iter().any(|l| l["event"] == "message" && l["text"] == "dave here"), "{out}");
+    assert!(lines.iter().any(|l| l["event"] == "refused" && l["member"] == "mallory" && l["who"] == "bob"), "{out}");
+}
+
+/// docs/conclave.service starts the daemon with a command line this
+/// version takes (checked on the sample configuration), as an unprivileged
+/// user, with the sample's socket inside the runtime directory it makes.
+#[test]
+fn the_systemd_unit_runs_a_command_this_version_takes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let unit = std::fs::read_to_string(root.join("docs/conclave.service")).unwrap();
+    let value = |key: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("docs/conclave.service has no {key}="))
+            .to_owned()
+    };
+    let exec = value("ExecStart");
+    let words: Vec<&str> = exec.split_whitespace().collect();
+    assert!(words[0].ends_with("/conclave") && words[1] == "daemon", "{exec}");
+    let at = words.iter().position(|w| *w == "--config").expect("ExecStart names its configuration");
+    let mut args: Vec<String> = words[1..].iter().map(|w| w.to_string()).collect();
+    // The unit's configuration path, replaced by the sample it is made from.
+    args[at - 1] = "--check-config".into();
+    args[at] = root.join("docs/conclave.toml").display().to_string();
+    let (status, out, err) = run(conclave().args(&args));
+    assert!(status.success(), "{args:?}: {err}");
+    let runtime = format!("/run/{}/", value("RuntimeDirectory"));
+    assert!(out.contains(&format!("unix socket {runtime}")), "the sample's socket is not in {runtime}: {out}");
+    assert_ne!(value("User"), "root");
+    assert!(value("ExecReload").contains("-HUP"), "reload is SIGHUP");
+    assert!(value("LimitNOFILE").parse::<u64>().unwrap() >= 4096);
 }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use conclave_gcs::core::{ErrorCode, Service};
 use conclave_gcs::view::NameError;
-use conclave_gcs::wire::{self, FrameReader, Request, WireError};
+use conclave_gcs::wire::{self, FrameReader, Request, Status, StatusReply, WireError};
 use conclave_gcs::{GroupName, MemberId};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs, UnixStream};
@@ -44,8 +44,8 @@ pub enum ClientError {
     /// The connection failed.
     #[error("i/o error: {0}")]
     Io(#[from] io::Error),
-    /// The daemon refused the connection.
-    #[error("the daemon refused the connection ({code:?}): {text}")]
+    /// The daemon refused the connection (or, for a status request, the request).
+    #[error("the daemon refused the connection ({}): {text}", wire::code_name(*code))]
     Refused {
         /// Why.
         code: ErrorCode,
@@ -75,6 +75,54 @@ pub enum ClientError {
     /// TLS could not be set up.
     #[error(transparent)]
     Tls(#[from] TlsError),
+}
+
+/// Asks the daemon at the Unix socket `path` for its status (see
+/// [`Request::Status`]): the daemon answers its own Unix user, root, and the
+/// operators its configuration lists, and refuses everyone else
+/// ([`ClientError::Refused`] with [`wire::ACCESS_DENIED`]).
+pub async fn status_unix(path: impl AsRef<Path>) -> Result<Status, ClientError> {
+    let (rd, wr) = UnixStream::connect(path).await?.into_split();
+    ask_status(Box::new(rd), Box::new(wr)).await
+}
+
+/// Asks the daemon at TCP address `addr` for its status (see [`status_unix`]).
+pub async fn status_tcp(addr: impl ToSocketAddrs) -> Result<Status, ClientError> {
+    let (rd, wr) = TcpStream::connect(addr).await?.into_split();
+    ask_status(Box::new(rd), Box::new(wr)).await
+}
+
+/// Asks the daemon at TLS address `addr` for its status (see
+/// [`status_unix`]); an operator shows a client certificate in `options`.
+pub async fn status_tls(
+    addr: impl ToSocketAddrs,
+    server_name: &str,
+    options: &TlsClientOptions,
+) -> Result<Status, ClientError> {
+    let stream = TcpStream::connect(addr).await?;
+    let (rd, wr) = tokio::io::split(options.connect(stream, server_name).await?);
+    ask_status(Box::new(rd), Box::new(wr)).await
+}
+
+async fn ask_status(mut reader: Reader, mut writer: Writer) -> Result<Status, ClientError> {
+    let mut buf = BytesMut::new();
+    wire::encode_request(&Request::Status, &mut buf);
+    writer.write_all(&buf).await?;
+    writer.flush().await?;
+    let mut frames = FrameReader::new(MAX_EVENT_FRAME);
+    let mut buf = BytesMut::new();
+    let frame = loop {
+        if let Some(frame) = frames.next_frame(&mut buf)? {
+            break frame;
+        }
+        if reader.read_buf(&mut buf).await? == 0 {
+            return Err(ClientError::Closed);
+        }
+    };
+    match wire::decode_status_reply(frame)? {
+        StatusReply::Report(status) => Ok(status),
+        StatusReply::Error { code, text } => Err(ClientError::Refused { code, text }),
+    }
 }
 
 type Writer = Box<dyn AsyncWrite + Send + Unpin>;

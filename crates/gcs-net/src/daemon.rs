@@ -63,7 +63,7 @@
 //! names listed for their Unix user (the socket's peer credentials), and
 //! refuses any other Hello with [`ErrorCode::IdentityMismatch`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -75,8 +75,8 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, ErrorCode, Limits, Machine, Op, Output};
-use conclave_gcs::wire::{self, FrameReader, Request, WireError};
-use conclave_gcs::MemberId;
+use conclave_gcs::wire::{self, ConnectionStatus, FrameReader, GroupStatus, Request, Status, StatusReply, WireError};
+use conclave_gcs::{GroupName, MemberId};
 use conclave_gka::suite::ed25519::Ed25519Signer;
 use conclave_integrated::{DaemonIdentities, DaemonTrust, KeyedDaemon};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -84,6 +84,7 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::access::{AccessPolicy, Action, Principal, Who};
 use crate::tls::{
     Certified, ClientAuth, HandshakeLimits, Identity, SharedTrust, TlsError, TlsListen, TlsListener, Trust,
 };
@@ -151,6 +152,13 @@ pub struct DaemonConfig {
     /// of the daemons before it is renewed (data-out; default: none). Every
     /// daemon of a cluster must have the same: each counts the one stream.
     pub key_data_limit: Option<u64>,
+    /// Who may create, join and send to which groups (default `None`: every
+    /// client may do everything). Refusals are [`wire::ACCESS_DENIED`].
+    pub access: Option<AccessPolicy>,
+    /// Who may read the daemon's status ([`Request::Status`]) besides the
+    /// daemon's own Unix user and root on the Unix socket, who always may
+    /// (default: no one else).
+    pub operators: Vec<Who>,
 }
 
 /// The member names clients without a certificate (on the Unix socket, over
@@ -193,7 +201,7 @@ impl UncertifiedNames {
 
 /// Whether `name` matches `pattern`, where `*` stands for any run of
 /// characters and everything else for itself.
-fn matches_pattern(pattern: &str, name: &str) -> bool {
+pub(crate) fn matches_pattern(pattern: &str, name: &str) -> bool {
     match pattern.split_once('*') {
         None => pattern == name,
         Some((head, rest)) => {
@@ -224,6 +232,8 @@ impl Default for DaemonConfig {
             uncertified_names: UncertifiedNames::Any,
             key_lifetime: None,
             key_data_limit: None,
+            access: None,
+            operators: Vec::new(),
         }
     }
 }
@@ -262,6 +272,8 @@ pub struct Backbone {
     resources: Option<Box<dyn Send + Sync>>,
     /// How the daemon keys groups (see `start`).
     keying: Keying,
+    /// Whether this daemon orders its stream alone (the standalone backbone).
+    standalone: bool,
 }
 
 /// Whether and how a daemon keys groups (the integrated architecture; see
@@ -293,6 +305,7 @@ impl Backbone {
             failure,
             resources: None,
             keying: Keying::Alone,
+            standalone: true,
         }
     }
 
@@ -310,7 +323,16 @@ impl Backbone {
         failure: oneshot::Receiver<String>,
         resources: Box<dyn Send + Sync>,
     ) -> Self {
-        Self { me, incarnation, submit, ordered, failure, resources: Some(resources), keying: Keying::Off }
+        Self {
+            me,
+            incarnation,
+            submit,
+            ordered,
+            failure,
+            resources: Some(resources),
+            keying: Keying::Off,
+            standalone: false,
+        }
     }
 
     /// Lets this (cluster) daemon key groups: it takes part in the daemons'
@@ -348,6 +370,18 @@ struct ConnHandle {
     /// The certificate the client showed, if it did: checked again when the
     /// daemon's trust changes.
     certified: Option<Certified>,
+    /// Who the client is, for the status and the access rules.
+    info: Arc<ConnInfo>,
+}
+
+/// What the daemon knows of a connection's peer.
+struct ConnInfo {
+    /// For people: transport, address or Unix user, certificate.
+    peer: String,
+    /// When it was accepted.
+    since: Instant,
+    /// What the access rules see; its name is bound at Hello.
+    principal: Mutex<Principal>,
 }
 
 /// Closes a connection after one last error frame, dropping what is queued.
@@ -371,6 +405,21 @@ struct Shared {
     caps: Arc<Caps>,
     /// Permits for connections being refused ([`REFUSING`]).
     refusing: Arc<Semaphore>,
+    /// Asks the sequencer for what the core knows, for a status report.
+    snapshots: mpsc::Sender<oneshot::Sender<Snapshot>>,
+    /// When the daemon started.
+    started: Instant,
+    /// The connection and TLS handshake caps in force.
+    max_connections: usize,
+    max_handshakes: usize,
+    /// Whether this daemon orders its stream alone.
+    standalone: bool,
+    /// The groups that exist, as the sequencer last applied the stream:
+    /// kept only in a cluster with access rules, where a join is checked
+    /// when it is read (see [`check_join`]).
+    groups: Arc<RwLock<HashSet<GroupName>>>,
+    /// This daemon's Unix user: its Unix-socket clients may read the status.
+    euid: u32,
 }
 
 /// Whom a connection counts against for [`DaemonConfig::max_connections_per_peer`].
@@ -660,7 +709,7 @@ impl Daemon {
             None => None,
         };
 
-        let Backbone { me, incarnation, submit, ordered, failure, resources, keying } = backbone;
+        let Backbone { me, incarnation, submit, ordered, failure, resources, keying, standalone } = backbone;
         let conns: Conns = Arc::default();
         let core = Core::new(me, Limits { max_groups_per_client: config.max_groups_per_client }, incarnation);
         let renewal = |mut keyed: KeyedDaemon| {
@@ -684,7 +733,15 @@ impl Daemon {
         let (stop, stopped) = oneshot::channel();
         let (report, failed) = oneshot::channel();
         let backbone = BackboneEnds { ordered, failure, report };
-        let sequencer = tokio::spawn(sequence(core, backbone, submit.clone(), conns.clone(), stopped));
+        let (snapshots, snapshot_requests) = mpsc::channel(16);
+        let groups: Arc<RwLock<HashSet<GroupName>>> = Arc::default();
+        let rules = Rules {
+            access: config.access.clone(),
+            standalone,
+            groups: (!standalone && config.access.is_some()).then(|| groups.clone()),
+            snapshots: snapshot_requests,
+        };
+        let sequencer = tokio::spawn(sequence(core, backbone, submit.clone(), conns.clone(), stopped, rules));
         let shared = Arc::new(Shared {
             config: config.clone(),
             conns: conns.clone(),
@@ -698,6 +755,13 @@ impl Daemon {
                 count: Mutex::default(),
             }),
             refusing: Arc::new(Semaphore::new(REFUSING)),
+            snapshots,
+            started: Instant::now(),
+            max_connections,
+            max_handshakes,
+            standalone,
+            groups,
+            euid: rustix::process::geteuid().as_raw(),
         });
 
         let mut tasks = Vec::new();
@@ -841,13 +905,24 @@ enum Peer {
     Remote,
 }
 
+impl Peer {
+    /// What the access rules know of this peer before Hello.
+    fn principal(&self) -> Principal {
+        match self {
+            Peer::Certified(c) => Principal { uid: None, name: Some(c.name.clone()) },
+            Peer::Local { uid } => Principal { uid: Some(*uid), name: None },
+            Peer::Remote => Principal::default(),
+        }
+    }
+}
+
 /// A listening socket clients connect to.
 trait Listener: Send + 'static {
     /// One accepted connection.
     type Stream: AsyncRead + AsyncWrite + Send + 'static;
     /// Waits for the next connection; with it, who is at the other end and
     /// whom it counts against for the per-peer cap.
-    fn next(&mut self) -> impl Future<Output = io::Result<(Self::Stream, Peer, PeerKey)>> + Send;
+    fn next(&mut self) -> impl Future<Output = io::Result<(Self::Stream, Peer, PeerKey, String)>> + Send;
     /// The TCP connection under a stream, if there is one.
     fn tcp(_stream: &Self::Stream) -> Option<&TcpStream> {
         None
@@ -867,19 +942,21 @@ fn keep_alive(stream: &TcpStream, idle: Duration) -> io::Result<()> {
 
 impl Listener for UnixListener {
     type Stream = UnixStream;
-    async fn next(&mut self) -> io::Result<(UnixStream, Peer, PeerKey)> {
+    async fn next(&mut self) -> io::Result<(UnixStream, Peer, PeerKey, String)> {
         let (stream, _) = self.accept().await?;
-        let uid = stream.peer_cred()?.uid();
-        Ok((stream, Peer::Local { uid }, PeerKey::Uid(uid)))
+        let cred = stream.peer_cred()?;
+        let uid = cred.uid();
+        let pid = cred.pid().map_or(String::new(), |pid| format!(", pid {pid}"));
+        Ok((stream, Peer::Local { uid }, PeerKey::Uid(uid), format!("unix: uid {uid}{pid}")))
     }
 }
 
 impl Listener for TcpListener {
     type Stream = TcpStream;
-    async fn next(&mut self) -> io::Result<(TcpStream, Peer, PeerKey)> {
+    async fn next(&mut self) -> io::Result<(TcpStream, Peer, PeerKey, String)> {
         let (stream, addr) = self.accept().await?;
         stream.set_nodelay(true)?;
-        Ok((stream, Peer::Remote, PeerKey::Ip(addr.ip().to_canonical())))
+        Ok((stream, Peer::Remote, PeerKey::Ip(addr.ip().to_canonical()), format!("tcp: {addr}")))
     }
     fn tcp(stream: &TcpStream) -> Option<&TcpStream> {
         Some(stream)
@@ -888,9 +965,13 @@ impl Listener for TcpListener {
 
 impl Listener for TlsListener {
     type Stream = tokio_rustls::server::TlsStream<TcpStream>;
-    async fn next(&mut self) -> io::Result<(Self::Stream, Peer, PeerKey)> {
+    async fn next(&mut self) -> io::Result<(Self::Stream, Peer, PeerKey, String)> {
         let (stream, certified, addr) = TlsListener::next(self).await?;
-        Ok((stream, certified.map_or(Peer::Remote, Peer::Certified), PeerKey::Ip(addr.ip().to_canonical())))
+        let what = match &certified {
+            Some(c) => format!("tls: {addr}, certificate for {}", c.name),
+            None => format!("tls: {addr}, no certificate"),
+        };
+        Ok((stream, certified.map_or(Peer::Remote, Peer::Certified), PeerKey::Ip(addr.ip().to_canonical()), what))
     }
     fn tcp(stream: &Self::Stream) -> Option<&TcpStream> {
         Some(stream.get_ref().0)
@@ -906,12 +987,12 @@ const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 async fn accept_loop<L: Listener>(mut listener: L, shared: Arc<Shared>) {
     loop {
         match listener.next().await {
-            Ok((stream, peer, key)) => {
+            Ok((stream, peer, key, what)) => {
                 if keep_alive_if(L::tcp(&stream), shared.config.keepalive).is_err() {
                     continue;
                 }
                 match shared.caps.take(key) {
-                    Ok(slot) => spawn_conn(stream, peer, slot, shared.clone()),
+                    Ok(slot) => spawn_conn(stream, peer, what, slot, shared.clone()),
                     Err(why) => refuse(stream, why, &shared.refusing),
                 }
             }
@@ -969,6 +1050,117 @@ struct BackboneEnds {
     report: oneshot::Sender<String>,
 }
 
+/// What the sequencer needs for the access rules and status reports.
+struct Rules {
+    access: Option<AccessPolicy>,
+    standalone: bool,
+    /// Where to keep the set of groups for joins checked when read (a
+    /// cluster with access rules).
+    groups: Option<Arc<RwLock<HashSet<GroupName>>>>,
+    snapshots: mpsc::Receiver<oneshot::Sender<Snapshot>>,
+}
+
+/// What the core knows, for a status report.
+struct Snapshot {
+    configuration: Option<(conclave_gcs::ViewId, Vec<u16>)>,
+    groups: Vec<GroupStatus>,
+    /// Groups and memberships in all, also when the lists were cut.
+    group_count: usize,
+    membership_count: usize,
+    connections: Vec<ConnectionStatus>,
+    truncated: bool,
+}
+
+/// Most bytes of groups and connections a status report lists; past that
+/// it is cut (and says so).
+const STATUS_BUDGET: usize = 4 << 20;
+
+/// What the core and the connection table hold now.
+fn snapshot(core: &Core, table: &HashMap<ConnId, ConnHandle>) -> Snapshot {
+    let mut budget = STATUS_BUDGET;
+    let mut truncated = false;
+    let mut memberships: HashMap<&MemberId, u32> = HashMap::new();
+    let mut groups = Vec::new();
+    let mut group_count = 0;
+    let mut membership_count = 0;
+    for name in core.groups() {
+        let Some(view) = core.view(name) else { continue };
+        group_count += 1;
+        membership_count += view.members.len();
+        for m in &view.members {
+            *memberships.entry(&m.id).or_default() += 1;
+        }
+        let size = 32 + name.as_str().len() + view.members.iter().map(|m| 1 + m.id.as_str().len()).sum::<usize>();
+        if truncated || size > budget {
+            truncated = true;
+            continue;
+        }
+        budget -= size;
+        groups.push(GroupStatus {
+            name: name.clone(),
+            open: core.open(name),
+            keyed: core.keyed(name),
+            view: view.id,
+            members: view.members.iter().map(|m| m.id.clone()).collect(),
+        });
+    }
+    let mut ids: Vec<&ConnId> = table.keys().collect();
+    ids.sort_by_key(|c| c.local);
+    let mut connections = Vec::new();
+    for conn in ids {
+        let handle = &table[conn];
+        let name = core.member(*conn).cloned();
+        let size = 64 + name.as_ref().map_or(0, |n| n.as_str().len()) + handle.info.peer.len();
+        if truncated || size > budget {
+            truncated = true;
+            break;
+        }
+        budget -= size;
+        connections.push(ConnectionStatus {
+            id: conn.local,
+            groups: name.as_ref().and_then(|n| memberships.get(n)).copied().unwrap_or(0),
+            name,
+            peer: handle.info.peer.clone(),
+            age_ms: millis(handle.info.since.elapsed()),
+            queued_frames: u32::try_from(handle.queue.max_capacity() - handle.queue.capacity()).unwrap_or(u32::MAX),
+            queued_bytes: handle.queued.load(Ordering::Acquire) as u64,
+        });
+    }
+    Snapshot {
+        configuration: core.configuration().map(|(id, daemons)| (id, daemons.into_iter().map(|d| d.0).collect())),
+        groups,
+        group_count,
+        membership_count,
+        connections,
+        truncated,
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The join `op` of one of this daemon's clients, or a refusal in its place
+/// if the access rules do not let the client create or join the group, as
+/// the group stands at this point of the stream.
+fn check_join(op: Op, core: &Core, access: &AccessPolicy, conns: &Conns) -> Op {
+    let Op::Join { conn, group, .. } = &op else { return op };
+    let principal = match conns.lock().expect("connection table").get(conn) {
+        Some(handle) => handle.info.principal.lock().expect("principal").clone(),
+        // Being cut off (its disconnect follows): judged as a client the
+        // daemon knows nothing of, so that it slips past no rule.
+        None => Principal::default(),
+    };
+    let action = if core.view(group).is_some() { Action::Join } else { Action::Create };
+    match access.check(&principal, action, group) {
+        Ok(()) => op,
+        Err(text) => {
+            tracing::info!(conn = %conn, group = %group, "access denied: {principal} may not {action} the group");
+            Op::Reject { conn: *conn, code: wire::ACCESS_DENIED, text }
+        }
+    }
+}
+
 /// Runs the core over the ordered stream until the daemon stops or the
 /// backbone fails.
 async fn sequence(
@@ -977,6 +1169,7 @@ async fn sequence(
     submit: mpsc::Sender<Op>,
     conns: Conns,
     mut stopped: oneshot::Receiver<()>,
+    mut rules: Rules,
 ) {
     let BackboneEnds { mut ordered, mut failure, report } = backbone;
     let mut failed = None;
@@ -994,6 +1187,11 @@ async fn sequence(
         tokio::select! {
             biased;
             _ = &mut stopped => break,
+            Some(reply) = rules.snapshots.recv() => {
+                let snapshot = snapshot(core.core(), &conns.lock().expect("connection table"));
+                let _ = reply.send(snapshot);
+                continue;
+            }
             n = ordered.recv_many(&mut batch, BATCH) => if n == 0 { break },
             r = &mut failure, if may_fail => match r {
                 Ok(reason) => {
@@ -1008,11 +1206,25 @@ async fn sequence(
         if timed_out {
             core.handle_timeout(now, &mut out);
         }
+        let me = core.core().me();
         for op in batch.drain(..) {
             if let Op::Disconnect { conn } = op {
                 gone.push(conn);
             }
+            // Standalone, the stream is ordered here: whether a join creates
+            // its group is known exactly. (A cluster checks when it reads.)
+            let op = match &rules.access {
+                Some(access) if rules.standalone && matches!(&op, Op::Join { conn, .. } if conn.daemon == me) => {
+                    check_join(op, core.core(), access, &conns)
+                }
+                _ => op,
+            };
             core.handle(op, now, &mut out);
+        }
+        if let Some(groups) = &rules.groups {
+            let mut groups = groups.write().expect("group set");
+            groups.clear();
+            groups.extend(core.core().groups().cloned());
         }
         let mut table = conns.lock().expect("connection table");
         for o in out.drain(..) {
@@ -1093,7 +1305,7 @@ fn deliver(table: &mut HashMap<ConnId, ConnHandle>, c: ConnId, bytes: Bytes, fat
 }
 
 /// Serves a new connection, which holds `slot` until it is closed.
-fn spawn_conn<S>(stream: S, peer: Peer, slot: Slot, shared: Arc<Shared>)
+fn spawn_conn<S>(stream: S, peer: Peer, what: String, slot: Slot, shared: Arc<Shared>)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -1106,6 +1318,7 @@ where
         Peer::Certified(c) => Some(c.clone()),
         Peer::Local { .. } | Peer::Remote => None,
     };
+    let info = Arc::new(ConnInfo { peer: what, since: Instant::now(), principal: Mutex::new(peer.principal()) });
     {
         let mut table = shared.conns.lock().expect("connection table");
         // A handshake that ran under trust replaced since is checked again.
@@ -1124,7 +1337,10 @@ where
             return;
         }
         let budget = shared.config.queue_bytes;
-        table.insert(conn, ConnHandle { queue, kill: kill.clone(), queued: queued.clone(), budget, certified });
+        table.insert(
+            conn,
+            ConnHandle { queue, kill: kill.clone(), queued: queued.clone(), budget, certified, info: info.clone() },
+        );
     }
     // The connection is closed once both halves are dropped: each holds the slot.
     let slot = Arc::new(slot);
@@ -1134,7 +1350,7 @@ where
         drop(writer_slot);
     });
     tokio::spawn(async move {
-        read_loop(rd, conn, &peer, &shared, &kill, writer).await;
+        read_loop(rd, conn, &peer, &info, &shared, &kill, writer).await;
         drop(slot);
         tracing::info!(conn = %conn, "client disconnected");
         let _ = shared.submit.send(Op::Disconnect { conn }).await;
@@ -1148,6 +1364,7 @@ async fn read_loop<R: AsyncRead>(
     rd: R,
     conn: ConnId,
     peer: &Peer,
+    info: &ConnInfo,
     shared: &Shared,
     killer: &mpsc::Sender<Bytes>,
     mut writer: JoinHandle<()>,
@@ -1167,8 +1384,21 @@ async fn read_loop<R: AsyncRead>(
         let mut progressed = false;
         loop {
             let op = match frames.next_frame(&mut buf).and_then(|f| f.map(wire::decode_request).transpose()) {
+                Ok(Some(Request::Status)) if !said_hello => {
+                    let reply = status_reply(conn, peer, shared).await;
+                    let mut b = BytesMut::new();
+                    wire::encode_status_reply(&reply, &mut b);
+                    // The answer is the connection's last words.
+                    let _ = killer.try_send(b.freeze());
+                    return;
+                }
+                Ok(Some(Request::Status)) => Op::Reject {
+                    conn,
+                    code: ErrorCode::AlreadyConnected,
+                    text: "ask for the daemon's status on a connection of its own, in place of Hello".to_owned(),
+                },
                 Ok(Some(req)) => match to_op(conn, req, cfg.max_payload) {
-                    Some(op) => op,
+                    Some(op) => check_request(op, info, shared),
                     None => return,
                 },
                 Ok(None) => break,
@@ -1189,6 +1419,10 @@ async fn read_loop<R: AsyncRead>(
                 }
                 tracing::info!(conn = %conn, name = %name, "client connected");
                 said_hello = true;
+                // A name the daemon let this Unix user take is bound to it.
+                if let (Peer::Local { .. }, UncertifiedNames::ByUid(_)) = (peer, &cfg.uncertified_names) {
+                    info.principal.lock().expect("principal").name = Some(name.clone());
+                }
             }
             if shared.submit.send(op).await.is_err() {
                 return;
@@ -1222,6 +1456,120 @@ async fn read_loop<R: AsyncRead>(
     }
 }
 
+/// `op`, or a refusal in its place if the access rules do not let the
+/// client do it: sending is checked here; joining too in a cluster, against
+/// the groups as this daemon last applied the stream (a standalone daemon
+/// checks joins where it orders them, in the sequencer, exactly).
+fn check_request(op: Op, info: &ConnInfo, shared: &Shared) -> Op {
+    let Some(access) = &shared.config.access else { return op };
+    let (conn, group, action) = match &op {
+        Op::Multicast { conn, group, .. } | Op::Unicast { conn, group, .. } => (*conn, group, Action::Send),
+        Op::Join { conn, group, .. } if !shared.standalone => {
+            let exists = shared.groups.read().expect("group set").contains(group);
+            (*conn, group, if exists { Action::Join } else { Action::Create })
+        }
+        _ => return op,
+    };
+    let principal = info.principal.lock().expect("principal").clone();
+    match access.check(&principal, action, group) {
+        Ok(()) => op,
+        Err(text) => {
+            tracing::info!(conn = %conn, group = %group, "access denied: {principal} may not {action} the group");
+            Op::Reject { conn, code: wire::ACCESS_DENIED, text }
+        }
+    }
+}
+
+/// Whether `peer` may read the daemon's status: the daemon's own Unix user
+/// and root on the Unix socket (who could read the daemon's memory anyway),
+/// and the configured operators.
+fn may_read_status(peer: &Peer, shared: &Shared) -> bool {
+    if let Peer::Local { uid } = peer {
+        if *uid == 0 || *uid == shared.euid {
+            return true;
+        }
+    }
+    let principal = peer.principal();
+    shared.config.operators.iter().any(|w| w.matches(&principal))
+}
+
+/// The daemon's answer to a status request from `peer`.
+async fn status_reply(conn: ConnId, peer: &Peer, shared: &Shared) -> StatusReply {
+    if !may_read_status(peer, shared) {
+        tracing::info!(conn = %conn, "access denied: {} may not read the daemon's status", peer.principal());
+        return StatusReply::Error {
+            code: wire::ACCESS_DENIED,
+            text: "you may not read this daemon's status: only its own Unix user and root (on its Unix socket) and \
+                   the operators its configuration lists ([status] operators) may"
+                .to_owned(),
+        };
+    }
+    let (tx, rx) = oneshot::channel();
+    let snapshot = match shared.snapshots.send(tx).await {
+        Ok(()) => rx.await.ok(),
+        Err(_) => None,
+    };
+    let Some(snap) = snapshot else {
+        return StatusReply::Error { code: ErrorCode::ShuttingDown, text: "the daemon is shutting down".to_owned() };
+    };
+    let cfg = &shared.config;
+    let secs = |d: Duration| d.as_secs();
+    let limits = [
+        ("max_message_size", cfg.max_payload as u64),
+        ("groups_per_client", cfg.max_groups_per_client as u64),
+        ("queue_depth", cfg.queue_depth as u64),
+        ("queue_bytes", cfg.queue_bytes as u64),
+        ("hello_timeout_secs", secs(cfg.hello_timeout)),
+        ("frame_timeout_secs", secs(cfg.frame_timeout)),
+        ("handshake_timeout_secs", secs(cfg.handshake_timeout)),
+        ("max_handshakes", shared.max_handshakes as u64),
+        ("max_handshakes_per_ip", cfg.max_handshakes_per_ip as u64),
+        ("max_connections", shared.max_connections as u64),
+        ("max_connections_per_peer", cfg.max_connections_per_peer as u64),
+        ("keepalive_secs", cfg.keepalive.map_or(0, secs)),
+    ];
+    let connections = shared.caps.count.lock().expect("connection caps").total as u64;
+    let named = snap.connections.iter().filter(|c| c.name.is_some()).count() as u64;
+    let queued: u64 = snap.connections.iter().map(|c| c.queued_bytes).sum();
+    let counters = [
+        ("connections", connections),
+        ("clients", named),
+        ("groups", snap.group_count as u64),
+        ("memberships", snap.membership_count as u64),
+        ("queued_bytes", queued),
+    ];
+    let mut policy: Vec<String> = match &cfg.access {
+        None => vec!["no access rules: every client may create, join and send to every group".to_owned()],
+        Some(access) => {
+            let mut lines: Vec<String> = access.rules.iter().map(|r| r.to_string()).collect();
+            lines.push("any other group: no one may create, join or send to it".to_owned());
+            lines
+        }
+    };
+    let operators: Vec<String> = cfg.operators.iter().map(Who::to_string).collect();
+    let own = match shared.euid {
+        0 => "uid:0 (root, the daemon's user)".to_owned(),
+        uid => format!("uid:0 (root), uid:{uid} (the daemon's user)"),
+    };
+    policy.push(format!(
+        "status: {own} on the Unix socket{}{}",
+        if operators.is_empty() { "" } else { "; operators: " },
+        operators.join(", ")
+    ));
+    StatusReply::Report(Status {
+        truncated: snap.truncated,
+        uptime_ms: millis(shared.started.elapsed()),
+        daemon: shared.me.0,
+        backbone: if shared.standalone { "standalone" } else { "cluster (Corosync CPG)" }.to_owned(),
+        configuration: snap.configuration,
+        limits: limits.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect(),
+        counters: counters.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect(),
+        groups: snap.groups,
+        connections: snap.connections,
+        policy,
+    })
+}
+
 /// The operation a request asks for; `None` for Bye.
 fn to_op(conn: ConnId, req: Request, max_payload: usize) -> Option<Op> {
     Some(match req {
@@ -1235,6 +1583,8 @@ fn to_op(conn: ConnId, req: Request, max_payload: usize) -> Option<Op> {
         Request::Multicast { group, service, payload } => Op::Multicast { conn, group, service, payload },
         Request::Unicast { group, to, payload } => Op::Unicast { conn, group, to, payload },
         Request::Bye => return None,
+        // Answered by the reader itself.
+        Request::Status => return None,
     })
 }
 

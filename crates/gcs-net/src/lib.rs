@@ -17,12 +17,14 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod access;
 pub mod client;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod daemon;
 pub mod tls;
 
+pub use access::{AccessPolicy, GroupRule, Who};
 pub use client::{Client, ClientError, ClientReceiver, ClientSender, Event};
 pub use conclave_gcs::core::{ErrorCode, Service};
 pub use daemon::{Backbone, Daemon, DaemonConfig, DaemonError, UncertifiedNames};

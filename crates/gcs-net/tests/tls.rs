@@ -575,3 +575,56 @@ async fn a_tls_connection_over_the_per_address_cap_is_refused_in_words() {
     }
     within("unix", Client::connect_unix(s.dir.path().join("conclave.sock"), "d")).await.unwrap();
 }
+
+/// Certified names in access rules and among the status operators: a
+/// certificate for a name the rules list lets its holder create, join and
+/// send; another member's certificate, and an uncertified TLS client, are
+/// refused (AccessDenied); only the operator's certificate reads the status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_rules_and_status_operators_by_certified_name() {
+    use conclave_gcs_net::client::status_tls;
+    use conclave_gcs_net::{AccessPolicy, GroupRule, Who};
+    let who = |l: &[&str]| l.iter().map(|s| s.parse::<Who>().unwrap()).collect::<Vec<_>>();
+    let s = start_with(true, &[], |c| {
+        c.access = Some(AccessPolicy {
+            rules: vec![GroupRule::new("vault", who(&["alice"]), who(&["ops-*"]), who(&["alice"])).unwrap()],
+        });
+        c.operators = who(&["ops-*"]);
+    })
+    .await;
+    let mut alice = s.connect(&s.options(Some(("alice", 10))), "alice").await.unwrap();
+    let mut ops = s.connect(&s.options(Some(("ops-1", 11))), "ops-1").await.unwrap();
+    let mut bob = s.connect(&s.options(Some(("bob", 12))), "bob").await.unwrap();
+    let denied = |e: Event, says: &str| match e {
+        Event::Error { code, text } => {
+            assert_eq!(code, conclave_gcs::wire::ACCESS_DENIED);
+            assert!(text.contains(says), "{text:?} does not say {says:?}");
+        }
+        other => panic!("expected AccessDenied, got {other:?}"),
+    };
+    ops.join("vault").await.unwrap();
+    denied(within("refusal", ops.recv()).await.unwrap(), "may join group vault when it exists, but not create it");
+    alice.join("vault").await.unwrap();
+    until_view(&mut alice, "vault", 1).await;
+    ops.join("vault").await.unwrap();
+    until_view(&mut ops, "vault", 2).await;
+    bob.join("vault").await.unwrap();
+    denied(within("refusal", bob.recv()).await.unwrap(), "does not let certified name bob");
+    ops.multicast("vault", Service::Agreed, &b"no"[..]).await.unwrap();
+    denied(within("refusal", ops.recv()).await.unwrap(), "you may not send to group vault");
+    alice.multicast("vault", Service::Agreed, &b"yes"[..]).await.unwrap();
+    assert_eq!(until_message(&mut ops).await, ("alice".to_owned(), b"yes".to_vec()));
+
+    let addr = s.daemon.tls_addr().unwrap();
+    let st = within("status", status_tls(addr, "localhost", &s.options(Some(("ops-2", 13))))).await.unwrap();
+    assert_eq!(st.groups[0].members.iter().map(|m| m.as_str()).collect::<Vec<_>>(), ["alice", "ops-1"]);
+    assert!(
+        st.connections.iter().any(|c| c.peer.starts_with("tls: 127.0.0.1:") && c.peer.ends_with("certificate for bob")),
+        "{:?}",
+        st.connections
+    );
+    match within("status", status_tls(addr, "localhost", &s.options(Some(("bob", 14))))).await {
+        Err(ClientError::Refused { code, .. }) => assert_eq!(code, conclave_gcs::wire::ACCESS_DENIED),
+        r => panic!("bob read the status: {r:?}"),
+    }
+}

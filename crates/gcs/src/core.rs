@@ -1004,6 +1004,11 @@ impl Core {
         self.groups.get(group).is_some_and(|g| g.options.keyed)
     }
 
+    /// Whether `group` exists and is open: non-members may send to it.
+    pub fn open(&self, group: &GroupName) -> bool {
+        self.groups.get(group).is_some_and(|g| g.options.open)
+    }
+
     /// Installs a new view of every keyed group, with the same members (cause
     /// [`Cause::Refresh`]): the daemons renewed their key, and each view gets
     /// its key from the new one (see *Keyed groups* in the [module

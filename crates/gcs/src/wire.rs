@@ -37,12 +37,32 @@ pub const MAX_ERROR_TEXT: usize = u16::MAX as usize;
 /// the client's Hello, and closes the connection.
 pub const TOO_MANY_CONNECTIONS: ErrorCode = ErrorCode::TooManyConnections;
 
+/// Error code 19, AccessDenied (not fatal): the daemon's configuration does
+/// not let this client do what it asked — create, join or send to a group
+/// (its group access rules), or read the daemon's status (its operators).
+/// The request changes nothing and the connection goes on. (A code the
+/// daemon core does not know, so it is [`ErrorCode::Other`]; clients compare
+/// with this constant.)
+pub const ACCESS_DENIED: ErrorCode = ErrorCode::Other(19);
+
+/// The name of an error code for people: `AccessDenied` for
+/// [`ACCESS_DENIED`], the variant's name for the others, `error 77` for a
+/// code this version does not know.
+pub fn code_name(code: ErrorCode) -> String {
+    match code {
+        ACCESS_DENIED => "AccessDenied".to_owned(),
+        ErrorCode::Other(n) => format!("error {n}"),
+        known => format!("{known:?}"),
+    }
+}
+
 const HELLO: u8 = 0x01;
 const JOIN: u8 = 0x02;
 const LEAVE: u8 = 0x03;
 const MULTICAST: u8 = 0x04;
 const UNICAST: u8 = 0x05;
 const BYE: u8 = 0x06;
+const STATUS: u8 = 0x07;
 
 const WELCOME: u8 = 0x81;
 const VIEW: u8 = 0x82;
@@ -52,6 +72,7 @@ const MESSAGE: u8 = 0x85;
 const UNICAST_MESSAGE: u8 = 0x86;
 const ERROR: u8 = 0x87;
 const GROUP_KEY: u8 = 0x88;
+const STATUS_REPORT: u8 = 0x89;
 
 /// What a client asks its daemon.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -97,6 +118,91 @@ pub enum Request {
     },
     /// The client is done; the daemon closes the connection.
     Bye,
+    /// A monitor asks for the daemon's status (the frame also carries
+    /// [`VERSION`]): sent in place of Hello, on a connection of its own. The
+    /// daemon answers with one status report ([`decode_status_reply`]) or an
+    /// error ([`ACCESS_DENIED`] if the client is not one of its operators),
+    /// then closes the connection.
+    Status,
+}
+
+/// A daemon's status, as `conclave status` shows it: what a monitor may
+/// know of a running daemon (docs/wire.md, *Status*).
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct Status {
+    /// The lists were cut to keep the report within the daemon's limit
+    /// (very many groups or connections): counts in `counters` are whole.
+    pub truncated: bool,
+    /// Milliseconds since the daemon started.
+    pub uptime_ms: u64,
+    /// This daemon's number in its daemon group (0 when standalone).
+    pub daemon: u16,
+    /// What orders the daemon's stream, for people: `standalone`, or the
+    /// cluster and its CPG group.
+    pub backbone: String,
+    /// The daemon group's configuration, as this daemon last installed it:
+    /// its id and daemons; `None` while a change is being worked through.
+    pub configuration: Option<(ViewId, Vec<u16>)>,
+    /// The limits in force, by name (at most 255), e.g. `max_connections`.
+    pub limits: Vec<(String, u64)>,
+    /// Counts, by name (at most 255), e.g. `connections`, `groups`.
+    pub counters: Vec<(String, u64)>,
+    /// Every group, by name.
+    pub groups: Vec<GroupStatus>,
+    /// This daemon's client connections.
+    pub connections: Vec<ConnectionStatus>,
+    /// The access policy in force, one rule per line, for people; empty:
+    /// every client may create, join and send to every group.
+    pub policy: Vec<String>,
+}
+
+/// One group in a [`Status`].
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct GroupStatus {
+    /// The group.
+    pub name: GroupName,
+    /// Non-members may send.
+    pub open: bool,
+    /// The daemons key its views (integrated mode).
+    pub keyed: bool,
+    /// Its current view's id.
+    pub view: ViewId,
+    /// Its current members, oldest first (at every daemon of the group).
+    pub members: Vec<MemberId>,
+}
+
+/// One client connection in a [`Status`].
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ConnectionStatus {
+    /// The daemon's number for the connection.
+    pub id: u64,
+    /// The member name it said Hello with; `None` before Hello.
+    pub name: Option<MemberId>,
+    /// Who is at the other end, for people (at most 255 bytes): transport,
+    /// address or Unix user, certificate.
+    pub peer: String,
+    /// Milliseconds since it was accepted.
+    pub age_ms: u64,
+    /// Frames queued for it, not yet written to its socket.
+    pub queued_frames: u32,
+    /// Bytes queued for it, not yet written to its socket.
+    pub queued_bytes: u64,
+    /// Groups it is a member of.
+    pub groups: u32,
+}
+
+/// What a daemon answers a [`Request::Status`] with.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum StatusReply {
+    /// The status.
+    Report(Status),
+    /// The daemon refused ([`ACCESS_DENIED`]) or could not answer.
+    Error {
+        /// Why, as a code.
+        code: ErrorCode,
+        /// Why, in words.
+        text: String,
+    },
 }
 
 /// Why bytes could not be decoded.
@@ -249,6 +355,17 @@ impl Fields {
         self.text(len.into(), what)
     }
 
+    /// A `u8` count of (`str8` name, `u64` value) pairs.
+    fn named_numbers(&mut self, what: &'static str) -> Result<Vec<(String, u64)>, WireError> {
+        let count = self.u8(what)?;
+        let mut list = Vec::with_capacity(count.into());
+        for _ in 0..count {
+            let name = self.str8(what)?.to_owned();
+            list.push((name, self.u64(what)?));
+        }
+        Ok(list)
+    }
+
     pub(crate) fn member(&mut self, what: &'static str) -> Result<MemberId, WireError> {
         MemberId::new(self.str8(what)?).map_err(|err| WireError::Name { what, err })
     }
@@ -362,9 +479,176 @@ pub fn decode_request(frame: Bytes) -> Result<Request, WireError> {
         MULTICAST => Request::Multicast { group: f.group()?, service: f.service()?, payload: f.payload() },
         UNICAST => Request::Unicast { group: f.group()?, to: f.member("recipient")?, payload: f.payload() },
         BYE => Request::Bye,
+        STATUS => {
+            f.version()?;
+            Request::Status
+        }
         k => return Err(WireError::UnknownKind(k)),
     };
     f.finish(req)
+}
+
+/// Decodes the daemon's answer to [`Request::Status`]: a status report, or
+/// an error frame.
+pub fn decode_status_reply(frame: Bytes) -> Result<StatusReply, WireError> {
+    match frame.first() {
+        Some(&STATUS_REPORT) => {}
+        Some(&ERROR) => {
+            return match decode_delivery(frame)? {
+                Delivery::Error { code, text } => Ok(StatusReply::Error { code, text }),
+                // Never: an error frame decodes to an error.
+                _ => Err(WireError::UnknownKind(ERROR)),
+            };
+        }
+        Some(&kind) => return Err(WireError::UnknownKind(kind)),
+        None => return Err(WireError::Empty),
+    }
+    let (_, mut f) = fields(frame)?;
+    let truncated = f.flag("truncated flag")?;
+    let uptime_ms = f.u64("uptime")?;
+    let daemon = f.u16("daemon")?;
+    let backbone = f.str8("backbone")?.to_owned();
+    let configuration = if f.flag("configuration flag")? {
+        let id = f.view_id("configuration id")?;
+        let count = f.u16("daemon count")?;
+        let mut daemons = Vec::with_capacity(usize::from(count).min(f.rest_len() / 2));
+        for _ in 0..count {
+            daemons.push(f.u16("daemon")?);
+        }
+        Some((id, daemons))
+    } else {
+        None
+    };
+    let limits = f.named_numbers("limit")?;
+    let counters = f.named_numbers("counter")?;
+    let count = f.u32("group count")? as usize;
+    // Each group takes at least 1 + 1 + 1 + 16 + 4 bytes.
+    let mut groups = Vec::with_capacity(count.min(f.rest_len() / 23));
+    for _ in 0..count {
+        let name = f.group()?;
+        let (open, keyed) = f.group_options()?;
+        let view = f.view_id("view id")?;
+        let n = f.u32("member count")? as usize;
+        let mut members = Vec::with_capacity(n.min(f.rest_len() / 2));
+        for _ in 0..n {
+            members.push(f.member("member name")?);
+        }
+        groups.push(GroupStatus { name, open, keyed, view, members });
+    }
+    let count = f.u32("connection count")? as usize;
+    // Each connection takes at least 8 + 1 + 1 + 8 + 4 + 8 + 4 bytes.
+    let mut connections = Vec::with_capacity(count.min(f.rest_len() / 34));
+    for _ in 0..count {
+        let id = f.u64("connection id")?;
+        let name = if f.flag("name flag")? { Some(f.member("member name")?) } else { None };
+        let peer = f.str8("peer")?.to_owned();
+        connections.push(ConnectionStatus {
+            id,
+            name,
+            peer,
+            age_ms: f.u64("connection age")?,
+            queued_frames: f.u32("queued frames")?,
+            queued_bytes: f.u64("queued bytes")?,
+            groups: f.u32("group count")?,
+        });
+    }
+    let count = f.u16("policy rule count")?;
+    let mut policy = Vec::with_capacity(usize::from(count).min(f.rest_len() / 2));
+    for _ in 0..count {
+        let len = f.u16("policy rule")?;
+        policy.push(f.text(len.into(), "policy rule")?.to_owned());
+    }
+    f.finish(StatusReply::Report(Status {
+        truncated,
+        uptime_ms,
+        daemon,
+        backbone,
+        configuration,
+        limits,
+        counters,
+        groups,
+        connections,
+        policy,
+    }))
+}
+
+/// Appends `status` as one status report frame to `out`. Texts longer than
+/// their fields hold (255 bytes for names of limits and counters, the
+/// backbone and peers; 65535 for policy rules) are cut at a character
+/// boundary, and lists longer than their counts hold are cut (callers keep
+/// far below: a daemon cuts its report at a few MiB and sets `truncated`).
+pub fn encode_status(status: &Status, out: &mut BytesMut) {
+    let mut w = FrameWriter::new(out, STATUS_REPORT);
+    w.bytes(&[u8::from(status.truncated)]).bytes(&status.uptime_ms.to_be_bytes()).bytes(&status.daemon.to_be_bytes());
+    w.text8(&status.backbone);
+    match &status.configuration {
+        Some((id, daemons)) => {
+            let daemons = &daemons[..daemons.len().min(u16::MAX.into())];
+            w.bytes(&[1]).bytes(&id.to_bytes()).bytes(&(daemons.len() as u16).to_be_bytes());
+            for d in daemons {
+                w.bytes(&d.to_be_bytes());
+            }
+        }
+        None => {
+            w.bytes(&[0]);
+        }
+    }
+    for list in [&status.limits, &status.counters] {
+        let list = &list[..list.len().min(u8::MAX.into())];
+        w.bytes(&[list.len() as u8]);
+        for (name, value) in list {
+            w.text8(name).bytes(&value.to_be_bytes());
+        }
+    }
+    let groups = &status.groups[..status.groups.len().min(u32::MAX as usize)];
+    w.bytes(&(groups.len() as u32).to_be_bytes());
+    for g in groups {
+        w.str8(g.name.as_str()).bytes(&[group_options(g.open, g.keyed)]).bytes(&g.view.to_bytes());
+        let members = &g.members[..g.members.len().min(u32::MAX as usize)];
+        w.bytes(&(members.len() as u32).to_be_bytes());
+        for m in members {
+            w.str8(m.as_str());
+        }
+    }
+    let conns = &status.connections[..status.connections.len().min(u32::MAX as usize)];
+    w.bytes(&(conns.len() as u32).to_be_bytes());
+    for c in conns {
+        w.bytes(&c.id.to_be_bytes());
+        match &c.name {
+            Some(name) => w.bytes(&[1]).str8(name.as_str()),
+            None => w.bytes(&[0]),
+        };
+        w.text8(&c.peer)
+            .bytes(&c.age_ms.to_be_bytes())
+            .bytes(&c.queued_frames.to_be_bytes())
+            .bytes(&c.queued_bytes.to_be_bytes())
+            .bytes(&c.groups.to_be_bytes());
+    }
+    let policy = &status.policy[..status.policy.len().min(u16::MAX.into())];
+    w.bytes(&(policy.len() as u16).to_be_bytes());
+    for rule in policy {
+        let rule = cut(rule, u16::MAX.into());
+        w.bytes(&(rule.len() as u16).to_be_bytes()).bytes(rule.as_bytes());
+    }
+    w.finish();
+}
+
+/// Appends a daemon's answer to [`Request::Status`] as one frame to `out`.
+pub fn encode_status_reply(reply: &StatusReply, out: &mut BytesMut) {
+    match reply {
+        StatusReply::Report(status) => encode_status(status, out),
+        StatusReply::Error { code, text } => encode_delivery(&Delivery::Error { code: *code, text: text.clone() }, out),
+    }
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends at a character
+/// boundary.
+fn cut(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// Decodes one daemon frame (as returned by [`FrameReader::next_frame`]).
@@ -425,6 +709,14 @@ impl<'a> FrameWriter<'a> {
         // Member and group names are at most 255 bytes by construction.
         let len = u8::try_from(s.len()).expect("names fit a one-byte length");
         self.out.put_u8(len);
+        self.out.put_slice(s.as_bytes());
+        self
+    }
+
+    /// Free text with a one-byte length, cut at a character boundary to fit.
+    fn text8(&mut self, s: &str) -> &mut Self {
+        let s = cut(s, u8::MAX.into());
+        self.out.put_u8(s.len() as u8);
         self.out.put_slice(s.as_bytes());
         self
     }
@@ -495,6 +787,7 @@ pub fn encode_request(req: &Request, out: &mut BytesMut) {
             FrameWriter::new(out, UNICAST).str8(group.as_str()).str8(to.as_str()).bytes(payload).finish()
         }
         Request::Bye => FrameWriter::new(out, BYE).finish(),
+        Request::Status => FrameWriter::new(out, STATUS).bytes(&VERSION.to_be_bytes()).finish(),
     }
 }
 

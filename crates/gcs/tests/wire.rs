@@ -5,7 +5,8 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use conclave_gcs::core::{Delivery, ErrorCode, Service};
 use conclave_gcs::wire::{
-    decode_delivery, decode_request, encode_delivery, encode_request, FrameReader, Request, WireError,
+    decode_delivery, decode_request, decode_status_reply, encode_delivery, encode_request, encode_status_reply,
+    ConnectionStatus, FrameReader, GroupStatus, Request, Status, StatusReply, WireError,
 };
 use conclave_gcs::{Cause, GroupName, MemberId, View, ViewId, ViewMember};
 use proptest::prelude::*;
@@ -48,6 +49,67 @@ fn request() -> impl Strategy<Value = Request> {
         }),
         (group(), member(), payload()).prop_map(|(group, to, payload)| Request::Unicast { group, to, payload }),
         Just(Request::Bye),
+        Just(Request::Status),
+    ]
+}
+
+fn named_numbers() -> impl Strategy<Value = Vec<(String, u64)>> {
+    prop::collection::vec((".{0,20}", any::<u64>()), 0..6)
+}
+
+fn status() -> impl Strategy<Value = Status> {
+    let group = (group(), any::<(bool, bool)>(), view_id(), prop::collection::vec(member(), 0..5))
+        .prop_map(|(name, (open, keyed), view, members)| GroupStatus { name, open, keyed, view, members });
+    let conn = (any::<u64>(), prop::option::of(member()), ".{0,40}", any::<(u64, u32, u64, u32)>()).prop_map(
+        |(id, name, peer, (age_ms, queued_frames, queued_bytes, groups))| ConnectionStatus {
+            id,
+            name,
+            peer,
+            age_ms,
+            queued_frames,
+            queued_bytes,
+            groups,
+        },
+    );
+    (
+        any::<(bool, u64, u16)>(),
+        ".{0,30}",
+        prop::option::of((view_id(), prop::collection::vec(any::<u16>(), 0..5))),
+        (named_numbers(), named_numbers()),
+        prop::collection::vec(group, 0..4),
+        prop::collection::vec(conn, 0..4),
+        prop::collection::vec(".{0,60}", 0..4),
+    )
+        .prop_map(
+            |(
+                (truncated, uptime_ms, daemon),
+                backbone,
+                configuration,
+                (limits, counters),
+                groups,
+                connections,
+                policy,
+            )| {
+                Status {
+                    truncated,
+                    uptime_ms,
+                    daemon,
+                    backbone,
+                    configuration,
+                    limits,
+                    counters,
+                    groups,
+                    connections,
+                    policy,
+                }
+            },
+        )
+}
+
+fn status_reply() -> impl Strategy<Value = StatusReply> {
+    prop_oneof![
+        status().prop_map(StatusReply::Report),
+        (code(), ".{0,80}").prop_map(|(code, text)| StatusReply::Error { code, text }),
     ]
 }
 
@@ -105,6 +167,32 @@ proptest! {
     }
 
     #[test]
+    fn status_replies_round_trip(r in status_reply()) {
+        let mut buf = BytesMut::new();
+        encode_status_reply(&r, &mut buf);
+        prop_assert_eq!(decode_status_reply(only_frame(buf)).unwrap(), r);
+    }
+
+    /// A status report with one byte changed, or cut short anywhere: a value
+    /// or an error, never a panic; what decodes re-encodes to itself.
+    #[test]
+    fn mutated_status_reports_decode_to_a_value_or_an_error(s in status(), at in any::<usize>(), x in any::<u8>(), cut in any::<usize>()) {
+        let mut buf = BytesMut::new();
+        encode_status_reply(&StatusReply::Report(s), &mut buf);
+        let f = only_frame(buf);
+        let mut v = f.to_vec();
+        let i = at % v.len();
+        v[i] ^= x | 1;
+        for bytes in [v, f[..cut % f.len()].to_vec()] {
+            if let Ok(r) = decode_status_reply(Bytes::from(bytes.clone())) {
+                let mut out = BytesMut::new();
+                encode_status_reply(&r, &mut out);
+                prop_assert_eq!(&out[4..], &bytes[..], "canonical encoding");
+            }
+        }
+    }
+
+    #[test]
     fn arbitrary_bytes_decode_to_a_value_or_an_error(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
         let frame = Bytes::from(bytes);
         if let Ok(req) = decode_request(frame.clone()) {
@@ -115,6 +203,11 @@ proptest! {
         if let Ok(d) = decode_delivery(frame.clone()) {
             let mut buf = BytesMut::new();
             encode_delivery(&d, &mut buf);
+            prop_assert_eq!(&buf[4..], &frame[..], "canonical encoding");
+        }
+        if let Ok(r) = decode_status_reply(frame.clone()) {
+            let mut buf = BytesMut::new();
+            encode_status_reply(&r, &mut buf);
             prop_assert_eq!(&buf[4..], &frame[..], "canonical encoding");
         }
     }
@@ -224,4 +317,48 @@ fn long_error_texts_are_cut_at_a_character_boundary() {
     encode_delivery(&Delivery::Error { code: ErrorCode::Malformed, text }, &mut buf);
     let Ok(Delivery::Error { text, .. }) = decode_delivery(only_frame(buf)) else { panic!() };
     assert_eq!(text.len(), 65_534);
+}
+
+#[test]
+fn a_status_report_cannot_claim_more_than_its_frame_holds() {
+    // Empty report up to the group count, which claims 2^32 - 1 groups.
+    let mut v = vec![0x89, 0];
+    v.extend_from_slice(&[0; 8]); // uptime
+    v.extend_from_slice(&[0, 0]); // daemon
+    v.extend_from_slice(&[0, 0, 0, 0]); // backbone "", no configuration, no limits, no counters
+    v.extend_from_slice(&u32::MAX.to_be_bytes());
+    assert_eq!(decode_status_reply(Bytes::from(v)), Err(WireError::Truncated("group name")));
+    // A Status request carries the version, like Hello.
+    assert_eq!(decode_request(Bytes::from_static(&[0x07, 0, 2])), Ok(Request::Status));
+    assert_eq!(decode_request(Bytes::from_static(&[0x07, 0, 3])), Err(WireError::UnsupportedVersion(3)));
+    assert_eq!(decode_request(Bytes::from_static(&[0x07, 0, 2, 0])), Err(WireError::Trailing(1)));
+    // A reply that is neither a report nor an error is refused.
+    assert_eq!(decode_status_reply(Bytes::from_static(&[0x84, 1, b'g'])), Err(WireError::UnknownKind(0x84)));
+}
+
+#[test]
+fn long_status_texts_are_cut_at_a_character_boundary() {
+    let status = Status {
+        backbone: "é".repeat(200),
+        policy: vec!["ü".repeat(40_000)],
+        connections: vec![ConnectionStatus {
+            id: 1,
+            name: None,
+            peer: "ß".repeat(300),
+            age_ms: 0,
+            queued_frames: 0,
+            queued_bytes: 0,
+            groups: 0,
+        }],
+        ..Status::default()
+    };
+    let mut buf = BytesMut::new();
+    encode_status_reply(&StatusReply::Report(status), &mut buf);
+    let Ok(StatusReply::Report(s)) = decode_status_reply(only_frame(buf)) else { panic!() };
+    assert_eq!((s.backbone.len(), s.policy[0].len(), s.connections[0].peer.len()), (254, 65_534, 254));
+    assert_eq!(wire_code_name(), "AccessDenied");
+}
+
+fn wire_code_name() -> String {
+    conclave_gcs::wire::code_name(conclave_gcs::wire::ACCESS_DENIED)
 }

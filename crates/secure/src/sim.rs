@@ -98,6 +98,12 @@ struct Certificates {
     members: Vec<(String, zeroize::Zeroizing<String>)>,
 }
 
+/// The data-out limit of the simulated keyed daemons: small, so that a
+/// run's twenty-odd data messages (each some 150 bytes sealed and signed)
+/// renew the daemons' key, and re-key the group by an artificial view
+/// change, a few times amid the run's faults.
+const KEYED_DATA_LIMIT: u64 = 1024;
+
 /// Simulated daemons that key groups: each a `KeyedDaemon` with an identity
 /// from the seed, trusting the others'; a restarted daemon keeps its identity
 /// and draws its randomness from its new incarnation.
@@ -110,7 +116,8 @@ fn keyed_daemons(n: u16, net: NetConfig, rng: &mut ChaCha20Rng) -> DaemonSim {
     let make = move |id: DaemonId, incarnation: u64| -> Box<dyn Machine> {
         let identities = DaemonIdentities::new(signers[usize::from(id.0)].clone(), keys.clone());
         let rng = Box::new(ChaCha20Rng::seed_from_u64(incarnation ^ salt));
-        Box::new(KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng))
+        let daemon = KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng);
+        Box::new(daemon.with_data_limit(KEYED_DATA_LIMIT))
     };
     DaemonSim::with_machines(n, net, rng.next_u64(), Box::new(make)).expect("a valid network")
 }
