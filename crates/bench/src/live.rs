@@ -179,15 +179,9 @@ impl Target {
                 }
                 c.partition_and_merge(&mut all, n).await
             };
-            let interrupted = async {
-                match &mut stop {
-                    Some(s) => drop(s.wait_for(|&s| s).await),
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
                 r = timed => r,
-                _ = interrupted => bail!("interrupted"),
+                _ = interrupted(&mut stop) => bail!("interrupted"),
             }
         })
         .with_context(|| format!("{} groups of {n} under {policy}", groups))
