@@ -290,16 +290,16 @@ pub fn run(args: CountsArgs) -> Result<()> {
 }
 
 #[cfg(test)]
-mod readme_tests {
+mod count_table_tests {
     use super::*;
 
-    /// The README's "Measured against Tables I and II" table, as (protocol,
+    /// The "Measured against Tables I and II" table of docs/benchmarks.md, as (protocol,
     /// events, cells of rounds, unicast / broadcast, serial exps, sigs, verifs).
-    fn readme_rows() -> Vec<(ProtocolId, Vec<Event>, Vec<String>)> {
-        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-        let start = readme.find("### Measured against Tables I and II").expect("the README's count section");
+    fn documented_rows() -> Vec<(ProtocolId, Vec<Event>, Vec<String>)> {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/benchmarks.md")).unwrap();
+        let start = doc.find("### Measured against Tables I and II").expect("the count section of docs/benchmarks.md");
         let mut rows = Vec::new();
-        for line in readme[start..].lines().skip_while(|l| !l.starts_with("| protocol / event")).skip(2) {
+        for line in doc[start..].lines().skip_while(|l| !l.starts_with("| protocol / event")).skip(2) {
             if !line.starts_with('|') {
                 break;
             }
@@ -311,7 +311,7 @@ mod readme_tests {
                 "TGDH" => ProtocolId::Tgdh,
                 "STR" => ProtocolId::Str,
                 "BD" => ProtocolId::Bd,
-                other => panic!("unknown protocol {other:?} in the README's count table"),
+                other => panic!("unknown protocol {other:?} in the documented count table"),
             };
             let events = events
                 .split(", ")
@@ -321,23 +321,23 @@ mod readme_tests {
                     "merge" => Event::Merge,
                     "partition" => Event::Partition,
                     "controller leaves" => Event::ControllerLeave,
-                    other => panic!("unknown event {other:?} in the README's count table"),
+                    other => panic!("unknown event {other:?} in the documented count table"),
                 })
                 .collect();
             rows.push((protocol, events, cells[1..].to_vec()));
         }
-        assert!(rows.len() >= 15, "the README's count table: {} rows", rows.len());
+        assert!(rows.len() >= 15, "the documented count table: {} rows", rows.len());
         rows
     }
 
     #[test]
-    fn the_readmes_count_table_says_what_bench_counts_prints() {
-        // As the README's table was measured: ristretto255, Ed25519, n = 5 and 13, m = 3, p = 3.
+    fn the_documented_count_table_says_what_bench_counts_prints() {
+        // As the documented table was measured: ristretto255, Ed25519, n = 5 and 13, m = 3, p = 3.
         let (group, scheme) = (GroupId::Ristretto255, SignatureId::Ed25519);
         let mut rng = <rand_chacha::ChaCha20Rng as rand_core::SeedableRng>::seed_from_u64(1);
         let signature_len = conclave_gka::suite::generate_signer(scheme, &mut rng).unwrap().sign(b"").len();
         let mut checked = 0;
-        for (protocol, events, cells) in readme_rows() {
+        for (protocol, events, cells) in documented_rows() {
             for event in events {
                 for n in [5usize, 13] {
                     let (m, p) = match event {
@@ -361,14 +361,14 @@ mod readme_tests {
                         // "A =" or "A = (remark)": the entry equals the paper's.
                         let says_equal = cell.ends_with('=') || cell.contains("= (");
                         let says_differs = cell.contains("(paper ") || cell.starts_with("paper");
-                        // The README's own exception: "(2 when 2 members remain)".
+                        // The table's own exception: "(2 when 2 members remain)".
                         let remain = if event == Event::Partition { n - p } else { n };
                         if cell.contains("when 2 members remain") && remain == 2 {
                             continue;
                         }
                         for &(measured, paper) in pairs {
                             let Some(paper) = paper else { continue };
-                            let what = format!("{protocol} {event:?} n={n}: README {name} {cell:?}, measured {measured}, paper {paper}");
+                            let what = format!("{protocol} {event:?} n={n}: table {name} {cell:?}, measured {measured}, paper {paper}");
                             if says_equal {
                                 assert_eq!(measured, paper, "{what}");
                                 checked += 1;
@@ -381,6 +381,6 @@ mod readme_tests {
                 }
             }
         }
-        assert!(checked > 100, "only {checked} README cells checked");
+        assert!(checked > 100, "only {checked} documented cells checked");
     }
 }
