@@ -74,9 +74,9 @@
 //! # Cost model (virtual time)
 //! Group ristretto255, signatures Ed25519. Each input's crypto is charged to
 //! the member's machine's virtual CPU (one per daemon machine, shared by its
-//! members) at this machine's measured costs, from
-//! `/work/shared/notes/crypto-costs-measured.md` (2 vCPU Xeon, KVM,
-//! 2026-11-21, per-thread CPU time, median): an exponentiation 32.3 µs
+//! members) at this machine's measured costs, from the team's crypto cost
+//! measurements on the build machine (2 vCPU Xeon, KVM, 2026-11-21,
+//! per-thread CPU time, median): an exponentiation 32.3 µs
 //! (ristretto255 variable-base scalar multiplication, curve25519-dalek
 //! 4.1.3; the engines' fixed-base ones, 12.3 µs there, are charged the same
 //! since `Costs` does not tell them apart), a signature 18.6 µs and a

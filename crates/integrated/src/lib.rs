@@ -44,11 +44,12 @@
 //!   of the group authority in a cluster), and each admits to the agreement
 //!   only the daemons its trust accepts. A daemon the others do not admit
 //!   never holds their key.
-//! * **Data-out** ([`KeyedDaemon::with_data_limit`]): `K_s` is renewed after
-//!   a number of bytes, and every keyed group gets an artificial view change.
+//! * **Renewal by policy**: `K_s` is renewed after a number of bytes
+//!   ([`KeyedDaemon::with_data_limit`]) or a time
+//!   ([`KeyedDaemon::with_key_lifetime`]), and every keyed group gets an
+//!   artificial view change.
 //!
-//! Not here yet: renewing `K_s` by time-out, Three-Step client–server and
-//! Optimized EVS.
+//! Not here yet: Three-Step client–server and Optimized EVS.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;

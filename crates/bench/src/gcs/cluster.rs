@@ -44,7 +44,7 @@ impl Cluster {
         let exe = std::env::current_exe().context("cannot find this executable to run the cluster's daemons")?;
         let group = format!("conclave-bench-{}", std::process::id());
         let nodes = NetnsCluster::start(NODES, &exe, &group, FORM_LIMIT).context(
-            "cannot start the three-node cluster (needs root, iproute2 and corosync; see /work/shared/notes or the README)",
+            "cannot start the three-node cluster (needs root, iproute2 and corosync; see the README's cluster section)",
         )?;
         Ok(Cluster { nodes, exe, rounds: Default::default() })
     }

@@ -3,7 +3,7 @@
 //!
 //! The original paper's Cliques library did its group arithmetic with
 //! OpenSSL's `BN_*` routines, and OpenSSL is also the fastest bignum library
-//! measured on this machine (`../shared/notes/crypto-costs-measured.md`):
+//! measured on this machine (`conclave bench crypto`):
 //! `BN_mod_exp` takes 21.6 µs for a 512-bit modulus and 160-bit exponent,
 //! 57.7 µs at 1024/160 and 306 µs at 2048/256, against 25.8/77.9/421 µs for
 //! GMP and 41.8/121/542 µs for num-bigint. So this backend calls OpenSSL

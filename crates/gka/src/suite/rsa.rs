@@ -1,7 +1,7 @@
 //! RSA PKCS#1 v1.5 signatures with SHA-256 over OpenSSL, for reproducing the
 //! paper (which signed with RSA; its Cliques library used OpenSSL too).
 //!
-//! Measured on this machine (`../shared/notes/crypto-costs-measured.md`),
+//! Measured on this machine (`conclave bench crypto`),
 //! OpenSSL signs/verifies in 129/7.0 µs at 1024 bits with e = 3, 119/11.0 µs
 //! with e = 65537 and 405/11.9 µs at 2048 bits with e = 3. The pure-Rust `rsa`
 //! crate is 4–5× slower and carries RUSTSEC-2023-0071 (Marvin timing leak);
