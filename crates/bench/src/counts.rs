@@ -368,7 +368,9 @@ mod count_table_tests {
                         }
                         for &(measured, paper) in pairs {
                             let Some(paper) = paper else { continue };
-                            let what = format!("{protocol} {event:?} n={n}: table {name} {cell:?}, measured {measured}, paper {paper}");
+                            let what = format!(
+                                "{protocol} {event:?} n={n}: table {name} {cell:?}, measured {measured}, paper {paper}"
+                            );
                             if says_equal {
                                 assert_eq!(measured, paper, "{what}");
                                 checked += 1;
