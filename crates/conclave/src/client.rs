@@ -41,6 +41,9 @@ pub struct Endpoint {
     /// Name the daemon's certificate must carry [default: the HOST of --tls].
     #[arg(long, value_name = "NAME", requires = "tls")]
     server_name: Option<String>,
+    /// The passphrase of --key, if it is protected by one.
+    #[command(flatten)]
+    passphrase: crate::passphrase::PassphraseArgs,
 }
 
 /// The host part of HOST:PORT, without the brackets of an IPv6 address.
@@ -52,19 +55,49 @@ fn host_of(addr: &str) -> &str {
 impl Endpoint {
     /// The daemon's Unix socket at `path` (the default socket if `None`).
     pub fn unix(path: Option<PathBuf>) -> Endpoint {
-        Endpoint { unix: path, tcp: None, tls: None, ca: None, cert: None, key: None, server_name: None }
+        Endpoint {
+            unix: path,
+            tcp: None,
+            tls: None,
+            ca: None,
+            cert: None,
+            key: None,
+            server_name: None,
+            passphrase: Default::default(),
+        }
     }
 
     /// The daemon at TLS address `addr`, certified by the authority `ca`,
-    /// shown the client certificate and key `cert_key` if any.
+    /// shown the client certificate and key `cert_key` if any (the key
+    /// opened with `passphrase` if it is protected).
     pub fn tls(
         addr: String,
         ca: PathBuf,
         cert_key: Option<(PathBuf, PathBuf)>,
         server_name: Option<String>,
+        passphrase: crate::passphrase::PassphraseArgs,
     ) -> Endpoint {
         let (cert, key) = cert_key.unzip();
-        Endpoint { unix: None, tcp: None, tls: Some(addr), ca: Some(ca), cert, key, server_name }
+        Endpoint { unix: None, tcp: None, tls: Some(addr), ca: Some(ca), cert, key, server_name, passphrase }
+    }
+
+    /// The TLS options: trusts `ca`; shows --cert, its --key opened with
+    /// the passphrase if it is protected.
+    fn tls_options(&self, ca: &std::path::Path) -> Result<TlsClientOptions> {
+        let Some((cert, key)) = self.cert.as_deref().zip(self.key.as_deref()) else {
+            return TlsClientOptions::from_pem_files(ca, None).context("cannot set up TLS");
+        };
+        let pem = zeroize::Zeroizing::new(
+            std::fs::read_to_string(key).with_context(|| format!("cannot read the key {}", key.display()))?,
+        );
+        if !conclave_secure::trust::key_is_protected(&pem) {
+            return TlsClientOptions::from_pem_files(ca, Some((cert, key))).context("cannot set up TLS");
+        }
+        let plain = self.passphrase.open_key(&pem, key)?;
+        let identity = conclave_gcs_net::Identity::from_cert_file_and_key_pem(cert, plain.as_bytes(), key)
+            .context("cannot set up TLS")?;
+        let roots = conclave_gcs_net::tls::load_certs(ca).context("cannot set up TLS")?;
+        TlsClientOptions::new(&roots, Some(identity)).context("cannot set up TLS")
     }
 
     /// Connects as `name`, with an error that says where to.
@@ -72,8 +105,7 @@ impl Endpoint {
         let (what, r) = match (&self.tls, self.tcp) {
             (Some(addr), _) => {
                 let ca = self.ca.as_deref().context("--tls needs --ca PEM")?;
-                let identity = self.cert.as_deref().zip(self.key.as_deref());
-                let options = TlsClientOptions::from_pem_files(ca, identity).context("cannot set up TLS")?;
+                let options = self.tls_options(ca)?;
                 let server_name = self.server_name.as_deref().unwrap_or_else(|| host_of(addr));
                 (format!("tls {addr}"), Client::connect_tls(addr.as_str(), server_name, &options, name).await)
             }
@@ -106,8 +138,7 @@ impl Endpoint {
         let (what, r) = match (&self.tls, self.tcp) {
             (Some(addr), _) => {
                 let ca = self.ca.as_deref().context("--tls needs --ca PEM")?;
-                let identity = self.cert.as_deref().zip(self.key.as_deref());
-                let options = TlsClientOptions::from_pem_files(ca, identity).context("cannot set up TLS")?;
+                let options = self.tls_options(ca)?;
                 let server_name = self.server_name.as_deref().unwrap_or_else(|| host_of(addr));
                 (format!("tls {addr}"), status_tls(addr.as_str(), server_name, &options).await)
             }

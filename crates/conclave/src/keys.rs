@@ -10,6 +10,11 @@
 //! * `members/NAME.crt` and `members/NAME.key` (0600) — a member's
 //!   certificate (subject CN = NAME, clientAuth usage, issued by the
 //!   authority) and secret key.
+//! * Secret keys may be protected by a passphrase (`keys authority
+//!   --passphrase`, `keys issue --member-passphrase`): they are then
+//!   encrypted PKCS#8 (`ENCRYPTED PRIVATE KEY`; scrypt and AES-256-CBC), and
+//!   every command that uses one asks for the passphrase (see
+//!   [`crate::passphrase`]).
 //! * `daemon.crt` and `daemon.key` (0600) — a daemon's TLS server
 //!   certificate (serverAuth usage, its host names as subject alternative
 //!   names) and secret key, for `conclave daemon --tls-cert/--tls-key`.
@@ -37,6 +42,9 @@ use clap::{Args, Subcommand, ValueEnum};
 use conclave_secure::trust::{self, Authority, Identity, Issuer, Revocation};
 use conclave_secure::MemberId;
 use rand_core::{CryptoRngCore, RngCore};
+use zeroize::Zeroizing;
+
+use crate::passphrase::{NewPassphrase, PassphraseArgs};
 
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -53,6 +61,16 @@ pub enum KeysCommand {
         /// Validity of the authority certificate, in days.
         #[arg(long, default_value_t = 3650)]
         days: u64,
+        /// Protect the authority's secret key with a passphrase, asked twice on the terminal (no echo).
+        /// Every command that issues or revokes then asks for it (or takes --passphrase-file/-env).
+        #[arg(long, conflicts_with_all = ["passphrase_file", "passphrase_env"])]
+        passphrase: bool,
+        /// Protect the authority's secret key with the passphrase on the first line of PATH.
+        #[arg(long, value_name = "PATH", conflicts_with = "passphrase_env")]
+        passphrase_file: Option<PathBuf>,
+        /// Protect the authority's secret key with the passphrase in the environment variable VAR.
+        #[arg(long, value_name = "VAR")]
+        passphrase_env: Option<String>,
     },
     /// Issue a member identity: DIR/members/NAME.key and NAME.crt (refuses to overwrite).
     Issue {
@@ -66,6 +84,18 @@ pub enum KeysCommand {
         /// Replace NAME's certificate if it is revoked or expired (a valid one must be revoked first).
         #[arg(long)]
         replace: bool,
+        /// The authority key's passphrase, if it has one.
+        #[command(flatten)]
+        unlock: PassphraseArgs,
+        /// Protect the member's new secret key with a passphrase, asked twice on the terminal (no echo).
+        #[arg(long, conflicts_with_all = ["member_passphrase_file", "member_passphrase_env"])]
+        member_passphrase: bool,
+        /// Protect the member's new secret key with the passphrase on the first line of PATH.
+        #[arg(long, value_name = "PATH", conflicts_with = "member_passphrase_env")]
+        member_passphrase_file: Option<PathBuf>,
+        /// Protect the member's new secret key with the passphrase in the environment variable VAR.
+        #[arg(long, value_name = "VAR")]
+        member_passphrase_env: Option<String>,
     },
     /// Revoke a member's certificate: adds its serial to the CRL and re-signs it.
     Revoke {
@@ -76,6 +106,9 @@ pub enum KeysCommand {
         /// Why (recorded in the CRL and shown to the group).
         #[arg(long, value_enum, default_value = "unspecified")]
         reason: Reason,
+        /// The authority key's passphrase, if it has one.
+        #[command(flatten)]
+        unlock: PassphraseArgs,
     },
     /// Issue the daemon's TLS server certificate: DIR/daemon.crt and daemon.key
     /// (refuses to overwrite). Clients that trust the authority trust the daemon.
@@ -88,6 +121,10 @@ pub enum KeysCommand {
         /// Validity of the certificate, in days.
         #[arg(long, default_value_t = 365)]
         days: u64,
+        /// The authority key's passphrase, if it has one (the daemon's own key is written unprotected: a
+        /// daemon starts unattended).
+        #[command(flatten)]
+        unlock: PassphraseArgs,
     },
     /// List the issued members: serial, validity, revoked or not.
     List {
@@ -218,24 +255,53 @@ pub fn check_private_dir(dir: &Path, what: &str) -> Result<bool> {
 pub fn run(cmd: KeysCommand) -> Result<()> {
     let rng = &mut rand_core::OsRng;
     match cmd {
-        KeysCommand::Authority { dir, name, days } => {
+        KeysCommand::Authority { dir, name, days, passphrase, passphrase_file, passphrase_env } => {
             let kd = dir.open()?;
-            kd.create_authority(&name, days, rng)?;
-            println!("created the authority {name:?} in {}", kd.dir.display());
+            if kd.has_authority() || kd.can_issue() {
+                bail!("{} already holds an authority; remove it first to start over", kd.dir.display());
+            }
+            let new = NewPassphrase {
+                prompt: passphrase,
+                file: passphrase_file.as_deref(),
+                env: passphrase_env.as_deref(),
+                names: ["--passphrase", "--passphrase-file", "--passphrase-env"],
+            };
+            let protect = new.get("the authority's secret key")?;
+            kd.create_authority_protected(&name, days, protect.as_deref().map(|p| p.as_slice()), rng)?;
+            let how = if protect.is_some() { ", its secret key protected by a passphrase" } else { "" };
+            println!("created the authority {name:?} in {}{how}", kd.dir.display());
         }
-        KeysCommand::Issue { name, dir, days, replace } => {
+        KeysCommand::Issue {
+            name,
+            dir,
+            days,
+            replace,
+            unlock,
+            member_passphrase,
+            member_passphrase_file,
+            member_passphrase_env,
+        } => {
             let kd = dir.open()?;
-            let serial = kd.issue(&name, days, replace, rng)?;
-            println!("issued {name} (serial {serial}): {}", kd.member_cert(&name).display());
+            let new = NewPassphrase {
+                prompt: member_passphrase,
+                file: member_passphrase_file.as_deref(),
+                env: member_passphrase_env.as_deref(),
+                names: ["--member-passphrase", "--member-passphrase-file", "--member-passphrase-env"],
+            };
+            let protect = new.get(&format!("{name}'s secret key"))?;
+            let protect = protect.as_deref().map(|p| p.as_slice());
+            let serial = kd.issue_with(&name, days, replace, &unlock, protect, rng)?;
+            let how = if protect.is_some() { " (its secret key protected by a passphrase)" } else { "" };
+            println!("issued {name} (serial {serial}): {}{how}", kd.member_cert(&name).display());
         }
-        KeysCommand::Revoke { name, dir, reason } => {
+        KeysCommand::Revoke { name, dir, reason, unlock } => {
             let kd = dir.open()?;
-            let (serial, number) = kd.revoke(&name, reason)?;
+            let (serial, number) = kd.revoke_with(&name, reason, &unlock)?;
             println!("revoked {name} (serial {serial}); CRL number {number}: {}", kd.crl().display());
         }
-        KeysCommand::Daemon { hosts, dir, days } => {
+        KeysCommand::Daemon { hosts, dir, days, unlock } => {
             let kd = dir.open()?;
-            let serial = kd.issue_daemon(&hosts, days, rng)?;
+            let serial = kd.issue_daemon(&hosts, days, &unlock, rng)?;
             println!(
                 "issued the daemon certificate for {} (serial {serial}): {} and {}",
                 hosts.join(", "),
@@ -324,6 +390,18 @@ impl KeyDir {
 
     /// Creates the authority; refuses if one exists.
     pub fn create_authority(&self, name: &str, days: u64, rng: &mut dyn CryptoRngCore) -> Result<()> {
+        self.create_authority_protected(name, days, None, rng)
+    }
+
+    /// Creates the authority, its secret key protected by `passphrase` if
+    /// one is given; refuses if one exists.
+    pub fn create_authority_protected(
+        &self,
+        name: &str,
+        days: u64,
+        passphrase: Option<&[u8]>,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<()> {
         if self.has_authority() || self.can_issue() {
             bail!("{} already holds an authority; remove it first to start over", self.dir.display());
         }
@@ -332,13 +410,14 @@ impl KeyDir {
         // Back-date by an hour so clocks a little behind still accept it.
         let from = now - Duration::from_secs(3600);
         let (issuer, key_pem) = Issuer::create(name, from, now + validity(days)?, rng)?;
+        let key_pem = protect(key_pem, passphrase, rng)?;
         write_secret(&self.ca_key(), &key_pem)?;
         write_public(&self.ca_cert(), issuer.ca_pem())?;
         write_public(&self.crl(), &issuer.crl(1, &[], now, now + 365 * DAY)?)?;
         Ok(())
     }
 
-    fn issuer(&self) -> Result<Issuer> {
+    fn issuer(&self, unlock: &PassphraseArgs) -> Result<Issuer> {
         if !self.can_issue() {
             bail!(
                 "no authority key in {} (create one with `conclave keys authority --dir {}`)",
@@ -346,7 +425,8 @@ impl KeyDir {
                 self.dir.display()
             );
         }
-        let key = read_secret(&self.ca_key())?;
+        let key = Zeroizing::new(read_secret(&self.ca_key())?);
+        let key = unlock.open_key(&key, &self.ca_key())?;
         let cert = read(&self.ca_cert())?;
         Issuer::load(&cert, &key).with_context(|| format!("bad authority in {}", self.dir.display()))
     }
@@ -354,6 +434,21 @@ impl KeyDir {
     /// Issues `name`'s identity. Refuses to overwrite one, unless `replace`
     /// and the one there is revoked or expired. Returns the serial.
     pub fn issue(&self, name: &str, days: u64, replace: bool, rng: &mut dyn CryptoRngCore) -> Result<String> {
+        self.issue_with(name, days, replace, &PassphraseArgs::default(), None, rng)
+    }
+
+    /// As [`KeyDir::issue`], opening the authority's key with `unlock` if it
+    /// is protected, and protecting the member's new key with `protect_with`
+    /// if given.
+    pub fn issue_with(
+        &self,
+        name: &str,
+        days: u64,
+        replace: bool,
+        unlock: &PassphraseArgs,
+        protect_with: Option<&[u8]>,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<String> {
         let member = MemberId::new(name).with_context(|| format!("bad member name {name:?}"))?;
         if !file_safe(name) {
             bail!("member name {name:?} cannot name a key file");
@@ -374,10 +469,11 @@ impl KeyDir {
                 ),
             }
         }
-        let issuer = self.issuer()?;
+        let issuer = self.issuer(unlock)?;
         self.mkdirs()?;
         let now = SystemTime::now();
         let issued = issuer.issue(&member, now - Duration::from_secs(3600), now + validity, rng)?;
+        let key_pem = protect(issued.key_pem, protect_with, rng)?;
         if existing {
             for old in [self.member_cert(name), self.member_key(name)] {
                 match std::fs::remove_file(&old) {
@@ -388,19 +484,25 @@ impl KeyDir {
                 }
             }
         }
-        write_secret(&self.member_key(name), &issued.key_pem)?;
+        write_secret(&self.member_key(name), &key_pem)?;
         write_public(&self.member_cert(name), &issued.cert_pem)?;
         Ok(issued.serial)
     }
 
     /// Issues the daemon's TLS server certificate for `hosts`; refuses to
     /// overwrite one. Returns the serial.
-    pub fn issue_daemon(&self, hosts: &[String], days: u64, rng: &mut dyn CryptoRngCore) -> Result<String> {
+    pub fn issue_daemon(
+        &self,
+        hosts: &[String],
+        days: u64,
+        unlock: &PassphraseArgs,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<String> {
         if present(&self.daemon_cert()) || present(&self.daemon_key()) {
             bail!("{} already holds a daemon certificate; remove daemon.crt and daemon.key first", self.dir.display());
         }
         let validity = validity(days)?;
-        let issuer = self.issuer()?;
+        let issuer = self.issuer(unlock)?;
         self.mkdirs()?;
         let now = SystemTime::now();
         let issued = issuer
@@ -430,8 +532,14 @@ impl KeyDir {
     }
 
     /// Revokes `name`'s certificate. Returns its serial and the new CRL number.
+    #[cfg(test)]
     pub fn revoke(&self, name: &str, reason: Reason) -> Result<(String, u64)> {
-        let issuer = self.issuer()?;
+        self.revoke_with(name, reason, &PassphraseArgs::default())
+    }
+
+    /// As [`KeyDir::revoke`], opening the authority's key with `unlock` if it is protected.
+    pub fn revoke_with(&self, name: &str, reason: Reason, unlock: &PassphraseArgs) -> Result<(String, u64)> {
+        let issuer = self.issuer(unlock)?;
         let cert_path = self.member_cert(name);
         let info =
             trust::cert_info(&read(&cert_path)?).with_context(|| format!("bad certificate {}", cert_path.display()))?;
@@ -545,13 +653,20 @@ impl KeyDir {
         Authority::from_pem(&cert, crl.as_deref()).with_context(|| format!("bad authority in {}", self.dir.display()))
     }
 
-    /// `name`'s identity.
+    /// `name`'s identity (its key unprotected).
+    #[cfg(test)]
     pub fn identity(&self, name: &str) -> Result<Identity> {
+        self.identity_with(name, &PassphraseArgs::default())
+    }
+
+    /// `name`'s identity, its key opened with `unlock` if it is protected.
+    pub fn identity_with(&self, name: &str, unlock: &PassphraseArgs) -> Result<Identity> {
         if !file_safe(name) {
             bail!("member name {name:?} cannot name a key file");
         }
         let cert = read(&self.member_cert(name))?;
-        let key = read_secret(&self.member_key(name))?;
+        let key = Zeroizing::new(read_secret(&self.member_key(name))?);
+        let key = unlock.open_key(&key, &self.member_key(name))?;
         let id = Identity::from_pem(&cert, &key)
             .with_context(|| format!("bad identity {}", self.member_cert(name).display()))?;
         if id.name() != name {
@@ -602,6 +717,18 @@ pub fn create_chat_identity(kd: &KeyDir, name: &str, rng: &mut dyn CryptoRngCore
     let serial = kd.issue(name, 365, false, rng)?;
     created.push(format!("a certificate for {name} (serial {serial})"));
     Ok(Some(format!("created {} in {}", created.join(" and "), kd.dir.display())))
+}
+
+/// `key_pem` protected by `passphrase` if one is given, else as it is.
+fn protect(
+    key_pem: Zeroizing<String>,
+    passphrase: Option<&[u8]>,
+    rng: &mut dyn CryptoRngCore,
+) -> Result<Zeroizing<String>> {
+    match passphrase {
+        Some(p) => trust::protect_key(&key_pem, p, rng).context("cannot protect the secret key with the passphrase"),
+        None => Ok(key_pem),
+    }
 }
 
 /// A certificate's validity of `days` days; at least one.

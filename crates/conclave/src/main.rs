@@ -22,6 +22,7 @@ mod demo;
 #[cfg(feature = "bench")]
 mod flood;
 mod keys;
+mod passphrase;
 mod logging;
 mod sim;
 mod status;

@@ -1558,3 +1558,105 @@ fn the_systemd_unit_runs_a_command_this_version_takes() {
     assert!(value("ExecReload").contains("-HUP"), "reload is SIGHUP");
     assert!(value("LimitNOFILE").parse::<u64>().unwrap() >= 4096);
 }
+
+/// Secret keys protected by a passphrase: `keys authority --passphrase-file`
+/// writes an `ENCRYPTED PRIVATE KEY` that does not hold the plain key; `keys
+/// issue` then works only with the authority's passphrase (none, wrong:
+/// clear errors, nothing issued); `--member-passphrase-env` protects the
+/// member's key, which `chat` and `client` open only with its passphrase,
+/// and an unprotected key works as before.
+#[test]
+fn keys_protected_by_a_passphrase() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("keys");
+    let pass = t.path().join("authority.pass");
+    std::fs::write(&pass, "authority secret\n").unwrap();
+    let wrong = t.path().join("wrong.pass");
+    std::fs::write(&wrong, "not it\n").unwrap();
+    let keys = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = conclave();
+        c.arg("keys").args(args).arg("--dir").arg(&dir).envs(env.iter().copied());
+        run(&mut c)
+    };
+    let (status, out, err) =
+        keys(&["authority", "--passphrase-file", pass.to_str().unwrap()], &[]);
+    assert!(status.success() && out.contains("protected by a passphrase"), "{out}\n{err}");
+    let key = std::fs::read_to_string(dir.join("authority.key")).unwrap();
+    assert!(key.starts_with("-----BEGIN ENCRYPTED PRIVATE KEY-----\n"), "{key}");
+    assert!(!key.contains("BEGIN PRIVATE KEY"), "{key}");
+
+    // No passphrase (stdin is not a terminal): refused, and says how.
+    let (status, _, err) = keys(&["issue", "alice"], &[]);
+    assert!(!status.success(), "issued without the authority's passphrase");
+    assert!(
+        err.contains("authority.key is protected by a passphrase: give --passphrase-file or --passphrase-env, or run on a terminal"),
+        "{err}"
+    );
+    assert_eq!(err.matches("protected by a passphrase").count(), 1, "said once: {err}");
+    let (status, _, err) = keys(&["issue", "alice", "--passphrase-file", wrong.to_str().unwrap()], &[]);
+    assert!(!status.success() && err.contains("wrong passphrase for") && err.contains("authority.key"), "{err}");
+    assert!(!dir.join("members/alice.crt").exists(), "a certificate was issued without the right passphrase");
+    let (status, _, err) = keys(&["revoke", "alice"], &[]);
+    assert!(!status.success(), "{err}");
+
+    // The right passphrase (by file, by environment); alice's own key protected by another one.
+    let (status, out, err) = keys(
+        &["issue", "alice", "--passphrase-file", pass.to_str().unwrap(), "--member-passphrase-env", "ALICE_PASS"],
+        &[("ALICE_PASS", "alice's secret")],
+    );
+    assert!(status.success() && out.contains("issued alice"), "{out}\n{err}");
+    let alice_key = std::fs::read_to_string(dir.join("members/alice.key")).unwrap();
+    assert!(alice_key.starts_with("-----BEGIN ENCRYPTED PRIVATE KEY-----\n"), "{alice_key}");
+    let (status, _, err) =
+        keys(&["issue", "bob", "--passphrase-env", "CA_PASS"], &[("CA_PASS", "authority secret")]);
+    assert!(status.success(), "{err}");
+    assert!(std::fs::read_to_string(dir.join("members/bob.key")).unwrap().starts_with("-----BEGIN PRIVATE KEY-----"));
+    let (status, out, err) = keys(&["list"], &[]);
+    assert!(status.success() && out.contains("alice") && out.contains("bob"), "{out}\n{err}");
+
+    // chat and client open alice's key only with its passphrase. Port 1 has no daemon: getting as far
+    // as connecting shows the key was opened.
+    let chat = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut c = conclave();
+        c.args(["chat", "--name", "alice", "--group", "room", "--tls", "127.0.0.1:1", "--keys"])
+            .arg(&dir)
+            .args(extra)
+            .envs(env.iter().copied());
+        run(&mut c)
+    };
+    let alice_key_path = dir.join("members/alice.key");
+    let (status, _, err) = chat(&[], &[]);
+    let expected = format!(
+        "{} is protected by a passphrase: give --passphrase-file or --passphrase-env, or run on a terminal",
+        alice_key_path.display()
+    );
+    assert!(!status.success() && err.contains(&expected), "{err}");
+    let (status, _, err) = chat(&["--passphrase-env", "P"], &[("P", "authority secret")]);
+    assert!(!status.success() && err.contains("wrong passphrase for") && err.contains("alice.key"), "{err}");
+    let (status, _, err) = chat(&["--passphrase-env", "P"], &[("P", "alice's secret")]);
+    assert!(!status.success() && err.contains("cannot connect") && !err.contains("passphrase"), "{err}");
+
+    let client = |name: &str, extra: &[&str], env: &[(&str, &str)]| {
+        let mut c = conclave();
+        c.args(["client", "--name", name, "--tls", "127.0.0.1:1", "--ca"])
+            .arg(dir.join("authority.crt"))
+            .arg("--cert")
+            .arg(dir.join(format!("members/{name}.crt")))
+            .arg("--key")
+            .arg(dir.join(format!("members/{name}.key")))
+            .args(extra)
+            .envs(env.iter().copied());
+        run(&mut c)
+    };
+    let (status, _, err) = client("alice", &[], &[]);
+    assert!(!status.success() && err.contains(&expected), "{err}");
+    let (status, _, err) = client("alice", &["--passphrase-file", wrong.to_str().unwrap()], &[]);
+    assert!(!status.success() && err.contains("wrong passphrase for"), "{err}");
+    let (status, _, err) = client("alice", &["--passphrase-env", "P"], &[("P", "alice's secret")]);
+    assert!(!status.success() && err.contains("cannot connect") && !err.contains("passphrase"), "{err}");
+    // An unprotected key needs no passphrase, and ignores one given.
+    let (status, _, err) = client("bob", &[], &[]);
+    assert!(!status.success() && err.contains("cannot connect") && !err.contains("passphrase"), "{err}");
+    let (status, _, err) = client("bob", &["--passphrase-env", "P"], &[("P", "x")]);
+    assert!(!status.success() && err.contains("cannot connect"), "{err}");
+}

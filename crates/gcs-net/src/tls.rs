@@ -90,6 +90,18 @@ impl Identity {
     pub fn from_pem_files(cert: &Path, key: &Path) -> Result<Self, TlsError> {
         Ok(Self { cert_chain: load_certs(cert)?, key: load_key(key)? })
     }
+
+    /// Loads a certificate chain from a PEM file, with the private key given
+    /// as PEM text (`key_path` names it in errors): for a key the caller has
+    /// read itself, say after opening it with a passphrase.
+    pub fn from_cert_file_and_key_pem(cert: &Path, key_pem: &[u8], key_path: &Path) -> Result<Self, TlsError> {
+        let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|source| TlsError::Pem {
+            what: "a private key",
+            path: key_path.to_owned(),
+            source,
+        })?;
+        Ok(Self { cert_chain: load_certs(cert)?, key })
+    }
 }
 
 impl Clone for Identity {

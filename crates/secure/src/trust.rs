@@ -14,7 +14,9 @@
 //!   makes is drawn from the RNG passed in.
 //!
 //! Formats: PEM everywhere; certificates `CERTIFICATE`, secret keys PKCS#8
-//! `PRIVATE KEY`, CRLs `X509 CRL` with a CRL number that grows with every
+//! `PRIVATE KEY` (or, protected by a passphrase, encrypted PKCS#8
+//! `ENCRYPTED PRIVATE KEY`: PKCS#5 PBES2 with scrypt and AES-256-CBC, see
+//! [`protect_key`] and [`unprotect_key`]), CRLs `X509 CRL` with a CRL number that grows with every
 //! revocation. Member certificates have subject CN = member name and the
 //! clientAuth extended key usage, so a daemon can require them for TLS
 //! client authentication.
@@ -162,6 +164,12 @@ pub enum TrustError {
     /// The certificate has no usable common name.
     #[error("the certificate has no common name")]
     NoCommonName,
+    /// The secret key is protected by a passphrase and none was given.
+    #[error("the secret key is protected by a passphrase, and none was given")]
+    PassphraseNeeded,
+    /// The passphrase does not open the protected secret key.
+    #[error("wrong passphrase: it does not open the protected secret key")]
+    WrongPassphrase,
     /// rcgen refused to make a certificate or CRL.
     #[error("cannot make the certificate: {0}")]
     Make(#[from] rcgen::Error),
@@ -375,15 +383,29 @@ impl std::fmt::Debug for Identity {
 
 impl Identity {
     /// Loads a member certificate and its PKCS#8 Ed25519 secret key; checks
-    /// that they belong together.
+    /// that they belong together. A key protected by a passphrase is
+    /// refused ([`TrustError::PassphraseNeeded`]): see [`Identity::from_pem_protected`].
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Identity, TrustError> {
+        Self::from_pem_protected(cert_pem, key_pem, None)
+    }
+
+    /// As [`Identity::from_pem`], opening a secret key protected by a
+    /// passphrase with `passphrase` ([`unprotect_key`]); an unprotected key
+    /// loads whatever `passphrase` is.
+    pub fn from_pem_protected(
+        cert_pem: &str,
+        key_pem: &str,
+        passphrase: Option<&[u8]>,
+    ) -> Result<Identity, TrustError> {
         let cert_der = pem_block(cert_pem, "CERTIFICATE")?;
         if cert_der.len() > usize::from(u16::MAX) {
             // A certificate message carries its length in 16 bits.
             let detail = format!("{} bytes; at most {} can be presented", cert_der.len(), u16::MAX);
             return Err(TrustError::Malformed { what: "certificate", detail });
         }
-        let signing = ed25519_dalek::SigningKey::from_pkcs8_pem(key_pem).map_err(|e| TrustError::Key(e.to_string()))?;
+        let key_pem = unprotect_key(key_pem, passphrase)?;
+        let signing =
+            ed25519_dalek::SigningKey::from_pkcs8_pem(&key_pem).map_err(|e| TrustError::Key(e.to_string()))?;
         let signer = Ed25519Signer::from_seed(&Zeroizing::new(signing.to_bytes()));
         let (name, key) = {
             let c = parse_cert(&cert_der).map_err(|detail| TrustError::Malformed { what: "certificate", detail })?;
@@ -422,6 +444,57 @@ fn new_key(rng: &mut dyn CryptoRngCore) -> Result<(rcgen::KeyPair, Zeroizing<Str
         rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&PrivatePkcs8KeyDer::from(der.as_bytes()), &rcgen::PKCS_ED25519)?;
     let pem = Zeroizing::new(pair.serialize_pem());
     Ok((pair, pem))
+}
+
+/// PEM label of a secret key protected by a passphrase.
+pub const PROTECTED_KEY_LABEL: &str = "ENCRYPTED PRIVATE KEY";
+
+/// Whether `key_pem` is a secret key protected by a passphrase (an
+/// `ENCRYPTED PRIVATE KEY` PEM block).
+pub fn key_is_protected(key_pem: &str) -> bool {
+    key_pem.trim_start().starts_with("-----BEGIN ENCRYPTED PRIVATE KEY-----")
+}
+
+/// Protects the PKCS#8 secret key `key_pem` (`PRIVATE KEY`) with
+/// `passphrase`: encrypted PKCS#8 (PKCS#5 PBES2: scrypt with its recommended
+/// cost, log2 N = 17, r = 8, p = 1, and AES-256-CBC; salt and IV from `rng`),
+/// as an `ENCRYPTED PRIVATE KEY` PEM.
+pub fn protect_key(
+    key_pem: &str,
+    passphrase: &[u8],
+    rng: &mut dyn CryptoRngCore,
+) -> Result<Zeroizing<String>, TrustError> {
+    use pkcs8::der::pem::LineEnding;
+    if passphrase.is_empty() {
+        return Err(TrustError::Key("an empty passphrase protects nothing".into()));
+    }
+    let (label, doc) = pkcs8::SecretDocument::from_pem(key_pem).map_err(|e| TrustError::Key(e.to_string()))?;
+    if label != "PRIVATE KEY" {
+        return Err(TrustError::Pem("PRIVATE KEY"));
+    }
+    let info = pkcs8::PrivateKeyInfo::try_from(doc.as_bytes()).map_err(|e| TrustError::Key(e.to_string()))?;
+    let encrypted = info.encrypt(&mut *rng, passphrase).map_err(|e| TrustError::Key(e.to_string()))?;
+    encrypted.to_pem(PROTECTED_KEY_LABEL, LineEnding::LF).map_err(|e| TrustError::Key(e.to_string()))
+}
+
+/// The plain PKCS#8 `PRIVATE KEY` PEM of `key_pem`: returned as it is if
+/// it is not protected; opened with `passphrase` if it is
+/// ([`TrustError::PassphraseNeeded`] without one,
+/// [`TrustError::WrongPassphrase`] if it does not open it).
+pub fn unprotect_key(key_pem: &str, passphrase: Option<&[u8]>) -> Result<Zeroizing<String>, TrustError> {
+    use pkcs8::der::pem::LineEnding;
+    if !key_is_protected(key_pem) {
+        return Ok(Zeroizing::new(key_pem.to_owned()));
+    }
+    let passphrase = passphrase.ok_or(TrustError::PassphraseNeeded)?;
+    let (_, doc) = pkcs8::SecretDocument::from_pem(key_pem).map_err(|e| TrustError::Key(e.to_string()))?;
+    let info =
+        pkcs8::EncryptedPrivateKeyInfo::try_from(doc.as_bytes()).map_err(|e| TrustError::Key(e.to_string()))?;
+    // A wrong passphrase fails the CBC padding, or (rarely) leaves bytes that
+    // are not a PKCS#8 key: either way, it is the passphrase.
+    let plain = info.decrypt(passphrase).map_err(|_| TrustError::WrongPassphrase)?;
+    pkcs8::PrivateKeyInfo::try_from(plain.as_bytes()).map_err(|_| TrustError::WrongPassphrase)?;
+    plain.to_pem("PRIVATE KEY", LineEnding::LF).map_err(|e| TrustError::Key(e.to_string()))
 }
 
 /// A random positive 16-byte serial number.
@@ -485,10 +558,17 @@ impl Issuer {
         Ok((Issuer { ca, key, ca_pem }, key_pem))
     }
 
-    /// Loads an authority from its certificate and secret key.
+    /// Loads an authority from its certificate and (unprotected) secret key.
     pub fn load(ca_pem: &str, key_pem: &str) -> Result<Issuer, TrustError> {
+        Self::load_protected(ca_pem, key_pem, None)
+    }
+
+    /// Loads an authority from its certificate and secret key, opening a
+    /// key protected by a passphrase with `passphrase` ([`unprotect_key`]).
+    pub fn load_protected(ca_pem: &str, key_pem: &str, passphrase: Option<&[u8]>) -> Result<Issuer, TrustError> {
         Authority::from_pem(ca_pem, None)?;
-        let key = rcgen::KeyPair::from_pkcs8_pem_and_sign_algo(key_pem, &rcgen::PKCS_ED25519)
+        let key_pem = unprotect_key(key_pem, passphrase)?;
+        let key = rcgen::KeyPair::from_pkcs8_pem_and_sign_algo(&key_pem, &rcgen::PKCS_ED25519)
             .map_err(|e| TrustError::Key(e.to_string()))?;
         let stored = pem_block(ca_pem, "CERTIFICATE")?;
         let stored_key = parse_cert(&stored)

@@ -86,6 +86,10 @@ pub struct ChatArgs {
     /// issue the certificate (if it holds the authority's key). Without this chat creates nothing.
     #[arg(long)]
     create_identity: bool,
+    /// If --name's secret key (DIR/members/NAME.key) is protected by a passphrase: how to give it (else it is
+    /// asked on the terminal, before the chat screen starts).
+    #[command(flatten)]
+    passphrase: crate::passphrase::PassphraseArgs,
     /// Chat in the browser: serve the chat page on ADDR (IP:PORT) [default: 127.0.0.1 and a free port] and print
     /// its URL, which carries a per-run token. Anything but loopback is warned about.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:0", value_parser = parse_web_addr)]
@@ -117,7 +121,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let endpoint = match &args.tls {
         Some(addr) => {
             let cert_key = (kd.member_cert(&args.name), kd.member_key(&args.name));
-            Endpoint::tls(addr.clone(), kd.ca_cert(), Some(cert_key), args.server_name.clone())
+            Endpoint::tls(addr.clone(), kd.ca_cert(), Some(cert_key), args.server_name.clone(), args.passphrase.clone())
         }
         None => Endpoint::unix(args.unix.clone()),
     };
@@ -145,7 +149,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
         if args.tls.is_none() {
             create(&kd)?;
         }
-        let identity = kd.identity(&args.name)?;
+        let identity = kd.identity_with(&args.name, &args.passphrase)?;
         let authority = kd.authority()?;
         let mut session = Session::connect_certified(client, me, identity, Arc::new(authority));
         let mut chat = Chat::new(&args.name, &args.group, policy);
