@@ -125,7 +125,9 @@ const char *conclave_status_name(int32_t code);
 // authority from `keys_dir` (a key directory of `conclave keys`:
 // `authority.crt`, `authority.crl` if any, `members/NAME.crt`,
 // `members/NAME.key` readable by its owner only), connects to the daemon
-// at `endpoint` as `member_name` and starts the session.
+// at `endpoint` as `member_name` and starts the session. A secret key
+// protected by a passphrase is refused here with `CONCLAVE_ERR_IDENTITY`:
+// open it with `conclave_init_protected`.
 //
 // `endpoint` is a Unix socket path (or `unix:PATH`), `tcp:HOST:PORT` (or
 // a bare `IP:PORT`) for plain TCP, or `tls:HOST:PORT` for TLS, where the
@@ -147,6 +149,22 @@ conclave_status_t conclave_init(const char *endpoint,
                                 const char *member_name,
                                 const char *keys_dir,
                                 conclave_t **out);
+
+// As `conclave_init`, for a member whose secret key
+// (`members/NAME.key`) is protected by a passphrase (`conclave keys issue
+// NAME --member-passphrase`): SEAL_set_passwd's password. `passphrase` is
+// a NUL-terminated string, neither NULL nor empty; the library keeps no
+// copy of it (nor of the opened key's text) after the call, and a key
+// that is not protected loads whatever it is. A wrong passphrase fails
+// with `CONCLAVE_ERR_IDENTITY` and says so in `conclave_last_error`.
+//
+// # Safety
+// As `conclave_init`; `passphrase` must be NULL or a NUL-terminated string.
+conclave_status_t conclave_init_protected(const char *endpoint,
+                                          const char *member_name,
+                                          const char *keys_dir,
+                                          const char *passphrase,
+                                          conclave_t **out);
 
 // SEAL_join: joins `group` with `policy`, the key agreement policy if this
 // member creates the group: `gdh`, `ckd`, `tgdh`, `str` or `bd` (rekeyed

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use conclave_gcs_net::{Client, ClientError, TlsClientOptions};
-use conclave_secure::trust::{Authority, Identity};
+use conclave_gcs_net::{Client, ClientError, Identity as TlsIdentity, TlsClientOptions};
+use conclave_secure::trust::{unprotect_key, Authority, Identity, TrustError};
 use conclave_secure::{MemberId, Policy, SecureEvent, Session, SessionError};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
@@ -139,17 +139,46 @@ impl KeyFiles {
             .map_err(|e| fail(CONCLAVE_ERR_IDENTITY, format!("bad authority {}: {e}", self.ca_cert.display())))
     }
 
-    /// The member's identity (certificate and secret key), checked to be `name`'s.
-    pub(crate) fn identity(&self, name: &str) -> Result<Identity> {
-        let cert = read_key_file(&self.cert, false)?.ok_or_else(|| missing(&self.cert))?;
+    /// The member's secret key as plain PKCS#8 PEM, opened with
+    /// `passphrase` if `conclave keys issue --member-passphrase` protected it.
+    fn secret_key(&self, passphrase: Option<&[u8]>) -> Result<Zeroizing<String>> {
         let key = read_key_file(&self.key, true)?.ok_or_else(|| missing(&self.key))?;
+        unprotect_key(&key, passphrase).map_err(|e| {
+            let msg = match e {
+                TrustError::PassphraseNeeded => format!(
+                    "secret key {} is protected by a passphrase: open it with conclave_init_protected",
+                    self.key.display()
+                ),
+                TrustError::WrongPassphrase => {
+                    format!("the passphrase does not open secret key {}", self.key.display())
+                }
+                e => format!("bad secret key {}: {e}", self.key.display()),
+            };
+            fail(CONCLAVE_ERR_IDENTITY, msg)
+        })
+    }
+
+    /// The member's identity (certificate and secret key), checked to be
+    /// `name`'s, and its secret key's plain PEM (for a TLS connection).
+    pub(crate) fn identity(&self, name: &str, passphrase: Option<&[u8]>) -> Result<(Identity, Zeroizing<String>)> {
+        let cert = read_key_file(&self.cert, false)?.ok_or_else(|| missing(&self.cert))?;
+        let key = self.secret_key(passphrase)?;
         let id = Identity::from_pem(&cert, &key)
             .map_err(|e| fail(CONCLAVE_ERR_IDENTITY, format!("bad identity {}: {e}", self.cert.display())))?;
         if id.name() != name {
             let msg = format!("{} is issued to {:?}, not {name:?}", self.cert.display(), id.name());
             return Err(fail(CONCLAVE_ERR_IDENTITY, msg));
         }
-        Ok(id)
+        Ok((id, key))
+    }
+
+    /// TLS options that trust the authority for the daemon's certificate
+    /// and show the member's certificate with its (opened) `key_pem`.
+    fn tls_options(&self, key_pem: &str) -> Result<TlsClientOptions> {
+        let id = TlsIdentity::from_cert_file_and_key_pem(&self.cert, key_pem.as_bytes(), &self.key)
+            .map_err(|e| fail(CONCLAVE_ERR_IDENTITY, format!("cannot set up TLS: {e}")))?;
+        TlsClientOptions::with_identity(&self.ca_cert, id)
+            .map_err(|e| fail(CONCLAVE_ERR_IDENTITY, format!("cannot set up TLS: {e}")))
     }
 }
 
@@ -215,16 +244,18 @@ fn block_sigpipe() {
 }
 
 /// Connects as `name`, with an error that says where to.
-async fn connect(endpoint: &Endpoint, name: &str, keys: &KeyFiles) -> Result<Client> {
-    let (what, r) = match endpoint {
-        Endpoint::Unix(path) => (format!("unix socket {}", path.display()), Client::connect_unix(path, name).await),
-        Endpoint::Tcp(addr) => (format!("tcp {addr}"), Client::connect_tcp(addr.as_str(), name).await),
-        Endpoint::Tls(addr) => {
-            let options = TlsClientOptions::from_pem_files(&keys.ca_cert, Some((&keys.cert, &keys.key)))
-                .map_err(|e| fail(CONCLAVE_ERR_IDENTITY, format!("cannot set up TLS: {e}")))?;
+/// `tls` is set for a TLS endpoint.
+async fn connect(endpoint: &Endpoint, name: &str, tls: Option<TlsClientOptions>) -> Result<Client> {
+    let (what, r) = match (endpoint, tls) {
+        (Endpoint::Unix(path), _) => {
+            (format!("unix socket {}", path.display()), Client::connect_unix(path, name).await)
+        }
+        (Endpoint::Tcp(addr), _) => (format!("tcp {addr}"), Client::connect_tcp(addr.as_str(), name).await),
+        (Endpoint::Tls(addr), Some(options)) => {
             let r = Client::connect_tls(addr.as_str(), host_of(addr), &options, name).await;
             (format!("tls {addr}"), r)
         }
+        (Endpoint::Tls(_), None) => return Err(fail(CONCLAVE_ERR_INTERNAL, "TLS endpoint without TLS options")),
     };
     r.map_err(|e| {
         let msg = match e {
@@ -253,15 +284,21 @@ fn outside_runtime() -> Result<()> {
 }
 
 impl Handle {
-    /// Loads `name`'s identity and the authority from `keys_dir`, connects
-    /// to the daemon at `endpoint` and starts the session task.
-    pub(crate) fn open(endpoint: &str, name: &str, keys_dir: &str) -> Result<Handle> {
+    /// Loads `name`'s identity (its secret key opened with `passphrase` if
+    /// protected) and the authority from `keys_dir`, connects to the daemon
+    /// at `endpoint` and starts the session task.
+    pub(crate) fn open(endpoint: &str, name: &str, keys_dir: &str, passphrase: Option<&[u8]>) -> Result<Handle> {
         outside_runtime()?;
         let me = MemberId::new(name).map_err(|e| fail(CONCLAVE_ERR_INVALID, format!("bad member name: {e}")))?;
         let endpoint = Endpoint::parse(endpoint)?;
         let keys = KeyFiles::new(Path::new(keys_dir), name)?;
-        let identity = keys.identity(name)?;
+        let (identity, key_pem) = keys.identity(name, passphrase)?;
         let authority = Arc::new(keys.authority()?);
+        let tls = match endpoint {
+            Endpoint::Tls(_) => Some(keys.tls_options(&key_pem)?),
+            _ => None,
+        };
+        drop(key_pem);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("conclave-capi")
@@ -275,7 +312,7 @@ impl Handle {
         // happens on the runtime's threads, where SIGPIPE is blocked.
         let name = name.to_owned();
         let started = rt.spawn(async move {
-            let client = connect(&endpoint, &name, &keys).await?;
+            let client = connect(&endpoint, &name, tls).await?;
             let session = Session::connect_certified(client, me, identity, authority);
             tokio::spawn(drive(session, requests_rx, events_tx));
             Ok::<_, crate::status::Failure>(())

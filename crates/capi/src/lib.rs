@@ -18,7 +18,8 @@
 //!   and key of `conclave keys` (`KEYS/members/NAME.crt` and `.key`) and
 //!   trusts the authority of that directory (`KEYS/authority.crt`, its CRL
 //!   if any): what `conclave chat` does, so a C member and chat members
-//!   share a room.
+//!   share a room. A secret key protected by a passphrase opens with
+//!   [`conclave_init_protected`] (SEAL_set_passwd).
 //! * **Errors** are return codes ([`conclave_status_t`]: 0 success, 1
 //!   timeout, negative failures) plus [`conclave_last_error`], a message
 //!   kept per thread. No panic crosses the boundary: every exported
@@ -124,7 +125,9 @@ pub extern "C" fn conclave_status_name(code: i32) -> *const c_char {
 /// authority from `keys_dir` (a key directory of `conclave keys`:
 /// `authority.crt`, `authority.crl` if any, `members/NAME.crt`,
 /// `members/NAME.key` readable by its owner only), connects to the daemon
-/// at `endpoint` as `member_name` and starts the session.
+/// at `endpoint` as `member_name` and starts the session. A secret key
+/// protected by a passphrase is refused here with `CONCLAVE_ERR_IDENTITY`:
+/// open it with `conclave_init_protected`.
 ///
 /// `endpoint` is a Unix socket path (or `unix:PATH`), `tcp:HOST:PORT` (or
 /// a bare `IP:PORT`) for plain TCP, or `tls:HOST:PORT` for TLS, where the
@@ -149,28 +152,81 @@ pub unsafe extern "C" fn conclave_init(
     keys_dir: *const c_char,
     out: *mut *mut conclave_t,
 ) -> conclave_status_t {
+    // SAFETY: the caller's promises, passed on.
+    guard(|| unsafe { init(endpoint, member_name, keys_dir, None, out) })
+}
+
+/// As `conclave_init`, for a member whose secret key
+/// (`members/NAME.key`) is protected by a passphrase (`conclave keys issue
+/// NAME --member-passphrase`): SEAL_set_passwd's password. `passphrase` is
+/// a NUL-terminated string, neither NULL nor empty; the library keeps no
+/// copy of it (nor of the opened key's text) after the call, and a key
+/// that is not protected loads whatever it is. A wrong passphrase fails
+/// with `CONCLAVE_ERR_IDENTITY` and says so in `conclave_last_error`.
+///
+/// # Safety
+/// As `conclave_init`; `passphrase` must be NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn conclave_init_protected(
+    endpoint: *const c_char,
+    member_name: *const c_char,
+    keys_dir: *const c_char,
+    passphrase: *const c_char,
+    out: *mut *mut conclave_t,
+) -> conclave_status_t {
     guard(|| {
-        if out.is_null() {
-            return Err(fail(CONCLAVE_ERR_NULL, "out is NULL"));
+        if passphrase.is_null() {
+            if !out.is_null() {
+                // SAFETY: not NULL; the caller promises it is writable.
+                unsafe { *out = std::ptr::null_mut() };
+            }
+            return Err(fail(CONCLAVE_ERR_NULL, "passphrase is NULL (use conclave_init for an unprotected key)"));
         }
-        // SAFETY: not NULL; the caller promises it is writable.
-        unsafe { *out = std::ptr::null_mut() };
-        // SAFETY: the caller's promises about the strings.
-        let (endpoint, name) = unsafe { (arg_str(endpoint, "endpoint")?, arg_str(member_name, "member_name")?) };
-        if keys_dir.is_null() {
-            return Err(fail(
-                CONCLAVE_ERR_NULL,
-                "keys_dir is NULL: a key directory of `conclave keys` is needed (members trust each other \
-                 through its authority)",
-            ));
+        // SAFETY: not NULL; the caller promises a NUL-terminated string.
+        let pass = zeroize::Zeroizing::new(unsafe { std::ffi::CStr::from_ptr(passphrase) }.to_bytes().to_vec());
+        if pass.is_empty() {
+            if !out.is_null() {
+                // SAFETY: as above.
+                unsafe { *out = std::ptr::null_mut() };
+            }
+            return Err(fail(CONCLAVE_ERR_INVALID, "the passphrase is empty"));
         }
-        // SAFETY: as above.
-        let keys_dir = unsafe { arg_str(keys_dir, "keys_dir")? };
-        let handle = Handle::open(endpoint, name, keys_dir)?;
-        // SAFETY: as above.
-        unsafe { *out = Box::into_raw(Box::new(conclave_t(handle))) };
-        Ok(CONCLAVE_OK)
+        // SAFETY: the caller's promises, passed on.
+        unsafe { init(endpoint, member_name, keys_dir, Some(&pass), out) }
     })
+}
+
+/// The body of `conclave_init` and `conclave_init_protected`.
+///
+/// # Safety
+/// As `conclave_init`.
+unsafe fn init(
+    endpoint: *const c_char,
+    member_name: *const c_char,
+    keys_dir: *const c_char,
+    passphrase: Option<&[u8]>,
+    out: *mut *mut conclave_t,
+) -> status::Result<conclave_status_t> {
+    if out.is_null() {
+        return Err(fail(CONCLAVE_ERR_NULL, "out is NULL"));
+    }
+    // SAFETY: not NULL; the caller promises it is writable.
+    unsafe { *out = std::ptr::null_mut() };
+    // SAFETY: the caller's promises about the strings.
+    let (endpoint, name) = unsafe { (arg_str(endpoint, "endpoint")?, arg_str(member_name, "member_name")?) };
+    if keys_dir.is_null() {
+        return Err(fail(
+            CONCLAVE_ERR_NULL,
+            "keys_dir is NULL: a key directory of `conclave keys` is needed (members trust each other \
+             through its authority)",
+        ));
+    }
+    // SAFETY: as above.
+    let keys_dir = unsafe { arg_str(keys_dir, "keys_dir")? };
+    let handle = Handle::open(endpoint, name, keys_dir, passphrase)?;
+    // SAFETY: as above.
+    unsafe { *out = Box::into_raw(Box::new(conclave_t(handle))) };
+    Ok(CONCLAVE_OK)
 }
 
 /// The handle behind a pointer, or `CONCLAVE_ERR_NULL`.

@@ -306,3 +306,50 @@ fn calls_from_inside_a_tokio_runtime_are_refused() {
         assert_eq!(unsafe { conclave_destroy(h) }, CONCLAVE_OK);
     });
 }
+
+/// SEAL_set_passwd: a member key protected by a passphrase is refused by
+/// `conclave_init` (saying which call opens it), refused with a wrong or
+/// empty passphrase, and opens with the right one over TLS, where the key
+/// also signs the client certificate handshake.
+#[test]
+fn a_protected_member_key_opens_only_with_its_passphrase() {
+    use rand_core::SeedableRng;
+    let w = World::new_tls(&["alice", "bob"]);
+    let key = w.keys.join("members/bob.key");
+    let plain = std::fs::read_to_string(&key).unwrap();
+    let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(11);
+    let protected = conclave_secure::trust::protect_key(&plain, b"correct horse", &mut rng).unwrap();
+    std::fs::write(&key, protected.as_bytes()).unwrap();
+    let (endpoint, keys) = (c(&w.endpoint), c(w.keys.to_str().unwrap()));
+    let mut h = null_mut();
+    unsafe {
+        let rc = conclave_init(endpoint.as_ptr(), c("bob").as_ptr(), keys.as_ptr(), &mut h);
+        assert_eq!(rc, CONCLAVE_ERR_IDENTITY);
+        assert!(h.is_null());
+        assert!(last_error().contains("conclave_init_protected"), "{}", last_error());
+        for (pass, code, says) in
+            [(c("wrong"), CONCLAVE_ERR_IDENTITY, "passphrase does not open"), (c(""), CONCLAVE_ERR_INVALID, "empty")]
+        {
+            let rc =
+                conclave_init_protected(endpoint.as_ptr(), c("bob").as_ptr(), keys.as_ptr(), pass.as_ptr(), &mut h);
+            assert_eq!(rc, code, "{}", last_error());
+            assert!(h.is_null());
+            assert!(last_error().contains(says), "{}", last_error());
+        }
+        let rc = conclave_init_protected(endpoint.as_ptr(), c("bob").as_ptr(), keys.as_ptr(), null(), &mut h);
+        assert_eq!(rc, CONCLAVE_ERR_NULL);
+        let pass = c("correct horse");
+        let rc = conclave_init_protected(endpoint.as_ptr(), c("bob").as_ptr(), keys.as_ptr(), pass.as_ptr(), &mut h);
+        assert_eq!(rc, CONCLAVE_OK, "{}", last_error());
+        let bob = h;
+        let alice = w.member("alice");
+        let room = c("room");
+        assert_eq!(conclave_join(alice, room.as_ptr(), null()), CONCLAVE_OK);
+        until_view(alice, "room", &["alice"]);
+        assert_eq!(conclave_join(bob, room.as_ptr(), null()), CONCLAVE_OK);
+        until_view(bob, "room", &["alice", "bob"]);
+        until_view(alice, "room", &["alice", "bob"]);
+        assert_eq!(conclave_destroy(bob), CONCLAVE_OK);
+        assert_eq!(conclave_destroy(alice), CONCLAVE_OK);
+    }
+}

@@ -22,8 +22,8 @@ mod demo;
 #[cfg(feature = "bench")]
 mod flood;
 mod keys;
-mod passphrase;
 mod logging;
+mod passphrase;
 mod sim;
 mod status;
 

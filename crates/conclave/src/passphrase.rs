@@ -122,7 +122,8 @@ fn from_env(var: &str, flag: &str) -> Result<Zeroizing<Vec<u8>>> {
 /// Asks for a passphrase on the terminal (`/dev/tty`), echo off.
 fn prompt(text: &str) -> Result<Zeroizing<Vec<u8>>> {
     use rustix::termios::{tcgetattr, tcsetattr, LocalModes, OptionalActions};
-    let tty = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty").context("cannot open the terminal")?;
+    let tty =
+        std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty").context("cannot open the terminal")?;
     let saved = tcgetattr(&tty).context("cannot set up the terminal")?;
     let mut quiet = saved.clone();
     quiet.local_modes.remove(LocalModes::ECHO);

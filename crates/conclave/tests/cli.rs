@@ -1578,8 +1578,7 @@ fn keys_protected_by_a_passphrase() {
         c.arg("keys").args(args).arg("--dir").arg(&dir).envs(env.iter().copied());
         run(&mut c)
     };
-    let (status, out, err) =
-        keys(&["authority", "--passphrase-file", pass.to_str().unwrap()], &[]);
+    let (status, out, err) = keys(&["authority", "--passphrase-file", pass.to_str().unwrap()], &[]);
     assert!(status.success() && out.contains("protected by a passphrase"), "{out}\n{err}");
     let key = std::fs::read_to_string(dir.join("authority.key")).unwrap();
     assert!(key.starts_with("-----BEGIN ENCRYPTED PRIVATE KEY-----\n"), "{key}");
@@ -1607,8 +1606,7 @@ fn keys_protected_by_a_passphrase() {
     assert!(status.success() && out.contains("issued alice"), "{out}\n{err}");
     let alice_key = std::fs::read_to_string(dir.join("members/alice.key")).unwrap();
     assert!(alice_key.starts_with("-----BEGIN ENCRYPTED PRIVATE KEY-----\n"), "{alice_key}");
-    let (status, _, err) =
-        keys(&["issue", "bob", "--passphrase-env", "CA_PASS"], &[("CA_PASS", "authority secret")]);
+    let (status, _, err) = keys(&["issue", "bob", "--passphrase-env", "CA_PASS"], &[("CA_PASS", "authority secret")]);
     assert!(status.success(), "{err}");
     assert!(std::fs::read_to_string(dir.join("members/bob.key")).unwrap().starts_with("-----BEGIN PRIVATE KEY-----"));
     let (status, out, err) = keys(&["list"], &[]);

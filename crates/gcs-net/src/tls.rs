@@ -345,6 +345,12 @@ impl TlsClientOptions {
         Self::new(&load_certs(ca)?, identity)
     }
 
+    /// Loads the trusted CA certificate(s) from a PEM file and shows
+    /// `identity` (for a key the caller opened itself, say with a passphrase).
+    pub fn with_identity(ca: &Path, identity: Identity) -> Result<Self, TlsError> {
+        Self::new(&load_certs(ca)?, Some(identity))
+    }
+
     /// Connects a TCP stream and runs the TLS handshake, checking the
     /// daemon's certificate against `server_name`.
     pub(crate) async fn connect(

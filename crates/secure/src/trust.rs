@@ -488,8 +488,7 @@ pub fn unprotect_key(key_pem: &str, passphrase: Option<&[u8]>) -> Result<Zeroizi
     }
     let passphrase = passphrase.ok_or(TrustError::PassphraseNeeded)?;
     let (_, doc) = pkcs8::SecretDocument::from_pem(key_pem).map_err(|e| TrustError::Key(e.to_string()))?;
-    let info =
-        pkcs8::EncryptedPrivateKeyInfo::try_from(doc.as_bytes()).map_err(|e| TrustError::Key(e.to_string()))?;
+    let info = pkcs8::EncryptedPrivateKeyInfo::try_from(doc.as_bytes()).map_err(|e| TrustError::Key(e.to_string()))?;
     // A wrong passphrase fails the CBC padding, or (rarely) leaves bytes that
     // are not a PKCS#8 key: either way, it is the passphrase.
     let plain = info.decrypt(passphrase).map_err(|_| TrustError::WrongPassphrase)?;

@@ -32,10 +32,7 @@ fn a_protected_authority_issues_only_with_its_passphrase() {
 
     assert!(matches!(Issuer::load(ca, &protected), Err(TrustError::PassphraseNeeded)));
     assert!(matches!(Issuer::load_protected(ca, &protected, None), Err(TrustError::PassphraseNeeded)));
-    assert!(matches!(
-        Issuer::load_protected(ca, &protected, Some(b"wrong horse")),
-        Err(TrustError::WrongPassphrase)
-    ));
+    assert!(matches!(Issuer::load_protected(ca, &protected, Some(b"wrong horse")), Err(TrustError::WrongPassphrase)));
     let loaded = Issuer::load_protected(ca, &protected, Some(b"correct horse")).unwrap();
     let alice = MemberId::new("alice").unwrap();
     let issued = loaded.issue(&alice, now - DAY, now + DAY, &mut rng).unwrap();
