@@ -143,44 +143,42 @@ pub fn run(args: IntegratedArgs) -> Result<()> {
         }
     }
 
-    if !args.json {
-        if !fig5.is_empty() {
-            writeln!(
-                out,
-                "\nFig. 5: one group, mean of {} runs. total: ms from the event until the last member shows its new \
-                 secure view; key: the longest any member took from its daemon's view to the key (the key \
-                 management's part)",
-                args.runs
-            )?;
-            let mut t = crate::table::new(
-                [
-                    "event",
-                    "n",
-                    "membership",
-                    "layered total",
-                    "integrated total",
-                    "ratio",
-                    "layered key",
-                    "integrated key",
-                    "ratio",
-                ],
-                1,
-            );
-            for p in &fig5 {
-                t.add_row(vec![
-                    format!("{:?}", p.event).to_lowercase(),
-                    p.n.to_string(),
-                    format!("{:.1}", p.membership),
-                    format!("{:.1}", p.total[0]),
-                    format!("{:.1}", p.total[1]),
-                    format!("{:.2}", p.total[0] / p.total[1]),
-                    format!("{:.1}", p.key[0]),
-                    format!("{:.1}", p.key[1]),
-                    format!("{:.2}", p.key[0] / p.key[1]),
-                ]);
-            }
-            writeln!(out, "{t}")?;
+    if !args.json && !fig5.is_empty() {
+        writeln!(
+            out,
+            "\nFig. 5: one group, mean of {} runs. total: ms from the event until the last member shows its new \
+             secure view; key: the longest any member took from its daemon's view to the key (the key \
+             management's part)",
+            args.runs
+        )?;
+        let mut t = crate::table::new(
+            [
+                "event",
+                "n",
+                "membership",
+                "layered total",
+                "integrated total",
+                "ratio",
+                "layered key",
+                "integrated key",
+                "ratio",
+            ],
+            1,
+        );
+        for p in &fig5 {
+            t.add_row(vec![
+                format!("{:?}", p.event).to_lowercase(),
+                p.n.to_string(),
+                format!("{:.1}", p.membership),
+                format!("{:.1}", p.total[0]),
+                format!("{:.1}", p.total[1]),
+                format!("{:.2}", p.total[0] / p.total[1]),
+                format!("{:.1}", p.key[0]),
+                format!("{:.1}", p.key[1]),
+                format!("{:.2}", p.key[0] / p.key[1]),
+            ]);
         }
+        writeln!(out, "{t}")?;
     }
 
     // Fig. 6.

@@ -502,6 +502,10 @@ fn spawn_plain(
 }
 
 /// Members of one group, each in its own task: secure sessions or plain clients.
+/// What a member showed last: the size of its view, what its members agree
+/// on (key fingerprint or view id), when, and (sessions) its key time.
+type Shown = (usize, String, Instant, Option<Duration>);
+
 struct Group<K: Kind> {
     kind: K,
     cmds: Vec<mpsc::UnboundedSender<K::Cmd>>,
@@ -509,7 +513,7 @@ struct Group<K: Kind> {
     /// Per member since the last [`Group::forget`]: the size of the last
     /// view it showed, what its members agree on (key fingerprint or view
     /// id), and when.
-    latest: BTreeMap<usize, (usize, String, Instant, Option<Duration>)>,
+    latest: BTreeMap<usize, Shown>,
     /// Members whose `Left` has arrived since their last command: only they
     /// may join again (a session refuses to join a group it is still leaving).
     gone: BTreeSet<usize>,
@@ -607,7 +611,7 @@ impl<K: Kind> Group<K> {
     async fn settled(&mut self, who: &[usize], size: usize) -> Result<(Instant, String)> {
         let deadline = Instant::now() + WAIT;
         loop {
-            let shown: Option<Vec<&(usize, String, Instant, Option<Duration>)>> =
+            let shown: Option<Vec<&Shown>> =
                 who.iter().map(|m| self.latest.get(m).filter(|(s, ..)| *s == size)).collect();
             if let Some(shown) = shown.filter(|s| !s.is_empty()) {
                 let agreed = &shown[0].1;

@@ -43,7 +43,8 @@ pub struct FloodArgs {
     #[arg(long, default_value_t = 1, value_name = "K")]
     senders: usize,
     /// Messages each sender may have in flight (sent, not yet delivered back to it)
-    /// [default: 2048 / K, so that no receiver's queue at the daemon overflows].
+    /// [default: 2048 / K, and at most 16 MiB in flight from all senders together, so that no receiver's queue at
+    /// the daemon overflows its byte budget (queue_bytes, 64 MiB by default)].
     #[arg(long, value_name = "N")]
     window: Option<usize>,
     /// Print each row as one JSON object per line (size, senders, messages, seconds, msg_per_s, mb_per_s, p50_ms,
@@ -102,11 +103,22 @@ pub fn run(args: FloodArgs) -> Result<()> {
     if args.senders == 0 || args.count == 0 {
         bail!("--senders and --count must be at least 1");
     }
-    let window = args.window.unwrap_or((2048 / args.senders).max(1)).max(1);
-    crate::block_on(flood(args, sizes, window))
+    crate::block_on(flood(args, sizes))
 }
 
-async fn flood(args: FloodArgs, sizes: Vec<usize>, window: usize) -> Result<()> {
+/// Most payload bytes all senders together keep in flight by default: a
+/// receiver's queue at the daemon holds what is in flight, and the daemon
+/// disconnects a client whose queue passes its byte budget (`queue_bytes`,
+/// 64 MiB by default), so a quarter of it leaves room for a slow reader.
+const IN_FLIGHT_BYTES: usize = 16 << 20;
+
+/// The window per sender for `size`-byte messages: `--window`, or the
+/// default (2048 messages from all senders, and at most [`IN_FLIGHT_BYTES`]).
+fn window_for(args: &FloodArgs, size: usize) -> usize {
+    args.window.unwrap_or_else(|| (2048 / args.senders).min(IN_FLIGHT_BYTES / (args.senders * size.max(1)))).max(1)
+}
+
+async fn flood(args: FloodArgs, sizes: Vec<usize>) -> Result<()> {
     let prefix = args.name.clone().unwrap_or_else(|| format!("flood-{}", std::process::id()));
     let names: Vec<String> = (1..=args.senders).map(|i| format!("{prefix}-{i}")).collect();
     let max_size = sizes.iter().copied().max().unwrap_or(0);
@@ -122,12 +134,21 @@ async fn flood(args: FloodArgs, sizes: Vec<usize>, window: usize) -> Result<()> 
     for c in &mut conns {
         wait_for_all(c.rx.as_mut().expect("receiver"), &args.group, &ours).await?;
     }
-    eprintln!("{} sender(s) in group {}, {} messages each, window {window}", args.senders, args.group, args.count);
+    let windows: Vec<String> = sizes.iter().map(|&size| window_for(&args, size).to_string()).collect();
+    eprintln!(
+        "{} sender(s) in group {}, {} messages each, window {} (messages in flight per sender{})",
+        args.senders,
+        args.group,
+        args.count,
+        windows.join(", "),
+        if sizes.len() > 1 { ", by size" } else { "" }
+    );
     if !args.json {
         header();
     }
     let epoch = Instant::now();
     for &size in &sizes {
+        let window = window_for(&args, size);
         let flood = Flood { group: &args.group, senders: args.senders, count: args.count, size, window };
         let row = tokio::time::timeout(ROUND_LIMIT, round(&mut conns, &ours, &flood, epoch))
             .await

@@ -65,7 +65,7 @@ enum Command {
     /// rekey times and decrypted traffic printed.
     Demo(demo::DemoArgs),
     /// Run the standalone group communication daemon until Ctrl-C or SIGTERM.
-    Daemon(daemon::DaemonArgs),
+    Daemon(Box<daemon::DaemonArgs>),
     /// Connect to a daemon and type commands (join, send, leave, ...) on stdin.
     Client(client::ClientArgs),
     /// Show a running daemon's groups, members, connections, queues, limits, uptime, daemon group and access
@@ -125,7 +125,7 @@ fn run(command: Command) -> Result<()> {
         #[cfg(feature = "bench")]
         Command::Gauge(args) => conclave_bench::run_gauge(args),
         Command::Demo(args) => demo::run(args),
-        Command::Daemon(args) => daemon::run(args),
+        Command::Daemon(args) => daemon::run(*args),
         Command::Client(args) => client::run(args),
         Command::Status(args) => status::run(args),
         Command::Chat(args) => chat::run(args),

@@ -1001,11 +1001,11 @@ async fn a_keyed_group_gets_a_new_key_each_key_lifetime() {
             Event::GroupKey { view, key, .. } => {
                 keys.insert(view, *key.expose_secret());
             }
-            Event::View { group, view } if group.as_str() == "k" && view.members.len() == 2 => {
-                if view.cause == conclave_gcs::Cause::Refresh {
-                    refreshes += 1;
-                    assert!(keys.contains_key(&view.id), "a refreshed view came without its key");
-                }
+            Event::View { group, view }
+                if group.as_str() == "k" && view.members.len() == 2 && view.cause == conclave_gcs::Cause::Refresh =>
+            {
+                refreshes += 1;
+                assert!(keys.contains_key(&view.id), "a refreshed view came without its key");
             }
             Event::View { group, .. } if group.as_str() == "plain" => plain += 1,
             _ => {}

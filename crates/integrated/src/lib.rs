@@ -287,7 +287,7 @@ impl KeyedDaemon {
     /// daemons of the configuration).
     pub fn keyed_daemons(&self) -> Option<Vec<DaemonId>> {
         match &self.key {
-            ServerKey::Agreed(sv) => Some(sv.members.iter().filter_map(|m| daemon_of_member(m)).collect()),
+            ServerKey::Agreed(sv) => Some(sv.members.iter().filter_map(daemon_of_member).collect()),
             _ => None,
         }
     }

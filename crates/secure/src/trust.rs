@@ -742,51 +742,6 @@ pub fn cert_info(cert_pem: &str) -> Result<CertInfo, TrustError> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn refusal_codec_round_trips_and_rejects_garbage() {
-        let all = [
-            Refusal::NoCertificate,
-            Refusal::Malformed("x".into()),
-            Refusal::UnknownIssuer,
-            Refusal::Expired,
-            Refusal::NotYetValid,
-            Refusal::Revoked { serial: "ab".into(), reason: Some("key compromise".into()) },
-            Refusal::Revoked { serial: "ab".into(), reason: None },
-            Refusal::NameMismatch { certified: "alice".into() },
-            Refusal::BadProof,
-            Refusal::Invalid("y".into()),
-        ];
-        for r in all {
-            let mut v = Vec::new();
-            r.encode(&mut v);
-            assert_eq!(Refusal::decode(&v), Some(r.clone()));
-            for cut in 0..v.len() {
-                let _ = Refusal::decode(&v[..cut]);
-            }
-            v.push(0);
-            assert_eq!(Refusal::decode(&v), None, "trailing byte accepted for {r:?}");
-        }
-        assert_eq!(Refusal::decode(&[]), None);
-        assert_eq!(Refusal::decode(&[77]), None);
-    }
-
-    #[test]
-    fn long_refusal_fields_are_cut_at_a_character_boundary() {
-        // 128 two-byte characters: 256 bytes, and the 255-byte limit falls
-        // inside the last one.
-        let certified = "é".repeat(128);
-        let mut v = Vec::new();
-        Refusal::NameMismatch { certified: certified.clone() }.encode(&mut v);
-        let Some(Refusal::NameMismatch { certified: got }) = Refusal::decode(&v) else { panic!("{v:?}") };
-        assert_eq!(got.len(), 254);
-        assert!(certified.starts_with(&got));
-    }
-}
-
 /// A cluster daemon's identity in the integrated architecture's key
 /// agreement among the daemons: its certificate of the group authority
 /// (member name `daemon-N`, as `conclave keys issue daemon-N` issues it) and
@@ -837,5 +792,50 @@ impl conclave_integrated::DaemonTrust for CertifiedDaemon {
             .verify(credential, &member, SystemTime::now())
             .map(|c| c.verifier)
             .map_err(|refusal| format!("{member}'s certificate: {refusal}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusal_codec_round_trips_and_rejects_garbage() {
+        let all = [
+            Refusal::NoCertificate,
+            Refusal::Malformed("x".into()),
+            Refusal::UnknownIssuer,
+            Refusal::Expired,
+            Refusal::NotYetValid,
+            Refusal::Revoked { serial: "ab".into(), reason: Some("key compromise".into()) },
+            Refusal::Revoked { serial: "ab".into(), reason: None },
+            Refusal::NameMismatch { certified: "alice".into() },
+            Refusal::BadProof,
+            Refusal::Invalid("y".into()),
+        ];
+        for r in all {
+            let mut v = Vec::new();
+            r.encode(&mut v);
+            assert_eq!(Refusal::decode(&v), Some(r.clone()));
+            for cut in 0..v.len() {
+                let _ = Refusal::decode(&v[..cut]);
+            }
+            v.push(0);
+            assert_eq!(Refusal::decode(&v), None, "trailing byte accepted for {r:?}");
+        }
+        assert_eq!(Refusal::decode(&[]), None);
+        assert_eq!(Refusal::decode(&[77]), None);
+    }
+
+    #[test]
+    fn long_refusal_fields_are_cut_at_a_character_boundary() {
+        // 128 two-byte characters: 256 bytes, and the 255-byte limit falls
+        // inside the last one.
+        let certified = "é".repeat(128);
+        let mut v = Vec::new();
+        Refusal::NameMismatch { certified: certified.clone() }.encode(&mut v);
+        let Some(Refusal::NameMismatch { certified: got }) = Refusal::decode(&v) else { panic!("{v:?}") };
+        assert_eq!(got.len(), 254);
+        assert!(certified.starts_with(&got));
     }
 }

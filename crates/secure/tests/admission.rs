@@ -198,14 +198,14 @@ fn intruders_are_refused(protocol: conclave_secure::ProtocolId) {
         Refusal::NameMismatch { certified: "alice".into() },
         Refusal::NoCertificate,
     ];
-    for h in 0..honest.len() {
+    for (h, name) in honest.iter().enumerate() {
         for (&i, why) in intruders.iter().zip(&expected) {
             let who = &net.members[i].name;
             let refused = net.members[h]
                 .log
                 .iter()
                 .any(|e| matches!(e, SecureEvent::Refused { member, reason, .. } if member == who && reason == why));
-            assert!(refused, "{protocol}: {} did not refuse {who} for {why}: {:?}", honest[h], net.members[h].log);
+            assert!(refused, "{protocol}: {name} did not refuse {who} for {why}: {:?}", net.members[h].log);
         }
     }
     for (&i, why) in intruders.iter().zip(&expected) {
@@ -225,12 +225,12 @@ fn intruders_are_refused(protocol: conclave_secure::ProtocolId) {
     net.members[2].session.send(now, GROUP, b"only for the certified").unwrap();
     net.drain(2);
     net.settle();
-    for h in 0..honest.len() {
+    for (h, name) in honest.iter().enumerate() {
         let got = net.members[h]
             .log
             .iter()
             .any(|e| matches!(e, SecureEvent::Message { data, .. } if &data[..] == b"only for the certified"));
-        assert!(got, "{protocol}: {} did not get the message", honest[h]);
+        assert!(got, "{protocol}: {name} did not get the message");
     }
     for &i in &intruders {
         let m = &net.members[i];

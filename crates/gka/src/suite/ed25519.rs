@@ -136,10 +136,12 @@ mod tests {
         let keys: Vec<_> = signers.iter().map(|s| s.verifier()).collect();
         let msgs: Vec<Vec<u8>> = (0..8u8).map(|i| vec![i; 1 + i as usize]).collect();
         let sigs: Vec<Vec<u8>> = signers.iter().zip(&msgs).map(|(s, m)| s.sign(m)).collect();
-        let items = |sigs: &[Vec<u8>], keys: &[Arc<dyn Verifier>]| -> Vec<(Arc<dyn Verifier>, Vec<u8>, Vec<u8>)> {
+        /// A verifier, a message and its signature.
+        type Item = (Arc<dyn Verifier>, Vec<u8>, Vec<u8>);
+        let items = |sigs: &[Vec<u8>], keys: &[Arc<dyn Verifier>]| -> Vec<Item> {
             (0..8).map(|i| (keys[i].clone(), msgs[i].clone(), sigs[i].clone())).collect()
         };
-        let check = |it: &[(Arc<dyn Verifier>, Vec<u8>, Vec<u8>)]| {
+        let check = |it: &[Item]| {
             let refs: Vec<(&dyn Verifier, &[u8], &[u8])> =
                 it.iter().map(|(k, m, s)| (k.as_ref(), m.as_slice(), s.as_slice())).collect();
             super::super::verify_batch(&refs)
