@@ -16,43 +16,11 @@ use conclave_gcs_net::{
     Client, ClientError, ClientReceiver, ClientSender, Daemon, DaemonConfig, ErrorCode, Event, Service,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream, UnixStream};
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{oneshot, watch, Semaphore};
 
-struct Setup {
-    daemon: Daemon,
-    _dir: tempfile::TempDir,
-}
-
-async fn start(tune: impl FnOnce(&mut DaemonConfig)) -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = DaemonConfig {
-        unix: Some(dir.path().join("conclave.sock")),
-        tcp: Some("127.0.0.1:0".parse().unwrap()),
-        ..DaemonConfig::default()
-    };
-    tune(&mut config);
-    Setup { daemon: Daemon::start(config).await.unwrap(), _dir: dir }
-}
-
-impl Setup {
-    async fn unix(&self, name: &str) -> Client {
-        Client::connect_unix(self.daemon.unix_path().unwrap(), name).await.unwrap()
-    }
-
-    async fn tcp(&self, name: &str) -> Client {
-        Client::connect_tcp(self.daemon.tcp_addr().unwrap(), name).await.unwrap()
-    }
-
-    async fn raw(&self) -> UnixStream {
-        UnixStream::connect(self.daemon.unix_path().unwrap()).await.unwrap()
-    }
-}
-
-/// Fails the test instead of hanging it.
-async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(20), f).await.unwrap_or_else(|_| panic!("timed out: {what}"))
-}
+mod common;
+use common::{start, within};
 
 /// Receives until a view of `group` with `n` members arrives.
 async fn until_view(c: &mut Client, group: &str, n: usize) -> View {

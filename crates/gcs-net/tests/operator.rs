@@ -9,46 +9,23 @@
 //! TLS are in tests/tls.rs.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::Duration;
 
 use conclave_gcs::wire::{self, Request, Status};
 use conclave_gcs::{GroupName, MemberId};
 use conclave_gcs_net::client::{status_tcp, status_unix};
 use conclave_gcs_net::{
-    AccessPolicy, Client, ClientError, Daemon, DaemonConfig, ErrorCode, Event, GroupRule, Service, UncertifiedNames,
-    Who,
+    AccessPolicy, Client, ClientError, ErrorCode, Event, GroupRule, Service, UncertifiedNames, Who,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-struct Setup {
-    daemon: Daemon,
-    _dir: tempfile::TempDir,
-}
-
-async fn start(tune: impl FnOnce(&mut DaemonConfig)) -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = DaemonConfig {
-        unix: Some(dir.path().join("conclave.sock")),
-        tcp: Some("127.0.0.1:0".parse().unwrap()),
-        ..DaemonConfig::default()
-    };
-    tune(&mut config);
-    Setup { daemon: Daemon::start(config).await.unwrap(), _dir: dir }
-}
+mod common;
+use common::{start, within, Setup};
 
 impl Setup {
-    async fn unix(&self, name: &str) -> Client {
-        within("connect", Client::connect_unix(self.daemon.unix_path().unwrap(), name)).await.unwrap()
-    }
-
     async fn status(&self) -> Status {
         within("status", status_unix(self.daemon.unix_path().unwrap())).await.unwrap()
     }
-}
-
-async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(20), f).await.unwrap_or_else(|_| panic!("timed out: {what}"))
 }
 
 /// Receives until a view of `group` with `n` members arrives; fails on an error.
