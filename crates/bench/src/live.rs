@@ -158,31 +158,22 @@ impl Target {
         n: usize,
         seed: u64,
     ) -> Result<Healed> {
-        let Some(c) = &self.cluster else {
+        if self.cluster.is_none() {
             bail!("a standalone daemon cannot partition: give --cluster N");
-        };
-        if self.stop.as_ref().is_some_and(|s| *s.borrow()) {
-            bail!("interrupted");
         }
-        let mut stop = self.stop.clone();
-        crate::block_on(async move {
-            let timed = async {
-                let sockets = c.sockets();
-                let mut all = Vec::with_capacity(groups);
-                for g in 0..groups {
-                    let tag = self.points.get();
-                    self.points.set(tag + 1);
-                    let mut group = Group::<Secure>::start(&sockets, policy, scheme, n, tag, seed ^ g as u64).await?;
-                    let members: Vec<usize> = (0..n).collect();
-                    form(&mut group, &members).await.with_context(|| format!("group {g}"))?;
-                    all.push(group);
-                }
-                c.partition_and_merge(&mut all, n).await
-            };
-            tokio::select! {
-                r = timed => r,
-                _ = interrupted(&mut stop) => bail!("interrupted"),
+        self.on_daemons(|daemons, _| async move {
+            let c = daemons.net.expect("a cluster");
+            let mut all = Vec::with_capacity(groups);
+            for g in 0..groups {
+                let tag = self.points.get();
+                self.points.set(tag + 1);
+                let mut group =
+                    Group::<Secure>::start(&daemons.sockets, policy, scheme, n, tag, seed ^ g as u64).await?;
+                let members: Vec<usize> = (0..n).collect();
+                form(&mut group, &members).await.with_context(|| format!("group {g}"))?;
+                all.push(group);
             }
+            c.partition_and_merge(&mut all, n).await
         })
         .with_context(|| format!("{} groups of {n} under {policy}", groups))
     }
@@ -191,33 +182,11 @@ impl Target {
         if n < 2 {
             bail!("group size {n} is too small: an event needs at least 2 members");
         }
-        let tag = self.points.get();
-        self.points.set(tag + 1);
-        let mut stop = self.stop.clone();
-        if stop.as_ref().is_some_and(|s| *s.borrow()) {
-            bail!("interrupted");
+        if self.cluster.is_none() && event.needs_a_network() {
+            bail!("a standalone daemon cannot partition: give --cluster N to time {event:?}");
         }
-        crate::block_on(async move {
-            let timed = async {
-                if let Some(c) = &self.cluster {
-                    let daemons = Daemons { sockets: c.sockets(), net: Some(c) };
-                    return line.point(&daemons, event, n, runs, tag, seed).await;
-                }
-                if event.needs_a_network() {
-                    bail!("a standalone daemon cannot partition: give --cluster N to time {event:?}");
-                }
-                let (_dir, socket, daemon) = embedded_daemon().await?;
-                let daemons = Daemons { sockets: vec![socket], net: None };
-                let r = line.point(&daemons, event, n, runs, tag, seed).await;
-                daemon.shutdown().await;
-                r
-            };
-            tokio::select! {
-                r = timed => r,
-                _ = interrupted(&mut stop) => bail!("interrupted"),
-            }
-        })
-        .with_context(|| format!("{line} {event:?} at n = {n}"))
+        self.on_daemons(|daemons, tag| async move { line.point(&daemons, event, n, runs, tag, seed).await })
+            .with_context(|| format!("{line} {event:?} at n = {n}"))
     }
 
     /// Runs `work` on this target's daemons, as [`Target::time`] runs a
@@ -226,6 +195,17 @@ impl Target {
     /// after) and a tag that names this run's groups and members afresh.
     /// With a cluster, SIGINT or SIGTERM ends it with an error.
     pub(crate) fn run<T, Fut>(&self, work: impl FnOnce(Vec<PathBuf>, usize) -> Fut) -> Result<T>
+    where
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        self.on_daemons(|daemons, tag| work(daemons.sockets, tag))
+    }
+
+    /// What every timing on this target shares: a fresh tag, a stop asked
+    /// for before it starts, the daemons (the cluster's nodes, or an embedded
+    /// daemon started for `work` and stopped after), and SIGINT or SIGTERM
+    /// ending `work` with an error.
+    fn on_daemons<'s, T, Fut>(&'s self, work: impl FnOnce(Daemons<'s>, usize) -> Fut) -> Result<T>
     where
         Fut: std::future::Future<Output = Result<T>>,
     {
@@ -238,10 +218,10 @@ impl Target {
         crate::block_on(async move {
             let done = async {
                 if let Some(c) = &self.cluster {
-                    return work(c.sockets(), tag).await;
+                    return work(Daemons { sockets: c.sockets(), net: Some(c) }, tag).await;
                 }
                 let (_dir, socket, daemon) = embedded_daemon().await?;
-                let r = work(vec![socket], tag).await;
+                let r = work(Daemons { sockets: vec![socket], net: None }, tag).await;
                 daemon.shutdown().await;
                 r
             };
