@@ -645,14 +645,12 @@ impl State {
         let mut ops = Vec::new();
         for o in outputs {
             match o {
-                Output::Send { to: None, bytes } => {
-                    ops.push(Op::Multicast {
-                        conn,
-                        group: self.group.clone(),
-                        service: Service::Agreed,
-                        payload: Bytes::from(bytes),
-                    })
-                }
+                Output::Send { to: None, bytes } => ops.push(Op::Multicast {
+                    conn,
+                    group: self.group.clone(),
+                    service: Service::Agreed,
+                    payload: Bytes::from(bytes),
+                }),
                 Output::Send { to: Some(to), bytes } => {
                     ops.push(Op::Unicast { conn, group: self.group.clone(), to, payload: Bytes::from(bytes) })
                 }
@@ -1240,6 +1238,11 @@ fn check_writable(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A sweep of runs for a chart: file stem, what is fixed, the (T_in, T_out) swept.
+type Sweep = (String, String, Vec<(f64, f64)>);
+/// A chart's metric: file key, label, value of a run.
+type Metric = (&'static str, &'static str, fn(&Summary) -> Option<f64>);
+
 /// Writes gauge.json, gauge.csv, rekeys.csv and the charts; returns the
 /// charts' names (each also as PNG).
 fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
@@ -1371,13 +1374,13 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
     // runs give at least two values of T.
     let mut t_outs: Vec<f64> = configs.iter().map(|c| c.1).collect();
     t_outs.dedup();
-    let mut sweeps: Vec<(String, String, Vec<(f64, f64)>)> = Vec::new();
+    let mut sweeps: Vec<Sweep> = Vec::new();
     for t_out in t_outs {
         let xs: Vec<(f64, f64)> = configs.iter().copied().filter(|c| c.1 == t_out).collect();
         sweeps.push((format!("fig9-tout{t_out}"), format!("T_out = {t_out} s"), xs));
     }
     sweeps.push(("fig10".into(), "T_in = T_out".into(), configs.iter().copied().filter(|c| c.0 == c.1).collect()));
-    let metrics: [(&str, &str, fn(&Summary) -> Option<f64>); 4] = [
+    let metrics: [Metric; 4] = [
         ("time", "rekeying time (ms)", |s| Some(s.rekey_time_s * 1e3)),
         ("exps", "exponentiations", |s| Some(s.exps)),
         ("blinded-keys", "broadcast blinded keys", |s| s.blinded_keys),
@@ -1460,10 +1463,7 @@ mod tests {
                 // during the interval, so (almost) never in the rekey's run.
                 let totals = (s.total_exps, s.total_blinded_keys, s.total_bkey_packets);
                 if p == Policy::Interval(IntervalAlgorithm::QueueBatch) {
-                    assert!(
-                        totals.0 > s.exps && totals.1 > s.blinded_keys && totals.2 > s.bkey_packets,
-                        "{s:?}"
-                    );
+                    assert!(totals.0 > s.exps && totals.1 > s.blinded_keys && totals.2 > s.bkey_packets, "{s:?}");
                     let in_run = s.subtree_in_run.expect("Queue-batch rekeys with joiners");
                     assert!(in_run * 2 < s.rekeys, "{in_run} of {} rekeys keyed T' in their run", s.rekeys);
                 } else {

@@ -768,11 +768,8 @@ fn accept_bkey<G: Group>(cx: &Ctx<'_, G>, ph: &mut Phase<G>, from: &MemberId, bo
     r.u8("BKEY phase")?;
     let s = *ph.leaf.get(from).ok_or_else(|| Misbehaved::NotSponsor { round }.by(from))?;
     let done = ph.delivered.get(&s).copied().unwrap_or(0);
-    let idx = *ph
-        .by_sponsor
-        .get(&s)
-        .and_then(|l| l.get(done))
-        .ok_or_else(|| Misbehaved::NotSponsor { round }.by(from))?;
+    let idx =
+        *ph.by_sponsor.get(&s).and_then(|l| l.get(done)).ok_or_else(|| Misbehaved::NotSponsor { round }.by(from))?;
     let nodes = ph.plan[idx].nodes.clone();
     let k = r.count(MAX_MEMBERS, cx.g.element_len(), "BKEY blinded keys")?;
     if k != nodes.len() {
@@ -1437,13 +1434,15 @@ mod tests {
                     let (st, st0, stv) = (e.stats(), before[i].1, at_view[i].1);
                     // The rekey: the main plan's counts, none of them Queue-subtree's.
                     let want = main.members[m];
-                    let got = (e.costs().exps - before[i].0, st.bks_sent - st0.bks_sent, st.packets_sent - st0.packets_sent);
+                    let got =
+                        (e.costs().exps - before[i].0, st.bks_sent - st0.bks_sent, st.packets_sent - st0.packets_sent);
                     assert_eq!(got, (want.exps, want.bks_sent, want.packets_sent), "{a:?} {m}: rekey");
                     assert_eq!(st.subtree_exps, st0.subtree_exps, "{a:?} {m}");
                     assert_eq!(st.subtree_packets_sent, st0.subtree_packets_sent, "{a:?} {m}");
                     // The interval: Queue-subtree's counts, all metered as such
                     // (a joiner's engine is new at the view: it starts from 0).
-                    let (exps0, stv) = if join.contains(&i) { (0, IntervalStats::default()) } else { (at_view[i].0, stv) };
+                    let (exps0, stv) =
+                        if join.contains(&i) { (0, IntervalStats::default()) } else { (at_view[i].0, stv) };
                     let w = sub.members.get(m).copied().unwrap_or_default();
                     let got = (before[i].0 - exps0, st0.bks_sent - stv.bks_sent, st0.packets_sent - stv.packets_sent);
                     assert_eq!(got, (w.exps, w.bks_sent, w.packets_sent), "{a:?} {m}: interval");
