@@ -572,10 +572,11 @@ impl<G: Group> Seal<G> {
             // T' of one: its member holds its leaf's key and blinded key
             // (drawn now, or kept); nobody sends anything.
             let mut t = r.tree;
-            if t.nodes[0].member.as_ref() == Some(cx.me) && (t.nodes[0].key.is_none() || t.nodes[0].bk.is_none()) {
+            let v = t.root;
+            if t.nodes[v].member.as_ref() == Some(cx.me) && (t.nodes[v].key.is_none() || t.nodes[v].bk.is_none()) {
                 let k = cx.random();
-                t.nodes[0].bk = Some(cx.exp_g(&k));
-                t.nodes[0].key = Some(k);
+                t.nodes[v].bk = Some(cx.exp_g(&k));
+                t.nodes[v].key = Some(k);
             }
             self.queue = Some(Queue { members: set, phase: None, done: Some(t) });
         } else {
@@ -1057,6 +1058,7 @@ impl<G: Group> IntervalTgdh<G> {
 
     /// A view from the group communication layer: followed, not rekeyed
     /// (abandons a rekey in progress; the new leader may restart one).
+    /// Under Queue-batch the leader announces the view's T' if anybody joins.
     pub fn on_view(&mut self, view: &View, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
         self.runner.on_view(view, rng)
     }
