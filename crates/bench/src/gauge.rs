@@ -43,6 +43,9 @@
 //! operation: the deltas of its `costs()` (exponentiations) and, for the
 //! interval engine, of its `stats()` (blinded keys and BKEY packets it
 //! broadcast, restarts it led), read around every input the engine is given.
+//! What an interval engine does outside an operation (Queue-batch: keying T'
+//! during the interval) is kept apart and charged to the member's next
+//! install, in the totals only (below).
 //!
 //! A *rekey* is one installed epoch: the members that install it are the
 //! members of that rekey. Per rekey:
@@ -56,6 +59,21 @@
 //!   (`IntervalCosts::table2`): ~7 blinded keys and ~6 packets per member in
 //!   groups of ~7 only fit as the counts each member sees. The baseline's
 //!   packets are its broadcasts; its blinded keys are not counted (`-`).
+//!
+//! These three are given twice. **On SEAL's terms** (`exps`,
+//! `blinded_keys`, `bkey_packets`): without Queue-subtree, which SEAL does
+//! not measure (§6), so Queue-batch's are Queue-merge's. The engine meters
+//! Queue-subtree apart (`IntervalStats::subtree_exps`, `subtree_bks_sent`,
+//! `subtree_packets_sent`: the exponentiations are read off the engine's own
+//! meter around T''s work, the blinded keys and packets are those of the
+//! BKEY phases 1 and 3), and the operation's Queue-subtree share is taken
+//! out. **With T'** (`total_*`, columns `(+T')`): everything, the
+//! operation's and what the member spent keying T' during the interval
+//! since its last install. For Rebuild and Batch both are the same.
+//! Queue-batch's engine keys T' during the interval, in each view with
+//! joiners (`protocols::seal`); if T' is not keyed when the rekey message
+//! comes (a tick right after a view, a restart), the rekey keys it in its
+//! run, and that rekey's time includes it: `T' in run` counts those rekeys.
 //!
 //! The run's figures are then the mean over rekeys of these per-rekey
 //! figures: SEAL's "averaged over the number of existing members in the
@@ -89,13 +107,11 @@
 //! messages it sends do wait).
 //!
 //! # How it differs from SEAL's Gauger
-//! * SEAL measures Queue-batch's Queue-merge only; the Queue-subtree phase
-//!   happens during the interval. The engine here runs Queue-subtree after
-//!   the rekey message, in the same run, so Queue-batch's rekeying time,
-//!   exponentiations, blinded keys and packets include T''s agreement. The
-//!   tables also give blinded keys and packets without it ("merge"), read
-//!   off the BKEY packets' phase byte (1: Queue-subtree); the exponentiations
-//!   cannot be split from outside the engine.
+//! * The engine keys T' during the interval as SEAL does, but announces and
+//!   re-keys it in each view that has joiners (on the last view's T': see
+//!   `protocols::seal`), where SEAL's members add each joiner to T' as it
+//!   comes. That is interval work, not measured on SEAL's terms; the
+//!   `(+T')` columns show it.
 //! * A view during a rekey that takes neither the leader nor an unsent
 //!   sponsor abandons the rekey until the next tick (SEAL carries on), so
 //!   its members' rekeying time includes that wait: the tables print the
@@ -118,7 +134,7 @@ use conclave_gcs::core::{ConnId, Delivery, Op, Service};
 use conclave_gcs::daemon_sim::{DaemonSim, Micros, NetConfig, Reaction};
 use conclave_gcs::{GroupName, MemberId, View, ViewId};
 use conclave_gka::message::Envelope;
-use conclave_gka::protocols::seal::{IntervalAlgorithm, IntervalStats, IntervalTgdh, ROUND_BKEY, ROUND_REKEY};
+use conclave_gka::protocols::seal::{IntervalAlgorithm, IntervalStats, IntervalTgdh, ROUND_REKEY};
 use conclave_gka::suite::ristretto::Ristretto255;
 use conclave_gka::suite::{generate_signer, Signer};
 use conclave_gka::{
@@ -331,18 +347,24 @@ pub(crate) struct RekeyRecord {
     pub members: usize,
     /// Mean rekeying time over its members, seconds.
     pub time_s: f64,
-    /// Mean exponentiations over its members.
+    /// Mean exponentiations over its members, on SEAL's terms: without
+    /// Queue-subtree's (Queue-batch: Queue-merge only).
     pub exps: f64,
-    /// Blinded keys broadcast (interval algorithms only).
+    /// Blinded keys broadcast, on SEAL's terms (interval algorithms only).
     pub blinded_keys: Option<u64>,
-    /// BKEY packets (baseline: broadcasts).
+    /// BKEY packets, on SEAL's terms (baseline: broadcasts).
     pub packets: u64,
     /// Restarts during it (`None`: not measured, the daemon engine's baseline).
     pub restarts: Option<u64>,
-    /// Of `blinded_keys` and `packets`, those of Queue-merge (all but
-    /// Queue-subtree's; `None`: not measured, the daemon engine).
-    pub merge_blinded_keys: Option<u64>,
-    pub merge_packets: Option<u64>,
+    /// With Queue-subtree: everything its members spent on it, T' keyed
+    /// during the interval (since each one's last install) included. The
+    /// same as the above but for Queue-batch.
+    pub total_exps: f64,
+    pub total_blinded_keys: Option<u64>,
+    pub total_packets: u64,
+    /// Queue-batch with joiners: whether T' was keyed in the rekey's run
+    /// (not complete when the rekey message came), else `None`.
+    pub subtree_in_run: Option<bool>,
 }
 
 /// One run's summary: the `--json` object.
@@ -359,9 +381,18 @@ pub(crate) struct Summary {
     /// `null`: not measured (the daemon engine's baseline).
     pub restarts: Option<u64>,
     pub rekey_time_s: f64,
+    /// Exponentiations, blinded keys and BKEY packets on SEAL's terms
+    /// (Queue-batch: Queue-merge only).
     pub exps: f64,
     pub blinded_keys: Option<f64>,
     pub bkey_packets: f64,
+    /// The same with Queue-subtree's (T' keyed during the interval or in
+    /// the rekey's run).
+    pub total_exps: f64,
+    pub total_blinded_keys: Option<f64>,
+    pub total_bkey_packets: f64,
+    /// Queue-batch: rekeys that keyed T' in their run (`null`: none to key).
+    pub subtree_in_run: Option<u64>,
 }
 
 /// A member in the group at the end: its name, its view's members, and
@@ -372,9 +403,6 @@ pub(crate) type EndState = (MemberId, Vec<MemberId>, Option<(String, Vec<MemberI
 pub(crate) struct RunResult {
     pub summary: Summary,
     pub rekeys: Vec<RekeyRecord>,
-    /// Queue-merge only (SEAL's measure of Queue-batch): blinded keys and
-    /// packets per rekey, averaged like the summary's (`None`: not measured).
-    pub merge_only: (Option<f64>, Option<f64>),
     /// Rekeys begun that installed nothing: rekey messages sent minus rekeys
     /// (restarted, or abandoned by a view until the next tick); the
     /// baseline's cascades (`None`: not measured).
@@ -442,9 +470,13 @@ struct Counts {
     bks: u64,
     packets: u64,
     restarts: u64,
-    /// Of `bks` and `packets`, those of Queue-subtree (read off the BKEY packets' phase byte).
+    /// Of `exps`, `bks` and `packets`, Queue-subtree's (the engine's
+    /// `IntervalStats::subtree_*`).
+    sub_exps: u64,
     sub_bks: u64,
     sub_packets: u64,
+    /// T' was keyed in a rekey's run.
+    in_run: bool,
 }
 
 impl Counts {
@@ -453,8 +485,10 @@ impl Counts {
         self.bks += o.bks;
         self.packets += o.packets;
         self.restarts += o.restarts;
+        self.sub_exps += o.sub_exps;
         self.sub_bks += o.sub_bks;
         self.sub_packets += o.sub_packets;
+        self.in_run |= o.in_run;
     }
 }
 
@@ -474,6 +508,9 @@ struct Member {
     view: Option<View>,
     rng: ChaCha20Rng,
     open: Option<Open>,
+    /// What it spent outside a rekeying operation since its last install
+    /// or join (Queue-batch: keying T' during the interval).
+    idle: Counts,
     /// In the group as the churn has it.
     inside: bool,
     /// When it next joins or leaves, µs.
@@ -485,7 +522,10 @@ struct Acc {
     start: Micros,
     members: usize,
     time_us: u64,
+    /// In the members' rekeying operations.
     counts: Counts,
+    /// Outside them, since their last install (T' during the interval).
+    idle: Counts,
 }
 
 /// Everything the deliveries touch.
@@ -535,6 +575,7 @@ impl State {
             m.engine = None;
             m.view = None;
             m.open = None;
+            m.idle = Counts::default();
             return Reaction::default();
         }
         let Some(engine) = m.engine.as_mut() else { return Reaction::default() };
@@ -578,13 +619,25 @@ impl State {
         let restarts = after_stats.restarts - before_stats.restarts;
         self.restarts += restarts;
         self.led += after_stats.rekeys_led - before_stats.rekeys_led;
-        if let Some(o) = m.open.as_mut().map(|o| &mut o.counts) {
+        // Charged to the open rekeying operation, else (interval
+        // algorithms) kept for the member's next install.
+        let o = match (m.open.as_mut(), policy) {
+            (Some(open), _) => Some(&mut open.counts),
+            (None, Policy::Interval(_) | Policy::OnLeave(_)) => Some(&mut m.idle),
+            (None, Policy::PerView) => None,
+        };
+        if let Some(o) = o {
             o.exps += after.exps - before.exps;
             o.restarts += restarts;
             match policy {
                 Policy::Interval(_) | Policy::OnLeave(_) => {
-                    o.bks += after_stats.bks_sent - before_stats.bks_sent;
-                    o.packets += after_stats.packets_sent - before_stats.packets_sent;
+                    let (a, b) = (after_stats, before_stats);
+                    o.bks += a.bks_sent - b.bks_sent;
+                    o.packets += a.packets_sent - b.packets_sent;
+                    o.sub_exps += a.subtree_exps - b.subtree_exps;
+                    o.sub_bks += a.subtree_bks_sent - b.subtree_bks_sent;
+                    o.sub_packets += a.subtree_packets_sent - b.subtree_packets_sent;
+                    o.in_run |= a.keyed_in_run > b.keyed_in_run;
                 }
                 Policy::PerView => o.packets += after.broadcasts - before.broadcasts,
             }
@@ -592,18 +645,12 @@ impl State {
         let mut ops = Vec::new();
         for o in outputs {
             match o {
-                Output::Send { to: None, bytes } => {
-                    if let (Some(o), Some(k)) = (m.open.as_mut().map(|o| &mut o.counts), subtree_keys(&bytes)) {
-                        o.sub_bks += k;
-                        o.sub_packets += 1;
-                    }
-                    ops.push(Op::Multicast {
-                        conn,
-                        group: self.group.clone(),
-                        service: Service::Agreed,
-                        payload: Bytes::from(bytes),
-                    })
-                }
+                Output::Send { to: None, bytes } => ops.push(Op::Multicast {
+                    conn,
+                    group: self.group.clone(),
+                    service: Service::Agreed,
+                    payload: Bytes::from(bytes),
+                }),
                 Output::Send { to: Some(to), bytes } => {
                     ops.push(Op::Unicast { conn, group: self.group.clone(), to, payload: Bytes::from(bytes) })
                 }
@@ -615,6 +662,7 @@ impl State {
                     acc.members += 1;
                     acc.time_us += (now + cpu).saturating_sub(open.start);
                     acc.counts.add(&open.counts);
+                    acc.idle.add(&std::mem::take(&mut m.idle));
                 }
             }
         }
@@ -651,16 +699,6 @@ impl State {
 /// Whether a delivered payload is an interval rekey message.
 fn is_rekey_message(payload: &[u8]) -> bool {
     Envelope::decode(payload).is_ok_and(|e| e.round == ROUND_REKEY)
-}
-
-/// The number of blinded keys of a Queue-subtree BKEY packet (the body's
-/// phase byte is 1, then a u16 count: `protocols::seal`), else `None`.
-fn subtree_keys(bytes: &[u8]) -> Option<u64> {
-    let e = Envelope::decode(bytes).ok()?;
-    match e.body.as_slice() {
-        [1, hi, lo, ..] if e.round == ROUND_BKEY => Some(u16::from_be_bytes([*hi, *lo]) as u64),
-        _ => None,
-    }
 }
 
 /// An exponential draw with mean `mean` seconds, plus `c`, in µs.
@@ -711,6 +749,7 @@ pub(crate) fn run_once(setup: &Setup, policy: Policy, progress: &mut dyn FnMut(M
                 view: None,
                 rng: ChaCha20Rng::seed_from_u64(0),
                 open: None,
+                idle: Counts::default(),
                 inside: false,
                 next,
             },
@@ -775,6 +814,7 @@ fn toggle(st: &mut State, sim: &mut DaemonSim, churn: &mut ChaCha20Rng, setup: &
         m.engine = Some(engine);
         m.view = None;
         m.open = None;
+        m.idle = Counts::default();
         m.rng = ChaCha20Rng::seed_from_u64(seed);
         sim.submit(Op::Join { conn, group: st.group.clone(), open: false, keyed: false });
     }
@@ -809,17 +849,21 @@ fn finish(st: State, setup: &Setup, policy: Policy) -> RunResult {
         .values()
         .map(|a| {
             let n = a.members.max(1) as f64;
-            let (start, members, time_us, a) = (a.start, a.members, a.time_us, a.counts);
+            let (start, members, time_us, idle, a) = (a.start, a.members, a.time_us, a.idle, a.counts);
+            let queued = policy.algorithm() == Some(IntervalAlgorithm::QueueBatch) && (a.sub_exps + idle.sub_exps) > 0;
+            let interval = policy != Policy::PerView;
             RekeyRecord {
                 at_s: start as f64 / SECOND,
                 members,
                 time_s: time_us as f64 / n / SECOND,
-                exps: a.exps as f64 / n,
-                blinded_keys: (policy != Policy::PerView).then_some(a.bks),
-                packets: a.packets,
+                exps: (a.exps - a.sub_exps) as f64 / n,
+                blinded_keys: interval.then_some(a.bks - a.sub_bks),
+                packets: a.packets - a.sub_packets,
                 restarts: Some(a.restarts),
-                merge_blinded_keys: (policy != Policy::PerView).then_some(a.bks - a.sub_bks),
-                merge_packets: Some(a.packets - a.sub_packets),
+                total_exps: (a.exps + idle.exps) as f64 / n,
+                total_blinded_keys: interval.then_some(a.bks + idle.bks),
+                total_packets: a.packets + idle.packets,
+                subtree_in_run: queued.then_some(a.in_run),
             }
         })
         .collect();
@@ -865,9 +909,7 @@ pub(crate) fn summarize(
     rekeys.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
     let k = rekeys.len().max(1) as f64;
     let mean = |f: &dyn Fn(&RekeyRecord) -> f64| rekeys.iter().map(f).sum::<f64>() / k;
-    let mean_of = |f: &dyn Fn(&RekeyRecord) -> Option<u64>| {
-        rekeys.iter().map(f).collect::<Option<Vec<u64>>>().map(|v| v.iter().sum::<u64>() as f64 / k)
-    };
+    let interval = policy != Policy::PerView;
     let summary = Summary {
         algorithm: policy.name().to_string(),
         members: setup.members,
@@ -880,14 +922,20 @@ pub(crate) fn summarize(
         restarts: counted.restarts,
         rekey_time_s: mean(&|r| r.time_s),
         exps: mean(&|r| r.exps),
-        blinded_keys: (policy != Policy::PerView).then(|| mean(&|r| r.blinded_keys.unwrap_or(0) as f64)),
+        blinded_keys: interval.then(|| mean(&|r| r.blinded_keys.unwrap_or(0) as f64)),
         bkey_packets: mean(&|r| r.packets as f64),
+        total_exps: mean(&|r| r.total_exps),
+        total_blinded_keys: interval.then(|| mean(&|r| r.total_blinded_keys.unwrap_or(0) as f64)),
+        total_bkey_packets: mean(&|r| r.total_packets as f64),
+        subtree_in_run: rekeys
+            .iter()
+            .any(|r| r.subtree_in_run.is_some())
+            .then(|| rekeys.iter().filter(|r| r.subtree_in_run == Some(true)).count() as u64),
     };
-    let merge_only = (mean_of(&|r| r.merge_blinded_keys), mean_of(&|r| r.merge_packets));
     let mut times: Vec<f64> = rekeys.iter().map(|r| r.time_s).collect();
     times.sort_by(f64::total_cmp);
     let median_time_s = times.get(times.len() / 2).copied().unwrap_or(0.0);
-    RunResult { summary, rekeys, merge_only, abandoned: counted.abandoned, median_time_s, views: counted.views, end }
+    RunResult { summary, rekeys, abandoned: counted.abandoned, median_time_s, views: counted.views, end }
 }
 
 /// SEAL Table 2, wired LAN (15 members, interval 15 s, c = 10 s, 2 h,
@@ -1093,14 +1141,16 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
             "restarts",
             "abandoned",
             "views",
+            "T' in run",
             "rekey time (ms)",
             "p50 (ms)",
             "exps",
-            "exps/min",
             "blinded keys",
             "BKEY packets",
-            "blinded keys (merge)",
-            "BKEY packets (merge)",
+            "exps (+T')",
+            "blinded keys (+T')",
+            "BKEY packets (+T')",
+            "exps/min",
         ],
         1,
     );
@@ -1112,53 +1162,60 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
             crate::table::or_dash(s.restarts.map(|v| v as f64), 0),
             crate::table::or_dash(r.abandoned.map(|v| v as f64), 0),
             crate::table::or_dash(r.views.map(|v| v as f64), 0),
+            crate::table::or_dash(s.subtree_in_run.map(|v| v as f64), 0),
             format!("{:.3}", s.rekey_time_s * 1e3),
             format!("{:.3}", r.median_time_s * 1e3),
             format!("{:.2}", s.exps),
-            format!("{:.1}", exps_per_minute(r)),
             crate::table::or_dash(s.blinded_keys, 2),
             format!("{:.2}", s.bkey_packets),
-            crate::table::or_dash(r.merge_only.0, 2),
-            crate::table::or_dash(r.merge_only.0.and(r.merge_only.1), 2),
+            format!("{:.2}", s.total_exps),
+            crate::table::or_dash(s.total_blinded_keys, 2),
+            format!("{:.2}", s.total_bkey_packets),
+            format!("{:.1}", exps_per_minute(r)),
         ]);
     }
     writeln!(out, "{t}")?;
     writeln!(
         out,
-        "(merge): without Queue-subtree's BKEY packets, which SEAL does not measure (Queue-batch only; the other \
-         algorithms have none). abandoned: rekeys begun that installed nothing (restarted, or abandoned by a view \
-         and begun again at the next tick, whose wait the rekeying time then includes: see p50); for the baseline, \
-         its cascades. exps/min: the exponentiations per minute of a member in every rekey (the sum over rekeys of \
-         their per-member mean, over the minutes of churn): the cost of rekeying more often (per view, or \
-         +leave: :rekey-on-leave) against batching, beside the per-rekey means."
+        "exps, blinded keys, BKEY packets: on SEAL's terms, without Queue-subtree (Queue-batch: Queue-merge only). \
+         (+T'): with Queue-subtree's, T' keyed during the interval (charged to the joiner's next install) or in the \
+         rekey's run; the same for the other algorithms. T' in run: Queue-batch rekeys whose T' was not keyed when \
+         the rekey message came, so it was keyed after it (and counted in the rekeying time). abandoned: rekeys \
+         begun that installed nothing (restarted, or abandoned by a view and begun again at the next tick, whose \
+         wait the rekeying time then includes: see p50); for the baseline, its cascades. exps/min: the \
+         exponentiations (+T') per minute of a member in every rekey (the sum over rekeys of their per-member \
+         mean, over the minutes of churn): the cost of rekeying more often (per view, or +leave: \
+         :rekey-on-leave) against batching, beside the per-rekey means."
     )?;
     if let Some(paper) = table2_row(setup).filter(|_| engine == GaugeEngine::Sim) {
         if let Some(r) = results.iter().find(|r| r.summary.algorithm == "queue-batch") {
             let s = &r.summary;
             writeln!(
                 out,
-                "\nBeside SEAL Table 2 (wired LAN, Queue-batch, T_in = T_out = {} s); our Queue-batch includes \
-                 Queue-subtree, SEAL's does not: the merge-only rows leave its packets out.\n",
+                "\nBeside SEAL Table 2 (wired LAN, Queue-batch, T_in = T_out = {} s), which measures Queue-merge \
+                 only; the (+T') rows add Queue-subtree's.\n",
                 setup.t_in
             )?;
             let mut t = crate::table::new(["metric", "ours", "SEAL (wired)", "ours / SEAL"], 1);
             let ours = [
                 s.rekey_time_s,
                 s.exps,
-                s.blinded_keys.unwrap_or(0.0),
+                s.blinded_keys.unwrap_or(f64::NAN),
                 s.bkey_packets,
-                r.merge_only.0.unwrap_or(f64::NAN),
-                r.merge_only.1.unwrap_or(f64::NAN),
+                s.total_exps,
+                s.total_blinded_keys.unwrap_or(f64::NAN),
+                s.total_bkey_packets,
             ];
             let names = [
                 "rekeying time (s)",
-                "exponentiations (with Queue-subtree)",
+                "exponentiations",
                 "broadcast blinded keys",
                 "BKEY packets",
-                "broadcast blinded keys (merge only)",
-                "BKEY packets (merge only)",
+                "exponentiations (+T')",
+                "broadcast blinded keys (+T')",
+                "BKEY packets (+T')",
             ];
-            let paper = [paper[0], paper[1], paper[2], paper[3], paper[2], paper[3]];
+            let paper = [paper[0], paper[1], paper[2], paper[3], paper[1], paper[2], paper[3]];
             for ((name, o), p) in names.iter().zip(ours).zip(paper) {
                 t.add_row(vec![name.to_string(), format!("{o:.4}"), format!("{p:.2}"), format!("{:.3}", o / p)]);
             }
@@ -1171,7 +1228,7 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
 /// The exponentiations per minute of churn of a member in every rekey: the
 /// sum over rekeys of their per-member mean, over the churn's minutes.
 fn exps_per_minute(r: &RunResult) -> f64 {
-    r.rekeys.iter().map(|k| k.exps).sum::<f64>() / (r.summary.duration_s / 60.0)
+    r.rekeys.iter().map(|k| k.total_exps).sum::<f64>() / (r.summary.duration_s / 60.0)
 }
 
 /// Fails early if `dir` cannot be written (before a long run).
@@ -1180,6 +1237,11 @@ fn check_writable(dir: &Path) -> Result<()> {
     tempfile::NamedTempFile::new_in(dir).with_context(|| format!("{} is not writable", dir.display()))?;
     Ok(())
 }
+
+/// A sweep of runs for a chart: file stem, what is fixed, the (T_in, T_out) swept.
+type Sweep = (String, String, Vec<(f64, f64)>);
+/// A chart's metric: file key, label, value of a run.
+type Metric = (&'static str, &'static str, fn(&Summary) -> Option<f64>);
 
 /// Writes gauge.json, gauge.csv, rekeys.csv and the charts; returns the
 /// charts' names (each also as PNG).
@@ -1202,6 +1264,10 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
         "exps",
         "blinded_keys",
         "bkey_packets",
+        "total_exps",
+        "total_blinded_keys",
+        "total_bkey_packets",
+        "subtree_in_run",
     ])?;
     for s in &summaries {
         w.write_record([
@@ -1218,6 +1284,10 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
             format!("{:.4}", s.exps),
             s.blinded_keys.map_or(String::new(), |v| format!("{v:.4}")),
             format!("{:.4}", s.bkey_packets),
+            format!("{:.4}", s.total_exps),
+            s.total_blinded_keys.map_or(String::new(), |v| format!("{v:.4}")),
+            format!("{:.4}", s.total_bkey_packets),
+            s.subtree_in_run.map_or(String::new(), |v| v.to_string()),
         ])?;
     }
     w.flush()?;
@@ -1234,8 +1304,10 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
         "blinded_keys",
         "bkey_packets",
         "restarts",
-        "merge_blinded_keys",
-        "merge_bkey_packets",
+        "total_exps",
+        "total_blinded_keys",
+        "total_bkey_packets",
+        "subtree_in_run",
     ])?;
     for r in results {
         for (i, k) in r.rekeys.iter().enumerate() {
@@ -1251,8 +1323,10 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
                 k.blinded_keys.map_or(String::new(), |v| v.to_string()),
                 k.packets.to_string(),
                 k.restarts.map_or(String::new(), |v| v.to_string()),
-                k.merge_blinded_keys.map_or(String::new(), |v| v.to_string()),
-                k.merge_packets.map_or(String::new(), |v| v.to_string()),
+                format!("{:.4}", k.total_exps),
+                k.total_blinded_keys.map_or(String::new(), |v| v.to_string()),
+                k.total_packets.to_string(),
+                k.subtree_in_run.map_or(String::new(), |v| u8::from(v).to_string()),
             ])?;
         }
     }
@@ -1300,13 +1374,13 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
     // runs give at least two values of T.
     let mut t_outs: Vec<f64> = configs.iter().map(|c| c.1).collect();
     t_outs.dedup();
-    let mut sweeps: Vec<(String, String, Vec<(f64, f64)>)> = Vec::new();
+    let mut sweeps: Vec<Sweep> = Vec::new();
     for t_out in t_outs {
         let xs: Vec<(f64, f64)> = configs.iter().copied().filter(|c| c.1 == t_out).collect();
         sweeps.push((format!("fig9-tout{t_out}"), format!("T_out = {t_out} s"), xs));
     }
     sweeps.push(("fig10".into(), "T_in = T_out".into(), configs.iter().copied().filter(|c| c.0 == c.1).collect()));
-    let metrics: [(&str, &str, fn(&Summary) -> Option<f64>); 4] = [
+    let metrics: [Metric; 4] = [
         ("time", "rekeying time (ms)", |s| Some(s.rekey_time_s * 1e3)),
         ("exps", "exponentiations", |s| Some(s.exps)),
         ("blinded-keys", "broadcast blinded keys", |s| s.blinded_keys),
@@ -1385,12 +1459,16 @@ mod tests {
             assert!(r.abandoned.unwrap() >= s.restarts.unwrap() && r.median_time_s > 0.0, "{p:?}");
             if p != Policy::PerView {
                 assert!(s.blinded_keys.is_some_and(|b| b > 0.0), "{p:?}: {s:?}");
-                // Only Queue-batch has Queue-subtree packets to leave out.
-                let (mb, mp) = (r.merge_only.0.unwrap(), r.merge_only.1.unwrap());
+                // Only Queue-batch has Queue-subtree work to leave out: T' keyed
+                // during the interval, so (almost) never in the rekey's run.
+                let totals = (s.total_exps, s.total_blinded_keys, s.total_bkey_packets);
                 if p == Policy::Interval(IntervalAlgorithm::QueueBatch) {
-                    assert!(mb < s.blinded_keys.unwrap() && mp < s.bkey_packets && mp > 0.0, "{r:?}", r = r.merge_only);
+                    assert!(totals.0 > s.exps && totals.1 > s.blinded_keys && totals.2 > s.bkey_packets, "{s:?}");
+                    let in_run = s.subtree_in_run.expect("Queue-batch rekeys with joiners");
+                    assert!(in_run * 2 < s.rekeys, "{in_run} of {} rekeys keyed T' in their run", s.rekeys);
                 } else {
-                    assert_eq!((Some(mb), mp), (s.blinded_keys, s.bkey_packets), "{p:?}");
+                    assert_eq!(totals, (s.exps, s.blinded_keys, s.bkey_packets), "{p:?}");
+                    assert_eq!(s.subtree_in_run, None);
                 }
                 // Intervals batch the views: fewer rekeys than views.
                 assert!(s.rekeys < r.views.unwrap(), "{p:?}: {} rekeys, {:?} views", s.rekeys, r.views);

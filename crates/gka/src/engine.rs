@@ -475,6 +475,11 @@ impl<G: Group> Ctx<'_, G> {
         self.st.costs.exps += 1;
         self.g.exp(b, s)
     }
+    /// Full-size exponentiations metered so far (for a protocol that
+    /// splits them by phase: SEAL's Queue-subtree).
+    pub fn exps(&self) -> u64 {
+        self.st.costs.exps
+    }
     /// b^e for small e (metered apart).
     pub fn exp_small(&mut self, b: &G::Element, e: u64) -> G::Element {
         self.st.costs.small_exps += 1;

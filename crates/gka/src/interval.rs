@@ -24,6 +24,11 @@
 //! * **Queue-batch**: during the interval the joiners are gathered, in
 //!   arrival order, into a subtree T' as TGDH joins them (Queue-subtree,
 //!   [`queue_subtree`]); its members agree its keys before the interval ends.
+//!   (The engine, `protocols::seal`, keys T' in each view that has joiners:
+//!   the view's joiners added to the last view's T', those gone from it
+//!   replaced or pruned, by [`Algorithm::Batch`] on that T'; or, if T' is
+//!   not keyed when the rekey starts, from nothing in the rekey's run, the
+//!   shape [`queue_subtree`] gives.)
 //!   At the interval's end (Queue-merge, [`queue_merge`]) T' replaces the
 //!   shallowest (then rightmost) leaver's leaf if anybody leaves, and is
 //!   otherwise inserted at TGDH's position for a tree of its height; the
@@ -86,7 +91,8 @@
 //! Table 2 of SEAL reports about 7 blinded keys and 6 packets per member per
 //! rekey in groups of about 7 members, which only fits as the counts each
 //! member sees. Queue-batch's costs are those of Queue-merge; the keys of T'
-//! are agreed during the interval (the paper measures the same). Checking
+//! are agreed during the interval (the paper measures the same; the engine
+//! meters T''s work apart, `IntervalStats::subtree_*`). Checking
 //! the received root blinded key (key confirmation) is not counted.
 
 // The engine (`protocols::seal`) uses part of this module; the rest (Table 2's

@@ -26,11 +26,13 @@
 //!   packets are its broadcasts.
 //!
 //! They are summed per epoch and averaged as the simulator averages them
-//! (`gauge::summarize`). Not measured here, and printed as `-`: the views
-//! the group went through (a session shows only secure views), the
-//! baseline's cascades, and Queue-batch's split into Queue-subtree and
-//! Queue-merge. The abandoned rekeys are rekey messages led minus rekeys,
-//! both as the installing members' meters count them.
+//! (`gauge::summarize`). Queue-batch's split into Queue-subtree and
+//! Queue-merge is the meter's (`IntervalStats::subtree_*`): the totals are
+//! the differences, SEAL's terms the differences less Queue-subtree's. Not
+//! measured here, and printed as `-`: the views the group went through (a
+//! session shows only secure views) and the baseline's cascades. The
+//! abandoned rekeys are rekey messages led minus rekeys, both as the
+//! installing members' meters count them.
 //!
 //! All members share this machine's CPUs, so a rekey's time is close to the
 //! sum of its members' cryptography divided by the cores, as in
@@ -96,6 +98,12 @@ struct Acc {
     bks: u64,
     packets: u64,
     restarts: u64,
+    /// Of `exps`, `bks` and `packets`, Queue-subtree's.
+    sub_exps: u64,
+    sub_bks: u64,
+    sub_packets: u64,
+    /// Some member's engine keyed T' in the rekey's run.
+    in_run: bool,
 }
 
 /// Runs one policy over the churn of `setup` on `target`'s daemons;
@@ -190,16 +198,19 @@ async fn drive(
         .into_values()
         .map(|a| {
             let n = a.members.max(1) as f64;
+            let queued = policy.algorithm() == Some(conclave_gka::IntervalAlgorithm::QueueBatch) && a.sub_exps > 0;
             RekeyRecord {
                 at_s: a.start_s,
                 members: a.members,
                 time_s: a.time_s / n,
-                exps: a.exps as f64 / n,
-                blinded_keys: interval_like.then_some(a.bks),
-                packets: a.packets,
+                exps: (a.exps - a.sub_exps) as f64 / n,
+                blinded_keys: interval_like.then_some(a.bks - a.sub_bks),
+                packets: a.packets - a.sub_packets,
                 restarts: interval_like.then_some(a.restarts),
-                merge_blinded_keys: None,
-                merge_packets: None,
+                total_exps: a.exps as f64 / n,
+                total_blinded_keys: interval_like.then_some(a.bks),
+                total_packets: a.packets,
+                subtree_in_run: queued.then_some(a.in_run),
             }
         })
         .collect();
@@ -268,6 +279,10 @@ fn on_report(
                     acc.bks += s1.bks_sent - s0.bks_sent;
                     acc.packets += s1.packets_sent - s0.packets_sent;
                     acc.restarts += s1.restarts - s0.restarts;
+                    acc.sub_exps += s1.subtree_exps - s0.subtree_exps;
+                    acc.sub_bks += s1.subtree_bks_sent - s0.subtree_bks_sent;
+                    acc.sub_packets += s1.subtree_packets_sent - s0.subtree_packets_sent;
+                    acc.in_run |= s1.keyed_in_run > s0.keyed_in_run;
                     *led += s1.rekeys_led - s0.rekeys_led;
                 }
                 None => acc.packets += c1.broadcasts - c0.broadcasts,

@@ -37,11 +37,48 @@
 //!    computes the group secret and installs the new key; a batch that
 //!    renews nothing installs at the rekey message.
 //!
-//! Queue-batch runs Queue-subtree first, in the same run: the joiners'
-//!    subtree T' is keyed by its own plan (all its internal nodes renewed,
-//!    its members the sponsors; a lone joiner draws its leaf key and blinded
-//!    key when the merge starts), then Queue-merge's plan.
+//! # Queue-subtree during the interval (Queue-batch)
+//! SEAL keys T' while the interval runs and merges it at the rekey (§2.2);
+//! so does this engine:
+//! 1. **Announcement** (round tag [`ROUND_QUEUE`]). In every view with
+//!    joiners, the leader broadcasts, at the view, the view's T': the
+//!    joiners (as its batch derives them) added to the T' keyed in the last
+//!    view by `Algorithm::Batch` (at TGDH's join position, as Queue-subtree
+//!    adds joiners), less that T''s members that no longer join or did not
+//!    come from the last view with the leader (joiners take their leaves,
+//!    or they are pruned). The last T' (its public part) is the
+//!    announcement's base; if none of its members stays, T' starts afresh.
+//!    Members that share the leader's tree check the joiners against their
+//!    own batch and the base against the T' they hold; a joiner checks that
+//!    it is named and, if it stays in T', that the base is the T' it holds.
+//! 2. **T''s BKEY packets** (phase byte 3), in the view's first run: the
+//!    plan of `Rekeyed` on T' (renewed nodes and sponsors as for a rekey),
+//!    broadcast to the whole view. At the last one T' is *keyed*: its
+//!    members hold its root key (H of its secret), everyone its blinded
+//!    keys. T' of one member: the member draws its leaf key and blinded key
+//!    at the announcement, and nothing is sent. A view that changes no
+//!    joiner keeps T' as it was (nothing renewed, nothing sent).
+//! 3. **The rekey message** says whether it merges the T' keyed in this
+//!    view (`SUB_READY`: the leader had it keyed when it sent the message,
+//!    so every member has when it is delivered, the view's messages being
+//!    delivered in one agreed order) or keys T' in the rekey's run
+//!    (`SUB_IN_RUN`: T' was not complete, e.g. the tick came right after
+//!    the view, or a restart). A member refuses a message that names a T'
+//!    it has not keyed with the batch's joiners. Merging, the rekey's plan
+//!    is Queue-merge's on the keyed T'. In the run, Queue-subtree's plan
+//!    comes first (phase byte 1: T' from nothing, all its internal nodes
+//!    renewed; a lone joiner draws its leaf key and blinded key when the
+//!    merge starts), then Queue-merge's; the interval's T' packets still on
+//!    their way are refused as of an earlier run.
 //!
+//! A view drops the T' of the last one unless it was keyed: then it is the
+//! base of the next announcement (a restarted rekey keys T' in its run). An
+//! install ends it (the joiners are in the tree). [`IntervalStats`] meters
+//! Queue-subtree apart: the exponentiations of phases 1 and 3 and of the
+//! announcement (`subtree_exps`, read off the engine's meter around them),
+//! their blinded keys and packets, and how each rekey found T'
+//! (`merged_ready`, `keyed_in_run`).
+
 //! # Cascades (SEAL §3.6)
 //! A view during a rekey abandons it: every member goes back to the tree of
 //! the last install, and the batch is derived again from the views. If the
@@ -63,8 +100,14 @@
 //!   compute the root (for the same reason); no key confirmation (§3.5) yet.
 //! * The leader is the view's first member, and a merge of partitions is a
 //!   batch in which the other side's members join the leader's tree.
-//! * Messages travel in the TGDH envelope (`ProtocolId::Tgdh`, round tags 3
-//!   and 4, which per-view TGDH does not use); a group runs one policy.
+//! * Messages travel in the TGDH envelope (`ProtocolId::Tgdh`, round tags 3,
+//!   4 and 5, which per-view TGDH does not use); a group runs one policy.
+//! * Queue-subtree is announced by the leader in each view with joiners and
+//!   keyed from the last view's T' (SEAL's members add each joiner to T' as
+//!   it comes, by TGDH); a member that leaves T' mid-interval has its leaf
+//!   taken or pruned as in a Batch rekey, so it never holds the T' merged.
+//!   The announcement (one signed broadcast per view with joiners) and T''s
+//!   packets are interval work, which SEAL does not measure either.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -86,8 +129,12 @@ use crate::ProtocolId;
 
 /// The leader's rekey message: algorithm, batch, tree for the joiners.
 pub const ROUND_REKEY: u8 = 3;
-/// A sponsor's BKEY packet: blinded keys of one packet of the plan.
+/// A sponsor's BKEY packet: blinded keys of one packet of the plan (the
+/// body's first byte is its phase: 1 Queue-subtree in the rekey's run, 2
+/// the rekey proper, 3 Queue-subtree during the interval).
 pub const ROUND_BKEY: u8 = 4;
+/// The leader's Queue-subtree announcement: T' of the view (Queue-batch).
+pub const ROUND_QUEUE: u8 = 5;
 
 /// Which of SEAL's algorithms a group uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -154,65 +201,157 @@ pub struct IntervalStats {
     /// Rekeys this member started again at once after a view abandoned one
     /// whose leader or unsent sponsor left.
     pub restarts: u64,
+    /// Of the engine's exponentiations ([`Costs::exps`]), those spent on
+    /// Queue-subtree: keying T', during the interval or in a rekey's run.
+    pub subtree_exps: u64,
+    /// Of `bks_sent`, Queue-subtree's (BKEY phases 1 and 3).
+    pub subtree_bks_sent: u64,
+    /// Of `packets_sent`, Queue-subtree's (BKEY phases 1 and 3).
+    pub subtree_packets_sent: u64,
+    /// Queue-subtree announcements this member sent as the leader.
+    pub queues_led: u64,
+    /// Rekey messages delivered that merged a T' keyed during the interval.
+    pub merged_ready: u64,
+    /// Rekey messages delivered (Queue-batch, with joiners) that keyed T'
+    /// in the rekey's run: T' was not complete in the view when the leader
+    /// sent it.
+    pub keyed_in_run: u64,
 }
 
 /// The rekey message's body.
 struct RekeyMsg<G: Group> {
     algorithm: u8,
+    /// [`SUB_IN_RUN`] or [`SUB_READY`].
+    subtree: u8,
     batch: Batch,
     tree: Option<Tree<G>>,
 }
+
+/// Rekey message: no T', or T' is keyed in the rekey's run.
+const SUB_IN_RUN: u8 = 0;
+/// Rekey message: merge the T' keyed in this view (Queue-batch).
+const SUB_READY: u8 = 1;
 
 impl<G: Group> RekeyMsg<G> {
     fn encode(&self, g: &G) -> Vec<u8> {
         let mut w = Writer::new();
         w.u8(self.algorithm);
+        w.u8(self.subtree);
         for list in [&self.batch.joins, &self.batch.leaves] {
-            w.count(list.len());
-            for m in list {
-                put_member(&mut w, m);
-            }
+            put_members(&mut w, list);
         }
-        match &self.tree {
-            None => {
-                w.u8(0);
-            }
-            Some(t) => {
-                w.u8(1);
-                t.encode(&mut w, g);
-            }
-        }
+        put_tree(&mut w, g, self.tree.as_ref());
         w.buf
     }
 
     fn decode(body: &[u8], g: &G) -> Result<Self, Error> {
         let mut r = Reader::new(body);
         let algorithm = r.u8("algorithm")?;
-        let mut lists = [Vec::new(), Vec::new()];
-        for list in &mut lists {
-            let n = r.count(MAX_MEMBERS, 2, "batch members")?;
-            for _ in 0..n {
-                list.push(get_member(&mut r)?);
-            }
+        let subtree = r.u8("subtree")?;
+        if subtree > SUB_READY {
+            return Err(DecodeError::Bad("subtree").into());
         }
-        let tree = match r.u8("tree flag")? {
-            0 => None,
-            1 => Some(Tree::decode(&mut r, g)?),
-            _ => return Err(DecodeError::Bad("tree flag").into()),
-        };
+        let joins = get_members(&mut r)?;
+        let leaves = get_members(&mut r)?;
+        let tree = get_tree(&mut r, g)?;
         r.finish()?;
-        let [joins, leaves] = lists;
-        Ok(Self { algorithm, batch: Batch { joins, leaves }, tree })
+        Ok(Self { algorithm, subtree, batch: Batch { joins, leaves }, tree })
     }
 }
 
-/// Which part of a rekey a phase is.
+/// The leader's Queue-subtree announcement (Queue-batch, in each view with
+/// joiners): T' of this view is `Algorithm::Batch` applied to `base` (the T'
+/// keyed in the last view, as the leader holds it, if any of its members
+/// stay in T') with `joins` and `leaves`.
+struct QueueMsg<G: Group> {
+    joins: Vec<MemberId>,
+    leaves: Vec<MemberId>,
+    base: Option<Tree<G>>,
+}
+
+impl<G: Group> QueueMsg<G> {
+    fn encode(&self, g: &G) -> Vec<u8> {
+        let mut w = Writer::new();
+        put_members(&mut w, &self.joins);
+        put_members(&mut w, &self.leaves);
+        put_tree(&mut w, g, self.base.as_ref());
+        w.buf
+    }
+
+    fn decode(body: &[u8], g: &G) -> Result<Self, Error> {
+        let mut r = Reader::new(body);
+        let joins = get_members(&mut r)?;
+        let leaves = get_members(&mut r)?;
+        let base = get_tree(&mut r, g)?;
+        r.finish()?;
+        Ok(Self { joins, leaves, base })
+    }
+
+    /// T''s members: the base's, less the leavers, then the joiners.
+    fn members(&self) -> Vec<MemberId> {
+        let leaving: BTreeSet<&MemberId> = self.leaves.iter().collect();
+        let mut v: Vec<MemberId> = self
+            .base
+            .as_ref()
+            .map(|t| t.members())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| !leaving.contains(m))
+            .collect();
+        v.extend(self.joins.iter().cloned());
+        v
+    }
+}
+
+fn put_members(w: &mut Writer, list: &[MemberId]) {
+    w.count(list.len());
+    for m in list {
+        put_member(w, m);
+    }
+}
+
+fn get_members(r: &mut Reader<'_>) -> Result<Vec<MemberId>, Error> {
+    let n = r.count(MAX_MEMBERS, 2, "members")?;
+    (0..n).map(|_| get_member(r)).collect()
+}
+
+fn put_tree<G: Group>(w: &mut Writer, g: &G, t: Option<&Tree<G>>) {
+    match t {
+        None => {
+            w.u8(0);
+        }
+        Some(t) => {
+            w.u8(1);
+            t.encode(w, g);
+        }
+    }
+}
+
+fn get_tree<G: Group>(r: &mut Reader<'_>, g: &G) -> Result<Option<Tree<G>>, Error> {
+    match r.u8("tree flag")? {
+        0 => Ok(None),
+        1 => Ok(Some(Tree::decode(r, g)?)),
+        _ => Err(DecodeError::Bad("tree flag").into()),
+    }
+}
+
+/// Whether `mine` (as this member holds it) is the tree `announced`: same
+/// shape and members, and every blinded key announced is the one held.
+fn same_tree<G: Group>(mine: &Tree<G>, announced: &Tree<G>) -> bool {
+    mine.correspondence(announced).is_some_and(|pairs| {
+        pairs.iter().all(|&(x, y)| announced.nodes[y].bk.as_ref().is_none_or(|b| mine.nodes[x].bk.as_ref() == Some(b)))
+    })
+}
+
+/// Which part of a rekey a phase is (the BKEY packets' first byte).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
-    /// Queue-subtree: the joiners key T'.
+    /// Queue-subtree in the rekey's run: T' was not keyed in the view.
     Subtree = 1,
     /// The rekey proper (Queue-merge for Queue-batch).
     Main = 2,
+    /// Queue-subtree during the interval: T' of the view.
+    Queue = 3,
 }
 
 /// One plan's worth of BKEY packets on one tree.
@@ -267,6 +406,17 @@ impl<G: Group> Phase<G> {
     fn lone(&self) -> bool {
         self.r.tree.nodes.len() == 1
     }
+
+    /// T' once its phase is complete: this member's path keys and, if it is
+    /// in T', the root's key (H of T''s secret).
+    fn keyed_subtree(&self, cx: &Ctx<'_, G>) -> Tree<G> {
+        let mut sub = self.r.tree.clone();
+        let root = sub.root;
+        if let (Some(_), Some(s), None) = (self.me, &self.secret, &sub.nodes[root].key) {
+            sub.nodes[root].key = Some(cx.g.hash_to_scalar(domains::TGDH_NODE, s));
+        }
+        sub
+    }
 }
 
 /// A rekey in progress.
@@ -278,6 +428,17 @@ struct Rekey<G: Group> {
     phase: Phase<G>,
 }
 
+/// T' of the current view (Queue-batch): announced by the leader, keyed by
+/// its members during the interval.
+struct Queue<G: Group> {
+    /// Its members.
+    members: BTreeSet<MemberId>,
+    /// Its BKEY packets, while they come.
+    phase: Option<Phase<G>>,
+    /// T' once keyed (keys on this member's path if it is in T').
+    done: Option<Tree<G>>,
+}
+
 /// One member's state of SEAL's interval-based TGDH.
 pub struct Seal<G: Group> {
     algorithm: IntervalAlgorithm,
@@ -286,6 +447,12 @@ pub struct Seal<G: Group> {
     /// Members of the view that share `saved` (the engine's `Change::mine`).
     mine: Vec<MemberId>,
     rekey: Option<Rekey<G>>,
+    /// T' of this view (Queue-batch).
+    queue: Option<Queue<G>>,
+    /// T' as keyed in the last view, if it was: the base of this view's.
+    last_sub: Option<Tree<G>>,
+    /// Members of the view that were in the last one with this member.
+    together: BTreeSet<MemberId>,
     /// The leader's rekey message is on its way.
     ticked: bool,
     stats: IntervalStats,
@@ -313,11 +480,126 @@ impl<G: Group> Seal<G> {
         if batch.joins.is_empty() && batch.leaves.is_empty() {
             return Ok(());
         }
+        let joins: BTreeSet<&MemberId> = batch.joins.iter().collect();
+        let ready = self.algorithm == IntervalAlgorithm::QueueBatch
+            && !joins.is_empty()
+            && self.queue.as_ref().is_some_and(|q| q.done.is_some() && q.members.iter().eq(joins.iter().copied()));
         let tree = if batch.joins.is_empty() { None } else { self.saved.as_ref().map(|t| t.public()) };
-        let msg = RekeyMsg { algorithm: self.algorithm.code(), batch, tree };
+        let subtree = if ready { SUB_READY } else { SUB_IN_RUN };
+        let msg = RekeyMsg { algorithm: self.algorithm.code(), subtree, batch, tree };
         cx.broadcast(ROUND_REKEY, msg.encode(cx.g));
         self.ticked = true;
         self.stats.rekeys_led += 1;
+        Ok(())
+    }
+
+    /// The leader's Queue-subtree announcement for this view (Queue-batch,
+    /// if anybody joins): T' of the waiting joiners, on the last view's T'
+    /// kept for those of its members that came from that view with the
+    /// leader and still join.
+    fn announce(&mut self, cx: &mut Ctx<'_, G>) {
+        let batch = self.own_batch(cx.view);
+        if self.algorithm != IntervalAlgorithm::QueueBatch || batch.joins.is_empty() {
+            return;
+        }
+        let joining: BTreeSet<&MemberId> = batch.joins.iter().collect();
+        let prev = self.last_sub.as_ref().map(|t| t.members()).unwrap_or_default();
+        let kept: BTreeSet<&MemberId> =
+            prev.iter().filter(|m| joining.contains(m) && self.together.contains(*m)).collect();
+        let msg = if kept.is_empty() {
+            QueueMsg { joins: batch.joins.clone(), leaves: Vec::new(), base: None }
+        } else {
+            QueueMsg {
+                joins: batch.joins.iter().filter(|m| !kept.contains(m)).cloned().collect(),
+                leaves: prev.iter().filter(|m| !kept.contains(m)).cloned().collect(),
+                base: self.last_sub.as_ref().map(|t| t.public()),
+            }
+        };
+        cx.broadcast(ROUND_QUEUE, msg.encode(cx.g));
+        self.stats.queues_led += 1;
+    }
+
+    fn on_queue(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
+        let round = ROUND_QUEUE;
+        let msg = QueueMsg::decode(body, cx.g)?;
+        if from != &cx.view.members[0].id {
+            return Err(Misbehaved::NotController { round }.by(from));
+        }
+        if self.queue.is_some() || self.rekey.is_some() {
+            return Err(Misbehaved::OutsideItsRun { round }.by(from));
+        }
+        if self.algorithm != IntervalAlgorithm::QueueBatch {
+            return Err(Misbehaved::WrongShape { round }.by(from));
+        }
+        let members = msg.members();
+        let set: BTreeSet<MemberId> = members.iter().cloned().collect();
+        if set.is_empty() || set.len() != members.len() || !members.iter().all(|m| cx.contains(m)) {
+            return Err(Misbehaved::WrongShape { round }.by(from));
+        }
+        let shares = self.shares_leaders_tree(from);
+        if shares {
+            let own: BTreeSet<MemberId> = self.own_batch(cx.view).joins.into_iter().collect();
+            if own != set {
+                return Err(Misbehaved::Inconsistent { round }.by(from));
+            }
+        } else if !set.contains(cx.me) {
+            return Err(Misbehaved::WrongShape { round }.by(from));
+        }
+        // The base as this member holds it: its own T' of the last view if
+        // it shares the leader's tree or stays in T' (it must be the one
+        // announced), else the announced tree.
+        let base = match &msg.base {
+            None => None,
+            Some(b) => {
+                let kept = b.find(cx.me).is_some() && !msg.leaves.contains(cx.me);
+                if shares || kept {
+                    let mine = self.last_sub.as_ref().filter(|t| same_tree(t, b));
+                    Some(mine.ok_or_else(|| Misbehaved::Inconsistent { round }.by(from))?.clone())
+                } else {
+                    Some(b.clone())
+                }
+            }
+        };
+        let sub_batch = Batch { joins: msg.joins, leaves: msg.leaves };
+        let r = Algorithm::Batch
+            .apply(base.as_ref(), &sub_batch)
+            .ok()
+            .flatten()
+            .ok_or_else(|| Misbehaved::WrongShape { round }.by(from))?;
+        // Every check passed: this view's T' is keyed.
+        let before = cx.exps();
+        if r.tree.nodes.len() == 1 {
+            // T' of one: its member holds its leaf's key and blinded key
+            // (drawn now, or kept); nobody sends anything.
+            let mut t = r.tree;
+            let v = t.root;
+            if t.nodes[v].member.as_ref() == Some(cx.me) && (t.nodes[v].key.is_none() || t.nodes[v].bk.is_none()) {
+                let k = cx.random();
+                t.nodes[v].bk = Some(cx.exp_g(&k));
+                t.nodes[v].key = Some(k);
+            }
+            self.queue = Some(Queue { members: set, phase: None, done: Some(t) });
+        } else {
+            let mut phase = Phase::new(Kind::Queue, r, cx.me);
+            draw_fresh(cx, &mut phase);
+            self.queue = Some(Queue { members: set, phase: Some(phase), done: None });
+        }
+        self.stats.subtree_exps += cx.exps() - before;
+        self.advance_queue(cx)
+    }
+
+    /// T''s phase during the interval: own path keys, ready packets; T' is
+    /// keyed at its last packet.
+    fn advance_queue(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
+        let Some(q) = &mut self.queue else { return Ok(()) };
+        let Some(ph) = &mut q.phase else { return Ok(()) };
+        let before = cx.exps();
+        let done = step(cx, ph, &mut self.stats)?;
+        if done {
+            q.done = Some(ph.keyed_subtree(cx));
+            q.phase = None;
+        }
+        self.stats.subtree_exps += cx.exps() - before;
         Ok(())
     }
 
@@ -365,54 +647,63 @@ impl<G: Group> Seal<G> {
             msg.tree
         };
         let algorithm = self.algorithm.inner();
-        let phase = first_phase(algorithm, base.as_ref(), &batch, cx.me)
-            .map_err(|_| Misbehaved::WrongShape { round }.by(from))?;
+        let queued = algorithm == Algorithm::QueueBatch && !batch.joins.is_empty();
+        let phase = if msg.subtree == SUB_READY {
+            // Merge the T' keyed in this view: it must be keyed here too,
+            // with the batch's joiners.
+            let joins: BTreeSet<&MemberId> = batch.joins.iter().collect();
+            let sub = self
+                .queue
+                .as_ref()
+                .filter(|q| queued && q.members.iter().eq(joins.iter().copied()))
+                .and_then(|q| q.done.as_ref())
+                .ok_or_else(|| Misbehaved::Inconsistent { round }.by(from))?;
+            queue_merge(base.as_ref(), Some(sub), &batch.leaves)
+                .ok()
+                .flatten()
+                .map(|r| Phase::new(Kind::Main, r, cx.me))
+                .ok_or_else(|| Misbehaved::WrongShape { round }.by(from))?
+        } else {
+            first_phase(algorithm, base.as_ref(), &batch, cx.me)
+                .map_err(|_| Misbehaved::WrongShape { round }.by(from))?
+        };
         // Every check passed: the rekey starts, in the next run.
         cx.next_run()?;
         self.ticked = false;
+        if queued && msg.subtree == SUB_READY {
+            self.stats.merged_ready += 1;
+        } else if queued {
+            // T' is keyed in the run: this view's (unfinished) is dropped.
+            self.stats.keyed_in_run += 1;
+            self.queue = None;
+        }
         let mut phase = phase;
+        let before = cx.exps();
         draw_fresh(cx, &mut phase);
+        self.stats.subtree_exps += cx.exps() - before;
         self.rekey = Some(Rekey { leader: from.clone(), batch, base, phase });
         self.advance(cx)
     }
 
     fn on_bkey(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
         let round = ROUND_BKEY;
+        let kind = *body.first().ok_or(DecodeError::Bad("BKEY phase"))?;
+        if kind == Kind::Queue as u8 {
+            let ph = self
+                .queue
+                .as_mut()
+                .and_then(|q| q.phase.as_mut())
+                .ok_or_else(|| Misbehaved::OutsideItsRun { round }.by(from))?;
+            accept_bkey(cx, ph, from, body)?;
+            return self.advance_queue(cx);
+        }
         let Some(rk) = &mut self.rekey else {
             return Err(Misbehaved::OutsideItsRun { round }.by(from));
         };
-        let ph = &mut rk.phase;
-        let mut r = Reader::new(body);
-        let kind = r.u8("BKEY phase")?;
-        if kind != ph.kind as u8 {
+        if kind != rk.phase.kind as u8 {
             return Err(Misbehaved::OutsideItsRun { round }.by(from));
         }
-        let s = *ph.leaf.get(from).ok_or_else(|| Misbehaved::NotSponsor { round }.by(from))?;
-        let done = ph.delivered.get(&s).copied().unwrap_or(0);
-        let idx = *ph
-            .by_sponsor
-            .get(&s)
-            .and_then(|l| l.get(done))
-            .ok_or_else(|| Misbehaved::NotSponsor { round }.by(from))?;
-        let nodes = ph.plan[idx].nodes.clone();
-        let k = r.count(MAX_MEMBERS, cx.g.element_len(), "BKEY blinded keys")?;
-        if k != nodes.len() {
-            return Err(Misbehaved::WrongShape { round }.by(from));
-        }
-        let mut bks = Vec::with_capacity(k);
-        for _ in 0..k {
-            bks.push(get_elem(&mut r, cx.g)?);
-        }
-        r.finish()?;
-        let t = &mut ph.r.tree;
-        if nodes.iter().zip(&bks).any(|(&v, bk)| t.nodes[v].bk.as_ref().is_some_and(|b| b != bk)) {
-            return Err(Misbehaved::Inconsistent { round }.by(from));
-        }
-        for (&v, bk) in nodes.iter().zip(bks) {
-            t.nodes[v].bk = Some(bk);
-        }
-        ph.delivered.insert(s, done + 1);
-        ph.total += 1;
+        accept_bkey(cx, &mut rk.phase, from, body)?;
         self.advance(cx)
     }
 
@@ -421,41 +712,26 @@ impl<G: Group> Seal<G> {
     fn advance(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
         loop {
             let Some(rk) = &mut self.rekey else { return Ok(()) };
-            let ph = &mut rk.phase;
-            if let Some(me) = ph.me {
-                if ph.lone() {
-                    if ph.secret.is_none() {
-                        let t = &mut ph.r.tree;
-                        let r = t.nodes[me].key.clone().ok_or(Error::Internal("lone member without a key"))?;
-                        let bk = cx.exp_g(&r);
-                        ph.secret = Some(cx.exp(&bk, &r));
-                        t.nodes[me].bk = Some(bk);
-                    }
-                } else {
-                    ph.r.tree.climb(cx, me, false);
-                    if ph.secret.is_none() {
-                        ph.secret = ph.r.tree.group_secret(cx, me);
-                    }
-                    send_ready(cx, ph, &mut self.stats)?;
-                }
+            let before = cx.exps();
+            let done = step(cx, &mut rk.phase, &mut self.stats)?;
+            if rk.phase.kind != Kind::Main {
+                self.stats.subtree_exps += cx.exps() - before;
             }
-            if ph.total < ph.plan.len() {
+            if !done {
                 return Ok(());
             }
             // The phase's last packet is in.
             let rk = self.rekey.take().ok_or(Error::Internal("rekey lost"))?;
             match rk.phase.kind {
-                Kind::Subtree => {
-                    let mut sub = rk.phase.r.tree.clone();
-                    if let (Some(_), Some(s)) = (rk.phase.me, &rk.phase.secret) {
-                        let root = sub.root;
-                        sub.nodes[root].key = Some(cx.g.hash_to_scalar(domains::TGDH_NODE, s));
-                    }
+                Kind::Subtree | Kind::Queue => {
+                    let sub = rk.phase.keyed_subtree(cx);
                     let merged = queue_merge(rk.base.as_ref(), Some(&sub), &rk.batch.leaves)
                         .map_err(|_| Error::Internal("Queue-merge refused a checked batch"))?
                         .ok_or(Error::Internal("Queue-merge of nobody"))?;
                     let mut phase = Phase::new(Kind::Main, merged, cx.me);
+                    let before = cx.exps();
                     draw_fresh(cx, &mut phase);
+                    self.stats.subtree_exps += cx.exps() - before;
                     self.rekey = Some(Rekey { phase, ..rk });
                 }
                 Kind::Main => {
@@ -472,6 +748,9 @@ impl<G: Group> Seal<G> {
                             }
                             self.saved = Some(t);
                             self.mine = cx.view.ids().cloned().collect();
+                            // The joiners are in: no T' any more.
+                            self.queue = None;
+                            self.last_sub = None;
                         }
                         None => return Err(Error::Internal("rekey complete without the group secret")),
                     }
@@ -480,6 +759,64 @@ impl<G: Group> Seal<G> {
             }
         }
     }
+}
+
+/// Checks a BKEY packet for `ph` (the next packet of its sender's in the
+/// plan, blinded keys agreeing with those held) and only then records it.
+fn accept_bkey<G: Group>(cx: &Ctx<'_, G>, ph: &mut Phase<G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
+    let round = ROUND_BKEY;
+    let mut r = Reader::new(body);
+    r.u8("BKEY phase")?;
+    let s = *ph.leaf.get(from).ok_or_else(|| Misbehaved::NotSponsor { round }.by(from))?;
+    let done = ph.delivered.get(&s).copied().unwrap_or(0);
+    let idx =
+        *ph.by_sponsor.get(&s).and_then(|l| l.get(done)).ok_or_else(|| Misbehaved::NotSponsor { round }.by(from))?;
+    let nodes = ph.plan[idx].nodes.clone();
+    let k = r.count(MAX_MEMBERS, cx.g.element_len(), "BKEY blinded keys")?;
+    if k != nodes.len() {
+        return Err(Misbehaved::WrongShape { round }.by(from));
+    }
+    let mut bks = Vec::with_capacity(k);
+    for _ in 0..k {
+        bks.push(get_elem(&mut r, cx.g)?);
+    }
+    r.finish()?;
+    let t = &mut ph.r.tree;
+    if nodes.iter().zip(&bks).any(|(&v, bk)| t.nodes[v].bk.as_ref().is_some_and(|b| b != bk)) {
+        return Err(Misbehaved::Inconsistent { round }.by(from));
+    }
+    for (&v, bk) in nodes.iter().zip(bks) {
+        t.nodes[v].bk = Some(bk);
+    }
+    ph.delivered.insert(s, done + 1);
+    ph.total += 1;
+    Ok(())
+}
+
+/// One step of a phase: this member's path keys and group (or T') secret as
+/// far as it can, its packets that are ready. Whether the phase's last
+/// packet is in.
+fn step<G: Group>(cx: &mut Ctx<'_, G>, ph: &mut Phase<G>, stats: &mut IntervalStats) -> Result<bool, Error> {
+    if let Some(me) = ph.me {
+        if ph.lone() {
+            if ph.kind == Kind::Main && ph.secret.is_none() {
+                let t = &mut ph.r.tree;
+                let r = t.nodes[me].key.clone().ok_or(Error::Internal("lone member without a key"))?;
+                let bk = cx.exp_g(&r);
+                ph.secret = Some(cx.exp(&bk, &r));
+                t.nodes[me].bk = Some(bk);
+            }
+        } else {
+            ph.r.tree.climb(cx, me, false);
+            // T' whose root was kept needs no secret: its root's key is held.
+            let root_held = ph.kind != Kind::Main && ph.r.tree.nodes[ph.r.tree.root].key.is_some();
+            if ph.secret.is_none() && !root_held {
+                ph.secret = ph.r.tree.group_secret(cx, me);
+            }
+            send_ready(cx, ph, stats)?;
+        }
+    }
+    Ok(ph.total >= ph.plan.len())
 }
 
 /// The first phase of a rekey: Queue-subtree for Queue-batch with two or
@@ -507,8 +844,8 @@ fn first_phase<G: Group>(
 }
 
 /// A joiner draws its leaf key: a fresh leaf, a lone T' leaf (Queue-batch
-/// with one joiner: its blinded key too, as Queue-subtree would have), or a
-/// lone member's refreshed leaf.
+/// with one joiner and T' not keyed in the view: its blinded key too, as
+/// Queue-subtree would have), or a lone member's refreshed leaf.
 fn draw_fresh<G: Group>(cx: &mut Ctx<'_, G>, ph: &mut Phase<G>) {
     let Some(me) = ph.me else { return };
     let fresh = ph.r.is_fresh(me);
@@ -539,13 +876,13 @@ fn send_ready<G: Group>(cx: &mut Ctx<'_, G>, ph: &mut Phase<G>, stats: &mut Inte
             let n = &ph.r.tree.nodes[v];
             let bk = if let Some(b) = &n.bk {
                 b.clone()
-            } else if v == ph.r.tree.root {
-                let s = ph.secret.as_ref().ok_or(Error::Internal("root without the secret"))?;
+            } else if let (true, Some(s)) = (v == ph.r.tree.root, ph.secret.as_ref()) {
                 let mut k = cx.g.hash_to_scalar(domains::TGDH_NODE, s);
                 let b = cx.exp_g(&k);
                 k.zeroize();
                 b
             } else {
+                // (A kept T''s root has its key and no secret.)
                 let k = n.key.clone().ok_or(Error::Internal("node without a key"))?;
                 cx.exp_g(&k)
             };
@@ -562,6 +899,10 @@ fn send_ready<G: Group>(cx: &mut Ctx<'_, G>, ph: &mut Phase<G>, stats: &mut Inte
         }
         stats.bks_sent += nodes.len() as u64;
         stats.packets_sent += 1;
+        if ph.kind != Kind::Main {
+            stats.subtree_bks_sent += nodes.len() as u64;
+            stats.subtree_packets_sent += 1;
+        }
         cx.broadcast(ROUND_BKEY, w.buf);
         ph.sent += 1;
     }
@@ -578,6 +919,9 @@ impl<G: Group> Protocol<G> for Seal<G> {
             saved: None,
             mine: Vec::new(),
             rekey: None,
+            queue: None,
+            last_sub: None,
+            together: BTreeSet::new(),
             ticked: false,
             stats: IntervalStats::default(),
         }
@@ -592,18 +936,27 @@ impl<G: Group> Protocol<G> for Seal<G> {
 
     fn on_view(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
         self.mine = change.mine.clone();
+        self.together = change.together.clone();
         self.ticked = false;
-        let Some(rk) = self.rekey.take() else { return Ok(()) };
-        // The view abandons the rekey. SEAL restarts at once if its leader
-        // left, or a sponsor that had not sent all its packets.
-        let gone = |m: &MemberId| !cx.contains(m);
-        let ph = &rk.phase;
-        let unsent = ph.by_sponsor.iter().any(|(&s, list)| {
-            ph.delivered.get(&s).copied().unwrap_or(0) < list.len() && ph.r.tree.member(s).is_some_and(gone)
-        });
-        if (gone(&rk.leader) || unsent) && &cx.view.members[0].id == cx.me {
-            self.stats.restarts += 1;
-            self.start_rekey(cx)?;
+        // T' as keyed in the last view (if it was) is the base of this view's.
+        self.last_sub = self.queue.take().and_then(|q| q.done);
+        let leads = &cx.view.members[0].id == cx.me;
+        if let Some(rk) = self.rekey.take() {
+            // The view abandons the rekey. SEAL restarts at once if its leader
+            // left, or a sponsor that had not sent all its packets.
+            let gone = |m: &MemberId| !cx.contains(m);
+            let ph = &rk.phase;
+            let unsent = ph.by_sponsor.iter().any(|(&s, list)| {
+                ph.delivered.get(&s).copied().unwrap_or(0) < list.len() && ph.r.tree.member(s).is_some_and(gone)
+            });
+            if (gone(&rk.leader) || unsent) && leads {
+                // The restarted rekey keys T' in its run.
+                self.stats.restarts += 1;
+                return self.start_rekey(cx);
+            }
+        }
+        if leads {
+            self.announce(cx);
         }
         Ok(())
     }
@@ -626,6 +979,7 @@ impl<G: Group> Protocol<G> for Seal<G> {
         match round {
             ROUND_REKEY => self.on_rekey(cx, from, body),
             ROUND_BKEY => self.on_bkey(cx, from, body),
+            ROUND_QUEUE => self.on_queue(cx, from, body),
             _ => Err(Misbehaved::UnknownRound { round }.by(from)),
         }
     }
@@ -633,9 +987,16 @@ impl<G: Group> Protocol<G> for Seal<G> {
     fn secrets(&self) -> (Vec<G::Scalar>, Vec<G::Element>) {
         let mut keys: Vec<G::Scalar> = self.saved.iter().flat_map(|t| t.keys()).cloned().collect();
         let mut elems = Vec::new();
-        if let Some(rk) = &self.rekey {
-            keys.extend(rk.phase.r.tree.keys().cloned());
-            elems.extend(rk.phase.secret.iter().cloned());
+        let mut phases: Vec<&Phase<G>> = Vec::new();
+        phases.extend(self.rekey.as_ref().map(|rk| &rk.phase));
+        if let Some(q) = &self.queue {
+            phases.extend(q.phase.as_ref());
+            keys.extend(q.done.iter().flat_map(|t| t.keys()).cloned());
+        }
+        keys.extend(self.last_sub.iter().flat_map(|t| t.keys()).cloned());
+        for ph in phases {
+            keys.extend(ph.r.tree.keys().cloned());
+            elems.extend(ph.secret.iter().cloned());
         }
         (keys, elems)
     }
@@ -644,6 +1005,9 @@ impl<G: Group> Protocol<G> for Seal<G> {
         match round {
             ROUND_REKEY => {
                 Ok(RekeyMsg::decode(body, g)?.tree.iter().flat_map(|t| t.bks().cloned().collect::<Vec<_>>()).collect())
+            }
+            ROUND_QUEUE => {
+                Ok(QueueMsg::decode(body, g)?.base.iter().flat_map(|t| t.bks().cloned().collect::<Vec<_>>()).collect())
             }
             ROUND_BKEY => {
                 let mut r = Reader::new(body);
@@ -694,6 +1058,7 @@ impl<G: Group> IntervalTgdh<G> {
 
     /// A view from the group communication layer: followed, not rekeyed
     /// (abandons a rekey in progress; the new leader may restart one).
+    /// Under Queue-batch the leader announces the view's T' if anybody joins.
     pub fn on_view(&mut self, view: &View, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
         self.runner.on_view(view, rng)
     }
@@ -772,9 +1137,11 @@ mod tests {
     use rand_chacha::ChaCha20Rng;
     use rand_core::SeedableRng;
 
-    use super::{IntervalAlgorithm, IntervalStats, IntervalTgdh, ROUND_BKEY, ROUND_REKEY};
+    use std::collections::BTreeSet;
+
+    use super::{IntervalAlgorithm, IntervalStats, IntervalTgdh, ROUND_BKEY, ROUND_QUEUE, ROUND_REKEY};
     use crate::engine::{Error, Misbehaved, Output, StaticDirectory};
-    use crate::interval::{Algorithm, Batch, IntervalCosts};
+    use crate::interval::{Algorithm, Batch, IntervalCosts, MemberCosts};
     use crate::message::Envelope;
     use crate::suite::ristretto::Ristretto255;
     use crate::suite::{generate_signer, Signer};
@@ -796,6 +1163,9 @@ mod tests {
         queue: VecDeque<(usize, Vec<u8>)>,
         /// Every broadcast so far (what a leaver listening on could see).
         wire: Vec<Vec<u8>>,
+        /// Deliveries refused as of an earlier run (a rekey message overtook
+        /// them): the driver drops them.
+        stale: usize,
         rng: ChaCha20Rng,
     }
 
@@ -820,6 +1190,7 @@ mod tests {
                 seq: 0,
                 queue: VecDeque::new(),
                 wire: Vec::new(),
+                stale: 0,
                 rng,
             };
             net.engines = (0..n).map(|i| net.fresh(i)).collect();
@@ -847,8 +1218,16 @@ mod tests {
         }
 
         /// A view of the current members minus `leave`, plus `join` (new
-        /// processes) at the end: undelivered messages are lost.
+        /// processes) at the end, then everything sent in it delivered (the
+        /// interval goes on: Queue-batch keys T').
         fn change(&mut self, join: &[usize], leave: &[usize]) {
+            self.change_quiet(join, leave);
+            self.pump(None);
+        }
+
+        /// The view only: undelivered messages of the last view are lost,
+        /// those its members send at the view wait in the queue.
+        fn change_quiet(&mut self, join: &[usize], leave: &[usize]) {
             self.queue.clear();
             let last = (self.seq > 0).then(|| ViewId::new(1, self.seq));
             self.seq += 1;
@@ -884,17 +1263,24 @@ mod tests {
         }
 
         /// Delivers up to `limit` queued messages (all if `None`), each to
-        /// every member of the view; every delivery must be accepted.
+        /// every member of the view; every delivery must be accepted, but a
+        /// message of an earlier run (counted in `stale`) is refused by all.
         fn pump(&mut self, limit: Option<usize>) {
             let mut n = 0;
             while limit.is_none_or(|l| n < l) {
                 let Some((from, bytes)) = self.queue.pop_front() else { break };
                 n += 1;
+                let mut refused = 0;
                 for &j in &self.view.clone() {
                     let sender = self.names[from].clone();
-                    let outs = self.engines[j].on_message(&sender, &bytes, &mut self.rng).unwrap();
-                    self.push(j, outs);
+                    match self.engines[j].on_message(&sender, &bytes, &mut self.rng) {
+                        Ok(outs) => self.push(j, outs),
+                        Err(Error::WrongRun { .. }) => refused += 1,
+                        Err(e) => panic!("{} refused a message of {}: {e}", self.names[j], self.names[from]),
+                    }
                 }
+                assert!(refused == 0 || refused == self.view.len(), "a message of an earlier run for some only");
+                self.stale += usize::from(refused > 0);
             }
         }
 
@@ -1000,25 +1386,33 @@ mod tests {
         assert_eq!(net.agreed(), k);
     }
 
-    /// What interval.rs says one member spends on `batch` applied to the
-    /// tree `leader` holds (Queue-batch: Queue-subtree's plan, then
-    /// Queue-merge's; a lone queued joiner blinds its own leaf).
-    fn expected(net: &Net, leader: usize, batch: &Batch) -> (IntervalCosts, Option<IntervalCosts>) {
+    /// What interval.rs says the members spend on `batch` applied to the
+    /// tree `leader` holds: the rekey (Queue-batch: Queue-merge of the T'
+    /// keyed in the interval) and, for Queue-batch, Queue-subtree of the
+    /// joiners from nothing (T' of one: its member's leaf blinded key).
+    fn expected(net: &Net, leader: usize, batch: &Batch) -> (IntervalCosts, IntervalCosts) {
         let p = net.engines[leader].runner.protocol_ref();
         let old = p.saved.as_ref();
         let main = net.algorithm.inner().apply(old, batch).unwrap().unwrap().costs();
-        let sub = (net.algorithm == IntervalAlgorithm::QueueBatch && batch.joins.len() >= 2).then(|| {
-            Algorithm::Batch
+        let mut sub = IntervalCosts::default();
+        if net.algorithm == IntervalAlgorithm::QueueBatch && batch.joins.len() >= 2 {
+            sub = Algorithm::Batch
                 .apply::<Ristretto255>(None, &Batch { joins: batch.joins.clone(), leaves: vec![] })
                 .unwrap()
                 .unwrap()
-                .costs()
-        });
+                .costs();
+        } else if net.algorithm == IntervalAlgorithm::QueueBatch {
+            for j in &batch.joins {
+                sub.members.insert(j.clone(), MemberCosts { exps: 1, ..MemberCosts::default() });
+            }
+        }
         (main, sub)
     }
 
     #[test]
     fn exponentiations_blinded_keys_and_packets_metered_on_real_rekeys_equal_the_interval_counts() {
+        type Snap = Vec<(u64, IntervalStats)>;
+        let snap = |net: &Net| -> Snap { net.engines.iter().map(|e| (e.costs().exps, e.stats())).collect() };
         for a in IntervalAlgorithm::ALL {
             let mut net = Net::new(a, 16, 3);
             net.change(&[0, 1, 2, 3, 4, 5, 6, 7], &[]);
@@ -1026,42 +1420,45 @@ mod tests {
             let cases: [(&[usize], &[usize]); 5] =
                 [(&[8], &[3]), (&[9, 10, 11], &[0, 5]), (&[], &[1, 6]), (&[12, 13], &[]), (&[14], &[])];
             for (join, leave) in cases {
+                // The view, and the interval after it (T' keyed there).
+                let at_view = snap(&net);
                 net.change(join, leave);
                 let leader = net.leader();
                 let batch = net.engines[leader].runner.protocol_ref().own_batch(&view_of(&net));
                 let (main, sub) = expected(&net, leader, &batch);
-                let before: Vec<(u64, IntervalStats)> =
-                    net.engines.iter().map(|e| (e.costs().exps, e.stats())).collect();
+                let before = snap(&net);
                 net.rekey();
-                let mut bks = 0;
-                let mut packets = 0;
+                assert_eq!(net.stale, 0, "{a:?}");
+                let mut totals = [0u64; 4];
                 for &i in &net.view {
                     let m = &net.names[i];
                     let e = &net.engines[i];
-                    let mut want = main.members[m];
-                    if let Some(s) = sub.as_ref().and_then(|s| s.members.get(m)) {
-                        want.exps += s.exps;
-                        want.bks_sent += s.bks_sent;
-                        want.packets_sent += s.packets_sent;
-                    }
-                    if a == IntervalAlgorithm::QueueBatch && join == [i] {
-                        want.exps += 1; // Queue-subtree of one: its leaf's blinded key
-                    }
-                    let got_exps = e.costs().exps - before[i].0;
-                    let st = e.stats();
-                    let got_bks = st.bks_sent - before[i].1.bks_sent;
-                    let got_packets = st.packets_sent - before[i].1.packets_sent;
-                    assert_eq!(
-                        (got_exps, got_bks, got_packets),
-                        (want.exps, want.bks_sent, want.packets_sent),
-                        "{a:?} {m}"
-                    );
-                    bks += got_bks;
-                    packets += got_packets;
+                    let (st, st0, stv) = (e.stats(), before[i].1, at_view[i].1);
+                    // The rekey: the main plan's counts, none of them Queue-subtree's.
+                    let want = main.members[m];
+                    let got =
+                        (e.costs().exps - before[i].0, st.bks_sent - st0.bks_sent, st.packets_sent - st0.packets_sent);
+                    assert_eq!(got, (want.exps, want.bks_sent, want.packets_sent), "{a:?} {m}: rekey");
+                    assert_eq!(st.subtree_exps, st0.subtree_exps, "{a:?} {m}");
+                    assert_eq!(st.subtree_packets_sent, st0.subtree_packets_sent, "{a:?} {m}");
+                    // The interval: Queue-subtree's counts, all metered as such
+                    // (a joiner's engine is new at the view: it starts from 0).
+                    let (exps0, stv) =
+                        if join.contains(&i) { (0, IntervalStats::default()) } else { (at_view[i].0, stv) };
+                    let w = sub.members.get(m).copied().unwrap_or_default();
+                    let got = (before[i].0 - exps0, st0.bks_sent - stv.bks_sent, st0.packets_sent - stv.packets_sent);
+                    assert_eq!(got, (w.exps, w.bks_sent, w.packets_sent), "{a:?} {m}: interval");
+                    let split = (st0.subtree_exps - stv.subtree_exps, st0.subtree_bks_sent - stv.subtree_bks_sent);
+                    assert_eq!(split, (w.exps, w.bks_sent), "{a:?} {m}: metered as Queue-subtree");
+                    let queued = a == IntervalAlgorithm::QueueBatch && !join.is_empty();
+                    assert_eq!(st.merged_ready - st0.merged_ready, u64::from(queued), "{a:?} {m}");
+                    assert_eq!(st.keyed_in_run, 0, "{a:?} {m}");
+                    totals[0] += st.bks_sent - st0.bks_sent;
+                    totals[1] += st.packets_sent - st0.packets_sent;
+                    totals[2] += st0.bks_sent - stv.bks_sent;
+                    totals[3] += st0.packets_sent - stv.packets_sent;
                 }
-                let total = |c: &IntervalCosts| (c.bks, c.packets);
-                let (sb, sp) = sub.as_ref().map(total).unwrap_or((0, 0));
-                assert_eq!((bks, packets), (main.bks + sb, main.packets + sp), "{a:?} {join:?} {leave:?}");
+                assert_eq!(totals, [main.bks, main.packets, sub.bks, sub.packets], "{a:?} {join:?} {leave:?}");
             }
         }
     }
@@ -1096,7 +1493,7 @@ mod tests {
                     .collect()
             };
             let gone = *sponsors.iter().find(|&&s| s != leader).expect("a sponsor other than the leader");
-            net.change(&[], &[gone]);
+            net.change_quiet(&[], &[gone]);
             assert!(net.engines[net.leader()].rekeying() || !net.queue.is_empty(), "{a:?}: restarted at once");
             assert_eq!(net.engines[net.leader()].stats().restarts, 1, "{a:?}");
             net.pump(None);
@@ -1142,6 +1539,171 @@ mod tests {
         assert_ne!(k, k0);
     }
 
+    /// Member `i`'s T' of this view, if keyed: its members and root key.
+    fn keyed_t_prime(net: &Net, i: usize) -> Option<(Vec<MemberId>, Option<[u8; 32]>)> {
+        let q = net.engines[i].runner.protocol_ref().queue.as_ref()?;
+        let t = q.done.as_ref()?;
+        let key = t.nodes[t.root].key.as_ref().map(|k| {
+            let mut b = [0u8; 32];
+            b.copy_from_slice(&crate::suite::Group::encode_scalar(&Ristretto255, k));
+            b
+        });
+        Some((t.members(), key))
+    }
+
+    #[test]
+    fn queue_batch_keys_t_prime_during_the_interval_and_the_rekey_merges_it() {
+        let mut net = Net::new(IntervalAlgorithm::QueueBatch, 12, 9);
+        net.change(&[0, 1, 2, 3, 4, 5], &[]);
+        let k0 = net.rekey();
+        net.change(&[6, 7, 8], &[1]);
+        // Before any tick: every member holds the same T' of the joiners; the
+        // joiners share its root key, the others have none; the old key stays.
+        let joiners = [6, 7, 8];
+        let (members, key) = keyed_t_prime(&net, 6).expect("T' keyed in the interval");
+        assert_eq!(members.len(), 3);
+        assert!(key.is_some());
+        for &i in &net.view {
+            let (m, k) = keyed_t_prime(&net, i).expect("T' keyed at every member");
+            assert_eq!(m, members);
+            assert_eq!(k, if joiners.contains(&i) { key } else { None });
+            assert!(!net.engines[i].rekeying());
+            if !joiners.contains(&i) {
+                assert_eq!(net.engines[i].secure_view().map(|sv| *sv.key.expose_secret()), Some(k0));
+            }
+        }
+        assert!(joiners.iter().all(|&j| net.engines[j].stats().subtree_packets_sent > 0));
+        // The rekey merges it: its BKEY packets are all Queue-merge's, and
+        // the joiners spend nothing more on T'.
+        let before: Vec<IntervalStats> = net.engines.iter().map(|e| e.stats()).collect();
+        let wire = net.wire.len();
+        let k = net.rekey();
+        assert_ne!(k, k0);
+        for &i in &net.view {
+            let st = net.engines[i].stats();
+            assert_eq!((st.merged_ready - before[i].merged_ready, st.keyed_in_run), (1, 0));
+            assert_eq!(st.subtree_exps, before[i].subtree_exps);
+        }
+        let phases: BTreeSet<u8> = net.wire[wire..]
+            .iter()
+            .map(|b| Envelope::decode(b).unwrap())
+            .filter(|e| e.round == ROUND_BKEY)
+            .map(|e| e.body[0])
+            .collect();
+        assert_eq!(phases, BTreeSet::from([2]));
+    }
+
+    #[test]
+    fn views_during_the_interval_rekey_t_prime_among_the_joiners_still_waiting() {
+        let mut net = Net::new(IntervalAlgorithm::QueueBatch, 14, 10);
+        net.change(&[0, 1, 2, 3, 4], &[]);
+        let k0 = net.rekey();
+        net.change(&[5, 6, 7], &[]);
+        let (_, key1) = keyed_t_prime(&net, 5).unwrap();
+        // A joiner leaves mid-interval: T' is keyed again without it (on the
+        // last one: m5 and m7 keep their leaves), to a root key it never held.
+        net.change(&[], &[6]);
+        let (members, key2) = keyed_t_prime(&net, 5).unwrap();
+        assert_eq!(members, [net.names[5].clone(), net.names[7].clone()]);
+        assert_eq!(keyed_t_prime(&net, 7).unwrap().1, key2);
+        assert_ne!(key2, key1);
+        // Another joins, and the leader leaves: the next oldest announces T'
+        // on the last one, and merges it at its tick.
+        net.change(&[8], &[0]);
+        assert_eq!(net.leader(), 1);
+        let (members, key3) = keyed_t_prime(&net, 8).unwrap();
+        assert_eq!(members.len(), 3);
+        assert_ne!(key3, key2);
+        // A view that changes no joiner keeps T' as it is.
+        net.change(&[], &[2]);
+        assert_eq!(keyed_t_prime(&net, 8).unwrap().1, key3);
+        let k = net.rekey();
+        assert_ne!(k, k0);
+        for &i in &net.view {
+            assert_eq!(net.engines[i].stats().keyed_in_run, 0);
+        }
+        assert_eq!(net.stale, 0);
+        // A joiner that came and went leaves no trace in the key's members.
+        assert!(net.engines[1].secure_view().unwrap().members.iter().all(|m| m != &net.names[6]));
+    }
+
+    #[test]
+    fn a_rekey_message_while_t_prime_is_being_keyed_keys_it_in_the_rekeys_run() {
+        let mut net = Net::new(IntervalAlgorithm::QueueBatch, 10, 11);
+        net.change(&[0, 1, 2, 3], &[]);
+        let k0 = net.rekey();
+        // The tick comes before the announcement is delivered: the rekey
+        // message overtakes T''s packets, which are refused as of the view's
+        // first run; T' is keyed in the rekey's run.
+        net.change_quiet(&[4, 5, 6], &[2]);
+        net.tick();
+        net.pump(Some(2));
+        assert!(net.stale == 0 && net.view.iter().all(|&i| net.engines[i].rekeying()));
+        assert!(net.view.iter().all(|&i| net.engines[i].runner.protocol_ref().queue.is_none()), "T' dropped");
+        net.pump(None);
+        assert!(net.stale > 0);
+        let k = net.agreed();
+        assert_ne!(k, k0);
+        for &i in &net.view {
+            assert_eq!(net.engines[i].stats().keyed_in_run, 1);
+        }
+        // A rekey message that names a T' some member has not keyed is
+        // refused, with no state change.
+        net.change_quiet(&[7, 8], &[]);
+        net.pump(Some(1)); // the announcement only: T''s packets wait
+        let leader = net.leader();
+        let batch = net.engines[leader].runner.protocol_ref().own_batch(&view_of(&net));
+        let tree = net.engines[leader].runner.protocol_ref().saved.as_ref().map(|t| t.public());
+        let body = super::RekeyMsg { algorithm: 3, subtree: super::SUB_READY, batch, tree }.encode(&Ristretto255);
+        let forged = net.forge(leader, 0, 1, ROUND_REKEY, body);
+        let epoch = net.engines[7].current_epoch();
+        for &i in net.view.clone().iter().filter(|&&i| i != leader) {
+            let err = net.engines[i].on_message(&net.names[leader], &forged, &mut net.rng).unwrap_err();
+            assert!(matches!(err, Error::Misbehaved { what: Misbehaved::Inconsistent { .. }, .. }), "{err}");
+            assert!(!net.engines[i].rekeying());
+            assert_eq!(net.engines[i].current_epoch(), epoch);
+        }
+        net.pump(None);
+        assert!(keyed_t_prime(&net, 7).is_some_and(|(_, k)| k.is_some()));
+        net.rekey();
+    }
+
+    #[test]
+    fn queue_announcements_from_others_than_the_leader_or_malformed_are_refused() {
+        let mut net = Net::new(IntervalAlgorithm::QueueBatch, 8, 12);
+        net.change(&[0, 1, 2], &[]);
+        net.rekey();
+        net.change_quiet(&[3, 4], &[]);
+        let good = net.queue.front().unwrap().1.clone();
+        let body = Envelope::decode(&good).unwrap().body;
+        let check = |net: &mut Net, from: usize, bytes: &[u8], what: &dyn Fn(&Error) -> bool| {
+            for &i in net.view.clone().iter().filter(|&&i| i != from) {
+                let err = net.engines[i].on_message(&net.names[from], bytes, &mut net.rng).unwrap_err();
+                assert!(what(&err), "{}: {err}", net.names[i]);
+                assert!(net.engines[i].runner.protocol_ref().queue.is_none());
+            }
+        };
+        let forged = net.forge(1, 0, 0, ROUND_QUEUE, body.clone());
+        check(&mut net, 1, &forged, &|e| matches!(e, Error::Misbehaved { what: Misbehaved::NotController { .. }, .. }));
+        for cut in 0..body.len() {
+            let short = net.forge(0, 0, 0, ROUND_QUEUE, body[..cut].to_vec());
+            check(&mut net, 0, &short, &|e| matches!(e, Error::Decode(_)));
+        }
+        // A T' that leaves out a joiner: refused by those who share the leader's tree.
+        let lie = super::QueueMsg::<Ristretto255> { joins: vec![net.names[3].clone()], leaves: vec![], base: None };
+        let lying = net.forge(0, 0, 0, ROUND_QUEUE, lie.encode(&Ristretto255));
+        for i in [1usize, 2] {
+            let err = net.engines[i].on_message(&net.names[0], &lying, &mut net.rng).unwrap_err();
+            assert!(matches!(err, Error::Misbehaved { what: Misbehaved::Inconsistent { .. }, .. }), "{err}");
+        }
+        let err = net.engines[4].on_message(&net.names[0], &lying, &mut net.rng).unwrap_err();
+        assert!(matches!(err, Error::Misbehaved { what: Misbehaved::WrongShape { .. }, .. }), "{err}");
+        // The real one goes through.
+        net.pump(None);
+        assert!(keyed_t_prime(&net, 3).is_some());
+        net.rekey();
+    }
+
     #[test]
     fn forged_replayed_and_stale_rekey_and_bkey_messages_are_refused_without_a_state_change() {
         let mut net = Net::new(IntervalAlgorithm::Batch, 6, 7);
@@ -1157,7 +1719,7 @@ mod tests {
         let batch = net.engines[0].runner.protocol_ref().own_batch(&view);
         let body = |net: &Net, b: &Batch| {
             let p = net.engines[0].runner.protocol_ref();
-            super::RekeyMsg { algorithm: 2, batch: b.clone(), tree: p.saved.as_ref().map(|t| t.public()) }
+            super::RekeyMsg { algorithm: 2, subtree: 0, batch: b.clone(), tree: p.saved.as_ref().map(|t| t.public()) }
                 .encode(&Ristretto255)
         };
         let check = |net: &mut Net, from: usize, bytes: &[u8], what: &dyn Fn(&Error) -> bool| {
@@ -1286,5 +1848,48 @@ mod tests {
             );
             assert_eq!(mine, Some(true), "{a:?}");
         }
+    }
+
+    #[cfg(feature = "test-hooks")]
+    #[test]
+    fn a_joiner_that_left_t_prime_mid_interval_cannot_reach_the_key_that_merges_t_prime() {
+        use crate::engine::Engine;
+        use crate::testing::domains;
+        let mut net = Net::new(IntervalAlgorithm::QueueBatch, 10, 13);
+        net.change(&[0, 1, 2, 3], &[]);
+        net.rekey();
+        net.change(&[4, 5, 6, 7], &[]);
+        let gone = 5;
+        let held = net.engines[gone].leak();
+        assert!(!held.scalars.is_empty(), "it held T''s keys");
+        net.change(&[], &[gone]);
+        net.rekey();
+        let target = net.engines[0].leak().group_secret.expect("a secret");
+        let publics: Vec<Vec<u8>> =
+            net.wire.iter().flat_map(|b| net.engines[0].public_elements(b).unwrap_or_default()).collect();
+        let mut secrets = held.elements.clone();
+        secrets.extend(held.group_secret.clone());
+        let reach = net.engines[0].runner.attacker().can_reach(
+            &held.scalars,
+            &secrets,
+            &publics,
+            &target,
+            &domains(ProtocolId::Tgdh),
+            2,
+            2_000_000,
+        );
+        assert_eq!(reach, Some(false), "the joiner gone from T' reaches the key");
+        // A joiner that stayed does.
+        let stay = net.engines[4].leak();
+        let mine = net.engines[0].runner.attacker().can_reach(
+            &stay.scalars,
+            &stay.elements,
+            &publics,
+            &target,
+            &domains(ProtocolId::Tgdh),
+            2,
+            2_000_000,
+        );
+        assert_eq!(mine, Some(true));
     }
 }
