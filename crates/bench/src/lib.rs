@@ -24,6 +24,10 @@
 //! * `bench gcs` — group communication on real sockets: agreed-multicast
 //!   latency and throughput, join and leave latency; with the `cluster`
 //!   feature also over Corosync, with bare CPG's own delivery as the floor.
+//! * `bench soak` — many well-behaved clients with churn and traffic against
+//!   one daemon (a child process) for a long time while an attacker runs each
+//!   resource attack in turn: delivered, lost and duplicated messages, latency,
+//!   the daemon's peak memory and descriptors, and how it answered each attack.
 //!
 //! The scenario vocabulary the commands share (membership events, sites and
 //! their round trips, where members sit) is in `scenario`, which depends on
@@ -44,6 +48,7 @@ mod live;
 mod mls;
 mod paper;
 mod scenario;
+mod soak;
 mod table;
 
 #[cfg(feature = "cluster")]
@@ -75,6 +80,10 @@ pub enum Command {
     /// Group communication on real sockets: agreed-multicast latency and throughput, join and leave
     /// latency, against an embedded daemon or the daemons given (and over TLS with --tls).
     Gcs(gcs::GcsArgs),
+    /// Soak: many well-behaved clients (default 1000 in 200 groups, 10 minutes) join, leave, rejoin and send
+    /// against one daemon while an attacker runs each resource attack in turn; counts delivered, lost and
+    /// duplicated messages, latency, the daemon's peak RSS and descriptors. Loopback only.
+    Soak(soak::SoakArgs),
 }
 
 pub use gauge::{run as run_gauge, GaugeArgs};
@@ -89,6 +98,7 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::Events(args) => events::run(args),
         Command::Gcs(args) => gcs::run(args),
         Command::Integrated(args) => integrated::run(args),
+        Command::Soak(args) => soak::run(args),
     }
 }
 

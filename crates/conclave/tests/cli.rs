@@ -1658,3 +1658,106 @@ fn keys_protected_by_a_passphrase() {
     let (status, _, err) = client("bob", &["--passphrase-env", "P"], &[("P", "x")]);
     assert!(!status.success() && err.contains("cannot connect"), "{err}");
 }
+
+/// Runs `cmd` to its end within `limit`, reading its output as it runs.
+fn run_within(cmd: &mut Command, limit: Duration) -> (ExitStatus, String, String) {
+    let mut p = Proc::spawn(cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()));
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut p) = pipe {
+                p.read_to_string(&mut text).unwrap();
+            }
+            text
+        })
+    };
+    let out = drain(p.child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>));
+    let err = drain(p.child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = p.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "process {} did not exit within {limit:?}", p.child.id());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (status, out.join().unwrap(), err.join().unwrap())
+}
+
+/// `bench soak` at a small size: a daemon child, 40 certified clients with
+/// churn and traffic in 8 groups, every attack in turn. The table has a row
+/// per phase and a total; nothing well-behaved is lost or duplicated, every
+/// phase delivered messages, the daemon's RSS and descriptors were read, and
+/// each attack got the answer it must (pass). With --json, the same in one
+/// object, and the daemon's temporary directory is gone after either run.
+#[test]
+fn bench_soak_runs_small_with_nothing_lost_and_every_attack_answered() {
+    let before = soak_dirs();
+    let (status, out, err) = run_within(
+        conclave().args(["bench", "soak", "--clients", "40", "--groups", "8", "--duration", "8s", "--rate", "4"]),
+        Duration::from_secs(120),
+    );
+    assert!(status.success(), "{out}\n{err}");
+    let cells = |l: &str| l.split('|').map(|c| c.trim().to_string()).collect::<Vec<_>>();
+    let header = out.lines().find(|l| l.starts_with("| phase")).unwrap_or_else(|| panic!("no table:\n{out}"));
+    let columns = cells(header);
+    let col = |name: &str| columns.iter().position(|c| c == name).unwrap_or_else(|| panic!("no column {name}:\n{out}"));
+    let rows: Vec<Vec<String>> =
+        out.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| phase")).map(cells).collect();
+    let phases: Vec<&str> = rows.iter().map(|r| r[1].as_str()).collect();
+    assert_eq!(
+        phases,
+        [
+            "no-attack",
+            "tls-handshake-flood",
+            "never-reads",
+            "connection-exhaustion",
+            "incomplete-frame",
+            "name-squatting",
+            "total"
+        ],
+        "{out}"
+    );
+    let num = |r: &Vec<String>, c: &str| r[col(c)].parse::<f64>().unwrap_or_else(|_| panic!("{c} in {r:?}"));
+    for r in &rows {
+        assert_eq!(num(r, "lost"), 0.0, "{out}");
+        assert_eq!(num(r, "duplicated"), 0.0, "{out}");
+        assert!(num(r, "sent") > 0.0 && num(r, "delivered") >= num(r, "sent"), "{out}");
+        assert!(num(r, "p50 ms") > 0.0 && num(r, "p50 ms") <= num(r, "p99 ms"), "{out}");
+        assert!(num(r, "daemon RSS MiB") > 1.0 && num(r, "daemon fds") >= 40.0, "{out}");
+        if r[1] != "no-attack" && r[1] != "total" {
+            assert_eq!(r[col("attack")], "pass", "{out}");
+            let (answered, should) = r[col("refused/cut off")].split_once('/').unwrap();
+            assert_eq!(answered, should, "{out}");
+            assert!(num(r, "attack cycles") >= 1.0, "{out}");
+        }
+    }
+    // The flood's idle sockets (1100) show in the daemon's descriptors, sampled while they are held.
+    assert!(num(&rows[1], "daemon fds") > num(&rows[0], "daemon fds") + 200.0, "{out}");
+
+    let (status, out, err) = run_within(
+        conclave().args(["bench", "soak", "--clients", "12", "--groups", "3", "--duration", "6s", "--json"]),
+        Duration::from_secs(120),
+    );
+    assert!(status.success(), "{out}\n{err}");
+    let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let phases = report["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 7, "{out}");
+    let total = &phases[6];
+    assert_eq!(total["phase"], "total");
+    assert_eq!((total["lost"].as_u64(), total["duplicated"].as_u64()), (Some(0), Some(0)), "{out}");
+    assert!(total["delivered"].as_u64().unwrap() >= total["sent"].as_u64().unwrap(), "{out}");
+    assert!(report["daemon_rss_hwm_mib"].as_f64().unwrap() > 1.0, "{out}");
+    assert_eq!(soak_dirs(), before, "a soak left its temporary directory behind");
+}
+
+/// The soak's temporary directories present now.
+fn soak_dirs() -> Vec<String> {
+    let mut dirs: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("conclave-soak-"))
+        .collect();
+    dirs.sort();
+    dirs
+}
