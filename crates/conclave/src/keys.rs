@@ -702,7 +702,12 @@ pub fn chat_identity_missing(kd: &KeyDir, name: &str) -> Option<String> {
 /// `conclave chat --create-identity`: creates the authority if `kd` has
 /// none and issues `name`'s certificate if `kd` has none for it. Returns a
 /// one-line notice of what was created (`None` if nothing was).
-pub fn create_chat_identity(kd: &KeyDir, name: &str, rng: &mut dyn CryptoRngCore) -> Result<Option<String>> {
+pub fn create_chat_identity(
+    kd: &KeyDir,
+    name: &str,
+    unlock: &PassphraseArgs,
+    rng: &mut dyn CryptoRngCore,
+) -> Result<Option<String>> {
     if kd.has_member(name) {
         return Ok(None);
     }
@@ -714,7 +719,7 @@ pub fn create_chat_identity(kd: &KeyDir, name: &str, rng: &mut dyn CryptoRngCore
     if !kd.can_issue() {
         bail!("{}", chat_identity_missing(kd, name).unwrap_or_default());
     }
-    let serial = kd.issue(name, 365, false, rng)?;
+    let serial = kd.issue_with(name, 365, false, unlock, None, rng)?;
     created.push(format!("a certificate for {name} (serial {serial})"));
     Ok(Some(format!("created {} in {}", created.join(" and "), kd.dir.display())))
 }
@@ -906,20 +911,51 @@ mod tests {
         let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(2);
         let hint = chat_identity_missing(&kd, "alice").unwrap();
         assert!(hint.contains("conclave keys authority") && hint.contains("--create-identity"), "{hint}");
-        let notice = create_chat_identity(&kd, "alice", &mut rng).unwrap().unwrap();
+        let notice = create_chat_identity(&kd, "alice", &PassphraseArgs::default(), &mut rng).unwrap().unwrap();
         assert!(notice.contains("new group authority") && notice.contains("certificate for alice"), "{notice}");
         assert!(chat_identity_missing(&kd, "alice").is_none());
         let id = kd.identity("alice").unwrap();
-        assert_eq!(create_chat_identity(&kd, "alice", &mut rng).unwrap(), None, "the second run creates nothing");
+        assert_eq!(
+            create_chat_identity(&kd, "alice", &PassphraseArgs::default(), &mut rng).unwrap(),
+            None,
+            "the second run creates nothing"
+        );
         assert_eq!(kd.identity("alice").unwrap().cert_der(), id.cert_der(), "the second run reuses the identity");
         let authority = kd.authority().unwrap();
         assert!(authority.verify(id.cert_der(), &MemberId::new("alice").unwrap(), SystemTime::now()).is_ok());
-        let notice = create_chat_identity(&kd, "bob", &mut rng).unwrap().unwrap();
+        let notice = create_chat_identity(&kd, "bob", &PassphraseArgs::default(), &mut rng).unwrap().unwrap();
         assert!(!notice.contains("authority") && notice.contains("certificate for bob"), "{notice}");
         std::fs::remove_file(dir.path().join("keys/authority.key")).unwrap();
         let hint = chat_identity_missing(&kd, "carol").unwrap();
         assert!(hint.contains("cannot issue"), "{hint}");
-        assert!(create_chat_identity(&kd, "carol", &mut rng).is_err(), "cannot issue without the authority key");
+        assert!(
+            create_chat_identity(&kd, "carol", &PassphraseArgs::default(), &mut rng).is_err(),
+            "cannot issue without the authority key"
+        );
+    }
+
+    /// `chat --create-identity` under an authority whose key is protected:
+    /// refused without its passphrase (no terminal here) or with a wrong
+    /// one, issued with the right one; nothing is written by a refusal.
+    #[test]
+    fn chat_creates_an_identity_under_a_protected_authority_only_with_its_passphrase() {
+        let dir = tempfile::tempdir().unwrap();
+        let kd = KeyDir::open(dir.path().join("keys")).unwrap();
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(3);
+        kd.create_authority_protected("test", 30, Some(b"open sesame"), &mut rng).unwrap();
+        let file = |text: &str| {
+            let path = dir.path().join(format!("pass-{}", text.len()));
+            std::fs::write(&path, format!("{text}\n")).unwrap();
+            PassphraseArgs { passphrase_file: Some(path), passphrase_env: None }
+        };
+        let err = create_chat_identity(&kd, "alice", &PassphraseArgs::default(), &mut rng).unwrap_err();
+        assert!(format!("{err:#}").contains("protected by a passphrase"), "{err:#}");
+        let err = create_chat_identity(&kd, "alice", &file("wrong"), &mut rng).unwrap_err();
+        assert!(format!("{err:#}").contains("wrong passphrase"), "{err:#}");
+        assert!(chat_identity_missing(&kd, "alice").is_some(), "a refusal writes nothing");
+        let notice = create_chat_identity(&kd, "alice", &file("open sesame"), &mut rng).unwrap().unwrap();
+        assert!(notice.contains("certificate for alice") && !notice.contains("authority"), "{notice}");
+        assert!(chat_identity_missing(&kd, "alice").is_none());
     }
 
     #[test]

@@ -87,7 +87,8 @@ pub struct ChatArgs {
     #[arg(long)]
     create_identity: bool,
     /// If --name's secret key (DIR/members/NAME.key) is protected by a passphrase: how to give it (else it is
-    /// asked on the terminal, before the chat screen starts).
+    /// asked on the terminal, before the chat screen starts). With --create-identity, the passphrase of the
+    /// authority's key, if that is protected.
     #[command(flatten)]
     passphrase: crate::passphrase::PassphraseArgs,
     /// Chat in the browser: serve the chat page on ADDR (IP:PORT) [default: 127.0.0.1 and a free port] and print
@@ -127,7 +128,9 @@ pub fn run(args: ChatArgs) -> Result<()> {
     };
     let create = |kd: &KeyDir| -> Result<()> {
         if missing.is_some() {
-            if let Some(notice) = crate::keys::create_chat_identity(kd, &args.name, &mut rand_core::OsRng)? {
+            if let Some(notice) =
+                crate::keys::create_chat_identity(kd, &args.name, &args.passphrase, &mut rand_core::OsRng)?
+            {
                 eprintln!("conclave: {notice}");
             }
         }
