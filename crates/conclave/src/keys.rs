@@ -432,7 +432,9 @@ impl KeyDir {
     }
 
     /// Issues `name`'s identity. Refuses to overwrite one, unless `replace`
-    /// and the one there is revoked or expired. Returns the serial.
+    /// and the one there is revoked or expired. Returns the serial. (The
+    /// commands all go through [`KeyDir::issue_with`].)
+    #[cfg(test)]
     pub fn issue(&self, name: &str, days: u64, replace: bool, rng: &mut dyn CryptoRngCore) -> Result<String> {
         self.issue_with(name, days, replace, &PassphraseArgs::default(), None, rng)
     }
