@@ -1170,6 +1170,18 @@ mod tests {
     }
 
     impl Net {
+        /// Whether the attacker model reaches `target` from the secrets
+        /// `scalars` and `elements` and every element broadcast so far (read
+        /// as member `via` reads the wire).
+        #[cfg(feature = "test-hooks")]
+        fn reaches(&self, via: usize, scalars: &[Vec<u8>], elements: &[Vec<u8>], target: &[u8]) -> Option<bool> {
+            use crate::engine::Engine;
+            let publics: Vec<Vec<u8>> =
+                self.wire.iter().flat_map(|b| self.engines[via].public_elements(b).unwrap_or_default()).collect();
+            let domains = crate::testing::domains(ProtocolId::Tgdh);
+            self.engines[via].runner.attacker().can_reach(scalars, elements, &publics, target, &domains, 2, 2_000_000)
+        }
+
         fn new(algorithm: IntervalAlgorithm, n: usize, seed: u64) -> Net {
             let mut rng = ChaCha20Rng::seed_from_u64(seed);
             let names: Vec<MemberId> = (0..n).map(|i| MemberId::new(format!("m{i}")).unwrap()).collect();
@@ -1809,8 +1821,6 @@ mod tests {
     #[cfg(feature = "test-hooks")]
     #[test]
     fn a_member_that_left_before_a_rekey_cannot_reach_the_new_key_from_what_it_held_and_saw() {
-        use crate::engine::Engine;
-        use crate::testing::domains;
         for a in IntervalAlgorithm::ALL {
             let mut net = Net::new(a, 8, 8);
             net.change(&[0, 1, 2, 3, 4], &[]);
@@ -1820,41 +1830,20 @@ mod tests {
             net.change(&[5], &[leaver]);
             net.rekey();
             let target = net.engines[1].leak().group_secret.expect("a secret");
-            // Every element broadcast in the group, before and after it left.
-            let publics: Vec<Vec<u8>> =
-                net.wire.iter().flat_map(|b| net.engines[1].public_elements(b).unwrap_or_default()).collect();
+            // With every element broadcast in the group, before and after it left.
             let mut secrets = held.elements.clone();
             secrets.extend(held.group_secret.clone());
-            let reach = net.engines[1].runner.attacker().can_reach(
-                &held.scalars,
-                &secrets,
-                &publics,
-                &target,
-                &domains(ProtocolId::Tgdh),
-                2,
-                2_000_000,
-            );
+            let reach = net.reaches(1, &held.scalars, &secrets, &target);
             assert_eq!(reach, Some(false), "{a:?}: the leaver reaches the new key");
             // The model finds keys it can reach: a stayer's own keys reach it.
             let stay = net.engines[1].leak();
-            let mine = net.engines[1].runner.attacker().can_reach(
-                &stay.scalars,
-                &stay.elements,
-                &publics,
-                &target,
-                &domains(ProtocolId::Tgdh),
-                2,
-                2_000_000,
-            );
-            assert_eq!(mine, Some(true), "{a:?}");
+            assert_eq!(net.reaches(1, &stay.scalars, &stay.elements, &target), Some(true), "{a:?}");
         }
     }
 
     #[cfg(feature = "test-hooks")]
     #[test]
     fn a_joiner_that_left_t_prime_mid_interval_cannot_reach_the_key_that_merges_t_prime() {
-        use crate::engine::Engine;
-        use crate::testing::domains;
         let mut net = Net::new(IntervalAlgorithm::QueueBatch, 10, 13);
         net.change(&[0, 1, 2, 3], &[]);
         net.rekey();
@@ -1865,31 +1854,12 @@ mod tests {
         net.change(&[], &[gone]);
         net.rekey();
         let target = net.engines[0].leak().group_secret.expect("a secret");
-        let publics: Vec<Vec<u8>> =
-            net.wire.iter().flat_map(|b| net.engines[0].public_elements(b).unwrap_or_default()).collect();
         let mut secrets = held.elements.clone();
         secrets.extend(held.group_secret.clone());
-        let reach = net.engines[0].runner.attacker().can_reach(
-            &held.scalars,
-            &secrets,
-            &publics,
-            &target,
-            &domains(ProtocolId::Tgdh),
-            2,
-            2_000_000,
-        );
+        let reach = net.reaches(0, &held.scalars, &secrets, &target);
         assert_eq!(reach, Some(false), "the joiner gone from T' reaches the key");
         // A joiner that stayed does.
         let stay = net.engines[4].leak();
-        let mine = net.engines[0].runner.attacker().can_reach(
-            &stay.scalars,
-            &stay.elements,
-            &publics,
-            &target,
-            &domains(ProtocolId::Tgdh),
-            2,
-            2_000_000,
-        );
-        assert_eq!(mine, Some(true));
+        assert_eq!(net.reaches(0, &stay.scalars, &stay.elements, &target), Some(true));
     }
 }
