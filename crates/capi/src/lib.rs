@@ -175,20 +175,16 @@ pub unsafe extern "C" fn conclave_init_protected(
     out: *mut *mut conclave_t,
 ) -> conclave_status_t {
     guard(|| {
+        if !out.is_null() {
+            // SAFETY: not NULL; the caller promises it is writable.
+            unsafe { *out = std::ptr::null_mut() };
+        }
         if passphrase.is_null() {
-            if !out.is_null() {
-                // SAFETY: not NULL; the caller promises it is writable.
-                unsafe { *out = std::ptr::null_mut() };
-            }
             return Err(fail(CONCLAVE_ERR_NULL, "passphrase is NULL (use conclave_init for an unprotected key)"));
         }
         // SAFETY: not NULL; the caller promises a NUL-terminated string.
         let pass = zeroize::Zeroizing::new(unsafe { std::ffi::CStr::from_ptr(passphrase) }.to_bytes().to_vec());
         if pass.is_empty() {
-            if !out.is_null() {
-                // SAFETY: as above.
-                unsafe { *out = std::ptr::null_mut() };
-            }
             return Err(fail(CONCLAVE_ERR_INVALID, "the passphrase is empty"));
         }
         // SAFETY: the caller's promises, passed on.
