@@ -315,9 +315,10 @@ pub enum Op {
         /// The daemons of the transitional set, this one among them.
         members: Vec<DaemonId>,
     },
-    /// Key agreement among the daemons (see *Keyed groups* in the
-    /// [module docs](self)), ordered like everything else; the core itself
-    /// passes it by.
+    /// Traffic among the machines around the daemons' cores (see *Keyed
+    /// groups* in the [module docs](self)): the daemons' key agreement, and
+    /// client operations sealed under its key. Ordered like everything
+    /// else; the core itself passes it by.
     DaemonKa {
         /// The daemon that sent it.
         from: DaemonId,
@@ -874,6 +875,21 @@ pub trait Machine: std::any::Any + Send {
     /// The shell's clock reached [`Machine::poll_timeout`]'s time.
     fn handle_timeout(&mut self, now: u64, out: &mut Vec<Output>) {
         let _ = (now, out);
+    }
+    /// An operation of one of this daemon's own clients, numbered, on its
+    /// way to the backbone: the machine submits it (the default: as it is),
+    /// or transforms or holds it first. Shells that route their clients'
+    /// operations through the machine ([`Machine::routes_submissions`]) call
+    /// it for each, in their order.
+    fn submit(&mut self, op: Op, now: u64, out: &mut Vec<Output>) {
+        let _ = now;
+        out.push(Output::Submit(op));
+    }
+    /// Whether the shell must pass its clients' operations through
+    /// [`Machine::submit`] rather than straight to the backbone (so that the
+    /// machine can seal them, say).
+    fn routes_submissions(&self) -> bool {
+        false
     }
     /// The core inside.
     fn core(&self) -> &Core;

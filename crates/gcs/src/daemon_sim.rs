@@ -373,6 +373,13 @@ impl DaemonSim {
         self.schedule(when, Event::FromClient { daemon: conn.daemon, op });
     }
 
+    /// Every operation the backbone has ordered so far, with the daemon that
+    /// submitted it, configuration by configuration: what went between the
+    /// daemons (a capture of the wire, for tests).
+    pub fn ordered_ops(&self) -> impl Iterator<Item = (DaemonId, &Op)> {
+        self.configs.iter().flat_map(|c| c.log.iter().map(|(from, op)| (*from, op)))
+    }
+
     /// Whether a connection is one of a running daemon's current lifetime.
     fn alive(&self, conn: ConnId) -> bool {
         self.daemons.get(&conn.daemon).is_some_and(|d| d.up && conn.local >= d.first_conn)
@@ -560,9 +567,21 @@ impl DaemonSim {
     fn handle(&mut self, event: Event, react: &mut dyn FnMut(Micros, ConnId, &Delivery) -> Reaction) {
         match event {
             Event::FromClient { daemon, op } => {
-                if op.conn().is_some_and(|c| self.alive(c)) {
-                    self.send_to_sequencer(daemon, self.now, op);
+                if !op.conn().is_some_and(|c| self.alive(c)) {
+                    return;
                 }
+                let d = self.daemons.get_mut(&daemon).expect("daemon");
+                if !d.core.routes_submissions() {
+                    self.send_to_sequencer(daemon, self.now, op);
+                    return;
+                }
+                // Numbered here, as `send_to_sequencer` would, so that what
+                // the machine makes of it carries its identity.
+                let id = OpId { incarnation: d.core.core().incarnation(), seq: d.next_op };
+                d.next_op += 1;
+                let mut out = Vec::new();
+                d.core.submit(op.numbered(id), self.now, &mut out);
+                self.outputs(daemon, self.now, out);
             }
             Event::ToSequencer { config, from, submission, op } => {
                 let c = &mut self.configs[config as usize];

@@ -49,7 +49,16 @@
 //!   ([`KeyedDaemon::with_key_lifetime`]), and every keyed group gets an
 //!   artificial view change.
 //!
-//! Not here yet: Three-Step client–server and Optimized EVS.
+//! * **The sealed backbone (Three-Step client–server, §4.3.1)**
+//!   ([`KeyedDaemon::with_sealed_backbone`]): every client operation that
+//!   goes from one daemon to the others travels sealed with an AEAD key
+//!   derived from `K_s` — control traffic (joins, leaves, connects) and data
+//!   alike; see the [`seal`] module for what it covers and how every daemon
+//!   makes the same decision about each sealed operation.
+//!
+//! Not here yet: Optimized EVS.
+
+pub mod seal;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -153,7 +162,7 @@ impl DaemonTrust for DaemonIdentities {
 }
 
 /// The kinds of [`Op::DaemonKa`] payloads: the first byte.
-mod ka_kind {
+pub(crate) mod ka_kind {
     /// A daemon's credential for a configuration: the configuration id (16
     /// bytes), then the credential.
     pub const CREDENTIAL: u8 = 0;
@@ -162,6 +171,8 @@ mod ka_kind {
     /// A daemon's request to renew the key of an epoch (time-out): the
     /// epoch ([`conclave_gka::EPOCH_LEN`] bytes).
     pub const RENEW: u8 = 2;
+    /// A client operation sealed under the daemons' key (see [`crate::seal`]).
+    pub const SEALED: u8 = 3;
 }
 
 /// Where the daemons' key stands.
@@ -215,6 +226,8 @@ pub struct KeyedDaemon {
     renew_at: Option<u64>,
     /// The current key was agreed and its time-out not yet set.
     lifetime_starts: bool,
+    /// The sealed backbone, if on.
+    sealing: Option<seal::Sealing>,
 }
 
 impl KeyedDaemon {
@@ -240,6 +253,7 @@ impl KeyedDaemon {
             key_lifetime: None,
             renew_at: None,
             lifetime_starts: false,
+            sealing: None,
         };
         let mut out = Vec::new();
         daemon.configuration_installed(&mut out);
@@ -268,6 +282,29 @@ impl KeyedDaemon {
     pub fn with_key_lifetime(mut self, micros: u64) -> Self {
         self.key_lifetime = Some(micros.max(1));
         self
+    }
+
+    /// The sealed backbone (Three-Step client–server, paper §4.3.1): this
+    /// daemon's clients' operations go to the other daemons sealed under a
+    /// key derived from the daemons' key, and wait while there is none (see
+    /// [`seal`]). The shell routes its clients' operations through
+    /// [`Machine::submit`]. Every daemon of a cluster must have it on, or
+    /// none: a daemon without it ignores sealed operations.
+    pub fn with_sealed_backbone(mut self) -> Self {
+        self.sealing = Some(seal::Sealing::new(self.me));
+        self
+    }
+
+    /// Operations of this daemon's clients waiting for the daemons' key
+    /// (sealed backbone).
+    pub fn waiting_for_key(&self) -> usize {
+        self.sealing.as_ref().map_or(0, seal::Sealing::waiting)
+    }
+
+    /// This daemon's clients' operations that were void (sealed under a key
+    /// that was gone when they were ordered) and sent again.
+    pub fn sealed_resent(&self) -> u64 {
+        self.sealing.as_ref().map_or(0, seal::Sealing::resent)
     }
 
     /// The daemons' key agreements this daemon completed.
@@ -399,6 +436,9 @@ impl KeyedDaemon {
                 }
                 EngineOutput::Installed(sv) => {
                     tracing::debug!(epoch = ?sv.epoch, daemons = sv.members.len(), "daemons agreed a key");
+                    if let Some(sealing) = &mut self.sealing {
+                        sealing.key_agreed(sv.epoch, sv.key.expose_secret(), out);
+                    }
                     self.key = ServerKey::Agreed(sv);
                     self.agreements += 1;
                     self.data_under_key = 0;
@@ -516,9 +556,12 @@ impl KeyedDaemon {
     /// Passes one of the core's outputs on: a keyed group's view gets its
     /// key, or waits with everything after it until there is one.
     fn route(&mut self, o: Output, out: &mut Vec<Output>) {
-        let Output::Deliver { to, delivery } = o else {
-            out.push(o);
-            return;
+        let (to, delivery) = match o {
+            Output::Deliver { to, delivery } => (to, delivery),
+            // The core submits its clients' held operations again after an
+            // interrupted exchange: sealed like any other.
+            Output::Submit(op) if op.conn().is_some() => return self.submit_op(op, out),
+            o => return out.push(o),
         };
         let group = match &delivery {
             Delivery::View { group, .. }
@@ -561,6 +604,14 @@ impl Machine for KeyedDaemon {
         out.push(Output::Submit(Op::DaemonKa { from: self.me, payload: payload.into() }));
     }
 
+    fn submit(&mut self, op: Op, _now: u64, out: &mut Vec<Output>) {
+        self.submit_op(op, out);
+    }
+
+    fn routes_submissions(&self) -> bool {
+        self.sealing.is_some()
+    }
+
     fn handle(&mut self, op: Op, now: u64, out: &mut Vec<Output>) {
         self.handle_op(op, out);
         // A key agreed since the last call is used from now on.
@@ -575,8 +626,32 @@ impl Machine for KeyedDaemon {
 }
 
 impl KeyedDaemon {
+    /// One of this daemon's clients' operations for the backbone: sealed if
+    /// the backbone is.
+    fn submit_op(&mut self, op: Op, out: &mut Vec<Output>) {
+        match &mut self.sealing {
+            Some(sealing) => sealing.submit(op, out),
+            None => out.push(Output::Submit(op)),
+        }
+    }
+
     fn handle_op(&mut self, op: Op, out: &mut Vec<Output>) {
         let op = match op {
+            Op::DaemonKa { from, payload } if payload.first() == Some(&ka_kind::SEALED) => {
+                // Decided at every daemon alike, exchange or not (see `seal`).
+                let Some(sealing) = &mut self.sealing else {
+                    tracing::warn!(daemon = from.0, "a sealed operation, and this daemon's backbone is not sealed");
+                    return;
+                };
+                match sealing.open(from, &payload[1..], out) {
+                    seal::Opened::Op(op) => op,
+                    seal::Opened::Void => return,
+                    seal::Opened::Refused(why) => {
+                        tracing::warn!(daemon = from.0, why, "a sealed operation dropped");
+                        return;
+                    }
+                }
+            }
             Op::DaemonKa { from, payload } => {
                 // Only the current configuration's run takes it: a message
                 // ordered during an exchange is of a run that ended.
@@ -590,6 +665,9 @@ impl KeyedDaemon {
                 // in any case.
                 self.key = ServerKey::Changing;
                 self.engine = None;
+                if let Some(sealing) = &mut self.sealing {
+                    sealing.configuration_changed();
+                }
                 self.refreshing = false;
                 self.renew_at = None;
                 op
