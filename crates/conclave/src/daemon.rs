@@ -223,9 +223,16 @@ pub struct DaemonArgs {
     /// certificate of the group authority, for the member name daemon-N with N this node's daemon number (its
     /// Corosync node id; `conclave keys issue daemon-N`). The daemons agree a key among themselves, admitting only
     /// daemons whose certificates --daemon-ca and --daemon-crl accept. Without it a cluster daemon refuses keyed
-    /// joins.
+    /// joins. With it, every client operation crosses to the other daemons sealed under a key derived from the
+    /// daemons' key (the Three-Step architecture's server-to-server protection): a daemon that is not admitted
+    /// reads none of them, and its clients' operations do not reach the others.
     #[arg(long, value_name = "PEM", requires_all = ["daemon_key", "daemon_ca", "daemon_crl"])]
     daemon_cert: Option<PathBuf>,
+    /// With --daemon-cert: keep client operations in clear between the daemons (as far as Conclave goes; Corosync's
+    /// own encryption still applies), though the daemons share a key. For measuring what sealing costs; every
+    /// daemon of the cluster must say the same.
+    #[arg(long, requires = "daemon_cert")]
+    plain_backbone: bool,
     /// The secret key of --daemon-cert (PEM, PKCS#8).
     #[arg(long, value_name = "PEM", requires = "daemon_cert")]
     daemon_key: Option<PathBuf>,
@@ -923,7 +930,13 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     let backbone = match daemon_identity(&args, &choice, backbone.daemon_id())? {
         Some(certified) => {
             tracing::info!("keyed groups: this daemon takes part in the daemons' key agreement as {certified:?}");
-            backbone.with_daemon_trust(certified)
+            let backbone = backbone.with_daemon_trust(certified);
+            if args.plain_backbone {
+                tracing::warn!("--plain-backbone: client operations cross between the daemons unsealed");
+                backbone.unsealed()
+            } else {
+                backbone
+            }
         }
         None => backbone,
     };

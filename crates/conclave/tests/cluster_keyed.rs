@@ -230,22 +230,69 @@ async fn certified_daemons_key_every_group_and_rekey_them_on_a_partition_and_a_m
     drop(cluster);
 }
 
+/// A cluster whose node 3 another authority certified: nodes 1 and 2 admit
+/// each other only, node 3 only itself.
+async fn with_a_rogue_node(dir: &Path, extra: &'static [&'static str]) -> NetnsCluster {
+    let (issuer, ca, crl) = authority(dir, "authority");
+    let (rogue, rogue_ca, rogue_crl) = authority(dir, "rogue");
+    let mut certs = certify(dir, &issuer, &[1, 2], "good");
+    certs.extend(certify(dir, &rogue, &[3], "rogue"));
+    // Node 3 trusts its own authority as well as it can: it checks the
+    // others against the rogue one, so it admits only itself; nodes 1 and 2
+    // check against the real one and admit each other only.
+    start(move |i| {
+        let (ca, crl) = if i == 3 { (&rogue_ca, &rogue_crl) } else { (&ca, &crl) };
+        let mut args = daemon_args(&certs, ca, crl, i);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    })
+    .await
+}
+
+fn said_why_daemon_3_is_out(cluster: &NetnsCluster) {
+    for node in &cluster.nodes[..2] {
+        let log = std::fs::read_to_string(&node.daemon_log).unwrap();
+        assert!(
+            log.contains("not admitted to the daemons' key agreement daemon=3"),
+            "a certified daemon did not say why it kept daemon 3 out:\n{log}"
+        );
+    }
+}
+
+/// With the sealed backbone (the default), a daemon the others do not admit
+/// can neither read their clients' operations nor get its own to them: its
+/// client never appears in the certified daemons' views, and it sees none of
+/// theirs, while their clients share every group's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, network namespaces and corosync: run by .ci/run's cluster step"]
+async fn a_daemon_another_authority_certified_is_kept_out_of_the_sealed_backbone() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = with_a_rogue_node(dir.path(), &[]).await;
+    let members = join_all(&cluster).await;
+    let all: Vec<&Member> = members.iter().collect();
+    let keyed = settle(&all[..2], 2, Cause::Join, true, "nodes 1-2's clients, between them, keyed").await;
+    for g in groups() {
+        assert_eq!(keyed[&g].1[0], keyed[&g].1[1], "nodes 1 and 2 hold different keys for {g}");
+    }
+    said_why_daemon_3_is_out(&cluster);
+    let alone = settle(&all[2..], 1, Cause::Join, false, "node 3's client alone in every group").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for g in groups() {
+        let view = members[0].last(&g).unwrap().0;
+        assert!(view.members.iter().all(|m| m.id.as_str() != "n3"), "n3 reached the certified daemons' {g}");
+        let view = members[2].last(&g).unwrap().0;
+        assert_eq!(view.id, alone[&g].0, "node 3's client saw more of {g}: {view:?}");
+    }
+}
+
+/// With the backbone unsealed (`--plain-backbone`), daemon 3's client is in
+/// every group's views, but the key the certified daemons share never
+/// reaches it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root, network namespaces and corosync: run by .ci/run's cluster step"]
 async fn a_daemon_another_authority_certified_is_kept_out_of_the_daemons_key() {
     let dir = tempfile::tempdir().unwrap();
-    let (issuer, ca, crl) = authority(dir.path(), "authority");
-    let (rogue, rogue_ca, rogue_crl) = authority(dir.path(), "rogue");
-    let mut certs = certify(dir.path(), &issuer, &[1, 2], "good");
-    certs.extend(certify(dir.path(), &rogue, &[3], "rogue"));
-    // Node 3 trusts its own authority as well as it can: it checks the
-    // others against the rogue one, so it admits only itself; nodes 1 and 2
-    // check against the real one and admit each other only.
-    let cluster = start(move |i| {
-        let (ca, crl) = if i == 3 { (&rogue_ca, &rogue_crl) } else { (&ca, &crl) };
-        daemon_args(&certs, ca, crl, i)
-    })
-    .await;
+    let cluster = with_a_rogue_node(dir.path(), &["--plain-backbone"]).await;
     let members = join_all(&cluster).await;
     let all: Vec<&Member> = members.iter().collect();
     let views = settle(&all, 3, Cause::Join, false, "every group's view of all three").await;
@@ -255,13 +302,7 @@ async fn a_daemon_another_authority_certified_is_kept_out_of_the_daemons_key() {
         assert_eq!(keyed[&g].0, views[&g].0);
         assert_eq!(keyed[&g].1[0], keyed[&g].1[1], "nodes 1 and 2 hold different keys for {g}");
     }
-    for node in &cluster.nodes[..2] {
-        let log = std::fs::read_to_string(&node.daemon_log).unwrap();
-        assert!(
-            log.contains("not admitted to the daemons' key agreement daemon=3"),
-            "a certified daemon did not say why it kept daemon 3 out:\n{log}"
-        );
-    }
+    said_why_daemon_3_is_out(&cluster);
     // Node 3 admitted only itself, so whatever key it gave its client is
     // not the one the certified daemons share.
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -283,8 +283,9 @@ enum Keying {
     /// key of its own, under a signing key drawn at start.
     Alone,
     /// A cluster daemon admits to the daemons' key agreement the daemons this
-    /// trust admits.
-    Trusted(Box<dyn DaemonTrust>),
+    /// trust admits, and (if `sealed`) seals its clients' operations on the
+    /// backbone under the daemons' key (`conclave_integrated::seal`).
+    Trusted { trust: Box<dyn DaemonTrust>, sealed: bool },
     /// A cluster daemon without a daemon identity refuses keyed joins
     /// (`ModeMismatch`).
     Off,
@@ -340,8 +341,25 @@ impl Backbone {
     /// Every daemon of the cluster should be given the same trust (the
     /// same authority); one that others do not admit gets no key, and its
     /// clients no keyed views.
+    ///
+    /// Its clients' operations then cross to the other daemons sealed under
+    /// a key derived from the daemons' key (the Three-Step client–server
+    /// architecture's server-to-server protection; see
+    /// `conclave_integrated::seal`), unless [`Backbone::unsealed`] says
+    /// otherwise. Every daemon of a cluster must do the same.
     pub fn with_daemon_trust(mut self, trust: impl DaemonTrust + 'static) -> Self {
-        self.keying = Keying::Trusted(Box::new(trust));
+        self.keying = Keying::Trusted { trust: Box::new(trust), sealed: true };
+        self
+    }
+
+    /// Keeps the clients' operations in clear on the backbone (as far as this
+    /// daemon's layer goes: Corosync's own encryption still applies) though
+    /// the daemons share a key: for measuring what sealing costs. Every
+    /// daemon of a cluster must do the same.
+    pub fn unsealed(mut self) -> Self {
+        if let Keying::Trusted { sealed, .. } = &mut self.keying {
+            *sealed = false;
+        }
         self
     }
 
@@ -727,7 +745,10 @@ impl Daemon {
                 let identities = DaemonIdentities::alone(me, signer);
                 Box::new(renewal(KeyedDaemon::new(core, identities, Box::new(rand_core::OsRng))))
             }
-            Keying::Trusted(trust) => Box::new(renewal(KeyedDaemon::new(core, trust, Box::new(rand_core::OsRng)))),
+            Keying::Trusted { trust, sealed } => {
+                let keyed = renewal(KeyedDaemon::new(core, trust, Box::new(rand_core::OsRng)));
+                Box::new(if sealed { keyed.with_sealed_backbone() } else { keyed })
+            }
             Keying::Off => Box::new(core),
         };
         let (stop, stopped) = oneshot::channel();
@@ -741,7 +762,18 @@ impl Daemon {
             groups: (!standalone && config.access.is_some()).then(|| groups.clone()),
             snapshots: snapshot_requests,
         };
-        let sequencer = tokio::spawn(sequence(core, backbone, submit.clone(), conns.clone(), stopped, rules));
+        // A machine that seals its clients' operations takes them before the
+        // backbone does: clients submit to the sequencer, which passes on
+        // what the machine makes of them.
+        let (client_submit, local) = if core.routes_submissions() {
+            let (tx, rx) = mpsc::channel(1024);
+            (tx, Some(Local { ops: rx, incarnation, next: 0 }))
+        } else {
+            (submit.clone(), None)
+        };
+        let ends = SequencerEnds { backbone: submit, clients: client_submit.clone(), local };
+        let sequencer = tokio::spawn(sequence(core, backbone, ends, conns.clone(), stopped, rules));
+        let submit = client_submit;
         let shared = Arc::new(Shared {
             config: config.clone(),
             conns: conns.clone(),
@@ -1050,6 +1082,30 @@ struct BackboneEnds {
     report: oneshot::Sender<String>,
 }
 
+/// Where the sequencer sends what it submits.
+struct SequencerEnds {
+    /// The backbone.
+    backbone: mpsc::Sender<Op>,
+    /// Where clients' operations go (the backbone, or `local`).
+    clients: mpsc::Sender<Op>,
+    /// The clients' operations, if they pass through the machine.
+    local: Option<Local>,
+}
+
+/// Clients' operations on their way through the machine to the backbone.
+struct Local {
+    ops: mpsc::Receiver<Op>,
+    /// Their identities: the daemon's incarnation and the next number (as a
+    /// cluster backbone would number them; see the core's *Operation
+    /// identities*).
+    incarnation: u64,
+    next: u64,
+}
+
+/// The most submissions the sequencer queues for an ordered backbone before
+/// it stops taking clients' operations.
+const OUTBOX: usize = 1024;
+
 /// What the sequencer needs for the access rules and status reports.
 struct Rules {
     access: Option<AccessPolicy>,
@@ -1166,12 +1222,18 @@ fn check_join(op: Op, core: &Core, access: &AccessPolicy, conns: &Conns) -> Op {
 async fn sequence(
     mut core: Box<dyn Machine>,
     backbone: BackboneEnds,
-    submit: mpsc::Sender<Op>,
+    ends: SequencerEnds,
     conns: Conns,
     mut stopped: oneshot::Receiver<()>,
     mut rules: Rules,
 ) {
     let BackboneEnds { mut ordered, mut failure, report } = backbone;
+    let SequencerEnds { backbone: submit, clients: client_submit, mut local } = ends;
+    // With clients' operations passing through the machine, everything it
+    // submits goes to the backbone in its order (sealed operations keep
+    // their clients' order only so), from here.
+    let mut outbox: std::collections::VecDeque<Op> = std::collections::VecDeque::new();
+    let routed = local.is_some();
     let mut failed = None;
     // A backbone that cannot fail drops its failure sender at once.
     let mut may_fail = true;
@@ -1201,6 +1263,20 @@ async fn sequence(
                 Err(_) => may_fail = false,
             },
             () = tokio::time::sleep_until(timer.unwrap_or(origin)), if timer.is_some() => timed_out = true,
+            permit = submit.reserve(), if !outbox.is_empty() => {
+                match permit {
+                    Ok(permit) => permit.send(outbox.pop_front().expect("not empty")),
+                    // The backbone is gone; its failure report follows.
+                    Err(_) => outbox.clear(),
+                }
+                continue;
+            }
+            Some(op) = next_local(&mut local), if routed && outbox.len() < OUTBOX => {
+                let local = local.as_mut().expect("routed");
+                let id = conclave_gcs::core::OpId { incarnation: local.incarnation, seq: local.next };
+                local.next += 1;
+                core.submit(op.numbered(id), micros(tokio::time::Instant::now()), &mut out);
+            }
         }
         let now = micros(tokio::time::Instant::now());
         if timed_out {
@@ -1233,9 +1309,10 @@ async fn sequence(
                     let fatal = matches!(delivery, Delivery::Error { code, .. } if code.is_fatal());
                     let bytes = frame(&delivery);
                     for c in to {
-                        deliver(&mut table, c, bytes.clone(), fatal, &submit);
+                        deliver(&mut table, c, bytes.clone(), fatal, &client_submit);
                     }
                 }
+                Output::Submit(op) if routed => outbox.push_back(op),
                 // A standalone core is never asked for its state; a backbone
                 // that is would order this like any other submission.
                 Output::Submit(op) => resubmit(&submit, op),
@@ -1260,6 +1337,14 @@ async fn sequence(
     }
     if let Some(reason) = failed {
         let _ = report.send(reason);
+    }
+}
+
+/// The next client operation for the machine (never, without one).
+async fn next_local(local: &mut Option<Local>) -> Option<Op> {
+    match local {
+        Some(local) => local.ops.recv().await,
+        None => std::future::pending().await,
     }
 }
 
