@@ -816,7 +816,7 @@ fn toggle(st: &mut State, sim: &mut DaemonSim, churn: &mut ChaCha20Rng, setup: &
         m.open = None;
         m.idle = Counts::default();
         m.rng = ChaCha20Rng::seed_from_u64(seed);
-        sim.submit(Op::Join { conn, group: st.group.clone(), open: false, keyed: false });
+        sim.submit(Op::Join { conn, group: st.group.clone(), open: false, mode: conclave_gcs::core::GroupMode::Members });
     }
     let m = st.members.get_mut(&conn).expect("member");
     m.inside = !inside;

@@ -1292,7 +1292,7 @@ async fn never_reads(daemon: &DaemonChild, shared: &Shared) -> Result<Cycle> {
     hello_join.extend_from_slice(&request(&Request::Join {
         group: GroupName::new(&group)?,
         open: false,
-        keyed: false,
+        mode: conclave_gcs::core::GroupMode::Members,
     }));
     send_raw(&mut mute, &hello_join).await?;
     let mut blaster =

@@ -10,6 +10,7 @@ use std::fmt::Write;
 
 use anyhow::Result;
 use clap::Args;
+use conclave_gcs::core::GroupMode;
 use conclave_gcs::wire::Status;
 use serde_json::json;
 
@@ -55,7 +56,12 @@ fn to_json(s: &Status) -> serde_json::Value {
         "groups": s.groups.iter().map(|g| json!({
             "name": g.name.as_str(),
             "open": g.open,
-            "keyed": g.keyed,
+            "keyed": g.mode == GroupMode::Keyed,
+            "mode": match g.mode {
+                GroupMode::Members => "members",
+                GroupMode::Keyed => "integrated-vs",
+                GroupMode::ThreeStep => "three-step",
+            },
             "view": g.view.to_string(),
             "members": g.members.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
@@ -117,8 +123,10 @@ fn to_text(s: &Status) -> String {
         if g.open {
             tags.push("open");
         }
-        if g.keyed {
-            tags.push("keyed");
+        match g.mode {
+            GroupMode::Members => {}
+            GroupMode::Keyed => tags.push("keyed"),
+            GroupMode::ThreeStep => tags.push("three-step"),
         }
         let tags = if tags.is_empty() { String::new() } else { format!(" [{}]", tags.join(", ")) };
         let members: Vec<String> = g.members.iter().map(|m| safe(m.as_str())).collect();

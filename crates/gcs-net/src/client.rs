@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use conclave_gcs::core::{ErrorCode, Service};
+use conclave_gcs::core::{ErrorCode, GroupMode, Service};
 use conclave_gcs::view::NameError;
 use conclave_gcs::wire::{self, FrameReader, Request, Status, StatusReply, WireError};
 use conclave_gcs::{GroupName, MemberId};
@@ -217,6 +217,12 @@ impl Client {
         self.sender.join_keyed(group).await
     }
 
+    /// Joins a closed group of mode `mode`, creating it if it does not exist
+    /// (see [`GroupMode`]).
+    pub async fn join_mode(&self, group: &str, mode: GroupMode) -> Result<(), ClientError> {
+        self.sender.join_mode(group, mode).await
+    }
+
     /// Leaves a group; [`Event::Left`] confirms it.
     pub async fn leave(&self, group: &str) -> Result<(), ClientError> {
         self.sender.leave(group).await
@@ -268,18 +274,24 @@ impl ClientSender {
 
     /// Joins a closed group, creating it if needed.
     pub async fn join(&self, group: &str) -> Result<(), ClientError> {
-        self.send(&Request::Join { group: GroupName::new(group)?, open: false, keyed: false }).await
+        self.join_mode(group, GroupMode::Members).await
     }
 
     /// Joins a group, creating it as an open group if it does not exist.
     pub async fn join_open(&self, group: &str) -> Result<(), ClientError> {
-        self.send(&Request::Join { group: GroupName::new(group)?, open: true, keyed: false }).await
+        self.send(&Request::Join { group: GroupName::new(group)?, open: true, mode: GroupMode::Members }).await
     }
 
     /// Joins a group keyed by its daemons, creating it if it does not exist:
     /// each view comes with its key ([`Event::GroupKey`]).
     pub async fn join_keyed(&self, group: &str) -> Result<(), ClientError> {
-        self.send(&Request::Join { group: GroupName::new(group)?, open: false, keyed: true }).await
+        self.join_mode(group, GroupMode::Keyed).await
+    }
+
+    /// Joins a closed group of mode `mode`, creating it if it does not exist
+    /// (see [`GroupMode`]).
+    pub async fn join_mode(&self, group: &str, mode: GroupMode) -> Result<(), ClientError> {
+        self.send(&Request::Join { group: GroupName::new(group)?, open: false, mode }).await
     }
 
     /// Leaves a group.

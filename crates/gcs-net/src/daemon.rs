@@ -74,7 +74,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, ErrorCode, Limits, Machine, Op, Output};
+use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, ErrorCode, GroupMode, Limits, Machine, Op, Output};
 use conclave_gcs::wire::{self, ConnectionStatus, FrameReader, GroupStatus, Request, Status, StatusReply, WireError};
 use conclave_gcs::{GroupName, MemberId};
 use conclave_gka::suite::ed25519::Ed25519Signer;
@@ -192,7 +192,7 @@ impl UncertifiedNames {
                     ))
                 }
             }
-            (Peer::Remote, UncertifiedNames::ByUid(_)) => {
+            (Peer::Remote { .. }, UncertifiedNames::ByUid(_)) => {
                 Err(format!("this daemon certifies member names: connect over TLS with a certificate for {name}"))
             }
         }
@@ -729,7 +729,11 @@ impl Daemon {
 
         let Backbone { me, incarnation, submit, ordered, failure, resources, keying, standalone } = backbone;
         let conns: Conns = Arc::default();
-        let core = Core::new(me, Limits { max_groups_per_client: config.max_groups_per_client }, incarnation);
+        let mut core = Core::new(me, Limits { max_groups_per_client: config.max_groups_per_client }, incarnation);
+        if standalone {
+            // No other daemon: nothing goes between daemons, sealed or not.
+            core.seal_groups();
+        }
         let renewal = |mut keyed: KeyedDaemon| {
             if let Some(lifetime) = config.key_lifetime {
                 keyed = keyed.with_key_lifetime(lifetime.as_micros().try_into().unwrap_or(u64::MAX));
@@ -934,7 +938,10 @@ enum Peer {
     /// A process on this machine, run by this Unix user.
     Local { uid: u32 },
     /// A client over TCP, or over TLS without a certificate.
-    Remote,
+    Remote {
+        /// Over TLS.
+        tls: bool,
+    },
 }
 
 impl Peer {
@@ -943,7 +950,7 @@ impl Peer {
         match self {
             Peer::Certified(c) => Principal { uid: None, name: Some(c.name.clone()) },
             Peer::Local { uid } => Principal { uid: Some(*uid), name: None },
-            Peer::Remote => Principal::default(),
+            Peer::Remote { .. } => Principal::default(),
         }
     }
 }
@@ -988,7 +995,7 @@ impl Listener for TcpListener {
     async fn next(&mut self) -> io::Result<(TcpStream, Peer, PeerKey, String)> {
         let (stream, addr) = self.accept().await?;
         stream.set_nodelay(true)?;
-        Ok((stream, Peer::Remote, PeerKey::Ip(addr.ip().to_canonical()), format!("tcp: {addr}")))
+        Ok((stream, Peer::Remote { tls: false }, PeerKey::Ip(addr.ip().to_canonical()), format!("tcp: {addr}")))
     }
     fn tcp(stream: &TcpStream) -> Option<&TcpStream> {
         Some(stream)
@@ -1003,7 +1010,7 @@ impl Listener for TlsListener {
             Some(c) => format!("tls: {addr}, certificate for {}", c.name),
             None => format!("tls: {addr}, no certificate"),
         };
-        Ok((stream, certified.map_or(Peer::Remote, Peer::Certified), PeerKey::Ip(addr.ip().to_canonical()), what))
+        Ok((stream, certified.map_or(Peer::Remote { tls: true }, Peer::Certified), PeerKey::Ip(addr.ip().to_canonical()), what))
     }
     fn tcp(stream: &Self::Stream) -> Option<&TcpStream> {
         Some(stream.get_ref().0)
@@ -1155,7 +1162,7 @@ fn snapshot(core: &Core, table: &HashMap<ConnId, ConnHandle>) -> Snapshot {
         groups.push(GroupStatus {
             name: name.clone(),
             open: core.open(name),
-            keyed: core.keyed(name),
+            mode: core.mode(name).unwrap_or_default(),
             view: view.id,
             members: view.members.iter().map(|m| m.id.clone()).collect(),
         });
@@ -1401,7 +1408,7 @@ where
     let queued = Arc::new(AtomicUsize::new(0));
     let certified = match &peer {
         Peer::Certified(c) => Some(c.clone()),
-        Peer::Local { .. } | Peer::Remote => None,
+        Peer::Local { .. } | Peer::Remote { .. } => None,
     };
     let info = Arc::new(ConnInfo { peer: what, since: Instant::now(), principal: Mutex::new(peer.principal()) });
     {
@@ -1483,7 +1490,7 @@ async fn read_loop<R: AsyncRead>(
                     text: "ask for the daemon's status on a connection of its own, in place of Hello".to_owned(),
                 },
                 Ok(Some(req)) => match to_op(conn, req, cfg.max_payload) {
-                    Some(op) => check_request(op, info, shared),
+                    Some(op) => check_request(check_transport(op, peer), info, shared),
                     None => return,
                 },
                 Ok(None) => break,
@@ -1545,6 +1552,21 @@ async fn read_loop<R: AsyncRead>(
 /// client do it: sending is checked here; joining too in a cluster, against
 /// the groups as this daemon last applied the stream (a standalone daemon
 /// checks joins where it orders them, in the sequencer, exactly).
+/// A three-step group's members reach their daemon over TLS or the local
+/// socket only: its traffic is in clear between a member and its daemon
+/// (Three-Step client–server, paper §4.3.1), so a join over plain TCP is
+/// refused.
+fn check_transport(op: Op, peer: &Peer) -> Op {
+    match op {
+        Op::Join { conn, group, mode: GroupMode::ThreeStep, .. } if matches!(peer, Peer::Remote { tls: false }) => {
+            let text = format!("{group} is a three-step group: its members connect over TLS or the local socket");
+            tracing::info!(conn = %conn, group = %group, "a three-step join over plain TCP refused");
+            Op::Reject { conn, code: ErrorCode::ModeMismatch, text }
+        }
+        op => op,
+    }
+}
+
 fn check_request(op: Op, info: &ConnInfo, shared: &Shared) -> Op {
     let Some(access) = &shared.config.access else { return op };
     let (conn, group, action) = match &op {
@@ -1659,7 +1681,7 @@ async fn status_reply(conn: ConnId, peer: &Peer, shared: &Shared) -> StatusReply
 fn to_op(conn: ConnId, req: Request, max_payload: usize) -> Option<Op> {
     Some(match req {
         Request::Hello { name } => Op::Connect { conn, name },
-        Request::Join { group, open, keyed } => Op::Join { conn, group, open, keyed },
+        Request::Join { group, open, mode } => Op::Join { conn, group, open, mode },
         Request::Leave { group } => Op::Leave { conn, group },
         Request::Multicast { payload, .. } | Request::Unicast { payload, .. } if payload.len() > max_payload => {
             let e = WireError::TooLarge { len: payload.len(), max: max_payload };

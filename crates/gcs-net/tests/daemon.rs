@@ -327,7 +327,7 @@ async fn bad_input_gets_clear_errors_and_disturbs_no_one() {
     let mut big = hello("raw3");
     big.put_u32(100_000);
     big.put_bytes(0x04, 100_000);
-    big.extend_from_slice(&frame(&Request::Join { group: GroupName::new("h").unwrap(), open: false, keyed: false }));
+    big.extend_from_slice(&frame(&Request::Join { group: GroupName::new("h").unwrap(), open: false, mode: conclave_gcs::core::GroupMode::Members }));
     big.extend_from_slice(&frame(&Request::Bye));
     raw.write_all(&big).await.unwrap();
     let got = read_all(raw).await;
@@ -500,7 +500,7 @@ async fn a_slow_client_is_disconnected_and_the_others_keep_going() {
     hello_join.extend_from_slice(&frame(&Request::Join {
         group: GroupName::new("g").unwrap(),
         open: false,
-        keyed: false,
+        mode: conclave_gcs::core::GroupMode::Members,
     }));
     slow.write_all(&hello_join).await.unwrap();
     until_view(&mut fast, "g", 3).await;
@@ -570,7 +570,7 @@ async fn a_client_that_never_reads_is_cut_off_at_its_byte_budget() {
     hello_join.extend_from_slice(&frame(&Request::Join {
         group: GroupName::new("g").unwrap(),
         open: false,
-        keyed: false,
+        mode: conclave_gcs::core::GroupMode::Members,
     }));
     mute.write_all(&hello_join).await.unwrap();
     for c in [&reader, &sender] {
@@ -626,7 +626,7 @@ async fn an_incomplete_frame_is_timed_out_and_a_quiet_client_is_not() {
 
     // A Join in two pieces, 100 ms apart.
     let mut slow = s.raw().await;
-    let join = frame(&Request::Join { group: GroupName::new("g").unwrap(), open: false, keyed: false });
+    let join = frame(&Request::Join { group: GroupName::new("g").unwrap(), open: false, mode: conclave_gcs::core::GroupMode::Members });
     let mut first = hello("slowpoke");
     first.extend_from_slice(&join[..3]);
     slow.write_all(&first).await.unwrap();
@@ -996,4 +996,31 @@ async fn a_keyed_group_gets_a_new_key_each_key_lifetime() {
     })
     .await;
     assert_eq!(got, keys[&last]);
+}
+
+/// A three-step group's members reach their daemon over TLS or the local
+/// socket only (the traffic between a member and its daemon is in clear
+/// otherwise): a three-step join over plain TCP is refused and changes
+/// nothing; over the Unix socket it creates the group, and a standalone
+/// daemon — no other daemon to seal anything towards — accepts it.
+#[tokio::test]
+async fn a_three_step_join_over_plain_tcp_is_refused() {
+    use conclave_gcs::core::GroupMode;
+    let s = start(|_| {}).await;
+    let mut t = s.tcp("t").await;
+    t.join_mode("g", GroupMode::ThreeStep).await.unwrap();
+    match within("the refusal", t.recv()).await.unwrap() {
+        Event::Error { code: ErrorCode::ModeMismatch, text } => assert!(text.contains("TLS"), "{text}"),
+        other => panic!("{other:?}"),
+    }
+    let mut u = s.unix("u").await;
+    u.join_mode("g", GroupMode::ThreeStep).await.unwrap();
+    let v = until_view(&mut u, "g", 1).await;
+    assert_eq!(v.ids().map(|m| m.as_str()).collect::<Vec<_>>(), ["u"], "the refused join changed nothing");
+    // The group's mode holds on TCP too: a plain join is refused for it.
+    t.join("g").await.unwrap();
+    match within("the refusal", t.recv()).await.unwrap() {
+        Event::Error { code: ErrorCode::ModeMismatch, .. } => {}
+        other => panic!("{other:?}"),
+    }
 }

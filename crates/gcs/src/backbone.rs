@@ -74,11 +74,11 @@ fn put_op(op: &Op, out: &mut BytesMut) {
             out.put_u8(DISCONNECT);
             put_conn(out, *conn);
         }
-        Op::Join { conn, group, open, keyed } => {
+        Op::Join { conn, group, open, mode } => {
             out.put_u8(JOIN);
             put_conn(out, *conn);
             put_str8(out, group.as_str());
-            out.put_u8(group_options(*open, *keyed));
+            out.put_u8(group_options(*open, *mode));
         }
         Op::Leave { conn, group } => {
             out.put_u8(LEAVE);
@@ -157,7 +157,7 @@ fn put_op(op: &Op, out: &mut BytesMut) {
                 out.put_u32(u32::try_from(c.groups.len()).expect("fewer than 2^32 memberships"));
                 for m in &c.groups {
                     put_str8(out, m.group.as_str());
-                    out.put_u8(group_options(m.open, m.keyed));
+                    out.put_u8(group_options(m.open, m.mode));
                     out.put_slice(&m.view.to_bytes());
                     out.put_u64(m.since);
                 }
@@ -247,8 +247,8 @@ pub fn decode_op(msg: Bytes) -> Result<Op, OpError> {
                 let mut groups = Vec::with_capacity(n.min(f.rest_len() / 19));
                 for _ in 0..n {
                     let group = f.group()?;
-                    let (open, keyed) = f.group_options()?;
-                    groups.push(Membership { group, open, keyed, view: f.view_id("view id")?, since: f.u64("since")? });
+                    let (open, mode) = f.group_options()?;
+                    groups.push(Membership { group, open, mode, view: f.view_id("view id")?, since: f.u64("since")? });
                 }
                 clients.push(ClientState { conn, name, groups });
             }
@@ -269,8 +269,8 @@ fn client_op(kind: u8, f: &mut Fields) -> Result<Op, WireError> {
         DISCONNECT => Op::Disconnect { conn: conn(f)? },
         JOIN => {
             let (conn, group) = (conn(f)?, f.group()?);
-            let (open, keyed) = f.group_options()?;
-            Op::Join { conn, group, open, keyed }
+            let (open, mode) = f.group_options()?;
+            Op::Join { conn, group, open, mode }
         }
         LEAVE => Op::Leave { conn: conn(f)?, group: f.group()? },
         MULTICAST => Op::Multicast { conn: conn(f)?, group: f.group()?, service: f.service()?, payload: f.payload() },
@@ -310,13 +310,18 @@ mod tests {
         "[a-z0-9._-]{1,20}"
     }
 
+    fn mode() -> impl Strategy<Value = crate::core::GroupMode> {
+        use crate::core::GroupMode;
+        prop_oneof![Just(GroupMode::Members), Just(GroupMode::Keyed), Just(GroupMode::ThreeStep)]
+    }
+
     fn conn_s() -> impl Strategy<Value = ConnId> {
         (any::<u16>(), any::<u64>()).prop_map(|(d, l)| ConnId { daemon: DaemonId(d), local: l })
     }
 
     fn membership() -> impl Strategy<Value = Membership> {
-        (name(), any::<(bool, bool)>(), any::<(u64, u64)>(), any::<u64>()).prop_map(|(g, (open, keyed), v, since)| {
-            Membership { group: GroupName::new(g).unwrap(), open, keyed, view: ViewId::new(v.0, v.1), since }
+        (name(), any::<bool>(), mode(), any::<(u64, u64)>(), any::<u64>()).prop_map(|(g, open, mode, v, since)| {
+            Membership { group: GroupName::new(g).unwrap(), open, mode, view: ViewId::new(v.0, v.1), since }
         })
     }
 
@@ -357,11 +362,11 @@ mod tests {
         prop_oneof![
             (conn_s(), member()).prop_map(|(conn, name)| Op::Connect { conn, name }),
             conn_s().prop_map(|conn| Op::Disconnect { conn }),
-            (conn_s(), group(), any::<(bool, bool)>()).prop_map(|(conn, group, (open, keyed))| Op::Join {
+            (conn_s(), group(), any::<bool>(), mode()).prop_map(|(conn, group, open, mode)| Op::Join {
                 conn,
                 group,
                 open,
-                keyed
+                mode
             }),
             (conn_s(), group()).prop_map(|(conn, group)| Op::Leave { conn, group }),
             (conn_s(), group(), any::<bool>(), payload()).prop_map(|(conn, group, fifo, payload)| Op::Multicast {

@@ -253,11 +253,10 @@ pub enum Op {
         group: GroupName,
         /// Whether non-members may send, if this join creates the group.
         open: bool,
-        /// Whether the daemons key the group's views (the integrated
-        /// architecture's Integrated VS: see *Keyed groups* in the
+        /// How the group's traffic is protected (see *Keyed groups* in the
         /// [module docs](self)), if this join creates the group. A join of
         /// an existing group must say what its creator said.
-        keyed: bool,
+        mode: GroupMode,
     },
     /// A client leaves a group.
     Leave {
@@ -446,8 +445,8 @@ pub struct Membership {
     pub group: GroupName,
     /// Whether the group is open.
     pub open: bool,
-    /// Whether the daemons key the group's views.
-    pub keyed: bool,
+    /// How the group's traffic is protected.
+    pub mode: GroupMode,
     /// The group's current view.
     pub view: ViewId,
     /// Counter of the view the client joined in: orders members oldest first.
@@ -712,7 +711,37 @@ struct Seat {
 #[derive(Clone, Copy, Default)]
 struct Options {
     open: bool,
-    keyed: bool,
+    mode: GroupMode,
+}
+
+/// How a group's traffic is protected, as its creator chose (see *Keyed
+/// groups* in the [module docs](self)): the integrated architecture's
+/// variants, or none of them.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, Debug)]
+pub enum GroupMode {
+    /// The daemons carry the group's messages as they are: its members agree
+    /// their own keys (the layered architecture), or use none.
+    #[default]
+    Members,
+    /// Integrated VS: the daemons key every view of the group
+    /// ([`Delivery::GroupKey`]).
+    Keyed,
+    /// Three-Step client–server: no group key; each member reaches its
+    /// daemon over TLS or the local socket, and the daemons seal everything
+    /// between them. Only a daemon whose backbone is sealed, or that has no
+    /// other daemons, lets clients create one ([`Core::seal_groups`]).
+    ThreeStep,
+}
+
+impl GroupMode {
+    /// What users call it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupMode::Members => "members' own",
+            GroupMode::Keyed => "integrated-vs",
+            GroupMode::ThreeStep => "three-step",
+        }
+    }
 }
 
 struct Group {
@@ -934,6 +963,8 @@ pub struct Core {
     configuration: ViewId,
     /// Whether a machine around the core keys groups (see *Keyed groups*).
     keys_groups: bool,
+    /// Whether clients may create three-step groups ([`Core::seal_groups`]).
+    seals_groups: bool,
 }
 
 const COUNTER_BITS: u32 = 48;
@@ -975,6 +1006,7 @@ impl Core {
             delivered: BTreeMap::new(),
             configuration: ViewId::new(incarnation, u64::from(me.0) << COUNTER_BITS),
             keys_groups: false,
+            seals_groups: false,
         }
     }
 
@@ -983,6 +1015,13 @@ impl Core {
     /// Without it a keyed join is refused.
     pub fn key_groups(&mut self) {
         self.keys_groups = true;
+    }
+
+    /// Lets clients create three-step groups ([`GroupMode::ThreeStep`]):
+    /// for a daemon whose backbone seals what goes between the daemons, or
+    /// that has no other daemons. Without it such a join is refused.
+    pub fn seal_groups(&mut self) {
+        self.seals_groups = true;
     }
 
     /// The daemon group's configuration as the core last installed it: its
@@ -1017,7 +1056,12 @@ impl Core {
     /// Whether `group` exists and is keyed by its daemons (see *Keyed
     /// groups* in the [module docs](self)).
     pub fn keyed(&self, group: &GroupName) -> bool {
-        self.groups.get(group).is_some_and(|g| g.options.keyed)
+        self.groups.get(group).is_some_and(|g| g.options.mode == GroupMode::Keyed)
+    }
+
+    /// How `group`'s traffic is protected, if it exists.
+    pub fn mode(&self, group: &GroupName) -> Option<GroupMode> {
+        self.groups.get(group).map(|g| g.options.mode)
     }
 
     /// Whether `group` exists and is open: non-members may send to it.
@@ -1033,7 +1077,7 @@ impl Core {
     pub fn refresh_keyed(&mut self, out: &mut Vec<Output>) {
         assert!(self.exchange.is_none(), "no refresh during an exchange");
         let keyed: Vec<GroupName> =
-            self.groups.iter().filter(|(_, g)| g.options.keyed).map(|(name, _)| name.clone()).collect();
+            self.groups.iter().filter(|(_, g)| g.options.mode == GroupMode::Keyed).map(|(name, _)| name.clone()).collect();
         for group in keyed {
             let seats = self.seats_of(&group);
             let options = self.groups[&group].options;
@@ -1076,7 +1120,7 @@ impl Core {
         match op {
             Op::Connect { conn, name } => self.connect(conn, name, out),
             Op::Disconnect { conn } => self.disconnect(conn, out),
-            Op::Join { conn, group, open, keyed } => self.join(conn, group, Options { open, keyed }, out),
+            Op::Join { conn, group, open, mode } => self.join(conn, group, Options { open, mode }, out),
             Op::Leave { conn, group } => self.leave(conn, group, out),
             Op::Multicast { conn, group, service, payload } => {
                 let Some((sender, g)) = self.sender_and_group(conn, &group, out) else { return };
@@ -1196,16 +1240,24 @@ impl Core {
             self.reply(conn, Delivery::error(ErrorCode::TooManyGroups, text), out);
             return;
         }
-        if options.keyed && !self.keys_groups && !self.groups.contains_key(&group) {
-            let text = format!("this daemon does not key groups: {group} cannot be created keyed");
-            self.reply(conn, Delivery::error(ErrorCode::ModeMismatch, text), out);
-            return;
+        if !self.groups.contains_key(&group) {
+            let refused = match options.mode {
+                GroupMode::Keyed if !self.keys_groups => Some("this daemon does not key groups"),
+                GroupMode::ThreeStep if !self.seals_groups => {
+                    Some("this daemon does not seal what goes between the daemons")
+                }
+                _ => None,
+            };
+            if let Some(why) = refused {
+                let text = format!("{why}: {group} cannot be created {}", options.mode.name());
+                self.reply(conn, Delivery::error(ErrorCode::ModeMismatch, text), out);
+                return;
+            }
         }
-        if let Some(g) = self.groups.get(&group).filter(|g| g.options.keyed != options.keyed) {
-            let text = if g.options.keyed {
-                format!("{group} is keyed by its daemons (integrated mode); join it as such")
-            } else {
-                format!("{group} is not keyed by its daemons; its members agree their own keys")
+        if let Some(g) = self.groups.get(&group).filter(|g| g.options.mode != options.mode) {
+            let text = match g.options.mode {
+                GroupMode::Members => format!("{group} is not keyed by its daemons; its members agree their own keys"),
+                mode => format!("{group} is a {} group (integrated architecture); join it as such", mode.name()),
             };
             self.reply(conn, Delivery::error(ErrorCode::ModeMismatch, text), out);
             return;
@@ -1310,7 +1362,7 @@ impl Core {
                         Membership {
                             group: name.clone(),
                             open: g.options.open,
-                            keyed: g.options.keyed,
+                            mode: g.options.mode,
                             view: g.view.id,
                             since: seat.since,
                         }
@@ -1430,7 +1482,7 @@ impl Core {
         }
         for (group, mut entries) in groups {
             entries.sort_by_key(|(m, s, _)| (m.since, s.conn));
-            let options = Options { open: entries[0].0.open, keyed: entries[0].0.keyed };
+            let options = Options { open: entries[0].0.open, mode: entries[0].0.mode };
             self.split_transitional_sets(&group, options, &mut entries, out);
             let seats = entries.into_iter().map(|(_, s, _)| s).collect();
             self.install(group, options, seats, Cause::Network, out);

@@ -13,7 +13,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::core::{Delivery, ErrorCode, Service, ViewKey};
+use crate::core::{Delivery, ErrorCode, GroupMode, Service, ViewKey};
 use crate::view::{Cause, GroupName, MemberId, NameError, View, ViewId, ViewMember};
 
 /// The wire version this module speaks. A client announces it in `Hello`, the
@@ -89,9 +89,10 @@ pub enum Request {
         group: GroupName,
         /// Whether non-members may send, if this join creates the group.
         open: bool,
-        /// Whether the daemons key the group's views (integrated mode), if
-        /// this join creates the group; a later join must say the same.
-        keyed: bool,
+        /// How the group's traffic is protected (the integrated
+        /// architecture's variants), if this join creates the group; a later
+        /// join must say the same.
+        mode: GroupMode,
     },
     /// Leave a group.
     Leave {
@@ -163,8 +164,8 @@ pub struct GroupStatus {
     pub name: GroupName,
     /// Non-members may send.
     pub open: bool,
-    /// The daemons key its views (integrated mode).
-    pub keyed: bool,
+    /// How its traffic is protected.
+    pub mode: GroupMode,
     /// Its current view's id.
     pub view: ViewId,
     /// Its current members, oldest first (at every daemon of the group).
@@ -387,12 +388,19 @@ impl Fields {
         }
     }
 
-    /// A group's options byte: bit 0 open, bit 1 keyed by its daemons; any
-    /// other bit is malformed.
-    pub(crate) fn group_options(&mut self) -> Result<(bool, bool), WireError> {
-        match self.u8("group options")? {
-            v if v & !0b11 == 0 => Ok((v & 1 == 1, v & 2 == 2)),
-            v => Err(WireError::BadValue { what: "group options", value: v.into() }),
+    /// A group's options byte (see [`group_options`]); any other value is
+    /// malformed.
+    pub(crate) fn group_options(&mut self) -> Result<(bool, GroupMode), WireError> {
+        let v = self.u8("group options")?;
+        let mode = match (v >> 1) & 0b11 {
+            0 => GroupMode::Members,
+            1 => GroupMode::Keyed,
+            2 => GroupMode::ThreeStep,
+            _ => return Err(WireError::BadValue { what: "group options", value: v.into() }),
+        };
+        match v & !0b111 {
+            0 => Ok((v & 1 == 1, mode)),
+            _ => Err(WireError::BadValue { what: "group options", value: v.into() }),
         }
     }
 
@@ -472,8 +480,8 @@ pub fn decode_request(frame: Bytes) -> Result<Request, WireError> {
         }
         JOIN => {
             let group = f.group()?;
-            let (open, keyed) = f.group_options()?;
-            Request::Join { group, open, keyed }
+            let (open, mode) = f.group_options()?;
+            Request::Join { group, open, mode }
         }
         LEAVE => Request::Leave { group: f.group()? },
         MULTICAST => Request::Multicast { group: f.group()?, service: f.service()?, payload: f.payload() },
@@ -526,14 +534,14 @@ pub fn decode_status_reply(frame: Bytes) -> Result<StatusReply, WireError> {
     let mut groups = Vec::with_capacity(count.min(f.rest_len() / 23));
     for _ in 0..count {
         let name = f.group()?;
-        let (open, keyed) = f.group_options()?;
+        let (open, mode) = f.group_options()?;
         let view = f.view_id("view id")?;
         let n = f.u32("member count")? as usize;
         let mut members = Vec::with_capacity(n.min(f.rest_len() / 2));
         for _ in 0..n {
             members.push(f.member("member name")?);
         }
-        groups.push(GroupStatus { name, open, keyed, view, members });
+        groups.push(GroupStatus { name, open, mode, view, members });
     }
     let count = f.u32("connection count")? as usize;
     // Each connection takes at least 8 + 1 + 1 + 8 + 4 + 8 + 4 bytes.
@@ -603,7 +611,7 @@ pub fn encode_status(status: &Status, out: &mut BytesMut) {
     let groups = &status.groups[..status.groups.len().min(u32::MAX as usize)];
     w.bytes(&(groups.len() as u32).to_be_bytes());
     for g in groups {
-        w.str8(g.name.as_str()).bytes(&[group_options(g.open, g.keyed)]).bytes(&g.view.to_bytes());
+        w.str8(g.name.as_str()).bytes(&[group_options(g.open, g.mode)]).bytes(&g.view.to_bytes());
         let members = &g.members[..g.members.len().min(u32::MAX as usize)];
         w.bytes(&(members.len() as u32).to_be_bytes());
         for m in members {
@@ -765,9 +773,15 @@ impl<'a> FrameWriter<'a> {
     }
 }
 
-/// The options byte of a group: bit 0 open, bit 1 keyed by its daemons.
-pub(crate) fn group_options(open: bool, keyed: bool) -> u8 {
-    u8::from(open) | (u8::from(keyed) << 1)
+/// The options byte of a group: bit 0 open; bits 1–2 its mode (0 its
+/// members' own keys, 1 keyed by its daemons, 2 three-step).
+pub(crate) fn group_options(open: bool, mode: GroupMode) -> u8 {
+    let mode = match mode {
+        GroupMode::Members => 0,
+        GroupMode::Keyed => 1,
+        GroupMode::ThreeStep => 2,
+    };
+    u8::from(open) | (mode << 1)
 }
 
 /// Appends `req` as one frame to `out`.
@@ -776,8 +790,8 @@ pub fn encode_request(req: &Request, out: &mut BytesMut) {
         Request::Hello { name } => {
             FrameWriter::new(out, HELLO).bytes(&VERSION.to_be_bytes()).str8(name.as_str()).finish()
         }
-        Request::Join { group, open, keyed } => {
-            FrameWriter::new(out, JOIN).str8(group.as_str()).bytes(&[group_options(*open, *keyed)]).finish()
+        Request::Join { group, open, mode } => {
+            FrameWriter::new(out, JOIN).str8(group.as_str()).bytes(&[group_options(*open, *mode)]).finish()
         }
         Request::Leave { group } => FrameWriter::new(out, LEAVE).str8(group.as_str()).finish(),
         Request::Multicast { group, service, payload } => {

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
-use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, ErrorCode, Limits, Op, Output, Service};
+use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, ErrorCode, GroupMode, Limits, Op, Output, Service};
 use conclave_gcs::{Cause, GroupName, MemberId, View, ViewId};
 use proptest::prelude::*;
 
@@ -75,7 +75,7 @@ impl Component {
     }
 
     fn join(&mut self, c: ConnId, group: &str) {
-        self.feed(Op::Join { conn: c, group: g(group), open: false, keyed: false });
+        self.feed(Op::Join { conn: c, group: g(group), open: false, mode: GroupMode::Members });
     }
 
     fn send(&mut self, c: ConnId, group: &str, text: &str) {
@@ -230,7 +230,7 @@ fn an_empty_group_ceases_to_exist_and_its_options_with_it() {
     let mut c = one();
     c.connect(conn(0, 1), "a");
     c.connect(conn(0, 2), "b");
-    c.feed(Op::Join { conn: conn(0, 1), group: g("g"), open: true, keyed: false });
+    c.feed(Op::Join { conn: conn(0, 1), group: g("g"), open: true, mode: GroupMode::Members });
     c.feed(Op::Leave { conn: conn(0, 1), group: g("g") });
     assert!(c.cores[0].groups().next().is_none());
     c.send(conn(0, 2), "g", "anyone?");
@@ -292,7 +292,7 @@ fn closed_groups_refuse_non_members_and_open_groups_accept_them() {
     c.connect(conn(0, 1), "member");
     c.connect(conn(0, 2), "outsider");
     c.join(conn(0, 1), "closed");
-    c.feed(Op::Join { conn: conn(0, 1), group: g("open"), open: true, keyed: false });
+    c.feed(Op::Join { conn: conn(0, 1), group: g("open"), open: true, mode: GroupMode::Members });
     c.take(conn(0, 1));
     c.send(conn(0, 2), "closed", "x");
     assert_eq!(error_code(&c.take(conn(0, 2))), Some(ErrorCode::NotMember));
@@ -304,7 +304,7 @@ fn closed_groups_refuse_non_members_and_open_groups_accept_them() {
     c.feed(Op::Unicast { conn: conn(0, 2), group: g("open"), to: m("member"), payload: Bytes::new() });
     assert!(matches!(&c.take(conn(0, 1))[..], [Delivery::Unicast { .. }]));
     // A later join cannot change the option.
-    c.feed(Op::Join { conn: conn(0, 2), group: g("closed"), open: true, keyed: false });
+    c.feed(Op::Join { conn: conn(0, 2), group: g("closed"), open: true, mode: GroupMode::Members });
     c.feed(Op::Leave { conn: conn(0, 2), group: g("closed") });
     c.take(conn(0, 2));
     c.send(conn(0, 2), "closed", "x");
@@ -318,26 +318,55 @@ fn closed_groups_refuse_non_members_and_open_groups_accept_them() {
 fn a_keyed_group_stays_keyed_and_refuses_joins_that_ask_otherwise() {
     let mut pair = Component::new(&[1, 2]);
     pair.connect(conn(1, 1), "a");
-    pair.feed(Op::Join { conn: conn(1, 1), group: g("k"), open: false, keyed: true });
+    pair.feed(Op::Join { conn: conn(1, 1), group: g("k"), open: false, mode: GroupMode::Keyed });
     assert_eq!(error_code(&pair.take(conn(1, 1))), Some(ErrorCode::ModeMismatch), "no machine gives keys here");
     for core in &mut pair.cores {
         core.key_groups();
     }
     pair.feed(daemons(1, &[1, 2]));
     pair.connect(conn(2, 1), "b");
-    pair.feed(Op::Join { conn: conn(1, 1), group: g("k"), open: false, keyed: true });
-    pair.feed(Op::Join { conn: conn(2, 1), group: g("k"), open: false, keyed: false });
+    pair.feed(Op::Join { conn: conn(1, 1), group: g("k"), open: false, mode: GroupMode::Keyed });
+    pair.feed(Op::Join { conn: conn(2, 1), group: g("k"), open: false, mode: GroupMode::Members });
     assert_eq!(error_code(&pair.take(conn(2, 1))), Some(ErrorCode::ModeMismatch));
     assert!(pair.cores.iter().all(|c| c.keyed(&g("k")) && c.view(&g("k")).unwrap().members.len() == 1));
-    pair.feed(Op::Join { conn: conn(2, 1), group: g("k"), open: false, keyed: true });
+    pair.feed(Op::Join { conn: conn(2, 1), group: g("k"), open: false, mode: GroupMode::Keyed });
     assert_eq!(names(&views(&pair.take(conn(2, 1)))[0]), ["a", "b"]);
     // The other way round: a plain group refuses a keyed join.
-    pair.feed(Op::Join { conn: conn(1, 1), group: g("plain"), open: false, keyed: false });
-    pair.feed(Op::Join { conn: conn(2, 1), group: g("plain"), open: false, keyed: true });
+    pair.feed(Op::Join { conn: conn(1, 1), group: g("plain"), open: false, mode: GroupMode::Members });
+    pair.feed(Op::Join { conn: conn(2, 1), group: g("plain"), open: false, mode: GroupMode::Keyed });
     assert_eq!(error_code(&pair.take(conn(2, 1))), Some(ErrorCode::ModeMismatch));
     // Through an exchange, every core still knows which group is keyed.
     pair.feed(daemons(2, &[1, 2]));
     assert!(pair.cores.iter().all(|c| c.keyed(&g("k")) && !c.keyed(&g("plain"))));
+}
+
+/// A three-step group (sealed between the daemons, no group key) can be
+/// created only where the daemons seal their backbone; its mode holds
+/// against joins that ask for another, and through an exchange.
+#[test]
+fn a_three_step_group_needs_a_sealing_daemon_and_keeps_its_mode() {
+    let mut pair = Component::new(&[1, 2]);
+    pair.connect(conn(1, 1), "a");
+    let three_step = |c: ConnId| Op::Join { conn: c, group: g("t"), open: false, mode: GroupMode::ThreeStep };
+    pair.feed(three_step(conn(1, 1)));
+    assert_eq!(error_code(&pair.take(conn(1, 1))), Some(ErrorCode::ModeMismatch), "nothing seals the backbone");
+    for core in &mut pair.cores {
+        core.seal_groups();
+    }
+    pair.feed(daemons(1, &[1, 2]));
+    pair.connect(conn(2, 1), "b");
+    pair.feed(three_step(conn(1, 1)));
+    assert_eq!(views(&pair.take(conn(1, 1))).len(), 1);
+    for mode in [GroupMode::Members, GroupMode::Keyed] {
+        pair.feed(Op::Join { conn: conn(2, 1), group: g("t"), open: false, mode });
+        let got = pair.take(conn(2, 1));
+        assert_eq!(error_code(&got), Some(ErrorCode::ModeMismatch), "{mode:?}: {got:?}");
+    }
+    pair.feed(three_step(conn(2, 1)));
+    assert_eq!(names(&views(&pair.take(conn(2, 1)))[0]), ["a", "b"]);
+    pair.feed(daemons(2, &[1, 2]));
+    assert!(pair.cores.iter().all(|c| c.mode(&g("t")) == Some(GroupMode::ThreeStep) && !c.keyed(&g("t"))));
+    assert_eq!(pair.cores[0].view(&g("t")).unwrap().members.len(), 2);
 }
 
 #[test]
@@ -413,7 +442,7 @@ fn stream(acts: &[Act]) -> Vec<Op> {
         let group = |i: u8| g(&format!("g{i}"));
         let op = match *a {
             Act::Join(c, gi) => {
-                Op::Join { conn: conn(0, conns[c as usize]), group: group(gi), open: false, keyed: false }
+                Op::Join { conn: conn(0, conns[c as usize]), group: group(gi), open: false, mode: GroupMode::Members }
             }
             Act::Leave(c, gi) => Op::Leave { conn: conn(0, conns[c as usize]), group: group(gi) },
             Act::Send(c, gi) => Op::Multicast {
@@ -572,7 +601,7 @@ fn operations_during_an_exchange_are_held_then_applied_in_order() {
     let mut core = Core::new(DaemonId(1), Limits::default(), inc(1));
     let mut out = Vec::new();
     core.handle(Op::Connect { conn: conn(1, 1), name: m("a") }, &mut out);
-    core.handle(Op::Join { conn: conn(1, 1), group: g("g"), open: false, keyed: false }, &mut out);
+    core.handle(Op::Join { conn: conn(1, 1), group: g("g"), open: false, mode: GroupMode::Members }, &mut out);
     out.clear();
     core.handle(daemons(5, &[1, 2]), &mut out);
     let Some(Output::Submit(Op::State { epoch: 5, state: mine })) = out.pop() else { panic!("must send its state") };
@@ -712,7 +741,7 @@ fn texts(ds: &[Delivery]) -> Vec<String> {
 #[test]
 fn transitional_sets_give_the_views_they_install_ids_of_their_own() {
     let (mut left, mut right, [b1, b2]) = split_after_b_sends();
-    let join_c = Op::Join { conn: conn(1, 2), group: g("g"), open: false, keyed: false };
+    let join_c = Op::Join { conn: conn(1, 2), group: g("g"), open: false, mode: GroupMode::Members };
     right.feed(b1);
     right.feed(b2.clone());
     right.feed(Op::Transitional { members: vec![DaemonId(2)] });
@@ -769,7 +798,7 @@ fn a_merge_during_an_exchange_reorders_the_held_operations_for_everyone() {
     let held = [
         Op::Multicast { conn: conn(1, 1), group: g("g"), service: Service::Agreed, payload: Bytes::from("held") },
         Op::Connect { conn: conn(2, 2), name: m("c") },
-        Op::Join { conn: conn(2, 2), group: g("g"), open: false, keyed: false },
+        Op::Join { conn: conn(2, 2), group: g("g"), open: false, mode: GroupMode::Members },
     ];
     for core in &mut cores[..2] {
         for op in &held {
@@ -889,7 +918,7 @@ fn operations_applied_in_an_exchange_their_origin_missed_are_applied_again() {
         Op::Multicast { conn: conn(2, 1), group: g("g"), service: Service::Agreed, payload: Bytes::from("m") }
             .numbered(id(0)),
         Op::Connect { conn: conn(2, 2), name: m("z") }.numbered(id(1)),
-        Op::Join { conn: conn(2, 2), group: g("g"), open: false, keyed: false }.numbered(id(2)),
+        Op::Join { conn: conn(2, 2), group: g("g"), open: false, mode: GroupMode::Members }.numbered(id(2)),
     ];
 
     // Configuration 2: both send their states; the held operations are

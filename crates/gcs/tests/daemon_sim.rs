@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use conclave_gcs::core::{ConnId, Delivery, Op, Service};
+use conclave_gcs::core::{ConnId, Delivery, GroupMode, Op, Service};
 use conclave_gcs::daemon_sim::{DaemonSim, Delivered, Micros, NetConfig, Reaction};
 use conclave_gcs::{Cause, GroupName, MemberId, ViewId};
 use rand_chacha::ChaCha20Rng;
@@ -18,7 +18,7 @@ fn g() -> GroupName {
 fn connect_and_join(sim: &mut DaemonSim, daemon: u16, name: &str) -> ConnId {
     let conn = sim.open(daemon).unwrap();
     sim.submit(Op::Connect { conn, name: MemberId::new(name).unwrap() });
-    sim.submit(Op::Join { conn, group: g(), open: false, keyed: false });
+    sim.submit(Op::Join { conn, group: g(), open: false, mode: GroupMode::Members });
     conn
 }
 
@@ -172,7 +172,7 @@ fn random_run(seed: u64, daemons: u16) -> Vec<Delivered> {
                 let op = if *member {
                     Op::Leave { conn: *conn, group: g() }
                 } else {
-                    Op::Join { conn: *conn, group: g(), open: false, keyed: false }
+                    Op::Join { conn: *conn, group: g(), open: false, mode: GroupMode::Members }
                 };
                 *member = !*member;
                 sim.submit(op);
@@ -191,7 +191,7 @@ fn random_run(seed: u64, daemons: u16) -> Vec<Delivered> {
     sim.reconfigure(&[&all]).unwrap();
     for (conn, member) in &mut clients {
         if !*member {
-            sim.submit(Op::Join { conn: *conn, group: g(), open: false, keyed: false });
+            sim.submit(Op::Join { conn: *conn, group: g(), open: false, mode: GroupMode::Members });
             *member = true;
         }
     }

@@ -3,7 +3,7 @@
 //! frames survive any split of the byte stream, and limits are enforced.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use conclave_gcs::core::{Delivery, ErrorCode, Service};
+use conclave_gcs::core::{Delivery, ErrorCode, GroupMode, Service};
 use conclave_gcs::wire::{
     decode_delivery, decode_request, decode_status_reply, encode_delivery, encode_request, encode_status_reply,
     ConnectionStatus, FrameReader, GroupStatus, Request, Status, StatusReply, WireError,
@@ -37,10 +37,14 @@ fn view() -> impl Strategy<Value = View> {
     (view_id(), cause, prop::collection::vec(m, 0..8)).prop_map(|(id, cause, members)| View { id, members, cause })
 }
 
+fn mode() -> impl Strategy<Value = GroupMode> {
+    prop_oneof![Just(GroupMode::Members), Just(GroupMode::Keyed), Just(GroupMode::ThreeStep)]
+}
+
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
         member().prop_map(|name| Request::Hello { name }),
-        (group(), any::<(bool, bool)>()).prop_map(|(group, (open, keyed))| Request::Join { group, open, keyed }),
+        (group(), any::<bool>(), mode()).prop_map(|(group, open, mode)| Request::Join { group, open, mode }),
         group().prop_map(|group| Request::Leave { group }),
         (group(), service(), payload()).prop_map(|(group, service, payload)| Request::Multicast {
             group,
@@ -58,8 +62,8 @@ fn named_numbers() -> impl Strategy<Value = Vec<(String, u64)>> {
 }
 
 fn status() -> impl Strategy<Value = Status> {
-    let group = (group(), any::<(bool, bool)>(), view_id(), prop::collection::vec(member(), 0..5))
-        .prop_map(|(name, (open, keyed), view, members)| GroupStatus { name, open, keyed, view, members });
+    let group = (group(), any::<bool>(), mode(), view_id(), prop::collection::vec(member(), 0..5))
+        .prop_map(|(name, open, mode, view, members)| GroupStatus { name, open, mode, view, members });
     let conn = (any::<u64>(), prop::option::of(member()), ".{0,40}", any::<(u64, u32, u64, u32)>()).prop_map(
         |(id, name, peer, (age_ms, queued_frames, queued_bytes, groups))| ConnectionStatus {
             id,
@@ -293,7 +297,8 @@ fn malformed_frames_get_typed_errors() {
     assert_eq!(f(&[0x01, 0, 2, 1, 0xff]), Err(WireError::Utf8("member name")));
     assert_eq!(f(&[0x01, 0, 1, 1, b'a']), Err(WireError::UnsupportedVersion(1)), "version 1 had 8-byte view ids");
     assert!(matches!(f(&[0x03, 0]), Err(WireError::Name { what: "group name", .. })));
-    assert_eq!(f(&[0x02, 1, b'g', 4]), Err(WireError::BadValue { what: "group options", value: 4 }));
+    assert_eq!(f(&[0x02, 1, b'g', 6]), Err(WireError::BadValue { what: "group options", value: 6 }), "no fourth mode");
+    assert_eq!(f(&[0x02, 1, b'g', 8]), Err(WireError::BadValue { what: "group options", value: 8 }));
     assert_eq!(f(&[0x04, 1, b'g', 3]), Err(WireError::BadValue { what: "service", value: 3 }));
     let long_group = [&[0x03, 129][..], &[b'g'; 129]].concat();
     assert!(matches!(f(&long_group), Err(WireError::Name { what: "group name", .. })));

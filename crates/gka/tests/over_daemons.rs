@@ -101,7 +101,7 @@ fn run(protocol: ProtocolId, seed: u64) {
     // Six members join one by one, then churn: joins, leaves, a partition
     // and its merge, some of them cascading into running rekeys.
     for &c in &conns[..6] {
-        sim.submit(Op::Join { conn: c, group: group(), open: false, keyed: false });
+        sim.submit(Op::Join { conn: c, group: group(), open: false, mode: conclave_gcs::core::GroupMode::Members });
         let t = sim.now() + rng.next_u64() % 30_000;
         step(&mut sim, &mut members, t);
     }
@@ -115,7 +115,7 @@ fn run(protocol: ProtocolId, seed: u64) {
                 let op = if inside[i] {
                     Op::Leave { conn: conns[i], group: group() }
                 } else {
-                    Op::Join { conn: conns[i], group: group(), open: false, keyed: false }
+                    Op::Join { conn: conns[i], group: group(), open: false, mode: conclave_gcs::core::GroupMode::Members }
                 };
                 inside[i] = !inside[i];
                 sim.submit(op);

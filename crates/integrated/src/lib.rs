@@ -288,9 +288,12 @@ impl KeyedDaemon {
     /// daemon's clients' operations go to the other daemons sealed under a
     /// key derived from the daemons' key, and wait while there is none (see
     /// [`seal`]). The shell routes its clients' operations through
-    /// [`Machine::submit`]. Every daemon of a cluster must have it on, or
-    /// none: a daemon without it ignores sealed operations.
+    /// [`Machine::submit`]. Clients may create three-step groups
+    /// ([`conclave_gcs::core::GroupMode::ThreeStep`]). Every daemon of a
+    /// cluster must have it on, or none: a daemon without it ignores sealed
+    /// operations.
     pub fn with_sealed_backbone(mut self) -> Self {
+        self.core.seal_groups();
         self.sealing = Some(seal::Sealing::new(self.me));
         self
     }

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, Limits, Machine, Op};
+use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, GroupMode, Limits, Machine, Op};
 use conclave_gcs::daemon_sim::{DaemonSim, Delivered, NetConfig};
 use conclave_gcs::{GroupName, MemberId, ViewId};
 use conclave_gka::suite::ed25519::Ed25519Signer;
@@ -60,7 +60,8 @@ fn join(sim: &mut DaemonSim, daemon: u16, name: &str, groups: &[(&str, bool)]) -
     let conn = sim.open(daemon).unwrap();
     sim.submit(Op::Connect { conn, name: MemberId::new(name).unwrap() });
     for &(g, keyed) in groups {
-        sim.submit(Op::Join { conn, group: group(g), open: false, keyed });
+        let mode = if keyed { GroupMode::Keyed } else { GroupMode::Members };
+        sim.submit(Op::Join { conn, group: group(g), open: false, mode });
     }
     conn
 }

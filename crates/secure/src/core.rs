@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use conclave_gcs::core::{ConnId, Delivery as Event, ErrorCode, Op, Service};
+use conclave_gcs::core::{ConnId, Delivery as Event, ErrorCode, GroupMode, Op, Service};
 use conclave_gcs::{GroupName, MemberId, View};
 use conclave_gka::keyed::KeyedEngine;
 use conclave_gka::suite::{Signer, Verifier};
@@ -75,6 +75,10 @@ enum Verdict {
 /// verdicts) are not there yet: data that came before its key, and key
 /// agreement messages that came while the view waits for certificates.
 const MAX_EARLY: usize = 4096;
+
+/// What a three-step group's secure views show for a key fingerprint: it has
+/// no key.
+pub const THREE_STEP_FINGERPRINT: &str = "none (three-step)";
 
 /// Earlier views of a group a member remembers, so that a message that
 /// crossed up to this many view changes is dropped quietly (its sender sends
@@ -228,12 +232,12 @@ struct Confirming {
 /// A request for the daemon, as [`SessionCore::poll_transmit`] hands it out.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Transmit {
-    /// Join the group (keyed by the daemons, for [`Policy::keyed`]).
+    /// Join the group in the mode of its policy ([`Policy::mode`]).
     Join {
         /// The group.
         group: GroupName,
-        /// Whether the daemons key it.
-        keyed: bool,
+        /// Who protects its traffic.
+        mode: GroupMode,
     },
     /// Leave the group.
     Leave(GroupName),
@@ -248,7 +252,7 @@ impl Transmit {
     /// (what a daemon in the same process, real or simulated, is handed).
     pub fn into_op(self, conn: ConnId) -> Op {
         match self {
-            Transmit::Join { group, keyed } => Op::Join { conn, group, open: false, keyed },
+            Transmit::Join { group, mode } => Op::Join { conn, group, open: false, mode },
             Transmit::Leave(group) => Op::Leave { conn, group },
             Transmit::Multicast(group, payload) => Op::Multicast { conn, group, service: Service::Agreed, payload },
             Transmit::Unicast(group, to, payload) => Op::Unicast { conn, group, to, payload },
@@ -300,6 +304,8 @@ enum Phase {
     Aside,
     /// Taken out for a policy mismatch: every input is ignored, for good.
     Ousted,
+    /// A three-step group's view: no key; the daemons protect the traffic.
+    Carried,
 }
 
 impl Phase {
@@ -528,10 +534,13 @@ impl SessionCore {
             signer: self.signer.clone(),
             directory,
         };
-        let engine = match policy.interval {
-            _ if policy.keyed => Box::new(KeyedEngine::new(config.me, config.group, config.directory)),
-            None => conclave_gka::new_engine(config),
-            Some(interval) => conclave_gka::new_interval_engine(config, interval.algorithm)
+        let engine = match (policy.mode, policy.interval) {
+            // A three-step group has no key: its engine is never driven.
+            (GroupMode::Keyed | GroupMode::ThreeStep, _) => {
+                Box::new(KeyedEngine::new(config.me, config.group, config.directory))
+            }
+            (GroupMode::Members, None) => conclave_gka::new_engine(config),
+            (GroupMode::Members, Some(interval)) => conclave_gka::new_interval_engine(config, interval.algorithm)
                 .ok_or(SessionError::Unsupported("interval rekeying with another protocol than TGDH"))?,
         };
         self.groups.insert(
@@ -568,8 +577,7 @@ impl SessionCore {
                 tamper: None,
             },
         );
-        let keyed = policy.keyed;
-        self.push(Transmit::Join { group: name, keyed })
+        self.push(Transmit::Join { group: name, mode: policy.mode })
     }
 
     /// Sends `data` to the group, encrypted under the current key. During a
@@ -585,6 +593,12 @@ impl SessionCore {
             return Err(SessionError::TooLarge { len: data.len(), max: self.max_payload.saturating_sub(overhead) });
         }
         let gs = self.groups.get_mut(&name).filter(|g| !g.leaving).ok_or(SessionError::NotJoined(name.clone()))?;
+        if gs.policy.mode == GroupMode::ThreeStep {
+            // No key to wait for: the daemon orders it after this member's
+            // join, and delivers it in whatever view it is ordered in.
+            let payload = Frame::Plain(data).encode();
+            return self.push(Transmit::Multicast(name, payload.into()));
+        }
         gs.queue.push_back(data.to_vec());
         let sends = flush(&self.me, self.signer.as_ref(), &name, gs);
         self.push_all(sends)
@@ -713,6 +727,23 @@ impl SessionCore {
 
     fn on_view(&mut self, group: GroupName, view: View) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(&group).filter(|g| !matches!(g.phase, Phase::Ousted)) else { return Ok(()) };
+        if gs.policy.mode == GroupMode::ThreeStep {
+            // No key to agree: the view is the secure view. Who may be in it
+            // is the daemons' to check (each member's certificate on its TLS
+            // connection, or its Unix user), not the members'.
+            gs.enter_view(view.clone());
+            gs.members = view.ids().cloned().collect();
+            gs.phase = Phase::Carried;
+            self.events.push_back(SecureEvent::View(SecureViewInfo {
+                group,
+                members: gs.members.clone(),
+                epoch: Epoch::new(view.id, 0),
+                protocol: gs.policy.protocol,
+                fingerprint: THREE_STEP_FINGERPRINT.to_owned(),
+                rekey_time: Duration::ZERO,
+            }));
+            return Ok(());
+        }
         if gs.engine.interval() {
             return self.on_interval_view(group, view);
         }
@@ -1350,6 +1381,21 @@ impl SessionCore {
                 return Ok(());
             }
         };
+        // A three-step group carries data in clear and nothing else; no
+        // other group takes data in clear.
+        match (gs.policy.mode == GroupMode::ThreeStep, frame) {
+            (true, Frame::Plain(data)) if !unicast => {
+                let data = data.to_vec();
+                self.events.push_back(SecureEvent::Message { group, sender, epoch: Epoch::new(view, 0), data });
+                return Ok(());
+            }
+            (true, _) | (false, Frame::Plain(_)) => {
+                tracing::debug!(%group, %sender, "a message of another mode than the group's");
+                self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::WrongMode });
+                return Ok(());
+            }
+            (false, _) => {}
+        }
         match frame {
             Frame::KeyAgreement { policy, body } => {
                 if policy != gs.policy.codes() {
@@ -1411,8 +1457,8 @@ impl SessionCore {
                 gs.captured.push((sender.clone(), payload.slice(1..)));
                 self.on_data(&group, sender, view, payload)
             }
-            // On the wrong channel.
-            Frame::Policy { .. } | Frame::Data(_) | Frame::Confirm { .. } => {
+            // On the wrong channel (or a three-step group's, taken above).
+            Frame::Policy { .. } | Frame::Data(_) | Frame::Confirm { .. } | Frame::Plain(_) => {
                 self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::Malformed });
                 Ok(())
             }

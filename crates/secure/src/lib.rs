@@ -155,8 +155,9 @@ use std::time::Duration;
 
 pub use crate::core::{
     SessionCore, Transmit, WallClock, DEFAULT_CERT_TIMEOUT, MAX_HELD_BYTES, MAX_HELD_BYTES_PER_SENDER,
+    THREE_STEP_FINGERPRINT,
 };
-pub use conclave_gcs::core::ErrorCode;
+pub use conclave_gcs::core::{ErrorCode, GroupMode};
 pub use conclave_gcs::{GroupName, MemberId};
 pub use conclave_gka::protocols::seal::IntervalStats;
 pub use conclave_gka::{Epoch, GroupId, IntervalAlgorithm, ProtocolId, ViewId};
@@ -182,13 +183,21 @@ pub struct Policy {
     /// SEAL's interval rekeying (TGDH only), or `None` to rekey on every
     /// view (the default). See [`Interval`] for what it trades away.
     pub interval: Option<Interval>,
-    /// The integrated architecture's Integrated VS: the daemons key the
-    /// group (they agree a key among themselves with TGDH, `protocol`, and
-    /// give each view its own key derived from it), and the members run no
-    /// key agreement. It trusts the daemons with the group's traffic: a
-    /// daemon that is compromised reads every keyed group's messages, where
-    /// it reads no layered group's. See `conclave-integrated`.
-    pub keyed: bool,
+    /// Who protects the group's traffic (see `conclave-integrated`):
+    /// * [`GroupMode::Members`] — the layered architecture: the members
+    ///   agree their own keys with `protocol` (the default);
+    /// * [`GroupMode::Keyed`] — the integrated architecture's Integrated VS:
+    ///   the daemons key the group (they agree a key among themselves with
+    ///   TGDH and give each view its own key derived from it), and the
+    ///   members run no key agreement;
+    /// * [`GroupMode::ThreeStep`] — Three-Step client–server: no group key
+    ///   at all; each member reaches its daemon over TLS or the local
+    ///   socket, and the daemons seal everything between them.
+    ///
+    /// The integrated modes trust the daemons with the group's traffic: a
+    /// daemon that is compromised reads every such group's messages, where
+    /// it reads no layered group's.
+    pub mode: GroupMode,
 }
 
 /// SEAL's interval rekeying: the joins and leaves of an interval are batched
@@ -228,7 +237,7 @@ impl Policy {
     /// `protocol` over `group_id`, data messages signed by their senders,
     /// rekeyed on every view.
     pub fn new(protocol: ProtocolId, group_id: GroupId) -> Self {
-        Self { protocol, group_id, sender_signatures: true, interval: None, keyed: false }
+        Self { protocol, group_id, sender_signatures: true, interval: None, mode: GroupMode::Members }
     }
 
     /// TGDH over ristretto255 with SEAL's interval rekeying.
@@ -237,9 +246,15 @@ impl Policy {
         Self { interval: Some(interval), ..Self::new(ProtocolId::Tgdh, GroupId::Ristretto255) }
     }
 
-    /// Integrated VS: each view's key from the daemons (see [`Policy::keyed`]).
+    /// Integrated VS: each view's key from the daemons (see [`Policy::mode`]).
     pub fn integrated() -> Self {
-        Self { keyed: true, ..Self::new(ProtocolId::Tgdh, GroupId::Ristretto255) }
+        Self { mode: GroupMode::Keyed, ..Self::new(ProtocolId::Tgdh, GroupId::Ristretto255) }
+    }
+
+    /// Three-Step client–server: no group key; the daemons protect the
+    /// traffic (see [`Policy::mode`]).
+    pub fn three_step() -> Self {
+        Self { mode: GroupMode::ThreeStep, ..Self::new(ProtocolId::Tgdh, GroupId::Ristretto255) }
     }
 
     /// The policy's two wire codes (see [`payload::tag::KA`]): the
@@ -250,9 +265,10 @@ impl Policy {
     /// the group's code.
     pub fn codes(&self) -> (u8, u8) {
         let unsigned = if self.sender_signatures { 0 } else { payload::UNSIGNED_DATA };
-        let interval = match (self.keyed, self.interval) {
-            (true, _) => payload::KEYED << 4,
-            (false, i) => i.map_or(0, |i| i.algorithm.code() << 4),
+        let interval = match (self.mode, self.interval) {
+            (GroupMode::Keyed, _) => payload::KEYED << 4,
+            (GroupMode::ThreeStep, _) => payload::THREE_STEP << 4,
+            (GroupMode::Members, i) => i.map_or(0, |i| i.algorithm.code() << 4),
         };
         (self.protocol.code() | interval | unsigned, self.group_id.code())
     }
@@ -261,7 +277,8 @@ impl Policy {
 impl std::fmt::Display for Policy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.interval {
-            _ if self.keyed => f.write_str("integrated-vs")?,
+            _ if self.mode == GroupMode::Keyed => f.write_str("integrated-vs")?,
+            _ if self.mode == GroupMode::ThreeStep => f.write_str("three-step")?,
             None => write!(f, "{}", self.protocol.name())?,
             Some(i) => {
                 write!(f, "tgdh-interval:{}:{}s", i.algorithm.name(), i.period.as_secs_f64())?;
@@ -286,7 +303,8 @@ impl std::fmt::Display for Policy {
     "unknown key agreement policy {0:?}: expected gdh, ckd, tgdh, str or bd (also layered:gdh and so on: the \
      members agree a key on every view), tgdh-interval:ALGORITHM:PERIOD / ALGORITHM:PERIOD with ALGORITHM \
      rebuild, batch or queue-batch and PERIOD like 15s, 500ms or 2m (SEAL's interval rekeying), optionally \
-     followed by :rekey-on-leave, or integrated-vs (the daemons key the group)"
+     followed by :rekey-on-leave, integrated-vs (the daemons key the group) or three-step (no group key: \
+     TLS or the local socket to the daemon, sealed between the daemons)"
 )]
 pub struct PolicyParseError(String);
 
@@ -300,6 +318,9 @@ impl std::str::FromStr for Policy {
         let err = || PolicyParseError(s.to_owned());
         if s == "integrated-vs" {
             return Ok(Policy::integrated());
+        }
+        if s == "three-step" {
+            return Ok(Policy::three_step());
         }
         if let Some(p) = ProtocolId::from_name(s.strip_prefix("layered:").unwrap_or(s)) {
             return Ok(Policy::new(p, GroupId::Ristretto255));
@@ -415,6 +436,10 @@ pub enum RejectReason {
     /// send: the sender misbehaved, as this proves.
     #[error("key agreement: the sender misbehaved: {0}")]
     Misbehaved(conclave_gka::Misbehaved),
+    /// A message in clear (three-step data) in a group whose messages are
+    /// encrypted, or anything else in a three-step group.
+    #[error("not a message of this group's mode")]
+    WrongMode,
 }
 
 /// What a [`Session`] delivers.

@@ -13,6 +13,7 @@
 //! | 5 | timeout | multicast | `view ‖ u16 length ‖ signature ‖ (u8 length ‖ name)*` |
 //! | 6 | refusal | unicast | `view ‖ refusal` |
 //! | 7 | key confirmation | multicast | `epoch ‖ 32-byte MAC ‖ signature` |
+//! | 8 | three-step data | multicast | `data`, in clear to the daemon (three-step groups only) |
 //!
 //! `view` is a view id in 16 bytes (daemon incarnation, counter: see
 //! [`ViewId`]); `epoch` is 20 ([`Epoch`]: the view id and the run).
@@ -38,6 +39,7 @@
 //!
 //! [`RejectReason::Malformed`]: crate::RejectReason::Malformed
 
+use conclave_gcs::core::GroupMode;
 use conclave_gka::codec::DecodeError;
 use conclave_gka::key::EPOCH_LEN;
 use conclave_gka::message::Envelope;
@@ -81,6 +83,10 @@ pub mod tag {
     /// A member proving it holds the key of an epoch (agreed multicast):
     /// `tag ‖ epoch ‖ MAC ‖ signature` (see the crate doc, "Key confirmation").
     pub const CONFIRM: u8 = 7;
+    /// A three-step group's data message (agreed multicast): `tag ‖ data`,
+    /// in clear between a member and its daemon (TLS or the local socket),
+    /// sealed between the daemons. Refused in every other group.
+    pub const PLAIN: u8 = 8;
     // The last three carry the view they were made for: one sent just after
     // a view change can be delivered in the next view, where it is stale and
     // dropped (its sender sends a fresh one for the new view).
@@ -131,6 +137,8 @@ pub(crate) enum Frame<'a> {
     Trust { kind: TrustKind, view: ViewId, body: &'a [u8] },
     /// A key confirmation for `epoch`.
     Confirm { epoch: Epoch, mac: &'a [u8; 32], signature: &'a [u8] },
+    /// A three-step group's data, in clear.
+    Plain(&'a [u8]),
 }
 
 impl<'a> Frame<'a> {
@@ -144,6 +152,7 @@ impl<'a> Frame<'a> {
                 _ => Err(short),
             },
             tag::DATA => Ok(Frame::Data(rest)),
+            tag::PLAIN => Ok(Frame::Plain(rest)),
             tag::POLICY => {
                 let (view, rest) = rest.split_first_chunk::<16>().ok_or(short.clone())?;
                 match rest {
@@ -182,6 +191,7 @@ impl Frame<'_> {
         match *self {
             Frame::KeyAgreement { policy: (p, g), body } => [&[tag::KA, p, g][..], body].concat(),
             Frame::Data(raw) => [&[tag::DATA][..], raw].concat(),
+            Frame::Plain(data) => [&[tag::PLAIN][..], data].concat(),
             Frame::Policy { view, policy: (p, g), signature } => {
                 [&[tag::POLICY][..], &view.to_bytes(), &[p, g], signature].concat()
             }
@@ -205,8 +215,12 @@ impl Frame<'_> {
 pub const UNSIGNED_DATA: u8 = 0x80;
 
 /// The value of a policy's interval bits (4–6) that says the daemons key
-/// the group ([`Policy::keyed`]).
+/// the group (Integrated VS, [`Policy::mode`]).
 pub const KEYED: u8 = 7;
+
+/// The value of a policy's interval bits (4–6) that says the group is
+/// three-step ([`Policy::mode`]).
+pub const THREE_STEP: u8 = 6;
 
 /// The policy named by a pair of codes, if both are known.
 /// An interval policy's period and `rekey_on_leave` are not on the wire
@@ -215,9 +229,13 @@ pub const KEYED: u8 = 7;
 pub(crate) fn decode_policy((p, g): (u8, u8)) -> Option<Policy> {
     let mut policy = Policy::new(ProtocolId::from_code(p & 0x0f)?, GroupId::ALL.into_iter().find(|x| x.code() == g)?);
     policy.sender_signatures = p & UNSIGNED_DATA == 0;
-    policy.keyed = (p >> 4) & 0x07 == KEYED;
+    policy.mode = match (p >> 4) & 0x07 {
+        KEYED => GroupMode::Keyed,
+        THREE_STEP => GroupMode::ThreeStep,
+        _ => GroupMode::Members,
+    };
     policy.interval = match (p >> 4) & 0x07 {
-        0 | KEYED => None,
+        0 | KEYED | THREE_STEP => None,
         a => Some(crate::Interval {
             algorithm: conclave_gka::IntervalAlgorithm::from_code(a)?,
             period: std::time::Duration::ZERO,
@@ -315,6 +333,11 @@ pub enum ParsedPayload {
         /// The epoch whose key it confirms.
         epoch: Epoch,
     },
+    /// A three-step group's data ([`tag::PLAIN`]).
+    Plain {
+        /// Its length.
+        len: usize,
+    },
     /// A certificate message ([`tag::CERT`]).
     Cert {
         /// The view it was made for.
@@ -373,6 +396,7 @@ pub fn parse_payload(bytes: &[u8]) -> Result<ParsedPayload, PayloadError> {
         }
         Frame::Policy { view, policy, .. } => ParsedPayload::Policy { view, policy: decode_policy(policy) },
         Frame::Confirm { epoch, .. } => ParsedPayload::Confirm { epoch },
+        Frame::Plain(data) => ParsedPayload::Plain { len: data.len() },
         Frame::Trust { kind: TrustKind::Cert, view, body } => {
             let certificate = split_cert(body).and_then(|(der, sig)| {
                 let der = CertificateDer::from(der);
@@ -400,7 +424,8 @@ mod tests {
     fn framing_lengths() {
         assert_eq!(Frame::parse(&[]).unwrap_err(), PayloadError::Empty);
         assert_eq!(Frame::parse(&[0]).unwrap_err(), PayloadError::UnknownTag(0));
-        assert_eq!(Frame::parse(&[8, 1]).unwrap_err(), PayloadError::UnknownTag(8));
+        assert_eq!(Frame::parse(&[9, 1]).unwrap_err(), PayloadError::UnknownTag(9));
+        assert!(matches!(Frame::parse(&[tag::PLAIN, 1]), Ok(Frame::Plain([1]))));
         assert!(Frame::parse(&[tag::KA, 1]).is_err());
         assert!(matches!(Frame::parse(&[tag::KA, 1, 2]), Ok(Frame::KeyAgreement { policy: (1, 2), body: [] })));
         assert!(matches!(Frame::parse(&[tag::DATA]), Ok(Frame::Data([]))));
@@ -438,6 +463,7 @@ mod tests {
             [&[tag::TIMEOUT][..], &view, &[0, 1, 9, 1, b'a']].concat(),
             [&[tag::REFUSED][..], &view, &[0]].concat(),
             [&[tag::CONFIRM][..], &[3; EPOCH_LEN], &[7; 32], &[1, 2]].concat(),
+            vec![tag::PLAIN, 5, 6],
         ];
         for p in payloads {
             assert_eq!(Frame::parse(&p).unwrap().encode(), p);

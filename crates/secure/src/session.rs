@@ -47,8 +47,7 @@ impl std::fmt::Debug for Session {
 async fn writer(tx: ClientSender, mut rx: mpsc::UnboundedReceiver<Transmit>) {
     while let Some(t) = rx.recv().await {
         let res = match t {
-            Transmit::Join { group, keyed: false } => tx.join(group.as_str()).await,
-            Transmit::Join { group, keyed: true } => tx.join_keyed(group.as_str()).await,
+            Transmit::Join { group, mode } => tx.join_mode(group.as_str(), mode).await,
             Transmit::Leave(g) => tx.leave(g.as_str()).await,
             Transmit::Multicast(g, b) => tx.multicast(g.as_str(), Service::Agreed, b).await,
             Transmit::Unicast(g, to, b) => tx.unicast(g.as_str(), to.as_str(), b).await,

@@ -238,6 +238,8 @@ fn made_for(payload: &[u8]) -> Option<ViewId> {
         Frame::Data(raw) => crate::data::DataHeader::decode(raw).ok()?.0.view,
         Frame::Policy { view, .. } | Frame::Trust { view, .. } => view,
         Frame::Confirm { epoch, .. } => epoch.view,
+        // Three-step data names no view: it is the daemons' to protect.
+        Frame::Plain(_) => return None,
     })
 }
 

@@ -671,3 +671,62 @@ async fn a_keyed_view_with_an_untrusted_member_is_not_used() {
     let (after, _) = b.until_view_after(&["alice", "bob"], ab).await;
     assert_eq!(b.until_msg("not while mallory listens").await, after, "the send waited for a key mallory lacks");
 }
+
+/// Three-Step on a real daemon: no key agreement and no group key. Every
+/// daemon view is the secure view at once (its fingerprint says there is no
+/// key), data goes in clear to the daemon over the local socket and reaches
+/// every member, and a joiner that asks for another mode is refused by the
+/// daemon. A three-step group takes no encrypted data message either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_step_group_carries_data_with_no_group_key() {
+    let w = world(&["alice", "bob", "carol", "dave"], 15).await;
+    let policy = Policy::three_step();
+    let a = w.member("alice").await;
+    let b = w.member("bob").await;
+    let c = w.member("carol").await;
+    let d = w.member("dave").await;
+    a.join(policy);
+    a.send("sent before any view");
+    let (alone, fp) = a.until_view(&["alice"]).await;
+    assert_eq!(fp, conclave_secure::THREE_STEP_FINGERPRINT);
+    assert_eq!(a.until_msg("sent before any view").await, alone, "no key to wait for");
+    b.join(policy);
+    let (ab, _) = b.until_view(&["alice", "bob"]).await;
+    assert_eq!(a.until_view(&["alice", "bob"]).await.0, ab);
+    a.send("in clear to the daemon");
+    assert_eq!(b.until_msg("in clear to the daemon").await, ab);
+    for (joiner, other) in [(&c, Policy::integrated()), (&d, Policy::default())] {
+        joiner.join(other);
+        joiner
+            .until("the daemon's refusal of another mode", |log| {
+                log.iter()
+                    .any(|e| {
+                        matches!(e, SecureEvent::DaemonError { code: conclave_gcs::core::ErrorCode::ModeMismatch, .. })
+                    })
+                    .then_some(())
+            })
+            .await;
+    }
+    // An encrypted data message (whatever it holds) is not this group's.
+    b.run(|s| s.send_raw(GROUP, &[2, 0, 1, 2, 3]).unwrap());
+    a.until_rejected("bob", RejectReason::WrongMode).await;
+}
+
+/// A layered group takes no data in clear: three-step data sent into it is
+/// rejected at every member, never delivered as a message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_in_clear_is_rejected_in_a_layered_group() {
+    let w = world(&["alice", "bob"], 16).await;
+    let a = w.member("alice").await;
+    let b = w.member("bob").await;
+    a.join(Policy::default());
+    a.until_view(&["alice"]).await;
+    b.join(Policy::default());
+    b.until_view(&["alice", "bob"]).await;
+    a.until_view(&["alice", "bob"]).await;
+    b.run(|s| s.send_raw(GROUP, b"\x08not encrypted").unwrap());
+    a.until_rejected("bob", RejectReason::WrongMode).await;
+    a.send("after");
+    b.until_msg("after").await;
+    assert!(!a.events().iter().any(|e| matches!(e, SecureEvent::Message { data, .. } if data == b"not encrypted")));
+}
