@@ -92,8 +92,10 @@
 //! rekey in groups of about 7 members, which only fits as the counts each
 //! member sees. Queue-batch's costs are those of Queue-merge; the keys of T'
 //! are agreed during the interval (the paper measures the same; the engine
-//! meters T''s work apart, `IntervalStats::subtree_*`). Checking
-//! the received root blinded key (key confirmation) is not counted.
+//! meters T''s work apart, `IntervalStats::subtree_*`). Key confirmation
+//! (§3.5) is counted: every member of two or more computes g^K0 once to
+//! compare it with the root's blinded key it received, but the sponsor that
+//! computed it to broadcast it.
 
 // The engine (`protocols::seal`) uses part of this module; the rest (Table 2's
 // averages, the figures' trees) serves the tests and the coming `gauge`.
@@ -570,6 +572,16 @@ impl<G: Group> Rekeyed<G> {
 
     /// The costs of this rekey (see the module doc).
     pub fn costs(&self) -> IntervalCosts {
+        self.costs_with(true)
+    }
+
+    /// The costs of keying T' (Queue-subtree) on this plan: those of a
+    /// rekey but key confirmation, T''s root key being no group key.
+    pub fn subtree_costs(&self) -> IntervalCosts {
+        self.costs_with(false)
+    }
+
+    fn costs_with(&self, confirmation: bool) -> IntervalCosts {
         let t = &self.tree;
         let plan = self.plan();
         let leaves = t.leaves();
@@ -586,6 +598,11 @@ impl<G: Group> Rekeyed<G> {
                 c.packets_sent += 1;
                 c.bks_sent += p.nodes.len() as u64;
                 c.exps += p.nodes.iter().filter(|&&v| self.renewed[v] || self.fresh[v]).count() as u64;
+            }
+            // Key confirmation: g^K0 against the root's blinded key, but by
+            // the member that computed it to send it.
+            if confirmation && leaves.len() > 1 && !plan.iter().any(|p| p.sponsor == l && p.nodes.contains(&t.root)) {
+                c.exps += 1;
             }
             members.insert(m.clone(), c);
         }
@@ -832,6 +849,18 @@ mod tests {
         for s in &secrets {
             assert!(s == &secret, "a member's group secret differs from the pooled one");
         }
+        // Key confirmation: each member but the root's sender blinds its
+        // group secret's key and compares it with the root's blinded key.
+        for (i, &l) in leaves.iter().enumerate() {
+            let Some(s) = (n > 1).then_some(secrets[i]).flatten() else { continue };
+            if done[i].contains(&world.root) {
+                continue;
+            }
+            let mut ops = Meter { exps: 0 };
+            let mine = ops.exp_g(&g.hash_to_scalar(domains::TGDH_NODE, &s));
+            assert!(own[i].nodes[world.root].bk == Some(mine), "{l}: the root's blinded key is not confirmed");
+            per[i].exps += ops.exps;
+        }
         let packets = per.iter().map(|c| c.packets_sent).sum();
         let members = leaves.iter().zip(per).map(|(&l, c)| (world.member(l).unwrap().clone(), c)).collect();
         let costs = IntervalCosts { members, bks: sent.len() as u64, packets, rounds };
@@ -941,10 +970,11 @@ mod tests {
         );
         // Exps: the renewed nodes on each path (the root's is the group
         // secret) plus the renewed blinded keys sent: M1 2, M2 2 + BK1, M3-M5
-        // 2, M6 3, M7 3, M8 3 + BK6, BK2, BK0.
+        // 2, M6 3, M7 3, M8 3 + BK6, BK2, BK0; and key confirmation (§3.5),
+        // g^K0 against the BK0 M8 broadcast, by everyone but M8.
         let c = r.costs();
         let exps: Vec<u64> = (1..=8).map(|i| c.members[&id(i)].exps).collect();
-        assert_eq!(exps, [2, 3, 2, 2, 2, 3, 3, 6]);
+        assert_eq!(exps, [3, 4, 3, 3, 3, 4, 4, 6]);
         assert_eq!((c.bks, c.packets, c.rounds), (9, 6, 2));
         // The same counts, and one group secret, with real keys.
         let mut rng = ChaCha20Rng::seed_from_u64(4);
@@ -1075,22 +1105,24 @@ mod tests {
         // Batch, m8 replaces m3 (node 10): renewed 4, 1, 0. Sponsors m1 (3),
         // m2 (9), m8 (10, 4, 1, 0), m7 (2), all in round 1 (every sibling but
         // m8's leaf is held, and m8 sends that itself). Exps: m8 2 + 1 + its
-        // leaf and three renewed blinded keys = 7; m2 3; m0 and m1 2; m4-m7 1.
+        // leaf and three renewed blinded keys = 7; m2 3; m0 and m1 2; m4-m7 1;
+        // and key confirmation, one more for everyone but m8 (BK0's sender).
         let b = Batch { joins: vec![id(8)], leaves: vec![id(3)] };
         let r = apply(Algorithm::Batch, Some(&old), &b, &mut rng).unwrap();
         let c = r.costs();
         let exps: Vec<u64> = [0, 1, 2, 8, 4, 5, 6, 7].map(|i| c.members[&id(i)].exps).to_vec();
-        assert_eq!(exps, [2, 2, 3, 7, 1, 1, 1, 1]);
+        assert_eq!(exps, [3, 3, 4, 7, 2, 2, 2, 2]);
         assert_eq!((c.bks, c.packets, c.rounds), (7, 4, 1));
-        assert_eq!(c.table2(), (18.0 / 8.0, 7.0, 4.0));
+        assert_eq!(c.table2(), (25.0 / 8.0, 7.0, 4.0));
         assert_eq!(measured(&r, &mut rng).0, c);
         // Queue-batch, m8 and m9 join (T' of height 1, which only fits at
         // the root): m7 sends the old root's blinded key, m9 T''s and the
-        // new root's; every member computes the root, m9 blinds it.
+        // new root's; every member computes the root, m9 blinds it, the
+        // others blind it to confirm it.
         let b = Batch { joins: vec![id(8), id(9)], leaves: vec![] };
         let r = apply(Algorithm::QueueBatch, Some(&old), &b, &mut rng).unwrap();
         let c = r.costs();
-        assert!(members(0..9).iter().all(|m| c.members[m].exps == 1));
+        assert!(members(0..9).iter().all(|m| c.members[m].exps == 2));
         assert_eq!(c.members[&id(9)].exps, 2);
         assert_eq!((c.bks, c.packets, c.rounds), (3, 2, 1));
         assert_eq!(measured(&r, &mut rng).0, c);

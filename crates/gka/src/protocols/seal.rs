@@ -33,9 +33,22 @@
 //!    blinded keys only), and a receiver accepts the next packet of that
 //!    sponsor only, checking every key against those it holds. Members
 //!    compute the keys of their path as the blinded keys arrive.
-//! 3. **Install.** When the plan's last packet is delivered every member
-//!    computes the group secret and installs the new key; a batch that
-//!    renews nothing installs at the rekey message.
+//! 3. **Key confirmation and install** (SEAL §3.5). The root's blinded key
+//!    BK0 = g^K0 (K0 = H(group secret)) is on the list of one sponsor (the
+//!    one the sponsor coordination gives the root: M8 in Fig. 4), which
+//!    broadcasts it like the others. When the plan's last packet is
+//!    delivered every member has the group secret and BK0; each computes
+//!    its own g^K0 (one exponentiation, metered; the sponsor that computed
+//!    BK0 to send it does not compute it again) and compares. Only if they
+//!    match does it install the new key; if not, it installs nothing, drops
+//!    the rekey, keeps the key it had, and reports the error
+//!    ([`Misbehaved::Inconsistent`], round [`ROUND_BKEY`], naming BK0's
+//!    sender: the blinded key contradicts what this member computed —
+//!    perhaps because an earlier packet it accepted lied). A batch that
+//!    renews nothing sends no packet and installs at the rekey message,
+//!    confirmed against the root's blinded key every member holds (it was
+//!    broadcast when that node was keyed; a mismatch names the leader's
+//!    rekey message). A lone member has nobody to confirm with.
 //!
 //! # Queue-subtree during the interval (Queue-batch)
 //! SEAL keys T' while the interval runs and merges it at the rekey (§2.2);
@@ -96,8 +109,21 @@
 //!   one view, so members that stay together never disagree on the tree.
 //!   A departure other than the leader's or an unsent sponsor's therefore
 //!   waits for the next tick, as in SEAL, but so does the abandoned batch.
-//! * Members install at the plan's last packet, not as soon as they can
-//!   compute the root (for the same reason); no key confirmation (§3.5) yet.
+//! * Members install at the plan's last packet, not as soon as they hold
+//!   the root and BK0 (for the same reason: one delivery is everyone's
+//!   commit point). SEAL's rekey is finished once the key is confirmed;
+//!   BK0's round is the plan's last, but a packet of that round or an
+//!   earlier one may still be delivered after BK0, and the install waits
+//!   for it. The confirmation is SEAL's weaker one (§3.5: nobody announces
+//!   success); in a session, the session layer's MACs
+//!   (`conclave_secure::confirm`) come on top of it.
+//! * A failed confirmation is reported and the member keeps its last key:
+//!   SEAL says only that the member "will report the error". Members that
+//!   confirmed hold the new key, so the group stays split until the member
+//!   leaves and joins again; recovering is the application's.
+//! * A batch that renews nothing is confirmed against the blinded key held
+//!   (one exponentiation each); SEAL elects no sponsor then and says
+//!   nothing of confirming it.
 //! * The leader is the view's first member, and a merge of partitions is a
 //!   batch in which the other side's members join the leader's tree.
 //! * Messages travel in the TGDH envelope (`ProtocolId::Tgdh`, round tags 3,
@@ -736,6 +762,9 @@ impl<G: Group> Seal<G> {
                 }
                 Kind::Main => {
                     let mut phase = rk.phase;
+                    // Key confirmation (SEAL §3.5) before anything changes:
+                    // a mismatch drops the rekey, the last key stays in use.
+                    confirm(cx, &phase, &rk.leader)?;
                     match phase.secret.take() {
                         Some(mut secret) => {
                             cx.install(&secret);
@@ -759,6 +788,36 @@ impl<G: Group> Seal<G> {
             }
         }
     }
+}
+
+/// SEAL §3.5's key confirmation, at the plan's last packet: the member
+/// computes its blinded group key g^K0 (K0 = H(group secret), one metered
+/// exponentiation) and compares it with the root's blinded key it holds —
+/// the one the plan's root sponsor broadcast (BK0), or, when nothing was
+/// renewed, the one broadcast when that node was keyed. The sponsor that
+/// computed BK0 to send it does not compute it again; a lone member has
+/// nobody to confirm with. A mismatch names BK0's sender (the leader's
+/// rekey message when nothing was sent) as contradicting this member's
+/// state.
+fn confirm<G: Group>(cx: &mut Ctx<'_, G>, ph: &Phase<G>, leader: &MemberId) -> Result<(), Error> {
+    let (Some(me), Some(secret), false) = (ph.me, ph.secret.as_ref(), ph.lone()) else { return Ok(()) };
+    let t = &ph.r.tree;
+    let sender = ph.plan.iter().find(|p| p.nodes.contains(&t.root)).map(|p| p.sponsor);
+    if sender == Some(me) {
+        return Ok(());
+    }
+    let blame = match sender.and_then(|s| t.member(s)) {
+        Some(m) => Misbehaved::Inconsistent { round: ROUND_BKEY }.by(m),
+        None => Misbehaved::Inconsistent { round: ROUND_REKEY }.by(leader),
+    };
+    let held = t.nodes[t.root].bk.as_ref().ok_or_else(|| blame.clone())?;
+    let mut k = cx.g.hash_to_scalar(domains::TGDH_NODE, secret);
+    let mine = cx.exp_g(&k);
+    k.zeroize();
+    if &mine != held {
+        return Err(blame);
+    }
+    Ok(())
 }
 
 /// Checks a BKEY packet for `ph` (the next packet of its sender's in the
@@ -1412,7 +1471,7 @@ mod tests {
                 .apply::<Ristretto255>(None, &Batch { joins: batch.joins.clone(), leaves: vec![] })
                 .unwrap()
                 .unwrap()
-                .costs();
+                .subtree_costs();
         } else if net.algorithm == IntervalAlgorithm::QueueBatch {
             for j in &batch.joins {
                 sub.members.insert(j.clone(), MemberCosts { exps: 1, ..MemberCosts::default() });
@@ -1714,6 +1773,111 @@ mod tests {
         net.pump(None);
         assert!(keyed_t_prime(&net, 3).is_some());
         net.rekey();
+    }
+
+    #[test]
+    fn a_broadcast_blinded_group_key_that_is_not_a_members_own_is_reported_and_its_key_not_installed() {
+        use super::{get_elem, put_elem, MAX_MEMBERS};
+        use crate::codec::{Reader, Writer};
+        use crate::suite::Group;
+        for a in IntervalAlgorithm::ALL {
+            let mut net = Net::new(a, 8, 14);
+            net.change(&[0, 1, 2, 3, 4], &[]);
+            let k0 = net.rekey();
+            net.change(&[5, 6], &[1]);
+            net.tick();
+            net.pump(Some(1));
+            // Who broadcasts BK0 (SEAL §3.5), in which of its packets.
+            let leader = net.leader();
+            let (sender, nth) = {
+                let ph = &net.engines[leader].runner.protocol_ref().rekey.as_ref().expect("rekeying").phase;
+                let root = ph.r.tree.root;
+                let idx = ph.plan.iter().position(|p| p.nodes.contains(&root)).expect("BK0 is in the plan");
+                let s = ph.plan[idx].sponsor;
+                let nth = ph.by_sponsor[&s].iter().position(|&i| i == idx).unwrap();
+                (net.names.iter().position(|n| Some(n) == ph.r.tree.member(s)).unwrap(), nth)
+            };
+            // It lies to the others about BK0 (its own copy comes back as sent).
+            let mut seen = 0;
+            let mut errors = Vec::new();
+            while let Some((from, bytes)) = net.queue.pop_front() {
+                let mut env = Envelope::decode(&bytes).unwrap();
+                let mut lie = None;
+                if from == sender && env.round == ROUND_BKEY && env.body[0] == 2 {
+                    if seen == nth {
+                        let mut r = Reader::new(&env.body[1..]);
+                        let k = r.count(MAX_MEMBERS, 32, "k").unwrap();
+                        let mut bks: Vec<_> = (0..k).map(|_| get_elem(&mut r, &Ristretto255).unwrap()).collect();
+                        let other = Ristretto255.random_scalar(&mut net.rng);
+                        *bks.last_mut().unwrap() = Ristretto255.exp_generator(&other);
+                        let mut w = Writer::new();
+                        w.u8(2);
+                        w.count(k);
+                        for bk in &bks {
+                            put_elem(&mut w, &Ristretto255, bk);
+                        }
+                        env.body = w.buf;
+                        env.signature = net.signers[sender].sign(&env.signed_bytes());
+                        lie = Some(env.encode());
+                    }
+                    seen += 1;
+                }
+                for &j in &net.view.clone() {
+                    let b = if j == sender { &bytes } else { lie.as_ref().unwrap_or(&bytes) };
+                    match net.engines[j].on_message(&net.names[from], b, &mut net.rng) {
+                        Ok(outs) => net.push(j, outs),
+                        Err(e) => errors.push((j, e)),
+                    }
+                }
+            }
+            assert!(seen > nth, "{a:?}: BK0 was sent");
+            // Everyone else noticed, once, naming BK0's sender, and kept the
+            // key it had (none for the joiners); the liar installed.
+            let mut noticed: Vec<usize> = errors.iter().map(|(j, _)| *j).collect();
+            noticed.sort_unstable();
+            let mut others: Vec<usize> = net.view.iter().copied().filter(|&j| j != sender).collect();
+            others.sort_unstable();
+            assert_eq!(noticed, others, "{a:?}: {errors:?}");
+            for (j, e) in &errors {
+                let want = Error::Misbehaved {
+                    sender: net.names[sender].clone(),
+                    what: Misbehaved::Inconsistent { round: ROUND_BKEY },
+                };
+                assert_eq!(e, &want, "{a:?} {}", net.names[*j]);
+                let e = &net.engines[*j];
+                assert!(!e.rekeying(), "{a:?}");
+                let key = e.secure_view().map(|sv| *sv.key.expose_secret());
+                assert_eq!(key, if [5, 6].contains(j) { None } else { Some(k0) }, "{a:?} {}", net.names[*j]);
+            }
+            let liar = net.engines[sender].secure_view().map(|sv| *sv.key.expose_secret());
+            assert!(liar.is_some_and(|k| k != k0), "{a:?}");
+        }
+    }
+
+    #[test]
+    fn a_batch_that_renews_nothing_is_confirmed_against_the_blinded_key_held() {
+        // Four members, two leave: the other two are an old subtree, whose
+        // root's blinded key every member holds; nothing is sent.
+        let mut net = Net::new(IntervalAlgorithm::Batch, 4, 15);
+        net.change(&[0, 1, 2, 3], &[]);
+        net.rekey();
+        let t = net.engines[0].runner.protocol_ref().saved.clone().unwrap();
+        let under = |v: usize| -> Vec<usize> {
+            let ms = t.preorder(v).into_iter().filter_map(|u| t.member(u));
+            ms.map(|m| net.names.iter().position(|n| n == m).unwrap()).collect()
+        };
+        let [l, r] = t.nodes[t.root].kids.unwrap();
+        let gone = under(r);
+        assert_eq!((under(l).len(), gone.len()), (2, 2));
+        net.change(&[], &gone);
+        let before: Vec<u64> = net.engines.iter().map(|e| e.costs().exps).collect();
+        let wire = net.wire.len();
+        net.rekey();
+        assert!(net.wire[wire..].iter().all(|b| Envelope::decode(b).unwrap().round == ROUND_REKEY));
+        // The group secret, and g^K0 against the root's blinded key held.
+        for &i in &net.view {
+            assert_eq!(net.engines[i].costs().exps - before[i], 2, "{}", net.names[i]);
+        }
     }
 
     #[test]
