@@ -365,6 +365,14 @@ pub(crate) struct RekeyRecord {
     /// Queue-batch with joiners: whether T' was keyed in the rekey's run
     /// (not complete when the rekey message came), else `None`.
     pub subtree_in_run: Option<bool>,
+    /// Counted SEAL's way, not work done (interval algorithms only): `exps`
+    /// plus the blinded keys of its members' key paths they did not compute
+    /// (SEAL §4.2, `IntervalStats::path_bks_not_blinded`).
+    pub seal_exps: Option<f64>,
+    /// The BKEY packets of the rekey had sponsors sent on every input what
+    /// they had just become able to compute (SEAL §4.2,
+    /// `IntervalStats::reactive_packets_sent`; interval algorithms only).
+    pub reactive_packets: Option<u64>,
 }
 
 /// One run's summary: the `--json` object.
@@ -393,6 +401,12 @@ pub(crate) struct Summary {
     pub total_bkey_packets: f64,
     /// Queue-batch: rekeys that keyed T' in their run (`null`: none to key).
     pub subtree_in_run: Option<u64>,
+    /// Counted SEAL's way (not work done; `null` for the baseline):
+    /// exponentiations with every member blinding its key path's renewed
+    /// nodes, and BKEY packets sent per processed input (SEAL §4.2; see
+    /// [`RekeyRecord::seal_exps`], [`RekeyRecord::reactive_packets`]).
+    pub seal_exps: Option<f64>,
+    pub reactive_bkey_packets: Option<f64>,
 }
 
 /// A member in the group at the end: its name, its view's members, and
@@ -477,6 +491,10 @@ struct Counts {
     sub_packets: u64,
     /// T' was keyed in a rekey's run.
     in_run: bool,
+    /// SEAL's counts (`IntervalStats::path_bks_not_blinded`,
+    /// `reactive_packets_sent`).
+    path_bks: u64,
+    reactive: u64,
 }
 
 impl Counts {
@@ -489,6 +507,8 @@ impl Counts {
         self.sub_bks += o.sub_bks;
         self.sub_packets += o.sub_packets;
         self.in_run |= o.in_run;
+        self.path_bks += o.path_bks;
+        self.reactive += o.reactive;
     }
 }
 
@@ -638,6 +658,8 @@ impl State {
                     o.sub_bks += a.subtree_bks_sent - b.subtree_bks_sent;
                     o.sub_packets += a.subtree_packets_sent - b.subtree_packets_sent;
                     o.in_run |= a.keyed_in_run > b.keyed_in_run;
+                    o.path_bks += a.path_bks_not_blinded - b.path_bks_not_blinded;
+                    o.reactive += a.reactive_packets_sent - b.reactive_packets_sent;
                 }
                 Policy::PerView => o.packets += after.broadcasts - before.broadcasts,
             }
@@ -864,6 +886,8 @@ fn finish(st: State, setup: &Setup, policy: Policy) -> RunResult {
                 total_blinded_keys: interval.then_some(a.bks + idle.bks),
                 total_packets: a.packets + idle.packets,
                 subtree_in_run: queued.then_some(a.in_run),
+                seal_exps: interval.then(|| (a.exps - a.sub_exps + a.path_bks) as f64 / n),
+                reactive_packets: interval.then_some(a.reactive),
             }
         })
         .collect();
@@ -931,6 +955,8 @@ pub(crate) fn summarize(
             .iter()
             .any(|r| r.subtree_in_run.is_some())
             .then(|| rekeys.iter().filter(|r| r.subtree_in_run == Some(true)).count() as u64),
+        seal_exps: interval.then(|| mean(&|r| r.seal_exps.unwrap_or(0.0))),
+        reactive_bkey_packets: interval.then(|| mean(&|r| r.reactive_packets.unwrap_or(0) as f64)),
     };
     let mut times: Vec<f64> = rekeys.iter().map(|r| r.time_s).collect();
     times.sort_by(f64::total_cmp);
@@ -1193,7 +1219,9 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
             writeln!(
                 out,
                 "\nBeside SEAL Table 2 (wired LAN, Queue-batch, T_in = T_out = {} s), which measures Queue-merge \
-                 only; the (+T') rows add Queue-subtree's.\n",
+                 only; the (+T') rows add Queue-subtree's. The (§4.2) rows are counted SEAL's way, not work \
+                 done: every member blinding its key path's renewed nodes (\"updating the secret and blinded \
+                 keys of the key path\"), sponsors sending on every input what they have just computed.\n",
                 setup.t_in
             )?;
             let mut t = crate::table::new(["metric", "ours", "SEAL (wired)", "ours / SEAL"], 1);
@@ -1205,6 +1233,8 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
                 s.total_exps,
                 s.total_blinded_keys.unwrap_or(f64::NAN),
                 s.total_bkey_packets,
+                s.seal_exps.unwrap_or(f64::NAN),
+                s.reactive_bkey_packets.unwrap_or(f64::NAN),
             ];
             let names = [
                 "rekeying time (s)",
@@ -1214,8 +1244,10 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
                 "exponentiations (+T')",
                 "broadcast blinded keys (+T')",
                 "BKEY packets (+T')",
+                "exponentiations, key path blinded (§4.2)",
+                "BKEY packets, sent per input (§4.2)",
             ];
-            let paper = [paper[0], paper[1], paper[2], paper[3], paper[1], paper[2], paper[3]];
+            let paper = [paper[0], paper[1], paper[2], paper[3], paper[1], paper[2], paper[3], paper[1], paper[3]];
             for ((name, o), p) in names.iter().zip(ours).zip(paper) {
                 t.add_row(vec![name.to_string(), format!("{o:.4}"), format!("{p:.2}"), format!("{:.3}", o / p)]);
             }
@@ -1268,6 +1300,8 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
         "total_blinded_keys",
         "total_bkey_packets",
         "subtree_in_run",
+        "seal_exps",
+        "reactive_bkey_packets",
     ])?;
     for s in &summaries {
         w.write_record([
@@ -1288,6 +1322,8 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
             s.total_blinded_keys.map_or(String::new(), |v| format!("{v:.4}")),
             format!("{:.4}", s.total_bkey_packets),
             s.subtree_in_run.map_or(String::new(), |v| v.to_string()),
+            s.seal_exps.map_or(String::new(), |v| format!("{v:.4}")),
+            s.reactive_bkey_packets.map_or(String::new(), |v| format!("{v:.4}")),
         ])?;
     }
     w.flush()?;

@@ -104,6 +104,10 @@ struct Acc {
     sub_packets: u64,
     /// Some member's engine keyed T' in the rekey's run.
     in_run: bool,
+    /// SEAL's counts (`IntervalStats::path_bks_not_blinded`,
+    /// `reactive_packets_sent`).
+    path_bks: u64,
+    reactive: u64,
 }
 
 /// Runs one policy over the churn of `setup` on `target`'s daemons;
@@ -211,6 +215,8 @@ async fn drive(
                 total_blinded_keys: interval_like.then_some(a.bks),
                 total_packets: a.packets,
                 subtree_in_run: queued.then_some(a.in_run),
+                seal_exps: interval_like.then(|| (a.exps - a.sub_exps + a.path_bks) as f64 / n),
+                reactive_packets: interval_like.then_some(a.reactive),
             }
         })
         .collect();
@@ -283,6 +289,8 @@ fn on_report(
                     acc.sub_bks += s1.subtree_bks_sent - s0.subtree_bks_sent;
                     acc.sub_packets += s1.subtree_packets_sent - s0.subtree_packets_sent;
                     acc.in_run |= s1.keyed_in_run > s0.keyed_in_run;
+                    acc.path_bks += s1.path_bks_not_blinded - s0.path_bks_not_blinded;
+                    acc.reactive += s1.reactive_packets_sent - s0.reactive_packets_sent;
                     *led += s1.rekeys_led - s0.rekeys_led;
                 }
                 None => acc.packets += c1.broadcasts - c0.broadcasts,

@@ -242,6 +242,22 @@ pub struct IntervalStats {
     /// in the rekey's run: T' was not complete in the view when the leader
     /// sent it.
     pub keyed_in_run: u64,
+    /// Not work done: SEAL's count of what this member would also have
+    /// exponentiated in the rekeys it installed. SEAL §4.2 has each member
+    /// update "the secret and blinded keys of the key path"; this engine
+    /// blinds only the keys it broadcasts, and the root's for key
+    /// confirmation. Counted at each install: the renewed nodes of its key
+    /// path, the root excepted, whose blinded key it did not compute.
+    pub path_bks_not_blinded: u64,
+    /// Not work done: the BKEY packets this member would have broadcast in
+    /// rekeys (the rekey proper: Queue-merge for Queue-batch) had it sent,
+    /// on every input it processed, each blinded key of its list it had just
+    /// become able to compute, as SEAL §4.2's process_thread does ("if the
+    /// group member is a sponsor and the sesskey_engine contains the new
+    /// blinded keys to be broadcast, the process_thread will broadcast a
+    /// BKEY packet"), where this engine sends the plan's packets, one per
+    /// round. Same lists and delivery order as the packets actually sent.
+    pub reactive_packets_sent: u64,
 }
 
 /// The rekey message's body.
@@ -395,6 +411,9 @@ struct Phase<G: Group> {
     total: usize,
     /// This member's packets sent.
     sent: usize,
+    /// Of this member's list, how many blinded keys SEAL's per-input
+    /// sending would have sent so far (`IntervalStats::reactive_packets_sent`).
+    reactive: usize,
     leaf: HashMap<MemberId, usize>,
     secret: Option<G::Element>,
 }
@@ -424,6 +443,7 @@ impl<G: Group> Phase<G> {
             delivered: HashMap::new(),
             total: 0,
             sent: 0,
+            reactive: 0,
             leaf,
             secret: None,
         }
@@ -765,6 +785,7 @@ impl<G: Group> Seal<G> {
                     // Key confirmation (SEAL §3.5) before anything changes:
                     // a mismatch drops the rekey, the last key stays in use.
                     confirm(cx, &phase, &rk.leader)?;
+                    self.stats.path_bks_not_blinded += path_bks_not_blinded(&phase);
                     match phase.secret.take() {
                         Some(mut secret) => {
                             cx.install(&secret);
@@ -820,6 +841,16 @@ fn confirm<G: Group>(cx: &mut Ctx<'_, G>, ph: &Phase<G>, leader: &MemberId) -> R
     Ok(())
 }
 
+/// The renewed nodes of this member's key path, the root excepted, whose
+/// blinded keys it did not compute (`IntervalStats::path_bks_not_blinded`).
+fn path_bks_not_blinded<G: Group>(ph: &Phase<G>) -> u64 {
+    let Some(me) = ph.me else { return 0 };
+    let t = &ph.r.tree;
+    let mine: BTreeSet<usize> =
+        ph.by_sponsor.get(&me).into_iter().flatten().flat_map(|&i| ph.plan[i].nodes.iter().copied()).collect();
+    t.path(me).into_iter().filter(|&v| v != t.root && ph.r.is_renewed(v) && !mine.contains(&v)).count() as u64
+}
+
 /// Checks a BKEY packet for `ph` (the next packet of its sender's in the
 /// plan, blinded keys agreeing with those held) and only then records it.
 fn accept_bkey<G: Group>(cx: &Ctx<'_, G>, ph: &mut Phase<G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
@@ -873,9 +904,26 @@ fn step<G: Group>(cx: &mut Ctx<'_, G>, ph: &mut Phase<G>, stats: &mut IntervalSt
                 ph.secret = ph.r.tree.group_secret(cx, me);
             }
             send_ready(cx, ph, stats)?;
+            if ph.kind == Kind::Main {
+                count_reactive(ph, me, stats);
+            }
         }
     }
     Ok(ph.total >= ph.plan.len())
+}
+
+/// SEAL's per-input sending, counted (`IntervalStats::reactive_packets_sent`):
+/// one packet if this input let the member compute blinded keys of its list
+/// beyond those counted so far.
+fn count_reactive<G: Group>(ph: &mut Phase<G>, me: usize, stats: &mut IntervalStats) {
+    let Some(mine) = ph.by_sponsor.get(&me) else { return };
+    let t = &ph.r.tree;
+    let can = |v: usize| t.nodes[v].bk.is_some() || t.nodes[v].key.is_some() || (v == t.root && ph.secret.is_some());
+    let ready = mine.iter().flat_map(|&i| &ph.plan[i].nodes).take_while(|&&v| can(v)).count();
+    if ready > ph.reactive {
+        ph.reactive = ready;
+        stats.reactive_packets_sent += 1;
+    }
 }
 
 /// The first phase of a rekey: Queue-subtree for Queue-batch with two or
@@ -1497,6 +1545,8 @@ mod tests {
                 let leader = net.leader();
                 let batch = net.engines[leader].runner.protocol_ref().own_batch(&view_of(&net));
                 let (main, sub) = expected(&net, leader, &batch);
+                let old = net.engines[leader].runner.protocol_ref().saved.clone();
+                let plan = net.algorithm.inner().apply(old.as_ref(), &batch).unwrap().unwrap();
                 let before = snap(&net);
                 net.rekey();
                 assert_eq!(net.stale, 0, "{a:?}");
@@ -1510,6 +1560,17 @@ mod tests {
                     let got =
                         (e.costs().exps - before[i].0, st.bks_sent - st0.bks_sent, st.packets_sent - st0.packets_sent);
                     assert_eq!(got, (want.exps, want.bks_sent, want.packets_sent), "{a:?} {m}: rekey");
+                    // Counted SEAL's way (§4.2): a key and a blinded key per
+                    // renewed node of the key path (the root's: the group
+                    // secret and g^K0), and a joiner's fresh leaf blinded.
+                    let leaf = plan.tree.find(m).unwrap();
+                    let renewed = plan.tree.path(leaf).into_iter().filter(|&v| plan.is_renewed(v)).count() as u64;
+                    let seal = got.0 + st.path_bks_not_blinded - st0.path_bks_not_blinded;
+                    assert_eq!(seal, 2 * renewed + u64::from(plan.is_fresh(leaf)), "{a:?} {m}: SEAL's count");
+                    // Sending per input never sends fewer packets than per
+                    // round (each round's packet waits for another input).
+                    let reactive = st.reactive_packets_sent - st0.reactive_packets_sent;
+                    assert!(reactive >= got.2, "{a:?} {m}: {reactive} < {}", got.2);
                     assert_eq!(st.subtree_exps, st0.subtree_exps, "{a:?} {m}");
                     assert_eq!(st.subtree_packets_sent, st0.subtree_packets_sent, "{a:?} {m}");
                     // The interval: Queue-subtree's counts, all metered as such
