@@ -75,6 +75,16 @@
 //! comes (a tick right after a view, a restart), the rekey keys it in its
 //! run, and that rekey's time includes it: `T' in run` counts those rekeys.
 //!
+//! Two rows beside Table 2 (and `seal_exps`, `reactive_bkey_packets` in
+//! the JSON and CSV) are counted SEAL's way and are not work done: the
+//! exponentiations had every member also blinded its key path's renewed
+//! nodes (SEAL §4.2: a member updates "the secret and blinded keys of the
+//! key path"; `IntervalStats::path_bks_not_blinded`), and the BKEY packets
+//! had every sponsor sent, on each input it processed, what it had just
+//! become able to compute (§4.2's process_thread;
+//! `IntervalStats::reactive_packets_sent`). Both on SEAL's terms
+//! (Queue-merge only).
+//!
 //! The run's figures are then the mean over rekeys of these per-rekey
 //! figures: SEAL's "averaged over the number of existing members in the
 //! group at each rekeying interval and then over the number of rekeying
@@ -117,7 +127,10 @@
 //!   its members' rekeying time includes that wait: the tables print the
 //!   median beside the mean, and the abandoned rekeys (rekey messages sent
 //!   minus rekeys installed).
-//! * No key confirmation (§3.5): the install is at the plan's last packet.
+//! * Key confirmation is SEAL's (§3.5), in the engine: each member checks
+//!   its own g^K0 against the broadcast BK0 before it installs, one
+//!   exponentiation (none for BK0's sender), counted. The install is at the
+//!   plan's last packet, where SEAL's member is done once it has confirmed.
 //! * SEAL's rekey times are wall-clock on 2004 machines with 1024-bit DH,
 //!   RSA-1024 signatures and Spread; ours are virtual, from the costs above:
 //!   they are compared in ratio only to show the order of magnitude.

@@ -15,8 +15,9 @@
 //! * **rekeying time**: the view's `rekey_time`, which under interval
 //!   rekeying runs from the first rekey message the member received since
 //!   its last install to the key's confirmation by every member — SEAL §6's
-//!   definition, key confirmation included (the simulator stops at the
-//!   install); per view, from the view to the confirmed key;
+//!   definition, the session's key confirmation included (the simulator
+//!   stops at the install, after the engine's own, SEAL §3.5's); per view,
+//!   from the view to the confirmed key;
 //! * **exponentiations, blinded keys, BKEY packets, restarts, rekeys led**:
 //!   the differences of the member's [`Meter`] since its previous secure
 //!   view, or since it joined (a join starts a fresh engine). So everything
