@@ -75,15 +75,20 @@
 //! comes (a tick right after a view, a restart), the rekey keys it in its
 //! run, and that rekey's time includes it: `T' in run` counts those rekeys.
 //!
-//! Two rows beside Table 2 (and `seal_exps`, `reactive_bkey_packets` in
+//! Rows beside Table 2 (and `seal_exps`, `reactive_bkey_packets` in
 //! the JSON and CSV) are counted SEAL's way and are not work done: the
 //! exponentiations had every member also blinded its key path's renewed
 //! nodes (SEAL §4.2: a member updates "the secret and blinded keys of the
 //! key path"; `IntervalStats::path_bks_not_blinded`), and the BKEY packets
 //! had every sponsor sent, on each input it processed, what it had just
 //! become able to compute (§4.2's process_thread;
-//! `IntervalStats::reactive_packets_sent`). Both on SEAL's terms
-//! (Queue-merge only).
+//! `IntervalStats::reactive_packets_sent`). A third row
+//! (`copath_bkey_packets`) is the BKEY packets had the members held, when
+//! the rekey began, only SEAL's blinded keys: their co-paths' and key
+//! paths' (§3.4, "each member holds the blinded keys along its own
+//! co-path"), a joiner the whole old tree (`Rekeyed::seal_holds`), where
+//! ours hold the whole tree (`IntervalStats::copath_packets_sent`). All on
+//! SEAL's terms (Queue-merge only).
 //!
 //! The run's figures are then the mean over rekeys of these per-rekey
 //! figures: SEAL's "averaged over the number of existing members in the
@@ -386,6 +391,10 @@ pub(crate) struct RekeyRecord {
     /// they had just become able to compute (SEAL §4.2,
     /// `IntervalStats::reactive_packets_sent`; interval algorithms only).
     pub reactive_packets: Option<u64>,
+    /// The BKEY packets of the rekey had its members held only SEAL's
+    /// blinded keys when it began (their co-paths and key paths, §3.4;
+    /// `IntervalStats::copath_packets_sent`; interval algorithms only).
+    pub copath_packets: Option<u64>,
 }
 
 /// One run's summary: the `--json` object.
@@ -420,6 +429,9 @@ pub(crate) struct Summary {
     /// [`RekeyRecord::seal_exps`], [`RekeyRecord::reactive_packets`]).
     pub seal_exps: Option<f64>,
     pub reactive_bkey_packets: Option<f64>,
+    /// BKEY packets with SEAL's holdings (§3.4; see
+    /// [`RekeyRecord::copath_packets`]; `null` for the baseline).
+    pub copath_bkey_packets: Option<f64>,
 }
 
 /// A member in the group at the end: its name, its view's members, and
@@ -508,6 +520,7 @@ struct Counts {
     /// `reactive_packets_sent`).
     path_bks: u64,
     reactive: u64,
+    copath: u64,
 }
 
 impl Counts {
@@ -522,6 +535,7 @@ impl Counts {
         self.in_run |= o.in_run;
         self.path_bks += o.path_bks;
         self.reactive += o.reactive;
+        self.copath += o.copath;
     }
 }
 
@@ -673,6 +687,7 @@ impl State {
                     o.in_run |= a.keyed_in_run > b.keyed_in_run;
                     o.path_bks += a.path_bks_not_blinded - b.path_bks_not_blinded;
                     o.reactive += a.reactive_packets_sent - b.reactive_packets_sent;
+                    o.copath += a.copath_packets_sent - b.copath_packets_sent;
                 }
                 Policy::PerView => o.packets += after.broadcasts - before.broadcasts,
             }
@@ -901,6 +916,7 @@ fn finish(st: State, setup: &Setup, policy: Policy) -> RunResult {
                 subtree_in_run: queued.then_some(a.in_run),
                 seal_exps: interval.then(|| (a.exps - a.sub_exps + a.path_bks) as f64 / n),
                 reactive_packets: interval.then_some(a.reactive),
+                copath_packets: interval.then_some(a.copath),
             }
         })
         .collect();
@@ -970,6 +986,7 @@ pub(crate) fn summarize(
             .then(|| rekeys.iter().filter(|r| r.subtree_in_run == Some(true)).count() as u64),
         seal_exps: interval.then(|| mean(&|r| r.seal_exps.unwrap_or(0.0))),
         reactive_bkey_packets: interval.then(|| mean(&|r| r.reactive_packets.unwrap_or(0) as f64)),
+        copath_bkey_packets: interval.then(|| mean(&|r| r.copath_packets.unwrap_or(0) as f64)),
     };
     let mut times: Vec<f64> = rekeys.iter().map(|r| r.time_s).collect();
     times.sort_by(f64::total_cmp);
@@ -1234,7 +1251,8 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
                 "\nBeside SEAL Table 2 (wired LAN, Queue-batch, T_in = T_out = {} s), which measures Queue-merge \
                  only; the (+T') rows add Queue-subtree's. The (§4.2) rows are counted SEAL's way, not work \
                  done: every member blinding its key path's renewed nodes (\"updating the secret and blinded \
-                 keys of the key path\"), sponsors sending on every input what they have just computed.\n",
+                 keys of the key path\"), sponsors sending on every input what they have just computed; (§3.4): \
+                 members holding only their co-paths' blinded keys when the rekey begins.\n",
                 setup.t_in
             )?;
             let mut t = crate::table::new(["metric", "ours", "SEAL (wired)", "ours / SEAL"], 1);
@@ -1248,6 +1266,7 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
                 s.total_bkey_packets,
                 s.seal_exps.unwrap_or(f64::NAN),
                 s.reactive_bkey_packets.unwrap_or(f64::NAN),
+                s.copath_bkey_packets.unwrap_or(f64::NAN),
             ];
             let names = [
                 "rekeying time (s)",
@@ -1259,8 +1278,9 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
                 "BKEY packets (+T')",
                 "exponentiations, key path blinded (§4.2)",
                 "BKEY packets, sent per input (§4.2)",
+                "BKEY packets, co-paths held (§3.4)",
             ];
-            let paper = [paper[0], paper[1], paper[2], paper[3], paper[1], paper[2], paper[3], paper[1], paper[3]];
+            let paper = [paper[0], paper[1], paper[2], paper[3], paper[1], paper[2], paper[3], paper[1], paper[3], paper[3]];
             for ((name, o), p) in names.iter().zip(ours).zip(paper) {
                 t.add_row(vec![name.to_string(), format!("{o:.4}"), format!("{p:.2}"), format!("{:.3}", o / p)]);
             }
@@ -1315,6 +1335,7 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
         "subtree_in_run",
         "seal_exps",
         "reactive_bkey_packets",
+        "copath_bkey_packets",
     ])?;
     for s in &summaries {
         w.write_record([
@@ -1337,6 +1358,7 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
             s.subtree_in_run.map_or(String::new(), |v| v.to_string()),
             s.seal_exps.map_or(String::new(), |v| format!("{v:.4}")),
             s.reactive_bkey_packets.map_or(String::new(), |v| format!("{v:.4}")),
+            s.copath_bkey_packets.map_or(String::new(), |v| format!("{v:.4}")),
         ])?;
     }
     w.flush()?;

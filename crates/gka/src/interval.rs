@@ -480,6 +480,54 @@ impl<G: Group> Rekeyed<G> {
         }
     }
 
+    /// What SEAL's members hold when the rekey starts, given the tree `old`
+    /// the batch was applied to: a member of `old` the blinded keys of its
+    /// own co-path (§3.4: "each member holds the blinded keys along its own
+    /// co-path") and key path (§4.2: it keeps "the secret and blinded keys
+    /// of the key path"), and the old root's (broadcast for key
+    /// confirmation, §3.5); a joiner the whole old tree, which the rekey
+    /// message carries (§3.3); T''s as [`Rekeyed::holds`] says. (This
+    /// crate's members hold the whole tree: [`Rekeyed::holds`].)
+    pub fn seal_holds<'a>(&'a self, old: Option<&'a Tree<G>>) -> impl Fn(usize, usize) -> bool + 'a {
+        let count = |t: &Tree<G>| -> Vec<usize> {
+            let mut c = vec![0; t.nodes.len()];
+            for v in t.preorder(t.root).into_iter().rev() {
+                c[v] = t.nodes[v].kids.map_or(1, |[l, r]| c[l] + c[r]);
+            }
+            c
+        };
+        let sizes = count(&self.tree);
+        let old_sizes = old.map(count).unwrap_or_default();
+        let old_leaf = old.map(|o| o.leaf_index()).unwrap_or_default();
+        move |l: usize, v: usize| {
+            let t = &self.tree;
+            let Some(old) = old else { return self.holds(l, v) };
+            if self.renewed[v] || self.fresh[v] || self.queued[v] || self.fresh[l] || self.queued[l] {
+                return self.holds(l, v);
+            }
+            let (Some(&ol), Some(x)) = (t.member(l).and_then(|m| old_leaf.get(m)), t.member(t.rightmost(v))) else {
+                return self.holds(l, v);
+            };
+            if t.path(l).contains(&v) {
+                return true;
+            }
+            // v's subtree is one of `old`'s: the ancestor of one of its
+            // leaves there with as many leaves.
+            let Some(&start) = old_leaf.get(x) else { return self.holds(l, v) };
+            let mut ov = start;
+            while old_sizes[ov] < sizes[v] {
+                match old.nodes[ov].parent {
+                    Some(p) => ov = p,
+                    None => break,
+                }
+            }
+            match old.nodes[ov].parent {
+                None => true,
+                Some(p) => old.path(ol).contains(&p),
+            }
+        }
+    }
+
     /// SEAL Fig. 3: the nodes whose blinded keys the member at `leaf`
     /// broadcasts, bottom up; empty if it is not a sponsor.
     pub fn broadcast_list(&self, leaf: usize) -> Vec<usize> {
@@ -527,8 +575,8 @@ impl<G: Group> Rekeyed<G> {
 
     /// Rounds that pass before the member at `leaf` can compute the key of
     /// `v`, on its path, given the rounds in which the blinded keys it lacks
-    /// are sent (`round`, filled below `v`).
-    fn ready_after(&self, leaf: usize, v: usize, round: &[u32]) -> u32 {
+    /// (those `holds` denies it) are sent (`round`, filled below `v`).
+    fn ready_after(&self, leaf: usize, v: usize, round: &[u32], holds: &dyn Fn(usize, usize) -> bool) -> u32 {
         let t = &self.tree;
         let mut wait = 0;
         let mut c = leaf;
@@ -536,7 +584,7 @@ impl<G: Group> Rekeyed<G> {
             let Some(p) = t.nodes[c].parent else { break };
             if self.renewed[p] {
                 if let Some(o) = t.sibling(c) {
-                    if !self.holds(leaf, o) {
+                    if !holds(leaf, o) {
                         wait = wait.max(round[o]);
                     }
                 }
@@ -550,6 +598,12 @@ impl<G: Group> Rekeyed<G> {
     /// sponsor sends in a round the blinded keys of its list it can compute
     /// by then.
     pub fn plan(&self) -> Vec<Packet> {
+        self.plan_holding(&|l, v| self.holds(l, v))
+    }
+
+    /// [`Rekeyed::plan`] had the members held, when the rekey starts, the
+    /// blinded keys `holds(leaf, node)` says.
+    pub fn plan_holding(&self, holds: &dyn Fn(usize, usize) -> bool) -> Vec<Packet> {
         let t = &self.tree;
         let lists = self.sponsors();
         let sender: HashMap<usize, usize> =
@@ -557,7 +611,7 @@ impl<G: Group> Rekeyed<G> {
         let mut round = vec![0u32; t.nodes.len()];
         for v in t.preorder(t.root).into_iter().rev() {
             if let Some(&s) = sender.get(&v) {
-                round[v] = 1 + self.ready_after(s, v, &round);
+                round[v] = 1 + self.ready_after(s, v, &round, holds);
             }
         }
         let mut packets: BTreeMap<(u32, usize), Vec<usize>> = BTreeMap::new();
@@ -617,14 +671,16 @@ impl<G: Group> Rekeyed<G> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeMap, BTreeSet};
 
     use conclave_gcs::MemberId;
     use proptest::prelude::*;
     use rand_chacha::ChaCha20Rng;
     use rand_core::{RngCore, SeedableRng};
 
-    use super::{queue_merge, queue_subtree, Algorithm, Batch, BatchError, IntervalCosts, MemberCosts, Rekeyed};
+    use super::{
+        queue_merge, queue_subtree, Algorithm, Batch, BatchError, IntervalCosts, MemberCosts, Packet, Rekeyed,
+    };
     use crate::codec::{Reader, Writer};
     use crate::domains;
     use crate::suite::ristretto::Ristretto255;
@@ -985,6 +1041,46 @@ mod tests {
         }
         let keyed_r = Rekeyed::with_renewed(t, &renewed);
         assert_eq!(measured(&keyed_r, &mut rng).0, c);
+    }
+
+    #[test]
+    fn seal_members_hold_the_blinded_keys_of_their_co_paths_only() {
+        // SEAL §3.4 on Fig. 4: "M6 and M7 do not hold the blinded key of
+        // node 14 if it is promoted from one of its child nodes". Fig. 4's
+        // tree before M9 (at 30, beside M8 at 29) left; Batch prunes it.
+        let mut rng = ChaCha20Rng::seed_from_u64(5);
+        let old = keyed(
+            from_heap(&[(3, 1), (4, 2), (23, 3), (24, 4), (12, 5), (27, 6), (28, 7), (29, 8), (30, 9)]),
+            &mut rng,
+        );
+        let r = Algorithm::Batch.apply(Some(&old), &Batch { joins: vec![], leaves: vec![id(9)] }).unwrap().unwrap();
+        let leaf = |i: usize| r.tree.find(&id(i)).unwrap();
+        assert_eq!(numbers(&r.tree, [leaf(8)]), [14]);
+        let seal = r.seal_holds(Some(&old));
+        let (n4, n5, n13, n14) = (at(&r.tree, 4), at(&r.tree, 5), at(&r.tree, 13), at(&r.tree, 14));
+        assert!(!seal(leaf(6), n14) && !seal(leaf(7), n14));
+        assert!(r.holds(leaf(6), n14) && r.holds(leaf(7), n14), "this crate's members hold the whole tree");
+        // M8's old co-path was 30, 13, 5 and 1; M1's 4 and 2.
+        assert!(seal(leaf(8), n13) && seal(leaf(8), n5));
+        assert!(seal(leaf(1), n4) && !seal(leaf(1), n13) && !seal(leaf(1), n5));
+        // A joiner holds the old tree the rekey message carries.
+        let j = Algorithm::Batch.apply(Some(&old), &Batch { joins: vec![id(10)], leaves: vec![] }).unwrap().unwrap();
+        let seal = j.seal_holds(Some(&old));
+        let jl = j.tree.find(&id(10)).unwrap();
+        let held = |v: usize| !j.is_renewed(v) && !j.is_fresh(v);
+        assert!((0..j.tree.nodes.len()).filter(|&v| held(v)).all(|v| seal(jl, v)));
+        // Holding less never sends a blinded key earlier: every packet of
+        // the SEAL holdings' plan is in a round no earlier than the same
+        // keys' in this crate's plan.
+        for r in [&r, &j] {
+            let seal = r.seal_holds(Some(&old));
+            let round = |plan: Vec<Packet>| -> BTreeMap<usize, u32> {
+                plan.into_iter().flat_map(|p| p.nodes.into_iter().map(move |v| (v, p.round))).collect()
+            };
+            let (ours, theirs) = (round(r.plan()), round(r.plan_holding(&seal)));
+            assert_eq!(ours.keys().collect::<Vec<_>>(), theirs.keys().collect::<Vec<_>>());
+            assert!(ours.iter().all(|(v, k)| theirs[v] >= *k));
+        }
     }
 
     /// SEAL Fig. 1's tree: M1 at 7, M2 at 8, M3 at 4, M4 at 5, M5 at 13, M6 at 14.

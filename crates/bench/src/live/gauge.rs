@@ -109,6 +109,7 @@ struct Acc {
     /// `reactive_packets_sent`).
     path_bks: u64,
     reactive: u64,
+    copath: u64,
 }
 
 /// Runs one policy over the churn of `setup` on `target`'s daemons;
@@ -218,6 +219,7 @@ async fn drive(
                 subtree_in_run: queued.then_some(a.in_run),
                 seal_exps: interval_like.then(|| (a.exps - a.sub_exps + a.path_bks) as f64 / n),
                 reactive_packets: interval_like.then_some(a.reactive),
+                copath_packets: interval_like.then_some(a.copath),
             }
         })
         .collect();
@@ -292,6 +294,7 @@ fn on_report(
                     acc.in_run |= s1.keyed_in_run > s0.keyed_in_run;
                     acc.path_bks += s1.path_bks_not_blinded - s0.path_bks_not_blinded;
                     acc.reactive += s1.reactive_packets_sent - s0.reactive_packets_sent;
+                    acc.copath += s1.copath_packets_sent - s0.copath_packets_sent;
                     *led += s1.rekeys_led - s0.rekeys_led;
                 }
                 None => acc.packets += c1.broadcasts - c0.broadcasts,

@@ -258,6 +258,13 @@ pub struct IntervalStats {
     /// BKEY packet"), where this engine sends the plan's packets, one per
     /// round. Same lists and delivery order as the packets actually sent.
     pub reactive_packets_sent: u64,
+    /// Not work done: the BKEY packets this member would have broadcast in
+    /// the rekeys it installed (the rekey proper) had the members held, when
+    /// each began, only what SEAL's do (`Rekeyed::seal_holds`: their own
+    /// co-path and key path, §3.4 and §4.2; joiners the whole old tree)
+    /// rather than this engine's whole tree: the same lists, in the rounds
+    /// those holdings allow (`Rekeyed::plan_holding`).
+    pub copath_packets_sent: u64,
 }
 
 /// The rekey message's body.
@@ -786,6 +793,11 @@ impl<G: Group> Seal<G> {
                     // a mismatch drops the rekey, the last key stays in use.
                     confirm(cx, &phase, &rk.leader)?;
                     self.stats.path_bks_not_blinded += path_bks_not_blinded(&phase);
+                    if let Some(me) = phase.me {
+                        let holds = phase.r.seal_holds(rk.base.as_ref());
+                        let plan = phase.r.plan_holding(&holds);
+                        self.stats.copath_packets_sent += plan.iter().filter(|p| p.sponsor == me).count() as u64;
+                    }
                     match phase.secret.take() {
                         Some(mut secret) => {
                             cx.install(&secret);
