@@ -75,6 +75,21 @@
 //! comes (a tick right after a view, a restart), the rekey keys it in its
 //! run, and that rekey's time includes it: `T' in run` counts those rekeys.
 //!
+//! Rows beside Table 2 (and `seal_exps`, `reactive_bkey_packets` in
+//! the JSON and CSV) are counted SEAL's way and are not work done: the
+//! exponentiations had every member also blinded its key path's renewed
+//! nodes (SEAL §4.2: a member updates "the secret and blinded keys of the
+//! key path"; `IntervalStats::path_bks_not_blinded`), and the BKEY packets
+//! had every sponsor sent, on each input it processed, what it had just
+//! become able to compute (§4.2's process_thread;
+//! `IntervalStats::reactive_packets_sent`). A third row
+//! (`copath_bkey_packets`) is the BKEY packets had the members held, when
+//! the rekey began, only SEAL's blinded keys: their co-paths' and key
+//! paths' (§3.4, "each member holds the blinded keys along its own
+//! co-path"), a joiner the whole old tree (`Rekeyed::seal_holds`), where
+//! ours hold the whole tree (`IntervalStats::copath_packets_sent`). All on
+//! SEAL's terms (Queue-merge only).
+//!
 //! The run's figures are then the mean over rekeys of these per-rekey
 //! figures: SEAL's "averaged over the number of existing members in the
 //! group at each rekeying interval and then over the number of rekeying
@@ -117,7 +132,10 @@
 //!   its members' rekeying time includes that wait: the tables print the
 //!   median beside the mean, and the abandoned rekeys (rekey messages sent
 //!   minus rekeys installed).
-//! * No key confirmation (§3.5): the install is at the plan's last packet.
+//! * Key confirmation is SEAL's (§3.5), in the engine: each member checks
+//!   its own g^K0 against the broadcast BK0 before it installs, one
+//!   exponentiation (none for BK0's sender), counted. The install is at the
+//!   plan's last packet, where SEAL's member is done once it has confirmed.
 //! * SEAL's rekey times are wall-clock on 2004 machines with 1024-bit DH,
 //!   RSA-1024 signatures and Spread; ours are virtual, from the costs above:
 //!   they are compared in ratio only to show the order of magnitude.
@@ -365,6 +383,18 @@ pub(crate) struct RekeyRecord {
     /// Queue-batch with joiners: whether T' was keyed in the rekey's run
     /// (not complete when the rekey message came), else `None`.
     pub subtree_in_run: Option<bool>,
+    /// Counted SEAL's way, not work done (interval algorithms only): `exps`
+    /// plus the blinded keys of its members' key paths they did not compute
+    /// (SEAL §4.2, `IntervalStats::path_bks_not_blinded`).
+    pub seal_exps: Option<f64>,
+    /// The BKEY packets of the rekey had sponsors sent on every input what
+    /// they had just become able to compute (SEAL §4.2,
+    /// `IntervalStats::reactive_packets_sent`; interval algorithms only).
+    pub reactive_packets: Option<u64>,
+    /// The BKEY packets of the rekey had its members held only SEAL's
+    /// blinded keys when it began (their co-paths and key paths, §3.4;
+    /// `IntervalStats::copath_packets_sent`; interval algorithms only).
+    pub copath_packets: Option<u64>,
 }
 
 /// One run's summary: the `--json` object.
@@ -393,6 +423,15 @@ pub(crate) struct Summary {
     pub total_bkey_packets: f64,
     /// Queue-batch: rekeys that keyed T' in their run (`null`: none to key).
     pub subtree_in_run: Option<u64>,
+    /// Counted SEAL's way (not work done; `null` for the baseline):
+    /// exponentiations with every member blinding its key path's renewed
+    /// nodes, and BKEY packets sent per processed input (SEAL §4.2; see
+    /// [`RekeyRecord::seal_exps`], [`RekeyRecord::reactive_packets`]).
+    pub seal_exps: Option<f64>,
+    pub reactive_bkey_packets: Option<f64>,
+    /// BKEY packets with SEAL's holdings (§3.4; see
+    /// [`RekeyRecord::copath_packets`]; `null` for the baseline).
+    pub copath_bkey_packets: Option<f64>,
 }
 
 /// A member in the group at the end: its name, its view's members, and
@@ -477,6 +516,11 @@ struct Counts {
     sub_packets: u64,
     /// T' was keyed in a rekey's run.
     in_run: bool,
+    /// SEAL's counts (`IntervalStats::path_bks_not_blinded`,
+    /// `reactive_packets_sent`).
+    path_bks: u64,
+    reactive: u64,
+    copath: u64,
 }
 
 impl Counts {
@@ -489,6 +533,9 @@ impl Counts {
         self.sub_bks += o.sub_bks;
         self.sub_packets += o.sub_packets;
         self.in_run |= o.in_run;
+        self.path_bks += o.path_bks;
+        self.reactive += o.reactive;
+        self.copath += o.copath;
     }
 }
 
@@ -638,6 +685,9 @@ impl State {
                     o.sub_bks += a.subtree_bks_sent - b.subtree_bks_sent;
                     o.sub_packets += a.subtree_packets_sent - b.subtree_packets_sent;
                     o.in_run |= a.keyed_in_run > b.keyed_in_run;
+                    o.path_bks += a.path_bks_not_blinded - b.path_bks_not_blinded;
+                    o.reactive += a.reactive_packets_sent - b.reactive_packets_sent;
+                    o.copath += a.copath_packets_sent - b.copath_packets_sent;
                 }
                 Policy::PerView => o.packets += after.broadcasts - before.broadcasts,
             }
@@ -864,6 +914,9 @@ fn finish(st: State, setup: &Setup, policy: Policy) -> RunResult {
                 total_blinded_keys: interval.then_some(a.bks + idle.bks),
                 total_packets: a.packets + idle.packets,
                 subtree_in_run: queued.then_some(a.in_run),
+                seal_exps: interval.then(|| (a.exps - a.sub_exps + a.path_bks) as f64 / n),
+                reactive_packets: interval.then_some(a.reactive),
+                copath_packets: interval.then_some(a.copath),
             }
         })
         .collect();
@@ -931,6 +984,9 @@ pub(crate) fn summarize(
             .iter()
             .any(|r| r.subtree_in_run.is_some())
             .then(|| rekeys.iter().filter(|r| r.subtree_in_run == Some(true)).count() as u64),
+        seal_exps: interval.then(|| mean(&|r| r.seal_exps.unwrap_or(0.0))),
+        reactive_bkey_packets: interval.then(|| mean(&|r| r.reactive_packets.unwrap_or(0) as f64)),
+        copath_bkey_packets: interval.then(|| mean(&|r| r.copath_packets.unwrap_or(0) as f64)),
     };
     let mut times: Vec<f64> = rekeys.iter().map(|r| r.time_s).collect();
     times.sort_by(f64::total_cmp);
@@ -1193,7 +1249,10 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
             writeln!(
                 out,
                 "\nBeside SEAL Table 2 (wired LAN, Queue-batch, T_in = T_out = {} s), which measures Queue-merge \
-                 only; the (+T') rows add Queue-subtree's.\n",
+                 only; the (+T') rows add Queue-subtree's. The (§4.2) rows are counted SEAL's way, not work \
+                 done: every member blinding its key path's renewed nodes (\"updating the secret and blinded \
+                 keys of the key path\"), sponsors sending on every input what they have just computed; (§3.4): \
+                 members holding only their co-paths' blinded keys when the rekey begins.\n",
                 setup.t_in
             )?;
             let mut t = crate::table::new(["metric", "ours", "SEAL (wired)", "ours / SEAL"], 1);
@@ -1205,6 +1264,9 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
                 s.total_exps,
                 s.total_blinded_keys.unwrap_or(f64::NAN),
                 s.total_bkey_packets,
+                s.seal_exps.unwrap_or(f64::NAN),
+                s.reactive_bkey_packets.unwrap_or(f64::NAN),
+                s.copath_bkey_packets.unwrap_or(f64::NAN),
             ];
             let names = [
                 "rekeying time (s)",
@@ -1214,8 +1276,11 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
                 "exponentiations (+T')",
                 "broadcast blinded keys (+T')",
                 "BKEY packets (+T')",
+                "exponentiations, key path blinded (§4.2)",
+                "BKEY packets, sent per input (§4.2)",
+                "BKEY packets, co-paths held (§3.4)",
             ];
-            let paper = [paper[0], paper[1], paper[2], paper[3], paper[1], paper[2], paper[3]];
+            let paper = [paper[0], paper[1], paper[2], paper[3], paper[1], paper[2], paper[3], paper[1], paper[3], paper[3]];
             for ((name, o), p) in names.iter().zip(ours).zip(paper) {
                 t.add_row(vec![name.to_string(), format!("{o:.4}"), format!("{p:.2}"), format!("{:.3}", o / p)]);
             }
@@ -1268,6 +1333,9 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
         "total_blinded_keys",
         "total_bkey_packets",
         "subtree_in_run",
+        "seal_exps",
+        "reactive_bkey_packets",
+        "copath_bkey_packets",
     ])?;
     for s in &summaries {
         w.write_record([
@@ -1288,6 +1356,9 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
             s.total_blinded_keys.map_or(String::new(), |v| format!("{v:.4}")),
             format!("{:.4}", s.total_bkey_packets),
             s.subtree_in_run.map_or(String::new(), |v| v.to_string()),
+            s.seal_exps.map_or(String::new(), |v| format!("{v:.4}")),
+            s.reactive_bkey_packets.map_or(String::new(), |v| format!("{v:.4}")),
+            s.copath_bkey_packets.map_or(String::new(), |v| format!("{v:.4}")),
         ])?;
     }
     w.flush()?;

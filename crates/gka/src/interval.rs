@@ -92,8 +92,10 @@
 //! rekey in groups of about 7 members, which only fits as the counts each
 //! member sees. Queue-batch's costs are those of Queue-merge; the keys of T'
 //! are agreed during the interval (the paper measures the same; the engine
-//! meters T''s work apart, `IntervalStats::subtree_*`). Checking
-//! the received root blinded key (key confirmation) is not counted.
+//! meters T''s work apart, `IntervalStats::subtree_*`). Key confirmation
+//! (§3.5) is counted: every member of two or more computes g^K0 once to
+//! compare it with the root's blinded key it received, but the sponsor that
+//! computed it to broadcast it.
 
 // The engine (`protocols::seal`) uses part of this module; the rest (Table 2's
 // averages, the figures' trees) serves the tests and the coming `gauge`.
@@ -478,6 +480,54 @@ impl<G: Group> Rekeyed<G> {
         }
     }
 
+    /// What SEAL's members hold when the rekey starts, given the tree `old`
+    /// the batch was applied to: a member of `old` the blinded keys of its
+    /// own co-path (§3.4: "each member holds the blinded keys along its own
+    /// co-path") and key path (§4.2: it keeps "the secret and blinded keys
+    /// of the key path"), and the old root's (broadcast for key
+    /// confirmation, §3.5); a joiner the whole old tree, which the rekey
+    /// message carries (§3.3); T''s as [`Rekeyed::holds`] says. (This
+    /// crate's members hold the whole tree: [`Rekeyed::holds`].)
+    pub fn seal_holds<'a>(&'a self, old: Option<&'a Tree<G>>) -> impl Fn(usize, usize) -> bool + 'a {
+        let count = |t: &Tree<G>| -> Vec<usize> {
+            let mut c = vec![0; t.nodes.len()];
+            for v in t.preorder(t.root).into_iter().rev() {
+                c[v] = t.nodes[v].kids.map_or(1, |[l, r]| c[l] + c[r]);
+            }
+            c
+        };
+        let sizes = count(&self.tree);
+        let old_sizes = old.map(count).unwrap_or_default();
+        let old_leaf = old.map(|o| o.leaf_index()).unwrap_or_default();
+        move |l: usize, v: usize| {
+            let t = &self.tree;
+            let Some(old) = old else { return self.holds(l, v) };
+            if self.renewed[v] || self.fresh[v] || self.queued[v] || self.fresh[l] || self.queued[l] {
+                return self.holds(l, v);
+            }
+            let (Some(&ol), Some(x)) = (t.member(l).and_then(|m| old_leaf.get(m)), t.member(t.rightmost(v))) else {
+                return self.holds(l, v);
+            };
+            if t.path(l).contains(&v) {
+                return true;
+            }
+            // v's subtree is one of `old`'s: the ancestor of one of its
+            // leaves there with as many leaves.
+            let Some(&start) = old_leaf.get(x) else { return self.holds(l, v) };
+            let mut ov = start;
+            while old_sizes[ov] < sizes[v] {
+                match old.nodes[ov].parent {
+                    Some(p) => ov = p,
+                    None => break,
+                }
+            }
+            match old.nodes[ov].parent {
+                None => true,
+                Some(p) => old.path(ol).contains(&p),
+            }
+        }
+    }
+
     /// SEAL Fig. 3: the nodes whose blinded keys the member at `leaf`
     /// broadcasts, bottom up; empty if it is not a sponsor.
     pub fn broadcast_list(&self, leaf: usize) -> Vec<usize> {
@@ -525,8 +575,8 @@ impl<G: Group> Rekeyed<G> {
 
     /// Rounds that pass before the member at `leaf` can compute the key of
     /// `v`, on its path, given the rounds in which the blinded keys it lacks
-    /// are sent (`round`, filled below `v`).
-    fn ready_after(&self, leaf: usize, v: usize, round: &[u32]) -> u32 {
+    /// (those `holds` denies it) are sent (`round`, filled below `v`).
+    fn ready_after(&self, leaf: usize, v: usize, round: &[u32], holds: &dyn Fn(usize, usize) -> bool) -> u32 {
         let t = &self.tree;
         let mut wait = 0;
         let mut c = leaf;
@@ -534,7 +584,7 @@ impl<G: Group> Rekeyed<G> {
             let Some(p) = t.nodes[c].parent else { break };
             if self.renewed[p] {
                 if let Some(o) = t.sibling(c) {
-                    if !self.holds(leaf, o) {
+                    if !holds(leaf, o) {
                         wait = wait.max(round[o]);
                     }
                 }
@@ -548,6 +598,12 @@ impl<G: Group> Rekeyed<G> {
     /// sponsor sends in a round the blinded keys of its list it can compute
     /// by then.
     pub fn plan(&self) -> Vec<Packet> {
+        self.plan_holding(&|l, v| self.holds(l, v))
+    }
+
+    /// [`Rekeyed::plan`] had the members held, when the rekey starts, the
+    /// blinded keys `holds(leaf, node)` says.
+    pub fn plan_holding(&self, holds: &dyn Fn(usize, usize) -> bool) -> Vec<Packet> {
         let t = &self.tree;
         let lists = self.sponsors();
         let sender: HashMap<usize, usize> =
@@ -555,7 +611,7 @@ impl<G: Group> Rekeyed<G> {
         let mut round = vec![0u32; t.nodes.len()];
         for v in t.preorder(t.root).into_iter().rev() {
             if let Some(&s) = sender.get(&v) {
-                round[v] = 1 + self.ready_after(s, v, &round);
+                round[v] = 1 + self.ready_after(s, v, &round, holds);
             }
         }
         let mut packets: BTreeMap<(u32, usize), Vec<usize>> = BTreeMap::new();
@@ -570,6 +626,16 @@ impl<G: Group> Rekeyed<G> {
 
     /// The costs of this rekey (see the module doc).
     pub fn costs(&self) -> IntervalCosts {
+        self.costs_with(true)
+    }
+
+    /// The costs of keying T' (Queue-subtree) on this plan: those of a
+    /// rekey but key confirmation, T''s root key being no group key.
+    pub fn subtree_costs(&self) -> IntervalCosts {
+        self.costs_with(false)
+    }
+
+    fn costs_with(&self, confirmation: bool) -> IntervalCosts {
         let t = &self.tree;
         let plan = self.plan();
         let leaves = t.leaves();
@@ -587,6 +653,11 @@ impl<G: Group> Rekeyed<G> {
                 c.bks_sent += p.nodes.len() as u64;
                 c.exps += p.nodes.iter().filter(|&&v| self.renewed[v] || self.fresh[v]).count() as u64;
             }
+            // Key confirmation: g^K0 against the root's blinded key, but by
+            // the member that computed it to send it.
+            if confirmation && leaves.len() > 1 && !plan.iter().any(|p| p.sponsor == l && p.nodes.contains(&t.root)) {
+                c.exps += 1;
+            }
             members.insert(m.clone(), c);
         }
         IntervalCosts {
@@ -600,14 +671,16 @@ impl<G: Group> Rekeyed<G> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeMap, BTreeSet};
 
     use conclave_gcs::MemberId;
     use proptest::prelude::*;
     use rand_chacha::ChaCha20Rng;
     use rand_core::{RngCore, SeedableRng};
 
-    use super::{queue_merge, queue_subtree, Algorithm, Batch, BatchError, IntervalCosts, MemberCosts, Rekeyed};
+    use super::{
+        queue_merge, queue_subtree, Algorithm, Batch, BatchError, IntervalCosts, MemberCosts, Packet, Rekeyed,
+    };
     use crate::codec::{Reader, Writer};
     use crate::domains;
     use crate::suite::ristretto::Ristretto255;
@@ -832,6 +905,18 @@ mod tests {
         for s in &secrets {
             assert!(s == &secret, "a member's group secret differs from the pooled one");
         }
+        // Key confirmation: each member but the root's sender blinds its
+        // group secret's key and compares it with the root's blinded key.
+        for (i, &l) in leaves.iter().enumerate() {
+            let Some(s) = (n > 1).then_some(secrets[i]).flatten() else { continue };
+            if done[i].contains(&world.root) {
+                continue;
+            }
+            let mut ops = Meter { exps: 0 };
+            let mine = ops.exp_g(&g.hash_to_scalar(domains::TGDH_NODE, &s));
+            assert!(own[i].nodes[world.root].bk == Some(mine), "{l}: the root's blinded key is not confirmed");
+            per[i].exps += ops.exps;
+        }
         let packets = per.iter().map(|c| c.packets_sent).sum();
         let members = leaves.iter().zip(per).map(|(&l, c)| (world.member(l).unwrap().clone(), c)).collect();
         let costs = IntervalCosts { members, bks: sent.len() as u64, packets, rounds };
@@ -941,10 +1026,11 @@ mod tests {
         );
         // Exps: the renewed nodes on each path (the root's is the group
         // secret) plus the renewed blinded keys sent: M1 2, M2 2 + BK1, M3-M5
-        // 2, M6 3, M7 3, M8 3 + BK6, BK2, BK0.
+        // 2, M6 3, M7 3, M8 3 + BK6, BK2, BK0; and key confirmation (§3.5),
+        // g^K0 against the BK0 M8 broadcast, by everyone but M8.
         let c = r.costs();
         let exps: Vec<u64> = (1..=8).map(|i| c.members[&id(i)].exps).collect();
-        assert_eq!(exps, [2, 3, 2, 2, 2, 3, 3, 6]);
+        assert_eq!(exps, [3, 4, 3, 3, 3, 4, 4, 6]);
         assert_eq!((c.bks, c.packets, c.rounds), (9, 6, 2));
         // The same counts, and one group secret, with real keys.
         let mut rng = ChaCha20Rng::seed_from_u64(4);
@@ -955,6 +1041,46 @@ mod tests {
         }
         let keyed_r = Rekeyed::with_renewed(t, &renewed);
         assert_eq!(measured(&keyed_r, &mut rng).0, c);
+    }
+
+    #[test]
+    fn seal_members_hold_the_blinded_keys_of_their_co_paths_only() {
+        // SEAL §3.4 on Fig. 4: "M6 and M7 do not hold the blinded key of
+        // node 14 if it is promoted from one of its child nodes". Fig. 4's
+        // tree before M9 (at 30, beside M8 at 29) left; Batch prunes it.
+        let mut rng = ChaCha20Rng::seed_from_u64(5);
+        let old = keyed(
+            from_heap(&[(3, 1), (4, 2), (23, 3), (24, 4), (12, 5), (27, 6), (28, 7), (29, 8), (30, 9)]),
+            &mut rng,
+        );
+        let r = Algorithm::Batch.apply(Some(&old), &Batch { joins: vec![], leaves: vec![id(9)] }).unwrap().unwrap();
+        let leaf = |i: usize| r.tree.find(&id(i)).unwrap();
+        assert_eq!(numbers(&r.tree, [leaf(8)]), [14]);
+        let seal = r.seal_holds(Some(&old));
+        let (n4, n5, n13, n14) = (at(&r.tree, 4), at(&r.tree, 5), at(&r.tree, 13), at(&r.tree, 14));
+        assert!(!seal(leaf(6), n14) && !seal(leaf(7), n14));
+        assert!(r.holds(leaf(6), n14) && r.holds(leaf(7), n14), "this crate's members hold the whole tree");
+        // M8's old co-path was 30, 13, 5 and 1; M1's 4 and 2.
+        assert!(seal(leaf(8), n13) && seal(leaf(8), n5));
+        assert!(seal(leaf(1), n4) && !seal(leaf(1), n13) && !seal(leaf(1), n5));
+        // A joiner holds the old tree the rekey message carries.
+        let j = Algorithm::Batch.apply(Some(&old), &Batch { joins: vec![id(10)], leaves: vec![] }).unwrap().unwrap();
+        let seal = j.seal_holds(Some(&old));
+        let jl = j.tree.find(&id(10)).unwrap();
+        let held = |v: usize| !j.is_renewed(v) && !j.is_fresh(v);
+        assert!((0..j.tree.nodes.len()).filter(|&v| held(v)).all(|v| seal(jl, v)));
+        // Holding less never sends a blinded key earlier: every packet of
+        // the SEAL holdings' plan is in a round no earlier than the same
+        // keys' in this crate's plan.
+        for r in [&r, &j] {
+            let seal = r.seal_holds(Some(&old));
+            let round = |plan: Vec<Packet>| -> BTreeMap<usize, u32> {
+                plan.into_iter().flat_map(|p| p.nodes.into_iter().map(move |v| (v, p.round))).collect()
+            };
+            let (ours, theirs) = (round(r.plan()), round(r.plan_holding(&seal)));
+            assert_eq!(ours.keys().collect::<Vec<_>>(), theirs.keys().collect::<Vec<_>>());
+            assert!(ours.iter().all(|(v, k)| theirs[v] >= *k));
+        }
     }
 
     /// SEAL Fig. 1's tree: M1 at 7, M2 at 8, M3 at 4, M4 at 5, M5 at 13, M6 at 14.
@@ -1075,22 +1201,24 @@ mod tests {
         // Batch, m8 replaces m3 (node 10): renewed 4, 1, 0. Sponsors m1 (3),
         // m2 (9), m8 (10, 4, 1, 0), m7 (2), all in round 1 (every sibling but
         // m8's leaf is held, and m8 sends that itself). Exps: m8 2 + 1 + its
-        // leaf and three renewed blinded keys = 7; m2 3; m0 and m1 2; m4-m7 1.
+        // leaf and three renewed blinded keys = 7; m2 3; m0 and m1 2; m4-m7 1;
+        // and key confirmation, one more for everyone but m8 (BK0's sender).
         let b = Batch { joins: vec![id(8)], leaves: vec![id(3)] };
         let r = apply(Algorithm::Batch, Some(&old), &b, &mut rng).unwrap();
         let c = r.costs();
         let exps: Vec<u64> = [0, 1, 2, 8, 4, 5, 6, 7].map(|i| c.members[&id(i)].exps).to_vec();
-        assert_eq!(exps, [2, 2, 3, 7, 1, 1, 1, 1]);
+        assert_eq!(exps, [3, 3, 4, 7, 2, 2, 2, 2]);
         assert_eq!((c.bks, c.packets, c.rounds), (7, 4, 1));
-        assert_eq!(c.table2(), (18.0 / 8.0, 7.0, 4.0));
+        assert_eq!(c.table2(), (25.0 / 8.0, 7.0, 4.0));
         assert_eq!(measured(&r, &mut rng).0, c);
         // Queue-batch, m8 and m9 join (T' of height 1, which only fits at
         // the root): m7 sends the old root's blinded key, m9 T''s and the
-        // new root's; every member computes the root, m9 blinds it.
+        // new root's; every member computes the root, m9 blinds it, the
+        // others blind it to confirm it.
         let b = Batch { joins: vec![id(8), id(9)], leaves: vec![] };
         let r = apply(Algorithm::QueueBatch, Some(&old), &b, &mut rng).unwrap();
         let c = r.costs();
-        assert!(members(0..9).iter().all(|m| c.members[m].exps == 1));
+        assert!(members(0..9).iter().all(|m| c.members[m].exps == 2));
         assert_eq!(c.members[&id(9)].exps, 2);
         assert_eq!((c.bks, c.packets, c.rounds), (3, 2, 1));
         assert_eq!(measured(&r, &mut rng).0, c);

@@ -15,8 +15,9 @@
 //! * **rekeying time**: the view's `rekey_time`, which under interval
 //!   rekeying runs from the first rekey message the member received since
 //!   its last install to the key's confirmation by every member — SEAL §6's
-//!   definition, key confirmation included (the simulator stops at the
-//!   install); per view, from the view to the confirmed key;
+//!   definition, the session's key confirmation included (the simulator
+//!   stops at the install, after the engine's own, SEAL §3.5's); per view,
+//!   from the view to the confirmed key;
 //! * **exponentiations, blinded keys, BKEY packets, restarts, rekeys led**:
 //!   the differences of the member's [`Meter`] since its previous secure
 //!   view, or since it joined (a join starts a fresh engine). So everything
@@ -104,6 +105,11 @@ struct Acc {
     sub_packets: u64,
     /// Some member's engine keyed T' in the rekey's run.
     in_run: bool,
+    /// SEAL's counts (`IntervalStats::path_bks_not_blinded`,
+    /// `reactive_packets_sent`).
+    path_bks: u64,
+    reactive: u64,
+    copath: u64,
 }
 
 /// Runs one policy over the churn of `setup` on `target`'s daemons;
@@ -211,6 +217,9 @@ async fn drive(
                 total_blinded_keys: interval_like.then_some(a.bks),
                 total_packets: a.packets,
                 subtree_in_run: queued.then_some(a.in_run),
+                seal_exps: interval_like.then(|| (a.exps - a.sub_exps + a.path_bks) as f64 / n),
+                reactive_packets: interval_like.then_some(a.reactive),
+                copath_packets: interval_like.then_some(a.copath),
             }
         })
         .collect();
@@ -283,6 +292,9 @@ fn on_report(
                     acc.sub_bks += s1.subtree_bks_sent - s0.subtree_bks_sent;
                     acc.sub_packets += s1.subtree_packets_sent - s0.subtree_packets_sent;
                     acc.in_run |= s1.keyed_in_run > s0.keyed_in_run;
+                    acc.path_bks += s1.path_bks_not_blinded - s0.path_bks_not_blinded;
+                    acc.reactive += s1.reactive_packets_sent - s0.reactive_packets_sent;
+                    acc.copath += s1.copath_packets_sent - s0.copath_packets_sent;
                     *led += s1.rekeys_led - s0.rekeys_led;
                 }
                 None => acc.packets += c1.broadcasts - c0.broadcasts,

@@ -33,9 +33,22 @@
 //!    blinded keys only), and a receiver accepts the next packet of that
 //!    sponsor only, checking every key against those it holds. Members
 //!    compute the keys of their path as the blinded keys arrive.
-//! 3. **Install.** When the plan's last packet is delivered every member
-//!    computes the group secret and installs the new key; a batch that
-//!    renews nothing installs at the rekey message.
+//! 3. **Key confirmation and install** (SEAL §3.5). The root's blinded key
+//!    BK0 = g^K0 (K0 = H(group secret)) is on the list of one sponsor (the
+//!    one the sponsor coordination gives the root: M8 in Fig. 4), which
+//!    broadcasts it like the others. When the plan's last packet is
+//!    delivered every member has the group secret and BK0; each computes
+//!    its own g^K0 (one exponentiation, metered; the sponsor that computed
+//!    BK0 to send it does not compute it again) and compares. Only if they
+//!    match does it install the new key; if not, it installs nothing, drops
+//!    the rekey, keeps the key it had, and reports the error
+//!    ([`Misbehaved::Inconsistent`], round [`ROUND_BKEY`], naming BK0's
+//!    sender: the blinded key contradicts what this member computed —
+//!    perhaps because an earlier packet it accepted lied). A batch that
+//!    renews nothing sends no packet and installs at the rekey message,
+//!    confirmed against the root's blinded key every member holds (it was
+//!    broadcast when that node was keyed; a mismatch names the leader's
+//!    rekey message). A lone member has nobody to confirm with.
 //!
 //! # Queue-subtree during the interval (Queue-batch)
 //! SEAL keys T' while the interval runs and merges it at the rekey (§2.2);
@@ -96,8 +109,21 @@
 //!   one view, so members that stay together never disagree on the tree.
 //!   A departure other than the leader's or an unsent sponsor's therefore
 //!   waits for the next tick, as in SEAL, but so does the abandoned batch.
-//! * Members install at the plan's last packet, not as soon as they can
-//!   compute the root (for the same reason); no key confirmation (§3.5) yet.
+//! * Members install at the plan's last packet, not as soon as they hold
+//!   the root and BK0 (for the same reason: one delivery is everyone's
+//!   commit point). SEAL's rekey is finished once the key is confirmed;
+//!   BK0's round is the plan's last, but a packet of that round or an
+//!   earlier one may still be delivered after BK0, and the install waits
+//!   for it. The confirmation is SEAL's weaker one (§3.5: nobody announces
+//!   success); in a session, the session layer's MACs
+//!   (`conclave_secure::confirm`) come on top of it.
+//! * A failed confirmation is reported and the member keeps its last key:
+//!   SEAL says only that the member "will report the error". Members that
+//!   confirmed hold the new key, so the group stays split until the member
+//!   leaves and joins again; recovering is the application's.
+//! * A batch that renews nothing is confirmed against the blinded key held
+//!   (one exponentiation each); SEAL elects no sponsor then and says
+//!   nothing of confirming it.
 //! * The leader is the view's first member, and a merge of partitions is a
 //!   batch in which the other side's members join the leader's tree.
 //! * Messages travel in the TGDH envelope (`ProtocolId::Tgdh`, round tags 3,
@@ -216,6 +242,29 @@ pub struct IntervalStats {
     /// in the rekey's run: T' was not complete in the view when the leader
     /// sent it.
     pub keyed_in_run: u64,
+    /// Not work done: SEAL's count of what this member would also have
+    /// exponentiated in the rekeys it installed. SEAL §4.2 has each member
+    /// update "the secret and blinded keys of the key path"; this engine
+    /// blinds only the keys it broadcasts, and the root's for key
+    /// confirmation. Counted at each install: the renewed nodes of its key
+    /// path, the root excepted, whose blinded key it did not compute.
+    pub path_bks_not_blinded: u64,
+    /// Not work done: the BKEY packets this member would have broadcast in
+    /// rekeys (the rekey proper: Queue-merge for Queue-batch) had it sent,
+    /// on every input it processed, each blinded key of its list it had just
+    /// become able to compute, as SEAL §4.2's process_thread does ("if the
+    /// group member is a sponsor and the sesskey_engine contains the new
+    /// blinded keys to be broadcast, the process_thread will broadcast a
+    /// BKEY packet"), where this engine sends the plan's packets, one per
+    /// round. Same lists and delivery order as the packets actually sent.
+    pub reactive_packets_sent: u64,
+    /// Not work done: the BKEY packets this member would have broadcast in
+    /// the rekeys it installed (the rekey proper) had the members held, when
+    /// each began, only what SEAL's do (`Rekeyed::seal_holds`: their own
+    /// co-path and key path, §3.4 and §4.2; joiners the whole old tree)
+    /// rather than this engine's whole tree: the same lists, in the rounds
+    /// those holdings allow (`Rekeyed::plan_holding`).
+    pub copath_packets_sent: u64,
 }
 
 /// The rekey message's body.
@@ -369,6 +418,9 @@ struct Phase<G: Group> {
     total: usize,
     /// This member's packets sent.
     sent: usize,
+    /// Of this member's list, how many blinded keys SEAL's per-input
+    /// sending would have sent so far (`IntervalStats::reactive_packets_sent`).
+    reactive: usize,
     leaf: HashMap<MemberId, usize>,
     secret: Option<G::Element>,
 }
@@ -398,6 +450,7 @@ impl<G: Group> Phase<G> {
             delivered: HashMap::new(),
             total: 0,
             sent: 0,
+            reactive: 0,
             leaf,
             secret: None,
         }
@@ -736,6 +789,15 @@ impl<G: Group> Seal<G> {
                 }
                 Kind::Main => {
                     let mut phase = rk.phase;
+                    // Key confirmation (SEAL §3.5) before anything changes:
+                    // a mismatch drops the rekey, the last key stays in use.
+                    confirm(cx, &phase, &rk.leader)?;
+                    self.stats.path_bks_not_blinded += path_bks_not_blinded(&phase);
+                    if let Some(me) = phase.me {
+                        let holds = phase.r.seal_holds(rk.base.as_ref());
+                        let plan = phase.r.plan_holding(&holds);
+                        self.stats.copath_packets_sent += plan.iter().filter(|p| p.sponsor == me).count() as u64;
+                    }
                     match phase.secret.take() {
                         Some(mut secret) => {
                             cx.install(&secret);
@@ -759,6 +821,46 @@ impl<G: Group> Seal<G> {
             }
         }
     }
+}
+
+/// SEAL §3.5's key confirmation, at the plan's last packet: the member
+/// computes its blinded group key g^K0 (K0 = H(group secret), one metered
+/// exponentiation) and compares it with the root's blinded key it holds —
+/// the one the plan's root sponsor broadcast (BK0), or, when nothing was
+/// renewed, the one broadcast when that node was keyed. The sponsor that
+/// computed BK0 to send it does not compute it again; a lone member has
+/// nobody to confirm with. A mismatch names BK0's sender (the leader's
+/// rekey message when nothing was sent) as contradicting this member's
+/// state.
+fn confirm<G: Group>(cx: &mut Ctx<'_, G>, ph: &Phase<G>, leader: &MemberId) -> Result<(), Error> {
+    let (Some(me), Some(secret), false) = (ph.me, ph.secret.as_ref(), ph.lone()) else { return Ok(()) };
+    let t = &ph.r.tree;
+    let sender = ph.plan.iter().find(|p| p.nodes.contains(&t.root)).map(|p| p.sponsor);
+    if sender == Some(me) {
+        return Ok(());
+    }
+    let blame = match sender.and_then(|s| t.member(s)) {
+        Some(m) => Misbehaved::Inconsistent { round: ROUND_BKEY }.by(m),
+        None => Misbehaved::Inconsistent { round: ROUND_REKEY }.by(leader),
+    };
+    let held = t.nodes[t.root].bk.as_ref().ok_or_else(|| blame.clone())?;
+    let mut k = cx.g.hash_to_scalar(domains::TGDH_NODE, secret);
+    let mine = cx.exp_g(&k);
+    k.zeroize();
+    if &mine != held {
+        return Err(blame);
+    }
+    Ok(())
+}
+
+/// The renewed nodes of this member's key path, the root excepted, whose
+/// blinded keys it did not compute (`IntervalStats::path_bks_not_blinded`).
+fn path_bks_not_blinded<G: Group>(ph: &Phase<G>) -> u64 {
+    let Some(me) = ph.me else { return 0 };
+    let t = &ph.r.tree;
+    let mine: BTreeSet<usize> =
+        ph.by_sponsor.get(&me).into_iter().flatten().flat_map(|&i| ph.plan[i].nodes.iter().copied()).collect();
+    t.path(me).into_iter().filter(|&v| v != t.root && ph.r.is_renewed(v) && !mine.contains(&v)).count() as u64
 }
 
 /// Checks a BKEY packet for `ph` (the next packet of its sender's in the
@@ -814,9 +916,26 @@ fn step<G: Group>(cx: &mut Ctx<'_, G>, ph: &mut Phase<G>, stats: &mut IntervalSt
                 ph.secret = ph.r.tree.group_secret(cx, me);
             }
             send_ready(cx, ph, stats)?;
+            if ph.kind == Kind::Main {
+                count_reactive(ph, me, stats);
+            }
         }
     }
     Ok(ph.total >= ph.plan.len())
+}
+
+/// SEAL's per-input sending, counted (`IntervalStats::reactive_packets_sent`):
+/// one packet if this input let the member compute blinded keys of its list
+/// beyond those counted so far.
+fn count_reactive<G: Group>(ph: &mut Phase<G>, me: usize, stats: &mut IntervalStats) {
+    let Some(mine) = ph.by_sponsor.get(&me) else { return };
+    let t = &ph.r.tree;
+    let can = |v: usize| t.nodes[v].bk.is_some() || t.nodes[v].key.is_some() || (v == t.root && ph.secret.is_some());
+    let ready = mine.iter().flat_map(|&i| &ph.plan[i].nodes).take_while(|&&v| can(v)).count();
+    if ready > ph.reactive {
+        ph.reactive = ready;
+        stats.reactive_packets_sent += 1;
+    }
 }
 
 /// The first phase of a rekey: Queue-subtree for Queue-batch with two or
@@ -1412,7 +1531,7 @@ mod tests {
                 .apply::<Ristretto255>(None, &Batch { joins: batch.joins.clone(), leaves: vec![] })
                 .unwrap()
                 .unwrap()
-                .costs();
+                .subtree_costs();
         } else if net.algorithm == IntervalAlgorithm::QueueBatch {
             for j in &batch.joins {
                 sub.members.insert(j.clone(), MemberCosts { exps: 1, ..MemberCosts::default() });
@@ -1438,6 +1557,8 @@ mod tests {
                 let leader = net.leader();
                 let batch = net.engines[leader].runner.protocol_ref().own_batch(&view_of(&net));
                 let (main, sub) = expected(&net, leader, &batch);
+                let old = net.engines[leader].runner.protocol_ref().saved.clone();
+                let plan = net.algorithm.inner().apply(old.as_ref(), &batch).unwrap().unwrap();
                 let before = snap(&net);
                 net.rekey();
                 assert_eq!(net.stale, 0, "{a:?}");
@@ -1451,6 +1572,17 @@ mod tests {
                     let got =
                         (e.costs().exps - before[i].0, st.bks_sent - st0.bks_sent, st.packets_sent - st0.packets_sent);
                     assert_eq!(got, (want.exps, want.bks_sent, want.packets_sent), "{a:?} {m}: rekey");
+                    // Counted SEAL's way (§4.2): a key and a blinded key per
+                    // renewed node of the key path (the root's: the group
+                    // secret and g^K0), and a joiner's fresh leaf blinded.
+                    let leaf = plan.tree.find(m).unwrap();
+                    let renewed = plan.tree.path(leaf).into_iter().filter(|&v| plan.is_renewed(v)).count() as u64;
+                    let seal = got.0 + st.path_bks_not_blinded - st0.path_bks_not_blinded;
+                    assert_eq!(seal, 2 * renewed + u64::from(plan.is_fresh(leaf)), "{a:?} {m}: SEAL's count");
+                    // Sending per input never sends fewer packets than per
+                    // round (each round's packet waits for another input).
+                    let reactive = st.reactive_packets_sent - st0.reactive_packets_sent;
+                    assert!(reactive >= got.2, "{a:?} {m}: {reactive} < {}", got.2);
                     assert_eq!(st.subtree_exps, st0.subtree_exps, "{a:?} {m}");
                     assert_eq!(st.subtree_packets_sent, st0.subtree_packets_sent, "{a:?} {m}");
                     // The interval: Queue-subtree's counts, all metered as such
@@ -1714,6 +1846,111 @@ mod tests {
         net.pump(None);
         assert!(keyed_t_prime(&net, 3).is_some());
         net.rekey();
+    }
+
+    #[test]
+    fn a_broadcast_blinded_group_key_that_is_not_a_members_own_is_reported_and_its_key_not_installed() {
+        use super::{get_elem, put_elem, MAX_MEMBERS};
+        use crate::codec::{Reader, Writer};
+        use crate::suite::Group;
+        for a in IntervalAlgorithm::ALL {
+            let mut net = Net::new(a, 8, 14);
+            net.change(&[0, 1, 2, 3, 4], &[]);
+            let k0 = net.rekey();
+            net.change(&[5, 6], &[1]);
+            net.tick();
+            net.pump(Some(1));
+            // Who broadcasts BK0 (SEAL §3.5), in which of its packets.
+            let leader = net.leader();
+            let (sender, nth) = {
+                let ph = &net.engines[leader].runner.protocol_ref().rekey.as_ref().expect("rekeying").phase;
+                let root = ph.r.tree.root;
+                let idx = ph.plan.iter().position(|p| p.nodes.contains(&root)).expect("BK0 is in the plan");
+                let s = ph.plan[idx].sponsor;
+                let nth = ph.by_sponsor[&s].iter().position(|&i| i == idx).unwrap();
+                (net.names.iter().position(|n| Some(n) == ph.r.tree.member(s)).unwrap(), nth)
+            };
+            // It lies to the others about BK0 (its own copy comes back as sent).
+            let mut seen = 0;
+            let mut errors = Vec::new();
+            while let Some((from, bytes)) = net.queue.pop_front() {
+                let mut env = Envelope::decode(&bytes).unwrap();
+                let mut lie = None;
+                if from == sender && env.round == ROUND_BKEY && env.body[0] == 2 {
+                    if seen == nth {
+                        let mut r = Reader::new(&env.body[1..]);
+                        let k = r.count(MAX_MEMBERS, 32, "k").unwrap();
+                        let mut bks: Vec<_> = (0..k).map(|_| get_elem(&mut r, &Ristretto255).unwrap()).collect();
+                        let other = Ristretto255.random_scalar(&mut net.rng);
+                        *bks.last_mut().unwrap() = Ristretto255.exp_generator(&other);
+                        let mut w = Writer::new();
+                        w.u8(2);
+                        w.count(k);
+                        for bk in &bks {
+                            put_elem(&mut w, &Ristretto255, bk);
+                        }
+                        env.body = w.buf;
+                        env.signature = net.signers[sender].sign(&env.signed_bytes());
+                        lie = Some(env.encode());
+                    }
+                    seen += 1;
+                }
+                for &j in &net.view.clone() {
+                    let b = if j == sender { &bytes } else { lie.as_ref().unwrap_or(&bytes) };
+                    match net.engines[j].on_message(&net.names[from], b, &mut net.rng) {
+                        Ok(outs) => net.push(j, outs),
+                        Err(e) => errors.push((j, e)),
+                    }
+                }
+            }
+            assert!(seen > nth, "{a:?}: BK0 was sent");
+            // Everyone else noticed, once, naming BK0's sender, and kept the
+            // key it had (none for the joiners); the liar installed.
+            let mut noticed: Vec<usize> = errors.iter().map(|(j, _)| *j).collect();
+            noticed.sort_unstable();
+            let mut others: Vec<usize> = net.view.iter().copied().filter(|&j| j != sender).collect();
+            others.sort_unstable();
+            assert_eq!(noticed, others, "{a:?}: {errors:?}");
+            for (j, e) in &errors {
+                let want = Error::Misbehaved {
+                    sender: net.names[sender].clone(),
+                    what: Misbehaved::Inconsistent { round: ROUND_BKEY },
+                };
+                assert_eq!(e, &want, "{a:?} {}", net.names[*j]);
+                let e = &net.engines[*j];
+                assert!(!e.rekeying(), "{a:?}");
+                let key = e.secure_view().map(|sv| *sv.key.expose_secret());
+                assert_eq!(key, if [5, 6].contains(j) { None } else { Some(k0) }, "{a:?} {}", net.names[*j]);
+            }
+            let liar = net.engines[sender].secure_view().map(|sv| *sv.key.expose_secret());
+            assert!(liar.is_some_and(|k| k != k0), "{a:?}");
+        }
+    }
+
+    #[test]
+    fn a_batch_that_renews_nothing_is_confirmed_against_the_blinded_key_held() {
+        // Four members, two leave: the other two are an old subtree, whose
+        // root's blinded key every member holds; nothing is sent.
+        let mut net = Net::new(IntervalAlgorithm::Batch, 4, 15);
+        net.change(&[0, 1, 2, 3], &[]);
+        net.rekey();
+        let t = net.engines[0].runner.protocol_ref().saved.clone().unwrap();
+        let under = |v: usize| -> Vec<usize> {
+            let ms = t.preorder(v).into_iter().filter_map(|u| t.member(u));
+            ms.map(|m| net.names.iter().position(|n| n == m).unwrap()).collect()
+        };
+        let [l, r] = t.nodes[t.root].kids.unwrap();
+        let gone = under(r);
+        assert_eq!((under(l).len(), gone.len()), (2, 2));
+        net.change(&[], &gone);
+        let before: Vec<u64> = net.engines.iter().map(|e| e.costs().exps).collect();
+        let wire = net.wire.len();
+        net.rekey();
+        assert!(net.wire[wire..].iter().all(|b| Envelope::decode(b).unwrap().round == ROUND_REKEY));
+        // The group secret, and g^K0 against the root's blinded key held.
+        for &i in &net.view {
+            assert_eq!(net.engines[i].costs().exps - before[i], 2, "{}", net.names[i]);
+        }
     }
 
     #[test]
