@@ -20,11 +20,12 @@
 //! group, and an operation sealed under one that is gone (it was on its way
 //! when the daemon group changed) is *void* at every daemon alike. Its
 //! sender submits it again under the next key, before anything it has not
-//! sent yet, so its clients' operations keep their order. That is always
-//! possible: a daemon's voided operations come back to it before the next
-//! key is agreed, since that agreement waits for the daemon's own
-//! credential (or state), which it submitted after them, and the backbone
-//! keeps each daemon's submissions in order.
+//! sent yet, so its clients' operations keep their order: while any
+//! operation it sealed under a key that is gone is still on its way, it
+//! seals nothing new (the backbone keeps each daemon's submissions in order,
+//! so each comes back, void, before anything sealed after it would). A
+//! daemon alone in its configuration has its next key at once, before its
+//! void operations are back; this is what keeps them first.
 //!
 //! **Nonces and replays.** The AEAD is ChaCha20-Poly1305 with the key
 //! `HMAC-SHA256(K_s, label)`; the nonce is the sealing daemon's number and
@@ -120,6 +121,9 @@ pub(crate) struct Sealing {
     /// first, in their order; the rest were never sent.
     waiting: VecDeque<Op>,
     voided: usize,
+    /// How many of `in_flight` were sealed under a key that is gone (they
+    /// will be void): nothing new is sealed while there are any.
+    stale: usize,
     /// This daemon's operations sent again after they were void.
     resent: u64,
 }
@@ -134,6 +138,7 @@ impl Sealing {
             in_flight: VecDeque::new(),
             waiting: VecDeque::new(),
             voided: 0,
+            stale: 0,
             resent: 0,
         }
     }
@@ -152,6 +157,24 @@ impl Sealing {
     pub(crate) fn configuration_changed(&mut self) {
         self.keys.clear();
         self.accepted.clear();
+        self.stale = self.in_flight.len();
+    }
+
+    /// Whether new operations may be sealed now: there is a key, and nothing
+    /// sealed under a key that is gone is still on its way.
+    fn may_seal(&self) -> bool {
+        !self.keys.is_empty() && self.stale == 0
+    }
+
+    /// Seals what waits, if it may.
+    fn flush(&mut self, out: &mut Vec<Output>) {
+        if !self.may_seal() {
+            return;
+        }
+        self.voided = 0;
+        for op in std::mem::take(&mut self.waiting) {
+            self.seal(op, out);
+        }
     }
 
     /// The daemons agreed the key `server_key` (its secret, of epoch
@@ -160,19 +183,17 @@ impl Sealing {
         if self.keys.len() == KEEP {
             let old = self.keys.pop_front().expect("KEEP > 0");
             self.accepted.retain(|(e, _), _| *e != old.epoch);
+            self.stale += self.in_flight.iter().filter(|(e, ..)| *e == old.epoch).count();
         }
         self.keys.push_back(SealKey::new(epoch, server_key));
         self.next_count = 0;
-        self.voided = 0;
-        for op in std::mem::take(&mut self.waiting) {
-            self.seal(op, out);
-        }
+        self.flush(out);
     }
 
     /// One of this daemon's clients' operations (numbered) for the backbone:
     /// sealed and submitted, or held until there is a key.
     pub(crate) fn submit(&mut self, op: Op, out: &mut Vec<Output>) {
-        if self.keys.is_empty() || !self.waiting.is_empty() {
+        if !self.may_seal() || !self.waiting.is_empty() {
             self.waiting.push_back(op);
         } else {
             self.seal(op, out);
@@ -248,20 +269,16 @@ impl Sealing {
             tracing::warn!(daemon = self.me.0, "a sealed operation of this daemon came back out of order");
             return;
         }
-        let (_, _, op) = self.in_flight.pop_front().expect("front");
-        if !void {
-            return;
+        let (epoch, _, op) = self.in_flight.pop_front().expect("front");
+        if !self.keys.iter().any(|k| k.epoch == epoch) {
+            self.stale -= 1;
         }
-        self.resent += 1;
-        if self.keys.is_empty() {
+        if void {
+            self.resent += 1;
             self.waiting.insert(self.voided, op);
             self.voided += 1;
-        } else {
-            // A key of this configuration already (see the module docs: not
-            // expected); sent now, behind what went under it.
-            tracing::debug!(daemon = self.me.0, "a void operation is sealed again under the current key");
-            self.seal(op, out);
         }
+        self.flush(out);
     }
 }
 
@@ -365,5 +382,32 @@ mod tests {
             .collect();
         assert_eq!(order, [client_op(0, 0), client_op(0, 1), client_op(0, 2)]);
         assert_eq!(a.resent(), 2);
+    }
+
+    /// Alone in its next configuration, a daemon has the next key before its
+    /// void operations are back: it seals nothing new until they are, so
+    /// they still go first.
+    #[test]
+    fn a_daemon_with_its_next_key_at_once_still_sends_its_void_operations_first() {
+        let (mut a, _) = pair();
+        let mut out = Vec::new();
+        a.submit(client_op(0, 0), &mut out);
+        let body = sealed(out);
+        a.configuration_changed();
+        let mut out = Vec::new();
+        a.key_agreed(epoch(2), &key(8), &mut out);
+        a.submit(client_op(0, 1), &mut out);
+        assert!(out.is_empty(), "sealed before the void operation came back");
+        assert!(matches!(a.open(DaemonId(0), &body, &mut out), Opened::Void));
+        let mut b = Sealing::new(DaemonId(1));
+        b.key_agreed(epoch(2), &key(8), &mut Vec::new());
+        let order: Vec<Op> = out
+            .into_iter()
+            .map(|o| match b.open(DaemonId(0), &sealed(vec![o]), &mut Vec::new()) {
+                Opened::Op(op) => op,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(order, [client_op(0, 0), client_op(0, 1)]);
     }
 }

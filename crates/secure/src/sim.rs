@@ -121,7 +121,9 @@ fn keyed_daemons(n: u16, net: NetConfig, rng: &mut ChaCha20Rng) -> DaemonSim {
         let identities = DaemonIdentities::new(signers[usize::from(id.0)].clone(), keys.clone());
         let rng = Box::new(ChaCha20Rng::seed_from_u64(incarnation ^ salt));
         let daemon = KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng);
-        Box::new(daemon.with_data_limit(KEYED_DATA_LIMIT))
+        // Sealed, as certified cluster daemons are by default: every client
+        // operation crosses the simulated backbone under the daemons' key.
+        Box::new(daemon.with_data_limit(KEYED_DATA_LIMIT).with_sealed_backbone())
     };
     DaemonSim::with_machines(n, net, rng.next_u64(), Box::new(make)).expect("a valid network")
 }
