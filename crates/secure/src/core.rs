@@ -1250,6 +1250,15 @@ impl SessionCore {
         // Interval rekeying: the key's members that have left since will
         // never confirm, and need not.
         let interval = gs.engine.interval();
+        // This runs at every confirmation: while fewer confirmations (of
+        // distinct senders: `accepted` and `pending` never share one) are in
+        // than the key has members, some member's is missing, and the check
+        // costs nothing. Without this, every member paid O(n) per
+        // confirmation, O(n²) per run, for a list it did not need yet.
+        let received = gs.confirms.accepted.len() + gs.confirms.pending.len();
+        if !interval && received < c.view.members.len() {
+            return Ok(());
+        }
         let view = gs.view.as_ref();
         let awaited: Vec<MemberId> =
             c.view.members.iter().filter(|m| !interval || view.is_some_and(|v| v.contains(m))).cloned().collect();
