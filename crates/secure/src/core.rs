@@ -14,7 +14,7 @@
 //! spawns nothing. The tokio [`crate::Session`] is a thin shell around it;
 //! tests and the simulator drive it directly.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -327,6 +327,10 @@ struct GroupState {
     engine: Box<dyn Engine>,
     /// The daemon's current view of the group.
     view: Option<View>,
+    /// The members of `view`, to look a sender up in O(1): every member
+    /// checks every confirmation's sender, n per run, and a scan of the
+    /// view's list made that O(n²) per member.
+    in_view: HashSet<MemberId>,
     /// The views of the group this member was in before the current one,
     /// latest last (at most [`EARLIER_VIEWS`]): a message sent in one of
     /// them crossed a view change. View ids carry no order, so this is how
@@ -390,6 +394,8 @@ struct GroupState {
 impl GroupState {
     /// Enters the daemon's next view of the group; returns the one left.
     fn enter_view(&mut self, view: View) -> Option<View> {
+        self.in_view.clear();
+        self.in_view.extend(view.ids().cloned());
         let previous = self.view.replace(view);
         if let Some(p) = &previous {
             if self.earlier_views.len() == EARLIER_VIEWS {
@@ -540,6 +546,7 @@ impl SessionCore {
                 policy,
                 engine,
                 view: None,
+                in_view: HashSet::new(),
                 earlier_views: VecDeque::new(),
                 rekey_since: None,
                 phase: Phase::Agreeing,
@@ -1194,7 +1201,7 @@ impl SessionCore {
             tracing::debug!(%group, %sender, %epoch, "confirmation of another run, or a second one, dropped");
             return Ok(());
         }
-        if !gs.view.as_ref().is_some_and(|v| v.contains(&sender)) {
+        if !gs.in_view.contains(&sender) {
             return Ok(());
         }
         if sender == self.me {
@@ -1259,9 +1266,8 @@ impl SessionCore {
         if !interval && received < c.view.members.len() {
             return Ok(());
         }
-        let view = gs.view.as_ref();
         let awaited: Vec<MemberId> =
-            c.view.members.iter().filter(|m| !interval || view.is_some_and(|v| v.contains(m))).cloned().collect();
+            c.view.members.iter().filter(|m| !interval || gs.in_view.contains(*m)).cloned().collect();
         if !awaited.iter().all(|m| gs.confirms.has(m)) {
             return Ok(());
         }
