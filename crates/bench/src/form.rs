@@ -127,6 +127,15 @@ pub fn run(args: FormArgs) -> Result<()> {
     if let Some(&bad) = args.sizes.iter().find(|&&n| !(2..=4096).contains(&n)) {
         bail!("group size {bad} out of range (2..=4096)");
     }
+    // Both ends of every member's connection are in this process.
+    let needed = 2 * args.sizes.iter().max().copied().unwrap_or(0) as u64 + 256;
+    let limit = conclave_gcs_net::daemon::raise_descriptor_limit();
+    if limit.is_some_and(|l| l < needed) {
+        bail!(
+            "{needed} open descriptors are needed, but the limit (ulimit -n) is {} and cannot be raised further",
+            limit.unwrap_or_default()
+        );
+    }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut out = std::io::stdout().lock();
     if !args.json {

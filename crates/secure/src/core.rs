@@ -711,6 +711,7 @@ impl SessionCore {
                 last_view.get(group).is_some_and(|&l| l > i).then(|| group.clone())
             })
             .collect();
+        self.preverify(&deliveries);
         for ((d, superseded), stale) in deliveries.into_iter().zip(superseded).zip(stale) {
             // What this member would send in answer to a delivery of a view
             // already followed by the next one could reach the daemon only in
@@ -795,6 +796,32 @@ impl SessionCore {
                 Ok(())
             }
             Event::Welcome { .. } | Event::ViewChangeBegins { .. } => Ok(()),
+        }
+    }
+
+    /// Hands each group's engine the key agreement messages of `deliveries`
+    /// to check their signatures in one batch ([`Engine::preverify`]).
+    fn preverify(&mut self, deliveries: &[Event]) {
+        let mut by_group: BTreeMap<&GroupName, Vec<(&MemberId, ViewId, &[u8])>> = BTreeMap::new();
+        for d in deliveries {
+            let (Event::Message { group, sender, view, payload, .. } | Event::Unicast { group, sender, view, payload }) =
+                d
+            else {
+                continue;
+            };
+            let Some(gs) = self.groups.get(group) else { continue };
+            if let Ok(Frame::KeyAgreement { policy, body }) = Frame::parse(payload) {
+                if policy == gs.policy.codes() && sender != &self.me {
+                    by_group.entry(group).or_default().push((sender, *view, body));
+                }
+            }
+        }
+        for (group, msgs) in by_group {
+            if msgs.len() >= 2 {
+                if let Some(gs) = self.groups.get_mut(group) {
+                    gs.engine.preverify(&msgs);
+                }
+            }
         }
     }
 
