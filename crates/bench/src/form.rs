@@ -14,6 +14,10 @@
 //! so each member sees a cascade of views; a view that arrives during a run
 //! abandons it, and the key is agreed in the view that has everybody.
 //!
+//! The daemon's per-client queue is 64 times its default here (see
+//! [`FORM_QUEUE_DEPTH`]): with the default, a member that falls behind the
+//! burst at 512 members is cut off as too slow.
+//!
 //! Beside the time: the CPU this process spent (every member and the
 //! daemon: the total work of forming on this machine), the process's peak
 //! resident memory during the forming (members and daemon together; also
@@ -48,7 +52,33 @@ use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
 use tokio::sync::mpsc;
 
-use crate::live::{embedded_daemon, process_cpu_ms};
+use conclave_gcs_net::{Daemon, DaemonConfig};
+
+use crate::live::process_cpu_ms;
+
+/// Frames the daemon queues for one client before it cuts the client off
+/// as too slow: 64 times its default (4096). Members that keep up with the
+/// burst of n views run (and send in) many of them, and those that fall
+/// behind get every one of those messages queued; at 512 members the
+/// default queue overflows. A deployment that starts groups of hundreds at
+/// once sets `queue_depth` likewise. Frames are queued as shared buffers,
+/// and the byte budget (`queue_bytes`) stays the default.
+const FORM_QUEUE_DEPTH: usize = 4096 * 64;
+
+/// An embedded standalone daemon for forming: as `live::embedded_daemon`,
+/// with a deeper per-client queue ([`FORM_QUEUE_DEPTH`]).
+async fn form_daemon() -> Result<(tempfile::TempDir, std::path::PathBuf, Daemon)> {
+    let dir = tempfile::tempdir().context("cannot create a directory for the daemon's socket")?;
+    let socket = dir.path().join("daemon.sock");
+    let config = DaemonConfig {
+        unix: Some(socket.clone()),
+        max_connections_per_peer: 100_000,
+        queue_depth: FORM_QUEUE_DEPTH,
+        ..DaemonConfig::default()
+    };
+    let daemon = Daemon::start(config).await.context("starting the embedded daemon")?;
+    Ok((dir, socket, daemon))
+}
 
 /// Options of `conclave bench form`.
 #[derive(Args)]
@@ -224,20 +254,23 @@ fn progress_bar(len: u64) -> indicatif::ProgressBar {
 
 fn write_table(out: &mut impl Write, formed: &[Formed], mls: &[MlsRow]) -> Result<()> {
     let mls_at: BTreeMap<usize, &MlsRow> = mls.iter().map(|m| (m.n, m)).collect();
-    let mut t = crate::table::new(&[
-        "proto",
-        "n",
-        "ms",
-        "cpu Σ ms",
-        "peak RSS MiB",
-        "KiB/member",
-        "views Σ",
-        "daemon in MiB",
-        "daemon out MiB",
-        "mls ms",
-        "mls cpu Σ",
-        "mls ÷ ours",
-    ], 1);
+    let mut t = crate::table::new(
+        [
+            "proto",
+            "n",
+            "ms",
+            "cpu Σ ms",
+            "peak RSS MiB",
+            "KiB/member",
+            "views Σ",
+            "daemon in MiB",
+            "daemon out MiB",
+            "mls ms",
+            "mls cpu Σ",
+            "mls ÷ ours",
+        ],
+        1,
+    );
     let mib = |b: u64| format!("{:.1}", b as f64 / (1024.0 * 1024.0));
     for f in formed {
         let m = mls_at.get(&f.n);
@@ -258,14 +291,10 @@ fn write_table(out: &mut impl Write, formed: &[Formed], mls: &[MlsRow]) -> Resul
     }
     writeln!(out, "{t}")?;
     if !mls.is_empty() {
-        let mut t = crate::table::new(&[
-            "mls n",
-            "key packages Σ ms",
-            "commit ms",
-            "Welcome max ms",
-            "Welcomes Σ ms",
-            "Welcomes timed",
-        ], 1);
+        let mut t = crate::table::new(
+            ["mls n", "key packages Σ ms", "commit ms", "Welcome max ms", "Welcomes Σ ms", "Welcomes timed"],
+            1,
+        );
         for m in mls {
             let d = &m.detail;
             t.add_row(vec![
@@ -305,7 +334,7 @@ async fn form_once(
     seed: u64,
     timeout: Duration,
 ) -> Result<Formed> {
-    let (_dir, socket, daemon) = embedded_daemon().await?;
+    let (_dir, socket, daemon) = form_daemon().await?;
     let r = async {
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
         let mut directory = StaticDirectory::new();

@@ -239,10 +239,9 @@ pub(crate) async fn embedded_daemon() -> Result<(tempfile::TempDir, PathBuf, Dae
     let dir = tempfile::tempdir().context("cannot create a directory for the daemon's socket")?;
     let socket = dir.path().join("daemon.sock");
     // A benchmark's members all connect as this one Unix user: no per-user cap.
-    let config = DaemonConfig { unix: Some(socket.clone()), max_connections_per_peer: 100_000, ..DaemonConfig::default() };
-    let daemon = Daemon::start(config)
-        .await
-        .context("starting the embedded daemon")?;
+    let config =
+        DaemonConfig { unix: Some(socket.clone()), max_connections_per_peer: 100_000, ..DaemonConfig::default() };
+    let daemon = Daemon::start(config).await.context("starting the embedded daemon")?;
     Ok((dir, socket, daemon))
 }
 

@@ -797,8 +797,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
                 self.preverified.remove(&h).is_some_and(|k| Arc::ptr_eq(&k, &key))
             };
             if !checked {
-                key.verify(&env.signed_bytes(), &env.signature)
-                    .map_err(|_| Error::BadSignature(env.sender.clone()))?;
+                key.verify(&env.signed_bytes(), &env.signature).map_err(|_| Error::BadSignature(env.sender.clone()))?;
             }
         }
         Ok(env)

@@ -417,6 +417,10 @@ impl GroupState {
     }
 }
 
+/// A key agreement message as [`Engine::preverify`] takes it: sender, the
+/// view it was delivered in, the engine's bytes.
+type KeyAgreementIn<'a> = (&'a MemberId, ViewId, &'a [u8]);
+
 /// Test hook: see [`SessionCore::tamper_key_agreement`].
 #[cfg(feature = "test-hooks")]
 type Rewrite = Box<dyn FnMut(u8, &mut Vec<u8>) -> bool + Send>;
@@ -802,7 +806,7 @@ impl SessionCore {
     /// Hands each group's engine the key agreement messages of `deliveries`
     /// to check their signatures in one batch ([`Engine::preverify`]).
     fn preverify(&mut self, deliveries: &[Event]) {
-        let mut by_group: BTreeMap<&GroupName, Vec<(&MemberId, ViewId, &[u8])>> = BTreeMap::new();
+        let mut by_group: BTreeMap<&GroupName, Vec<KeyAgreementIn<'_>>> = BTreeMap::new();
         for d in deliveries {
             let (Event::Message { group, sender, view, payload, .. } | Event::Unicast { group, sender, view, payload }) =
                 d
