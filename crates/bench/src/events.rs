@@ -780,7 +780,8 @@ fn daemon_points(
         "Time until every member shows the new secure view, wall-clock ms: {daemons}, every member a secure \
          session on this machine ({cpus} CPUs shared by all members and daemons); bound = the simulator's crypto \
          critical path of the same event at this machine's costs (exp {:.3}, sign {:.3}, verify {:.3} ms), with the \
-         same placement, {network}; it leaves out the daemons, Corosync and its failure detection; {} runs per point.",
+         same placement, {network}; it leaves out the daemons, Corosync and its failure detection; work = every \
+         member's metered crypto work at the same costs, summed, over this machine's {cpus} CPUs; {} runs per point.",
         model.exp, model.sign, model.verify, args.runs
     )?;
     let membership = !args.no_membership;
@@ -815,7 +816,12 @@ fn daemon_points(
                 let samples = target.time(policy, scheme, event, n, args.runs, args.seed)?;
                 let times = samples.iter().map(|s| s.ms).collect();
                 let once = run_once(protocol, event, n, group, scheme, model, target.placement(), args.seed)?;
-                let mut p = Point::new(protocol, event, n, times, (once.bound_ms, once.work_bound_ms));
+                // Every member runs in this process, on this machine's CPUs
+                // (a cluster's nodes are namespaces of this machine too): the
+                // work bound is all members' work over those CPUs, not the
+                // simulator's per-machine figure.
+                let work_bound = once.work_ms / cpus as f64;
+                let mut p = Point::new(protocol, event, n, times, (once.bound_ms, work_bound));
                 p.cpu_ms = mean_cpu(&samples);
                 progress.inc(1);
                 progress.suspend(|| eprintln!("{}", point_line(&p, points.len() + 1, total)));

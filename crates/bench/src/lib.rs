@@ -11,6 +11,9 @@
 //!   holds the new key: on the simulator with virtual time and a cost model,
 //!   or over real daemons (one embedded, or a Corosync cluster in network
 //!   namespaces with the `cluster` feature), with MLS (mls-rs) as a peer.
+//! * `bench form` — n secure sessions join one group at once on an embedded
+//!   daemon: the time until all hold the confirmed key, CPU, peak memory and
+//!   the daemon's traffic, beside mls-rs forming a group of n with one commit.
 //! * `conclave gauge` (module `gauge`) — SEAL's Gauger: members joining and
 //!   leaving one group on simulated daemons in virtual time, or as real
 //!   sessions over real daemons in wall-clock time (`live::gauge`), rekeyed
@@ -41,6 +44,7 @@ mod counts;
 mod crypto;
 mod events;
 pub mod flood;
+mod form;
 mod gauge;
 mod gcs;
 mod integrated;
@@ -73,6 +77,10 @@ pub enum Command {
     /// Time from a membership event until every member has the new key, on
     /// the simulator with virtual time (TISSEC §6 scenarios).
     Events(events::EventsArgs),
+    /// Forming a group: n secure sessions on an embedded daemon join one group at once, timed until every
+    /// member holds the same confirmed key; CPU, peak memory and the daemon's bytes beside it, and mls-rs
+    /// forming a group of the same size (one commit adding everybody) in the same run.
+    Form(form::FormArgs),
     /// The layered against the integrated architecture on a Corosync cluster of certified daemons: one group's
     /// join, leave, partition and merge (Fig. 5 of the integrated-architecture paper), and many groups re-keyed
     /// by one partition and merge (Fig. 6). Needs root, corosync and a build with --features cluster.
@@ -96,6 +104,7 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::Counts(args) => counts::run(args),
         Command::Crypto(args) => crypto::run(args),
         Command::Events(args) => events::run(args),
+        Command::Form(args) => form::run(args),
         Command::Gcs(args) => gcs::run(args),
         Command::Integrated(args) => integrated::run(args),
         Command::Soak(args) => soak::run(args),

@@ -235,12 +235,13 @@ impl Target {
 
 /// An embedded standalone daemon on a Unix socket in a fresh directory
 /// (removed when the returned guard is dropped).
-async fn embedded_daemon() -> Result<(tempfile::TempDir, PathBuf, Daemon)> {
+pub(crate) async fn embedded_daemon() -> Result<(tempfile::TempDir, PathBuf, Daemon)> {
     let dir = tempfile::tempdir().context("cannot create a directory for the daemon's socket")?;
     let socket = dir.path().join("daemon.sock");
-    let daemon = Daemon::start(DaemonConfig { unix: Some(socket.clone()), ..DaemonConfig::default() })
-        .await
-        .context("starting the embedded daemon")?;
+    // A benchmark's members all connect as this one Unix user: no per-user cap.
+    let config =
+        DaemonConfig { unix: Some(socket.clone()), max_connections_per_peer: 100_000, ..DaemonConfig::default() };
+    let daemon = Daemon::start(config).await.context("starting the embedded daemon")?;
     Ok((dir, socket, daemon))
 }
 
@@ -277,7 +278,7 @@ pub struct Healed {
 }
 
 /// CPU time of this process, all threads, in ms.
-fn process_cpu_ms() -> f64 {
+pub(crate) fn process_cpu_ms() -> f64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid, writable timespec; CLOCK_PROCESS_CPUTIME_ID is
     // supported on every Linux this runs on, and on failure `ts` stays 0.

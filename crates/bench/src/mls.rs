@@ -268,6 +268,80 @@ pub fn measure(n: usize, seed: u64) -> Result<MlsSize> {
     Ok(MlsSize { n, join, leave })
 }
 
+/// Forming a group of n with mls-rs as a deployment creating a big group
+/// would: every joiner publishes a key package, the creator adds all n − 1
+/// in one commit (one Welcome for all), and every joiner processes the
+/// Welcome. CPU times in ms.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct MlsForm {
+    /// Group size.
+    pub n: usize,
+    /// All n − 1 key packages, generated (each by its joiner).
+    pub key_packages_ms: f64,
+    /// The creator building the one commit that adds everybody (and the Welcome), and applying it.
+    pub commit_ms: f64,
+    /// The slowest Welcome processing timed.
+    pub max_welcome_ms: f64,
+    /// All n − 1 Welcome processings: measured for each if `timed` = n − 1,
+    /// else the mean of the `timed` ones times n − 1.
+    pub welcomes_ms: f64,
+    /// Welcome processings timed.
+    pub timed: usize,
+}
+
+impl MlsForm {
+    /// Every member's CPU summed: what one machine spends forming the group.
+    pub fn total_cpu_ms(&self) -> f64 {
+        self.key_packages_ms + self.commit_ms + self.welcomes_ms
+    }
+
+    /// The time on one machine of `cpus` CPUs shared by all members: the key
+    /// packages and the Welcomes run in parallel, the commit between them.
+    pub fn on_cpus_ms(&self, cpus: usize) -> f64 {
+        let c = cpus.max(1) as f64;
+        self.key_packages_ms / c + self.commit_ms + self.welcomes_ms / c
+    }
+}
+
+/// Times [`MlsForm`] at group size `n` (at least 2), processing at most
+/// `sample` Welcomes (the first ones; every joiner's is the same work).
+pub fn form(n: usize, sample: usize) -> Result<MlsForm> {
+    if n < 2 {
+        bail!("MLS: a group of {n} needs no forming");
+    }
+    let clients = (0..n).map(client).collect::<Result<Vec<_>>>()?;
+    let t = Instant::now();
+    let mut packages = Vec::with_capacity(n - 1);
+    for c in &clients[1..] {
+        packages.push(c.generate_key_package_message(Default::default(), Default::default(), None)?);
+    }
+    let key_packages_ms = ms_since(t);
+    let mut creator = clients[0].create_group(Default::default(), Default::default(), None)?;
+    let t = Instant::now();
+    let mut builder = creator.commit_builder();
+    for kp in packages {
+        builder = builder.add_member(kp)?;
+    }
+    let setup = builder.build()?;
+    creator.apply_pending_commit()?;
+    let commit_ms = ms_since(t);
+    let welcome = setup.welcome_messages.first().context("MLS: no Welcome")?;
+    let timed = sample.clamp(1, n - 1);
+    let (mut sum, mut max) = (0.0f64, 0.0f64);
+    for c in &clients[1..=timed] {
+        let t = Instant::now();
+        let (group, _) = c.join_group(None, welcome, None)?;
+        let ms = ms_since(t);
+        if group.epoch_authenticator()? != creator.epoch_authenticator()? {
+            bail!("MLS: a joiner disagrees with the creator on the epoch");
+        }
+        sum += ms;
+        max = max.max(ms);
+    }
+    let welcomes_ms = sum / timed as f64 * (n - 1) as f64;
+    Ok(MlsForm { n, key_packages_ms, commit_ms, max_welcome_ms: max, welcomes_ms, timed })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

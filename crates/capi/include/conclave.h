@@ -171,8 +171,9 @@ conclave_status_t conclave_init_protected(const char *endpoint,
 // on every membership change), or SEAL's interval rekeying
 // `tgdh-interval:ALGORITHM:PERIOD` (also `ALGORITHM:PERIOD`) with ALGORITHM
 // `rebuild`, `batch` or `queue-batch` and PERIOD like `15s` or `500ms`,
-// optionally followed by `:rekey-on-leave`, or `integrated-vs` (the
-// daemons key the group; see conclave-secure). NULL is `tgdh`. A member that
+// optionally followed by `:rekey-on-leave`, `integrated-vs` (the
+// daemons key the group) or `three-step` (no group key: the daemons protect
+// the traffic; see conclave-secure). NULL is `tgdh`. A member that
 // asks for another policy than the group's gets
 // `CONCLAVE_EVENT_POLICY_MISMATCH` and is taken out.
 //

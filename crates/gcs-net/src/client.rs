@@ -331,4 +331,27 @@ impl ClientReceiver {
             }
         }
     }
+
+    /// The next event if it has already arrived (read from the connection
+    /// without waiting), or `None`: lets a client that fell behind see what
+    /// is queued behind the event it is handling. The end of the
+    /// connection is left for [`ClientReceiver::recv`] to report.
+    pub fn try_recv(&mut self) -> Result<Option<Event>, ClientError> {
+        use std::future::Future;
+        use std::task::{Context, Poll, Waker};
+        loop {
+            if let Some(frame) = self.frames.next_frame(&mut self.buf)? {
+                return Ok(Some(wire::decode_delivery(frame)?));
+            }
+            // One poll of a read: ready only with bytes already received.
+            // Dropping a pending read loses nothing (it has read nothing).
+            let mut cx = Context::from_waker(Waker::noop());
+            let read = std::pin::pin!(self.reader.read_buf(&mut self.buf));
+            match read.poll(&mut cx) {
+                Poll::Ready(Ok(n)) if n > 0 => continue,
+                Poll::Ready(Ok(_)) | Poll::Pending => return Ok(None),
+                Poll::Ready(Err(e)) => return Err(e.into()),
+            }
+        }
+    }
 }

@@ -438,6 +438,29 @@ struct Shared {
     groups: Arc<RwLock<HashSet<GroupName>>>,
     /// This daemon's Unix user: its Unix-socket clients may read the status.
     euid: u32,
+    /// Bytes read from and written to clients.
+    traffic: Arc<Traffic>,
+}
+
+/// Bytes a daemon has read from its clients and written to them since it
+/// started (every connection, every frame): what a benchmark reports as the
+/// traffic through the daemon.
+#[derive(Debug, Default)]
+pub struct Traffic {
+    read: AtomicU64,
+    written: AtomicU64,
+}
+
+impl Traffic {
+    /// Bytes read from clients so far.
+    pub fn read(&self) -> u64 {
+        self.read.load(Ordering::Relaxed)
+    }
+
+    /// Bytes written to clients so far.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
+    }
 }
 
 /// Whom a connection counts against for [`DaemonConfig::max_connections_per_peer`].
@@ -598,6 +621,7 @@ pub struct Daemon {
     stop: Option<oneshot::Sender<()>>,
     sequencer: Option<JoinHandle<()>>,
     failed: oneshot::Receiver<String>,
+    traffic: Arc<Traffic>,
     // Dropped after the tasks are stopped (field order).
     _backbone: Option<Box<dyn Send + Sync>>,
 }
@@ -778,6 +802,7 @@ impl Daemon {
         let ends = SequencerEnds { backbone: submit, clients: client_submit.clone(), local };
         let sequencer = tokio::spawn(sequence(core, backbone, ends, conns.clone(), stopped, rules));
         let submit = client_submit;
+        let traffic = Arc::new(Traffic::default());
         let shared = Arc::new(Shared {
             config: config.clone(),
             conns: conns.clone(),
@@ -798,6 +823,7 @@ impl Daemon {
             standalone,
             groups,
             euid: rustix::process::geteuid().as_raw(),
+            traffic: traffic.clone(),
         });
 
         let mut tasks = Vec::new();
@@ -823,8 +849,14 @@ impl Daemon {
             stop: Some(stop),
             sequencer: Some(sequencer),
             failed,
+            traffic,
             _backbone: resources,
         })
+    }
+
+    /// The bytes this daemon has read from and written to its clients.
+    pub fn traffic(&self) -> &Traffic {
+        &self.traffic
     }
 
     /// Waits until the backbone fails (a cluster daemon lost its group
@@ -1422,8 +1454,9 @@ where
             drop(table);
             tracing::info!(conn = %conn, "{why}: disconnecting");
             self::kill(&kill, ErrorCode::Revoked, format!("{why}: disconnected"));
+            let traffic = shared.traffic.clone();
             tokio::spawn(async move {
-                write_loop(wr, queue_rx, kill_rx, queued).await;
+                write_loop(wr, queue_rx, kill_rx, queued, &traffic).await;
                 drop(slot);
             });
             return;
@@ -1437,8 +1470,9 @@ where
     // The connection is closed once both halves are dropped: each holds the slot.
     let slot = Arc::new(slot);
     let writer_slot = slot.clone();
+    let traffic = shared.traffic.clone();
     let writer = tokio::spawn(async move {
-        write_loop(wr, queue_rx, kill_rx, queued).await;
+        write_loop(wr, queue_rx, kill_rx, queued, &traffic).await;
         drop(writer_slot);
     });
     tokio::spawn(async move {
@@ -1542,7 +1576,9 @@ async fn read_loop<R: AsyncRead>(
             }
             r = rd.read_buf(&mut buf) => match r {
                 Ok(0) | Err(_) => return,
-                Ok(_) => {}
+                Ok(n) => {
+                    shared.traffic.read.fetch_add(n as u64, Ordering::Relaxed);
+                }
             },
         }
     }
@@ -1703,6 +1739,7 @@ async fn write_loop<W: AsyncWrite>(
     mut queue: mpsc::Receiver<Bytes>,
     mut kill: mpsc::Receiver<Bytes>,
     queued: Arc<AtomicUsize>,
+    traffic: &Traffic,
 ) {
     tokio::pin!(wr);
     let mut pending = BytesMut::new();
@@ -1731,6 +1768,7 @@ async fn write_loop<W: AsyncWrite>(
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
                     queued.fetch_sub(n, Ordering::AcqRel);
+                    traffic.written.fetch_add(n as u64, Ordering::Relaxed);
                 }
             },
         }

@@ -27,5 +27,5 @@ pub mod tls;
 pub use access::{AccessPolicy, GroupRule, Who};
 pub use client::{Client, ClientError, ClientReceiver, ClientSender, Event};
 pub use conclave_gcs::core::{ErrorCode, Service};
-pub use daemon::{Backbone, Daemon, DaemonConfig, DaemonError, UncertifiedNames};
+pub use daemon::{Backbone, Daemon, DaemonConfig, DaemonError, Traffic, UncertifiedNames};
 pub use tls::{ClientAuth, Identity, TlsClientOptions, TlsError, TlsListen};

@@ -12,8 +12,13 @@ use std::fmt;
 
 /// A member's name in a group: unique within the system (like Spread's
 /// private group names).
+///
+/// Shared, not owned: every member keeps its group's names in several maps
+/// and sets (views, positions, trees, confirmations), rebuilt at every view,
+/// so a clone is a reference count, not an allocation and a copy. Equality,
+/// order and hash are the text's.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct MemberId(String);
+pub struct MemberId(std::sync::Arc<str>);
 
 /// Longest member name accepted anywhere (wire, views, protocol messages).
 pub const MAX_MEMBER_NAME: usize = 255;
@@ -40,7 +45,7 @@ pub enum NameError {
 impl MemberId {
     /// Checks and wraps a member name.
     pub fn new(name: impl Into<String>) -> Result<Self, NameError> {
-        check_name(name.into(), MAX_MEMBER_NAME).map(Self)
+        check_name(name.into(), MAX_MEMBER_NAME).map(|n| Self(n.into()))
     }
 
     /// The name as text.

@@ -14,7 +14,7 @@
 //! spawns nothing. The tokio [`crate::Session`] is a thin shell around it;
 //! tests and the simulator drive it directly.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -23,7 +23,7 @@ use conclave_gcs::core::{ConnId, Delivery as Event, ErrorCode, GroupMode, Op, Se
 use conclave_gcs::{GroupName, MemberId, View};
 use conclave_gka::keyed::KeyedEngine;
 use conclave_gka::suite::{Signer, Verifier};
-use conclave_gka::{Config, Directory, Engine, Epoch, Output, SecureView, StaticDirectory, ViewId};
+use conclave_gka::{Config, Directory, Engine, Epoch, Output, ProtocolId, SecureView, StaticDirectory, ViewId};
 use rand_core::CryptoRngCore;
 use sha2::{Digest, Sha256};
 
@@ -333,6 +333,10 @@ struct GroupState {
     engine: Box<dyn Engine>,
     /// The daemon's current view of the group.
     view: Option<View>,
+    /// The members of `view`, to look a sender up in O(1): every member
+    /// checks every confirmation's sender, n per run, and a scan of the
+    /// view's list made that O(n²) per member.
+    in_view: HashSet<MemberId>,
     /// The views of the group this member was in before the current one,
     /// latest last (at most [`EARLIER_VIEWS`]): a message sent in one of
     /// them crossed a view change. View ids carry no order, so this is how
@@ -396,6 +400,8 @@ struct GroupState {
 impl GroupState {
     /// Enters the daemon's next view of the group; returns the one left.
     fn enter_view(&mut self, view: View) -> Option<View> {
+        self.in_view.clear();
+        self.in_view.extend(view.ids().cloned());
         let previous = self.view.replace(view);
         if let Some(p) = &previous {
             if self.earlier_views.len() == EARLIER_VIEWS {
@@ -416,6 +422,10 @@ impl GroupState {
         self.run = 0;
     }
 }
+
+/// A key agreement message as [`Engine::preverify`] takes it: sender, the
+/// view it was delivered in, the engine's bytes.
+type KeyAgreementIn<'a> = (&'a MemberId, ViewId, &'a [u8]);
 
 /// Test hook: see [`SessionCore::tamper_key_agreement`].
 #[cfg(feature = "test-hooks")]
@@ -445,6 +455,10 @@ pub struct SessionCore {
     groups: BTreeMap<GroupName, GroupState>,
     events: VecDeque<SecureEvent>,
     max_payload: usize,
+    /// The group whose key agreement and confirmation messages are not sent
+    /// while the delivery being handled is: a later view of it has already
+    /// arrived (see [`SessionCore::handle_deliveries`]).
+    muted: Option<GroupName>,
 }
 
 impl std::fmt::Debug for SessionCore {
@@ -470,6 +484,7 @@ impl SessionCore {
             directory,
             certified: None,
             transmits: VecDeque::new(),
+            muted: None,
             rng,
             now,
             groups: BTreeMap::new(),
@@ -549,6 +564,7 @@ impl SessionCore {
                 policy,
                 engine,
                 view: None,
+                in_view: HashSet::new(),
                 earlier_views: VecDeque::new(),
                 rekey_since: None,
                 phase: Phase::Agreeing,
@@ -654,6 +670,82 @@ impl SessionCore {
         self.handle(delivery)
     }
 
+    /// Deliveries that had all arrived from the daemon when the first of
+    /// them was handled, in order: as [`SessionCore::handle_delivery`] for
+    /// each, except that a view that is *superseded* in the batch only
+    /// moves the session and its engine on (the view, who came from where),
+    /// without starting its key agreement run.
+    ///
+    /// A view is superseded when another view of its group follows it in
+    /// the batch and no message of the group lies between them. Its run
+    /// could not have installed a key anywhere: a key is installed only on
+    /// the delivery of a key agreement message of the run's view, every
+    /// member of the view is delivered the same messages in it (virtual
+    /// synchrony), and this member saw that there were none; the next view,
+    /// already here, abandons the run at every member. So skipping it
+    /// changes no member's state that the next run reads, and saves this
+    /// member the run's work and its messages to all. A member that falls
+    /// behind a burst of views (n members joining one group at once: n
+    /// views of up to n members each) starts a run only for the last view
+    /// it has. Groups whose runs read more of the view history are left
+    /// as they are: certified admission (verdicts per view), interval
+    /// rekeying, and CKD (its pairwise channels follow every run's members).
+    ///
+    /// Every other delivery of a group whose next view is already in the
+    /// batch is handled as usual (so this member installs exactly when the
+    /// others do), but the key agreement messages and the confirmation it
+    /// makes are not sent: they would reach the daemon after that next
+    /// view, be delivered in it, and be dropped by every member as messages
+    /// of an earlier view. Data is sent as always.
+    pub fn handle_deliveries(&mut self, now: Instant, deliveries: Vec<Event>) -> Result<(), SessionError> {
+        self.now = now;
+        let mut superseded = vec![false; deliveries.len()];
+        // Per group: the batch index of its last view with no message since.
+        let mut open_view: HashMap<&GroupName, usize> = HashMap::new();
+        // Per group: the batch index of its last view.
+        let mut last_view: HashMap<&GroupName, usize> = HashMap::new();
+        for (i, d) in deliveries.iter().enumerate() {
+            match d {
+                Event::View { group, .. } => {
+                    if let Some(j) = open_view.insert(group, i) {
+                        superseded[j] = true;
+                    }
+                    last_view.insert(group, i);
+                }
+                Event::Message { group, .. } | Event::Unicast { group, .. } => {
+                    open_view.remove(group);
+                }
+                _ => {}
+            }
+        }
+        let stale: Vec<Option<GroupName>> = deliveries
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let group = match d {
+                    Event::View { group, .. } | Event::Message { group, .. } | Event::Unicast { group, .. } => group,
+                    _ => return None,
+                };
+                last_view.get(group).is_some_and(|&l| l > i).then(|| group.clone())
+            })
+            .collect();
+        self.preverify(&deliveries);
+        for ((d, superseded), stale) in deliveries.into_iter().zip(superseded).zip(stale) {
+            // What this member would send in answer to a delivery of a view
+            // already followed by the next one could reach the daemon only in
+            // that next view, where every member drops key agreement and
+            // confirmations of the earlier one: it is not sent.
+            self.muted = stale;
+            let r = match d {
+                Event::View { group, view } if superseded => self.on_superseded_view(group, view),
+                d => self.handle(d),
+            };
+            self.muted = None;
+            r?;
+        }
+        Ok(())
+    }
+
     /// Time passed: acts on every deadline at or before `now`.
     pub fn handle_timeout(&mut self, now: Instant) -> Result<(), SessionError> {
         self.now = now;
@@ -723,6 +815,55 @@ impl SessionCore {
             }
             Event::Welcome { .. } | Event::ViewChangeBegins { .. } => Ok(()),
         }
+    }
+
+    /// Hands each group's engine the key agreement messages of `deliveries`
+    /// to check their signatures in one batch ([`Engine::preverify`]).
+    fn preverify(&mut self, deliveries: &[Event]) {
+        let mut by_group: BTreeMap<&GroupName, Vec<KeyAgreementIn<'_>>> = BTreeMap::new();
+        for d in deliveries {
+            let (Event::Message { group, sender, view, payload, .. } | Event::Unicast { group, sender, view, payload }) =
+                d
+            else {
+                continue;
+            };
+            let Some(gs) = self.groups.get(group) else { continue };
+            if let Ok(Frame::KeyAgreement { policy, body }) = Frame::parse(payload) {
+                if policy == gs.policy.codes() && sender != &self.me {
+                    by_group.entry(group).or_default().push((sender, *view, body));
+                }
+            }
+        }
+        for (group, msgs) in by_group {
+            if msgs.len() >= 2 {
+                if let Some(gs) = self.groups.get_mut(group) {
+                    gs.engine.preverify(&msgs);
+                }
+            }
+        }
+    }
+
+    /// A view superseded by a later one already received, with no message
+    /// between (see [`SessionCore::handle_deliveries`]): as [`Self::on_view`]
+    /// up to the start of the run, which the next view would abandon.
+    fn on_superseded_view(&mut self, group: GroupName, view: View) -> Result<(), SessionError> {
+        let plain = |g: &GroupState| {
+            !g.engine.interval() && g.policy.protocol != ProtocolId::Ckd && !matches!(g.phase, Phase::Ousted)
+        };
+        if self.certified.is_some() || !self.groups.get(&group).is_some_and(plain) {
+            return self.on_view(group, view);
+        }
+        let gs = self.groups.get_mut(&group).expect("checked above");
+        gs.phase = Phase::Agreeing;
+        gs.early.clear();
+        gs.confirms.clear();
+        gs.next_from.clear();
+        gs.rekey_since.get_or_insert(self.now);
+        tracing::debug!(%group, view = %view.id, n = view.members.len(), "view superseded by one already here");
+        let res = gs.engine.observe(&view).map(|()| Vec::new());
+        gs.enter_view(view);
+        gs.new_view_admission();
+        self.engine_result(&group, None, res)
     }
 
     fn on_view(&mut self, group: GroupName, view: View) -> Result<(), SessionError> {
@@ -1165,8 +1306,10 @@ impl SessionCore {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let mut sends = Vec::new();
         let mut installed = None;
+        let muted = self.muted.as_ref() == Some(group);
         for o in outputs {
             match o {
+                Output::Send { .. } if muted => {}
                 Output::Send { to, bytes } => {
                     #[cfg(feature = "test-hooks")]
                     let bytes = tampered(gs, self.signer.as_ref(), bytes);
@@ -1200,7 +1343,9 @@ impl SessionCore {
         let p = Frame::Confirm { epoch: sv.epoch, mac: &mac, signature: &sig }.encode();
         gs.confirms.of(sv.epoch);
         gs.phase = Phase::Confirming(Box::new(Confirming { view: sv, confirmer, own_signature: sig }));
-        self.push(Transmit::Multicast(group.clone(), p.into()))?;
+        if self.muted.as_ref() != Some(group) {
+            self.push(Transmit::Multicast(group.clone(), p.into()))?;
+        }
         self.check_confirmed(group)
     }
 
@@ -1225,7 +1370,7 @@ impl SessionCore {
             tracing::debug!(%group, %sender, %epoch, "confirmation of another run, or a second one, dropped");
             return Ok(());
         }
-        if !gs.view.as_ref().is_some_and(|v| v.contains(&sender)) {
+        if !gs.in_view.contains(&sender) {
             return Ok(());
         }
         if sender == self.me {
@@ -1281,9 +1426,17 @@ impl SessionCore {
         // Interval rekeying: the key's members that have left since will
         // never confirm, and need not.
         let interval = gs.engine.interval();
-        let view = gs.view.as_ref();
+        // This runs at every confirmation: while fewer confirmations (of
+        // distinct senders: `accepted` and `pending` never share one) are in
+        // than the key has members, some member's is missing, and the check
+        // costs nothing. Without this, every member paid O(n) per
+        // confirmation, O(n²) per run, for a list it did not need yet.
+        let received = gs.confirms.accepted.len() + gs.confirms.pending.len();
+        if !interval && received < c.view.members.len() {
+            return Ok(());
+        }
         let awaited: Vec<MemberId> =
-            c.view.members.iter().filter(|m| !interval || view.is_some_and(|v| v.contains(m))).cloned().collect();
+            c.view.members.iter().filter(|m| !interval || gs.in_view.contains(*m)).cloned().collect();
         if !awaited.iter().all(|m| gs.confirms.has(m)) {
             return Ok(());
         }

@@ -18,6 +18,10 @@ use rand_core::OsRng;
 use tokio::sync::mpsc;
 
 use crate::core::{SessionCore, Transmit, WallClock};
+
+/// Most deliveries handed to the core at once ([`SessionCore::handle_deliveries`]):
+/// what has already arrived behind the one awaited, up to this many.
+const LOOKAHEAD: usize = 1024;
 use crate::trust::{Authority, Identity};
 use crate::{MemberId, Policy, SecureEvent, SessionError};
 
@@ -160,8 +164,24 @@ impl Session {
             let deadline = self.core.poll_timeout();
             tokio::select! {
                 d = self.rx.recv() => {
-                    let d = d?;
-                    self.core.handle_delivery(Instant::now(), d)?;
+                    // With it, whatever else has already arrived: the core
+                    // skips the runs of views superseded in the batch.
+                    let mut batch = vec![d?];
+                    let mut failed = None;
+                    while batch.len() < LOOKAHEAD {
+                        match self.rx.try_recv() {
+                            Ok(Some(d)) => batch.push(d),
+                            Ok(None) => break,
+                            Err(e) => {
+                                failed = Some(e);
+                                break;
+                            }
+                        }
+                    }
+                    self.core.handle_deliveries(Instant::now(), batch)?;
+                    if let Some(e) = failed {
+                        return Err(e.into());
+                    }
                 }
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()), if deadline.is_some() => {
                     self.core.handle_timeout(Instant::now())?;

@@ -252,6 +252,35 @@ impl Net {
         panic!("deliveries never ran out");
     }
 
+    /// As [`Net::settle`], but each member takes its deliveries in batches
+    /// ([`SessionCore::handle_deliveries`]): at each step, the first 1 to
+    /// `max_batch` of its queue (drawn from `seed`), as a member that fell
+    /// behind finds them already arrived.
+    pub fn settle_batched(&mut self, max_batch: usize, seed: u64) {
+        let mut rng = seed;
+        for _ in 0..100_000 {
+            self.now += Duration::from_millis(1);
+            let now = self.now();
+            let mut idle = true;
+            for i in 0..self.members.len() {
+                if self.members[i].inbox.is_empty() {
+                    continue;
+                }
+                idle = false;
+                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let k = 1 + (rng >> 33) as usize % max_batch;
+                let k = k.min(self.members[i].inbox.len());
+                let batch: Vec<Delivery> = self.members[i].inbox.drain(..k).collect();
+                self.members[i].session.handle_deliveries(now, batch).unwrap();
+                self.drain(i);
+            }
+            if idle {
+                return;
+            }
+        }
+        panic!("deliveries never ran out");
+    }
+
     pub fn join(&mut self, i: usize, policy: Policy) {
         let now = self.now();
         self.members[i].session.join(now, GROUP, policy).unwrap();
