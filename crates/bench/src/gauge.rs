@@ -866,7 +866,12 @@ fn toggle(st: &mut State, sim: &mut DaemonSim, churn: &mut ChaCha20Rng, setup: &
         m.open = None;
         m.idle = Counts::default();
         m.rng = ChaCha20Rng::seed_from_u64(seed);
-        sim.submit(Op::Join { conn, group: st.group.clone(), open: false, mode: conclave_gcs::core::GroupMode::Members });
+        sim.submit(Op::Join {
+            conn,
+            group: st.group.clone(),
+            open: false,
+            mode: conclave_gcs::core::GroupMode::Members,
+        });
     }
     let m = st.members.get_mut(&conn).expect("member");
     m.inside = !inside;
@@ -1280,7 +1285,8 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
                 "BKEY packets, sent per input (§4.2)",
                 "BKEY packets, co-paths held (§3.4)",
             ];
-            let paper = [paper[0], paper[1], paper[2], paper[3], paper[1], paper[2], paper[3], paper[1], paper[3], paper[3]];
+            let paper =
+                [paper[0], paper[1], paper[2], paper[3], paper[1], paper[2], paper[3], paper[1], paper[3], paper[3]];
             for ((name, o), p) in names.iter().zip(ours).zip(paper) {
                 t.add_row(vec![name.to_string(), format!("{o:.4}"), format!("{p:.2}"), format!("{:.3}", o / p)]);
             }

@@ -1042,7 +1042,12 @@ impl Listener for TlsListener {
             Some(c) => format!("tls: {addr}, certificate for {}", c.name),
             None => format!("tls: {addr}, no certificate"),
         };
-        Ok((stream, certified.map_or(Peer::Remote { tls: true }, Peer::Certified), PeerKey::Ip(addr.ip().to_canonical()), what))
+        Ok((
+            stream,
+            certified.map_or(Peer::Remote { tls: true }, Peer::Certified),
+            PeerKey::Ip(addr.ip().to_canonical()),
+            what,
+        ))
     }
     fn tcp(stream: &Self::Stream) -> Option<&TcpStream> {
         Some(stream.get_ref().0)

@@ -327,7 +327,11 @@ async fn bad_input_gets_clear_errors_and_disturbs_no_one() {
     let mut big = hello("raw3");
     big.put_u32(100_000);
     big.put_bytes(0x04, 100_000);
-    big.extend_from_slice(&frame(&Request::Join { group: GroupName::new("h").unwrap(), open: false, mode: conclave_gcs::core::GroupMode::Members }));
+    big.extend_from_slice(&frame(&Request::Join {
+        group: GroupName::new("h").unwrap(),
+        open: false,
+        mode: conclave_gcs::core::GroupMode::Members,
+    }));
     big.extend_from_slice(&frame(&Request::Bye));
     raw.write_all(&big).await.unwrap();
     let got = read_all(raw).await;
@@ -626,7 +630,11 @@ async fn an_incomplete_frame_is_timed_out_and_a_quiet_client_is_not() {
 
     // A Join in two pieces, 100 ms apart.
     let mut slow = s.raw().await;
-    let join = frame(&Request::Join { group: GroupName::new("g").unwrap(), open: false, mode: conclave_gcs::core::GroupMode::Members });
+    let join = frame(&Request::Join {
+        group: GroupName::new("g").unwrap(),
+        open: false,
+        mode: conclave_gcs::core::GroupMode::Members,
+    });
     let mut first = hello("slowpoke");
     first.extend_from_slice(&join[..3]);
     slow.write_all(&first).await.unwrap();

@@ -112,7 +112,14 @@ async fn the_status_shows_groups_members_connections_limits_and_the_daemon_group
     let groups: Vec<(&str, bool, bool, Vec<&str>)> = st
         .groups
         .iter()
-        .map(|g| (g.name.as_str(), g.open, g.mode == conclave_gcs::core::GroupMode::Keyed, g.members.iter().map(|m| m.as_str()).collect()))
+        .map(|g| {
+            (
+                g.name.as_str(),
+                g.open,
+                g.mode == conclave_gcs::core::GroupMode::Keyed,
+                g.members.iter().map(|m| m.as_str()).collect(),
+            )
+        })
         .collect();
     assert_eq!(groups, [("chat", true, false, vec!["alice", "bob"]), ("vault", false, true, vec!["alice"])]);
     // alice, bob, and the status connection itself (no Hello).
@@ -173,7 +180,14 @@ async fn the_status_is_refused_to_clients_that_are_not_operators_and_shows_them_
     let carol = MemberId::new("carol").unwrap();
     wire::encode_request(&Request::Hello { name: carol.clone() }, &mut out);
     wire::encode_request(&Request::Status, &mut out);
-    wire::encode_request(&Request::Join { group: GroupName::new("g").unwrap(), open: false, mode: conclave_gcs::core::GroupMode::Members }, &mut out);
+    wire::encode_request(
+        &Request::Join {
+            group: GroupName::new("g").unwrap(),
+            open: false,
+            mode: conclave_gcs::core::GroupMode::Members,
+        },
+        &mut out,
+    );
     sock.write_all(&out).await.unwrap();
     let mut frames = wire::FrameReader::new(1 << 20);
     let mut buf = bytes::BytesMut::new();

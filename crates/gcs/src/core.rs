@@ -1076,8 +1076,12 @@ impl Core {
     /// stream, and never during an exchange.
     pub fn refresh_keyed(&mut self, out: &mut Vec<Output>) {
         assert!(self.exchange.is_none(), "no refresh during an exchange");
-        let keyed: Vec<GroupName> =
-            self.groups.iter().filter(|(_, g)| g.options.mode == GroupMode::Keyed).map(|(name, _)| name.clone()).collect();
+        let keyed: Vec<GroupName> = self
+            .groups
+            .iter()
+            .filter(|(_, g)| g.options.mode == GroupMode::Keyed)
+            .map(|(name, _)| name.clone())
+            .collect();
         for group in keyed {
             let seats = self.seats_of(&group);
             let options = self.groups[&group].options;

@@ -115,7 +115,12 @@ fn run(protocol: ProtocolId, seed: u64) {
                 let op = if inside[i] {
                     Op::Leave { conn: conns[i], group: group() }
                 } else {
-                    Op::Join { conn: conns[i], group: group(), open: false, mode: conclave_gcs::core::GroupMode::Members }
+                    Op::Join {
+                        conn: conns[i],
+                        group: group(),
+                        open: false,
+                        mode: conclave_gcs::core::GroupMode::Members,
+                    }
                 };
                 inside[i] = !inside[i];
                 sim.submit(op);

@@ -262,7 +262,9 @@ impl Sealing {
     /// This daemon's own sealed operation came back through the backbone.
     fn returned(&mut self, body: &[u8], void: bool, out: &mut Vec<Output>) {
         let Some((epoch, count, _)) = self.in_flight.front() else { return };
-        if body.len() < HEADER || body[..EPOCH_LEN] != epoch.to_bytes() || body[EPOCH_LEN..HEADER] != count.to_be_bytes()
+        if body.len() < HEADER
+            || body[..EPOCH_LEN] != epoch.to_bytes()
+            || body[EPOCH_LEN..HEADER] != count.to_be_bytes()
         {
             // Not the oldest in flight: the backbone lost or reordered this
             // daemon's submissions, which it does not do. Nothing to resend.
@@ -355,6 +357,19 @@ mod tests {
         assert!(matches!(b.open(DaemonId(0), &body, &mut Vec::new()), Opened::Refused(_)));
     }
 
+    /// What daemon 1, holding daemon 0's next key (epoch 2), makes of
+    /// daemon 0's submissions `out`, in order.
+    fn opened_under_the_next_key(out: Vec<Output>) -> Vec<Op> {
+        let mut b = Sealing::new(DaemonId(1));
+        b.key_agreed(epoch(2), &key(8), &mut Vec::new());
+        out.into_iter()
+            .map(|o| match b.open(DaemonId(0), &sealed(vec![o]), &mut Vec::new()) {
+                Opened::Op(op) => op,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
     #[test]
     fn void_operations_go_again_before_newer_ones_under_the_next_key() {
         let (mut a, _) = pair();
@@ -371,15 +386,7 @@ mod tests {
         }
         assert_eq!(a.waiting(), 3);
         a.key_agreed(epoch(2), &key(8), &mut out);
-        let mut b = Sealing::new(DaemonId(1));
-        b.key_agreed(epoch(2), &key(8), &mut Vec::new());
-        let order: Vec<Op> = out
-            .into_iter()
-            .map(|o| match b.open(DaemonId(0), &sealed(vec![o]), &mut Vec::new()) {
-                Opened::Op(op) => op,
-                other => panic!("{other:?}"),
-            })
-            .collect();
+        let order = opened_under_the_next_key(out);
         assert_eq!(order, [client_op(0, 0), client_op(0, 1), client_op(0, 2)]);
         assert_eq!(a.resent(), 2);
     }
@@ -399,15 +406,7 @@ mod tests {
         a.submit(client_op(0, 1), &mut out);
         assert!(out.is_empty(), "sealed before the void operation came back");
         assert!(matches!(a.open(DaemonId(0), &body, &mut out), Opened::Void));
-        let mut b = Sealing::new(DaemonId(1));
-        b.key_agreed(epoch(2), &key(8), &mut Vec::new());
-        let order: Vec<Op> = out
-            .into_iter()
-            .map(|o| match b.open(DaemonId(0), &sealed(vec![o]), &mut Vec::new()) {
-                Opened::Op(op) => op,
-                other => panic!("{other:?}"),
-            })
-            .collect();
+        let order = opened_under_the_next_key(out);
         assert_eq!(order, [client_op(0, 0), client_op(0, 1)]);
     }
 }

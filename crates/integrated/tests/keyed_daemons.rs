@@ -329,7 +329,8 @@ fn with_a_sealed_backbone_no_client_operation_crosses_between_the_daemons_in_cle
         }
         sim.run_idle();
         let got = payloads(&sim.take_log(), b, "group-in-clear");
-        let wire: Vec<u8> = sim.ordered_ops().flat_map(|(_, op)| conclave_gcs::backbone::op_bytes(op).to_vec()).collect();
+        let wire: Vec<u8> =
+            sim.ordered_ops().flat_map(|(_, op)| conclave_gcs::backbone::op_bytes(op).to_vec()).collect();
         let seen = ["alice-in-clear", "group-in-clear", "payload-in-clear"]
             .into_iter()
             .filter(|needle| wire.windows(needle.len()).any(|w| w == needle.as_bytes()))

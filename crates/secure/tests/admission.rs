@@ -65,13 +65,23 @@ fn outsiders_churning_cost_at_most_the_deadline_per_view() {
     let group = GroupName::new(GROUP).unwrap();
     let eves = [net.outsider("eve1"), net.outsider("eve2")];
     let before = net.members[0].log.len();
-    net.submit(Op::Join { conn: eves[0], group: group.clone(), open: false, mode: conclave_gcs::core::GroupMode::Members });
+    net.submit(Op::Join {
+        conn: eves[0],
+        group: group.clone(),
+        open: false,
+        mode: conclave_gcs::core::GroupMode::Members,
+    });
     net.settle();
     let turns = 6;
     for turn in 0..turns {
         net.advance(Duration::from_millis(1300));
         let (a, b) = (turn % 2, 1 - turn % 2);
-        net.submit(Op::Join { conn: eves[b], group: group.clone(), open: false, mode: conclave_gcs::core::GroupMode::Members });
+        net.submit(Op::Join {
+            conn: eves[b],
+            group: group.clone(),
+            open: false,
+            mode: conclave_gcs::core::GroupMode::Members,
+        });
         net.submit(Op::Leave { conn: eves[a], group: group.clone() });
         net.settle();
     }

@@ -238,7 +238,12 @@ fn certified_members_rekey_at_the_interval_and_outsiders_get_nothing() {
     assert!(keys(&net, 2).is_empty(), "carol before the tick");
     let group = conclave_gcs::GroupName::new(vnet::GROUP).unwrap();
     let eve = net.outsider("eve");
-    net.submit(conclave_gcs::core::Op::Join { conn: eve, group, open: false, mode: conclave_gcs::core::GroupMode::Members });
+    net.submit(conclave_gcs::core::Op::Join {
+        conn: eve,
+        group,
+        open: false,
+        mode: conclave_gcs::core::GroupMode::Members,
+    });
     net.settle();
     net.advance(PERIOD);
     let (fp, members) = keys(&net, 0).last().unwrap().clone();
