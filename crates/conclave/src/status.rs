@@ -56,11 +56,12 @@ fn to_json(s: &Status) -> serde_json::Value {
         "groups": s.groups.iter().map(|g| json!({
             "name": g.name.as_str(),
             "open": g.open,
-            "keyed": g.mode == GroupMode::Keyed,
+            "keyed": g.mode.daemon_keyed(),
             "mode": match g.mode {
                 GroupMode::Members => "members",
                 GroupMode::Keyed => "integrated-vs",
                 GroupMode::ThreeStep => "three-step",
+                GroupMode::OptimizedEvs => "optimized-evs",
             },
             "view": g.view.to_string(),
             "members": g.members.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
@@ -127,6 +128,7 @@ fn to_text(s: &Status) -> String {
             GroupMode::Members => {}
             GroupMode::Keyed => tags.push("keyed"),
             GroupMode::ThreeStep => tags.push("three-step"),
+            GroupMode::OptimizedEvs => tags.push("keyed, optimized-evs"),
         }
         let tags = if tags.is_empty() { String::new() } else { format!(" [{}]", tags.join(", ")) };
         let members: Vec<String> = g.members.iter().map(|m| safe(m.as_str())).collect();

@@ -312,7 +312,12 @@ mod tests {
 
     fn mode() -> impl Strategy<Value = crate::core::GroupMode> {
         use crate::core::GroupMode;
-        prop_oneof![Just(GroupMode::Members), Just(GroupMode::Keyed), Just(GroupMode::ThreeStep)]
+        prop_oneof![
+            Just(GroupMode::Members),
+            Just(GroupMode::Keyed),
+            Just(GroupMode::ThreeStep),
+            Just(GroupMode::OptimizedEvs)
+        ]
     }
 
     fn conn_s() -> impl Strategy<Value = ConnId> {

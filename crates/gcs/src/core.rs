@@ -731,6 +731,13 @@ pub enum GroupMode {
     /// between them. Only a daemon whose backbone is sealed, or that has no
     /// other daemons, lets clients create one ([`Core::seal_groups`]).
     ThreeStep,
+    /// Optimized EVS: keyed by the daemons like [`GroupMode::Keyed`], and a
+    /// message sealed under the key of an earlier view is re-encrypted by
+    /// the daemons under the key of the view it is delivered in
+    /// (`conclave-integrated`'s `evs` module), so nothing is sent twice
+    /// when a view changes. The core records every view of such a group
+    /// for the daemons' key store ([`Core::take_evs_views`]).
+    OptimizedEvs,
 }
 
 impl GroupMode {
@@ -740,7 +747,14 @@ impl GroupMode {
             GroupMode::Members => "members' own",
             GroupMode::Keyed => "integrated-vs",
             GroupMode::ThreeStep => "three-step",
+            GroupMode::OptimizedEvs => "optimized-evs",
         }
+    }
+
+    /// Whether the daemons key every view of the group (Integrated VS and
+    /// Optimized EVS).
+    pub fn daemon_keyed(self) -> bool {
+        matches!(self, GroupMode::Keyed | GroupMode::OptimizedEvs)
     }
 }
 
@@ -965,6 +979,9 @@ pub struct Core {
     keys_groups: bool,
     /// Whether clients may create three-step groups ([`Core::seal_groups`]).
     seals_groups: bool,
+    /// Views of Optimized EVS groups installed since the machine last took
+    /// them ([`Core::take_evs_views`]); kept only if `keys_groups`.
+    evs_views: Vec<(GroupName, ViewId)>,
 }
 
 const COUNTER_BITS: u32 = 48;
@@ -1007,6 +1024,7 @@ impl Core {
             configuration: ViewId::new(incarnation, u64::from(me.0) << COUNTER_BITS),
             keys_groups: false,
             seals_groups: false,
+            evs_views: Vec::new(),
         }
     }
 
@@ -1015,6 +1033,16 @@ impl Core {
     /// Without it a keyed join is refused.
     pub fn key_groups(&mut self) {
         self.keys_groups = true;
+    }
+
+    /// The views of Optimized EVS groups ([`GroupMode::OptimizedEvs`])
+    /// installed since the last call, in order — every daemon's, not only
+    /// those with members here: a message may be delivered here under the
+    /// key of a view that had no member on this daemon (a joiner's first
+    /// view follows it), and this daemon must hold that key to re-encrypt
+    /// it. Recorded only when the core keys groups ([`Core::key_groups`]).
+    pub fn take_evs_views(&mut self) -> Vec<(GroupName, ViewId)> {
+        std::mem::take(&mut self.evs_views)
     }
 
     /// Lets clients create three-step groups ([`GroupMode::ThreeStep`]):
@@ -1056,7 +1084,7 @@ impl Core {
     /// Whether `group` exists and is keyed by its daemons (see *Keyed
     /// groups* in the [module docs](self)).
     pub fn keyed(&self, group: &GroupName) -> bool {
-        self.groups.get(group).is_some_and(|g| g.options.mode == GroupMode::Keyed)
+        self.groups.get(group).is_some_and(|g| g.options.mode.daemon_keyed())
     }
 
     /// How `group`'s traffic is protected, if it exists.
@@ -1076,12 +1104,8 @@ impl Core {
     /// stream, and never during an exchange.
     pub fn refresh_keyed(&mut self, out: &mut Vec<Output>) {
         assert!(self.exchange.is_none(), "no refresh during an exchange");
-        let keyed: Vec<GroupName> = self
-            .groups
-            .iter()
-            .filter(|(_, g)| g.options.mode == GroupMode::Keyed)
-            .map(|(name, _)| name.clone())
-            .collect();
+        let keyed: Vec<GroupName> =
+            self.groups.iter().filter(|(_, g)| g.options.mode.daemon_keyed()).map(|(name, _)| name.clone()).collect();
         for group in keyed {
             let seats = self.seats_of(&group);
             let options = self.groups[&group].options;
@@ -1246,7 +1270,9 @@ impl Core {
         }
         if !self.groups.contains_key(&group) {
             let refused = match options.mode {
-                GroupMode::Keyed if !self.keys_groups => Some("this daemon does not key groups"),
+                GroupMode::Keyed | GroupMode::OptimizedEvs if !self.keys_groups => {
+                    Some("this daemon does not key groups")
+                }
                 GroupMode::ThreeStep if !self.seals_groups => {
                     Some("this daemon does not seal what goes between the daemons")
                 }
@@ -1329,6 +1355,9 @@ impl Core {
         let members = seats.iter().map(|s| ViewMember { id: s.id.clone(), prev: s.prev }).collect();
         let seats: Vec<Seat> = seats.into_iter().map(|s| Seat { conn: s.conn, since: s.since }).collect();
         let view = View { id, members, cause };
+        if self.keys_groups && options.mode == GroupMode::OptimizedEvs {
+            self.evs_views.push((group.clone(), id));
+        }
         let delivery = Delivery::View { group: group.clone(), view: view.clone() };
         self.deliver(seats.iter().map(|s| s.conn), delivery, out);
         self.groups.insert(group, Group { options, view, seats });

@@ -396,6 +396,7 @@ impl Fields {
             0 => GroupMode::Members,
             1 => GroupMode::Keyed,
             2 => GroupMode::ThreeStep,
+            3 => GroupMode::OptimizedEvs,
             _ => return Err(WireError::BadValue { what: "group options", value: v.into() }),
         };
         match v & !0b111 {
@@ -774,12 +775,13 @@ impl<'a> FrameWriter<'a> {
 }
 
 /// The options byte of a group: bit 0 open; bits 1–2 its mode (0 its
-/// members' own keys, 1 keyed by its daemons, 2 three-step).
+/// members' own keys, 1 keyed by its daemons, 2 three-step, 3 optimized EVS).
 pub(crate) fn group_options(open: bool, mode: GroupMode) -> u8 {
     let mode = match mode {
         GroupMode::Members => 0,
         GroupMode::Keyed => 1,
         GroupMode::ThreeStep => 2,
+        GroupMode::OptimizedEvs => 3,
     };
     u8::from(open) | (mode << 1)
 }

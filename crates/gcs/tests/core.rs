@@ -369,6 +369,46 @@ fn a_three_step_group_needs_a_sealing_daemon_and_keeps_its_mode() {
     assert_eq!(pair.cores[0].view(&g("t")).unwrap().members.len(), 2);
 }
 
+/// An Optimized EVS group is keyed by its daemons like an Integrated VS
+/// one, and every daemon records each of its views, also the daemon with no
+/// member in it: that daemon must hold the key of a view its next joiner's
+/// messages may be sealed under.
+#[test]
+fn optimized_evs_groups_are_keyed_and_every_daemon_records_their_views() {
+    let mut pair = Component::new(&[1, 2]);
+    pair.connect(conn(1, 1), "a");
+    let evs = |c: ConnId| Op::Join { conn: c, group: g("e"), open: false, mode: GroupMode::OptimizedEvs };
+    pair.feed(evs(conn(1, 1)));
+    assert_eq!(error_code(&pair.take(conn(1, 1))), Some(ErrorCode::ModeMismatch), "no daemon keys groups");
+    for core in &mut pair.cores {
+        core.key_groups();
+    }
+    pair.feed(daemons(1, &[1, 2]));
+    for core in &mut pair.cores {
+        core.take_evs_views();
+    }
+    pair.connect(conn(2, 1), "b");
+    pair.feed(evs(conn(1, 1)));
+    let first = views(&pair.take(conn(1, 1)))[0].id;
+    pair.feed(Op::Join { conn: conn(2, 1), group: g("e"), open: false, mode: GroupMode::Keyed });
+    assert_eq!(error_code(&pair.take(conn(2, 1))), Some(ErrorCode::ModeMismatch));
+    pair.feed(evs(conn(2, 1)));
+    let second = views(&pair.take(conn(2, 1)))[0].id;
+    for core in &mut pair.cores {
+        assert!(core.keyed(&g("e")) && core.mode(&g("e")) == Some(GroupMode::OptimizedEvs));
+        let recorded: Vec<ViewId> = core
+            .take_evs_views()
+            .into_iter()
+            .map(|(group, v)| {
+                assert_eq!(group, g("e"));
+                v
+            })
+            .collect();
+        assert_eq!(recorded, [first, second], "daemon {:?}", core.me());
+        assert!(core.take_evs_views().is_empty(), "taken once");
+    }
+}
+
 #[test]
 fn unicasts_reach_only_their_recipient() {
     let (mut c, v) = group_g(&["a", "b", "c"]);

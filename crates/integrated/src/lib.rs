@@ -56,8 +56,13 @@
 //!   alike; see the [`seal`] module for what it covers and how every daemon
 //!   makes the same decision about each sealed operation.
 //!
-//! Not here yet: Optimized EVS.
+//! * **Optimized EVS (paper §4.3.3)** ([`evs`]): groups keyed like Integrated
+//!   VS whose messages, when delivered in a later view than the one whose
+//!   key sealed them, are re-encrypted by the daemons under the delivery
+//!   view's key; the daemons keep each such group's recent view keys, and
+//!   drop them by key-out and time-out ([`KeyedDaemon::with_evs_expiry`]).
 
+pub mod evs;
 pub mod seal;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -74,6 +79,10 @@ use sha2::Sha256;
 /// The name the daemons' key agreement runs under (bound into its messages
 /// and its key).
 pub const DAEMON_GROUP: &str = "conclave/daemons";
+
+/// How often (shell clock microseconds) the Optimized EVS key store is
+/// swept for keys past their time-out: a key lives at most this much longer.
+const EVS_SWEEP: u64 = 1_000_000;
 
 /// The label of [`view_key`]'s input.
 const VIEW_KEY_LABEL: &[u8] = b"conclave/integrated/v1/view-key";
@@ -228,6 +237,15 @@ pub struct KeyedDaemon {
     lifetime_starts: bool,
     /// The sealed backbone, if on.
     sealing: Option<seal::Sealing>,
+    /// Optimized EVS groups' view keys.
+    evs: evs::EvsKeys,
+    /// Views of Optimized EVS groups installed while the daemons' key was
+    /// changing: keyed (as their deliveries are) when it is agreed.
+    evs_waiting: Vec<(GroupName, ViewId)>,
+    /// The shell's clock at the last input (microseconds).
+    now: u64,
+    /// When the EVS key store was last swept for time-outs.
+    evs_swept: u64,
 }
 
 impl KeyedDaemon {
@@ -254,6 +272,10 @@ impl KeyedDaemon {
             renew_at: None,
             lifetime_starts: false,
             sealing: None,
+            evs: evs::EvsKeys::new(me, evs::DEFAULT_KEY_OUT, evs::DEFAULT_TIME_OUT),
+            evs_waiting: Vec::new(),
+            now: 0,
+            evs_swept: 0,
         };
         let mut out = Vec::new();
         daemon.configuration_installed(&mut out);
@@ -296,6 +318,20 @@ impl KeyedDaemon {
         self.core.seal_groups();
         self.sealing = Some(seal::Sealing::new(self.me));
         self
+    }
+
+    /// Optimized EVS key expiry (paper §4.3.3): at most `key_out` view keys
+    /// kept per group (key-out), and a key dropped once no message sealed
+    /// under it came for `time_out` microseconds of the shell's clock
+    /// (time-out). Defaults: [`evs::DEFAULT_KEY_OUT`], [`evs::DEFAULT_TIME_OUT`].
+    pub fn with_evs_expiry(mut self, key_out: usize, time_out: u64) -> Self {
+        self.evs = evs::EvsKeys::new(self.me, key_out, time_out);
+        self
+    }
+
+    /// What Optimized EVS fixing did on this daemon.
+    pub fn evs_stats(&self) -> evs::EvsStats {
+        self.evs.stats()
     }
 
     /// Operations of this daemon's clients waiting for the daemons' key
@@ -453,9 +489,7 @@ impl KeyedDaemon {
                         // view takes its key from the new one.
                         let mut inner = Vec::new();
                         self.core.refresh_keyed(&mut inner);
-                        for o in inner {
-                            self.route(o, out);
-                        }
+                        self.pass(inner, out);
                     }
                 }
             }
@@ -539,6 +573,9 @@ impl KeyedDaemon {
 
     /// Delivers everything held, keyed.
     fn release(&mut self, out: &mut Vec<Output>) {
+        for (group, view) in std::mem::take(&mut self.evs_waiting) {
+            self.evs_view(group, view);
+        }
         for (_, deliveries) in std::mem::take(&mut self.held) {
             for (to, d) in deliveries {
                 self.deliver_keyed(to, d, out);
@@ -546,14 +583,57 @@ impl KeyedDaemon {
         }
     }
 
-    /// Delivers `d` to `to`, after the key of the view it is, if it is a view.
-    fn deliver_keyed(&self, to: Vec<ConnId>, d: Delivery, out: &mut Vec<Output>) {
-        if let (Delivery::View { group, view }, ServerKey::Agreed(sv)) = (&d, &self.key) {
-            let key = view_key(&sv.key, group, view.id);
-            let delivery = Delivery::GroupKey { group: group.clone(), view: view.id, key };
-            out.push(Output::Deliver { to: to.clone(), delivery });
-        }
+    /// Delivers `d` to `to`: a view after its key; an Optimized EVS group's
+    /// message fixed for the view it is delivered in.
+    fn deliver_keyed(&mut self, to: Vec<ConnId>, d: Delivery, out: &mut Vec<Output>) {
+        let d = match d {
+            Delivery::View { group, view } => {
+                if let ServerKey::Agreed(sv) = &self.key {
+                    let key = view_key(&sv.key, &group, view.id);
+                    let delivery = Delivery::GroupKey { group: group.clone(), view: view.id, key };
+                    out.push(Output::Deliver { to: to.clone(), delivery });
+                }
+                Delivery::View { group, view }
+            }
+            Delivery::Message { group, sender, service, view, payload } if self.evs_group(&group) => {
+                let payload = self.evs.fix(&group, view, payload, self.now);
+                Delivery::Message { group, sender, service, view, payload }
+            }
+            Delivery::Unicast { group, sender, view, payload } if self.evs_group(&group) => {
+                let payload = self.evs.fix(&group, view, payload, self.now);
+                Delivery::Unicast { group, sender, view, payload }
+            }
+            d => d,
+        };
         out.push(Output::Deliver { to, delivery: d });
+    }
+
+    fn evs_group(&self, group: &GroupName) -> bool {
+        self.core.mode(group) == Some(conclave_gcs::core::GroupMode::OptimizedEvs)
+    }
+
+    /// Keys view `view` of Optimized EVS group `group` in the store, under
+    /// the daemons' current key (as its members get it).
+    fn evs_view(&mut self, group: GroupName, view: ViewId) {
+        match &self.key {
+            ServerKey::Agreed(sv) => {
+                let key = view_key(&sv.key, &group, view);
+                self.evs.installed(&group, view, key, self.now);
+            }
+            // Its deliveries wait for the key too; keyed with them.
+            _ => self.evs_waiting.push((group, view)),
+        }
+    }
+
+    /// Passes the core's outputs on, after keying the Optimized EVS views
+    /// it installed making them (so a message delivered in one finds its key).
+    fn pass(&mut self, inner: Vec<Output>, out: &mut Vec<Output>) {
+        for (group, view) in self.core.take_evs_views() {
+            self.evs_view(group, view);
+        }
+        for o in inner {
+            self.route(o, out);
+        }
     }
 
     /// Passes one of the core's outputs on: a keyed group's view gets its
@@ -583,7 +663,7 @@ impl KeyedDaemon {
         let keyed_view = matches!(delivery, Delivery::View { .. }) && self.core.keyed(&group);
         if waiting || (keyed_view && !matches!(self.key, ServerKey::Agreed(_))) {
             self.held.entry(group).or_default().push_back((to, delivery));
-        } else if keyed_view {
+        } else if self.core.keyed(&group) {
             self.deliver_keyed(to, delivery, out);
         } else {
             out.push(Output::Deliver { to, delivery });
@@ -616,7 +696,13 @@ impl Machine for KeyedDaemon {
     }
 
     fn handle(&mut self, op: Op, now: u64, out: &mut Vec<Output>) {
+        self.now = self.now.max(now);
         self.handle_op(op, out);
+        if self.now.saturating_sub(self.evs_swept) >= EVS_SWEEP && !self.evs.is_empty() {
+            self.evs_swept = self.now;
+            let core = &self.core;
+            self.evs.expire(self.now, |g| core.mode(g).is_some());
+        }
         // A key agreed since the last call is used from now on.
         if std::mem::take(&mut self.lifetime_starts) {
             self.renew_at = self.key_lifetime.map(|l| now.saturating_add(l));
@@ -681,9 +767,7 @@ impl KeyedDaemon {
         let was_exchanging = self.core.exchanging();
         let mut inner = Vec::new();
         self.core.handle(op, &mut inner);
-        for o in inner {
-            self.route(o, out);
-        }
+        self.pass(inner, out);
         if was_exchanging && !self.core.exchanging() {
             self.configuration_installed(out);
         }

@@ -19,11 +19,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use conclave_gcs::core::{ConnId, Delivery as Event, ErrorCode, GroupMode, Op, Service};
+use conclave_gcs::core::{ConnId, Delivery as Event, ErrorCode, GroupMode, Op, Service, ViewKey};
 use conclave_gcs::{GroupName, MemberId, View};
 use conclave_gka::keyed::KeyedEngine;
 use conclave_gka::suite::{Signer, Verifier};
 use conclave_gka::{Config, Directory, Engine, Epoch, Output, ProtocolId, SecureView, StaticDirectory, ViewId};
+use conclave_integrated::evs::{self as envelope, Envelope, NoticeReason, Writer};
 use rand_core::CryptoRngCore;
 use sha2::{Digest, Sha256};
 
@@ -84,6 +85,9 @@ pub const THREE_STEP_FINGERPRINT: &str = "none (three-step)";
 /// crossed up to this many view changes is dropped quietly (its sender sends
 /// it again) rather than reported as from another view.
 const EARLIER_VIEWS: usize = 64;
+/// Optimized EVS: the daemon's view keys a member keeps (see
+/// `GroupState::evs_keys`).
+const EVS_KEYS: usize = 3;
 /// Largest number of bytes so held per group, from all senders together.
 pub const MAX_HELD_BYTES: usize = 8 << 20;
 /// Largest number of bytes so held per group from one sender, so that one
@@ -390,6 +394,16 @@ struct GroupState {
     /// Interval rekeying: the waiting members last reported
     /// ([`SecureEvent::Waiting`]).
     waiting_reported: Vec<MemberId>,
+    /// Optimized EVS: the keys the daemon gave for the latest views (at
+    /// most [`EVS_KEYS`], latest last): data of a view whose key was not
+    /// confirmed before the next view came is still read under it.
+    evs_keys: VecDeque<(ViewId, ViewKey)>,
+    /// Optimized EVS: this member's count of messages sealed under the key
+    /// of a view (never reset within a view: a rekey of the same view keeps
+    /// its key, and a count must not repeat under one key).
+    evs_seq: Option<(ViewId, u64)>,
+    /// Optimized EVS: what each sender's messages have been so far (replays).
+    evs_seen: HashMap<MemberId, crate::evs::Seen>,
     #[cfg(feature = "test-hooks")]
     captured: Vec<(MemberId, Bytes)>,
     /// Test hook: an insider's tampering with its own key agreement messages.
@@ -551,7 +565,7 @@ impl SessionCore {
         };
         let engine = match (policy.mode, policy.interval) {
             // A three-step group has no key: its engine is never driven.
-            (GroupMode::Keyed | GroupMode::ThreeStep, _) => {
+            (GroupMode::Keyed | GroupMode::ThreeStep | GroupMode::OptimizedEvs, _) => {
                 Box::new(KeyedEngine::new(config.me, config.group, config.directory))
             }
             (GroupMode::Members, None) => conclave_gka::new_engine(config),
@@ -587,6 +601,9 @@ impl SessionCore {
                 next_tick: None,
                 tick_due: false,
                 waiting_reported: Vec::new(),
+                evs_keys: VecDeque::new(),
+                evs_seq: None,
+                evs_seen: HashMap::new(),
                 #[cfg(feature = "test-hooks")]
                 captured: Vec::new(),
                 #[cfg(feature = "test-hooks")]
@@ -604,7 +621,11 @@ impl SessionCore {
         let name = GroupName::new(group)?;
         // tag + header (at most 1 + 128 + 20 + 16 + 1 + 255 + 8) + signature
         // (length and at most an RSA-2048 signature) + AEAD tag.
-        let overhead = 1 + 429 + 2 + 256 + TAG_LEN;
+        let layered = 1 + 429 + 2 + 256 + TAG_LEN;
+        // Optimized EVS: envelope header and AEAD tag, then the sender,
+        // origin, count and signature inside.
+        let evs = envelope::MAX_HEADER + envelope::AEAD_TAG_LEN + 1 + 255 + 16 + 8 + 2 + 256;
+        let overhead = layered.max(evs);
         if data.len() + overhead > self.max_payload {
             return Err(SessionError::TooLarge { len: data.len(), max: self.max_payload.saturating_sub(overhead) });
         }
@@ -810,6 +831,12 @@ impl SessionCore {
                     if let Err(e) = gs.engine.daemon_key(view, key.expose_secret()) {
                         tracing::warn!(%group, error = %e, "a key from the daemon for a group it does not key");
                     }
+                    if gs.policy.mode == GroupMode::OptimizedEvs {
+                        if gs.evs_keys.len() == EVS_KEYS {
+                            gs.evs_keys.pop_front();
+                        }
+                        gs.evs_keys.push_back((view, key));
+                    }
                 }
                 Ok(())
             }
@@ -853,6 +880,7 @@ impl SessionCore {
         if self.certified.is_some() || !self.groups.get(&group).is_some_and(plain) {
             return self.on_view(group, view);
         }
+        self.release_evs_early(&group);
         let gs = self.groups.get_mut(&group).expect("checked above");
         gs.phase = Phase::Agreeing;
         gs.early.clear();
@@ -888,6 +916,11 @@ impl SessionCore {
         if gs.engine.interval() {
             return self.on_interval_view(group, view);
         }
+        if gs.policy.mode == GroupMode::OptimizedEvs {
+            gs.evs_seen.retain(|m, _| view.contains(m));
+            self.release_evs_early(&group);
+        }
+        let Some(gs) = self.groups.get_mut(&group) else { return Ok(()) };
         // A new view ends the epoch: its keys are erased now (messages
         // delivered from here on are of the new view), and sends wait.
         gs.phase = Phase::Agreeing;
@@ -1504,7 +1537,11 @@ impl SessionCore {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let early = gs.early.take();
         for (sender, view, payload) in early {
-            self.on_data(group, sender, view, payload)?;
+            if payload.first() == Some(&crate::payload::tag::EVS) {
+                self.on_evs(group, sender, view, payload)?;
+            } else {
+                self.on_data(group, sender, view, payload)?;
+            }
         }
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let sends = flush(&self.me, self.signer.as_ref(), group, gs);
@@ -1534,20 +1571,28 @@ impl SessionCore {
                 return Ok(());
             }
         };
-        // A three-step group carries data in clear and nothing else; no
-        // other group takes data in clear.
-        match (gs.policy.mode == GroupMode::ThreeStep, frame) {
-            (true, Frame::Plain(data)) if !unicast => {
+        // A three-step group carries data in clear and nothing else; an
+        // Optimized EVS group's data comes in envelopes. No other group
+        // takes either.
+        let three_step = gs.policy.mode == GroupMode::ThreeStep;
+        let evs = gs.policy.mode == GroupMode::OptimizedEvs;
+        let wrong_mode = match frame {
+            Frame::Plain(data) if three_step && !unicast => {
                 let data = data.to_vec();
                 self.events.push_back(SecureEvent::Message { group, sender, epoch: Epoch::new(view, 0), data });
                 return Ok(());
             }
-            (true, _) | (false, Frame::Plain(_)) => {
-                tracing::debug!(%group, %sender, "a message of another mode than the group's");
-                self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::WrongMode });
-                return Ok(());
-            }
-            (false, _) => {}
+            Frame::Evs(_) if evs && !unicast => return self.on_evs(&group, sender, view, payload),
+            Frame::Evs(_) if evs => false, // on the wrong channel: below
+            _ if three_step => true,
+            Frame::Plain(_) | Frame::Evs(_) => true,
+            Frame::Data(_) => evs,
+            _ => false,
+        };
+        if wrong_mode {
+            tracing::debug!(%group, %sender, "a message of another mode than the group's");
+            self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::WrongMode });
+            return Ok(());
         }
         match frame {
             Frame::KeyAgreement { policy, body } => {
@@ -1610,8 +1655,8 @@ impl SessionCore {
                 gs.captured.push((sender.clone(), payload.slice(1..)));
                 self.on_data(&group, sender, view, payload)
             }
-            // On the wrong channel (or a three-step group's, taken above).
-            Frame::Policy { .. } | Frame::Data(_) | Frame::Confirm { .. } | Frame::Plain(_) => {
+            // On the wrong channel (or a three-step or EVS group's, taken above).
+            Frame::Policy { .. } | Frame::Data(_) | Frame::Confirm { .. } | Frame::Plain(_) | Frame::Evs(_) => {
                 self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::Malformed });
                 Ok(())
             }
@@ -1693,6 +1738,125 @@ impl SessionCore {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let sends = flush(&self.me, self.signer.as_ref(), group, gs);
         self.push_all(sends)
+    }
+
+    /// An Optimized EVS group's data message (an envelope): opened, checked
+    /// and delivered, or held until this view's key is confirmed.
+    fn on_evs(
+        &mut self,
+        group: &GroupName,
+        sender: MemberId,
+        view: ViewId,
+        payload: Bytes,
+    ) -> Result<(), SessionError> {
+        #[cfg(feature = "test-hooks")]
+        if let Some(gs) = self.groups.get_mut(group) {
+            gs.captured.push((sender.clone(), payload.clone()));
+        }
+        match self.open_evs(group, &sender, view, payload, false) {
+            Ok(Some(ev)) => self.events.push_back(ev),
+            Ok(None) => {}
+            Err(reason) => self.events.push_back(SecureEvent::Rejected { group: group.clone(), sender, reason }),
+        }
+        Ok(())
+    }
+
+    /// A view of an Optimized EVS group ends before its key was confirmed
+    /// here: the data held for it was delivered in it, by the daemons'
+    /// promise sealed under its key, and no one will send it again, so it
+    /// is read now under that key (each message's AEAD and its sender's
+    /// signature prove it; the confirmation only held it back).
+    fn release_evs_early(&mut self, group: &GroupName) {
+        let Some(gs) = self.groups.get_mut(group) else { return };
+        if gs.policy.mode != GroupMode::OptimizedEvs || gs.phase.keys().is_some() {
+            return;
+        }
+        for (sender, view, payload) in gs.early.take() {
+            match self.open_evs(group, &sender, view, payload, true) {
+                Ok(Some(ev)) => self.events.push_back(ev),
+                Ok(None) => {}
+                Err(reason) => self.events.push_back(SecureEvent::Rejected { group: group.clone(), sender, reason }),
+            }
+        }
+    }
+
+    /// The checks on an Optimized EVS data message delivered in daemon view
+    /// `delivered_in`, in order: a well-formed envelope; a daemon's notice
+    /// (reported); sealed under the key of the view it is delivered in
+    /// (the daemons re-encrypt anything else); that key confirmed here
+    /// (else held, unless `unconfirmed_ok`); AEAD; the sender inside is
+    /// the one the daemon names, and a member's own envelope says what its
+    /// inside says; membership; the sender's signature; replay.
+    fn open_evs(
+        &mut self,
+        group: &GroupName,
+        sender: &MemberId,
+        delivered_in: ViewId,
+        payload: Bytes,
+        unconfirmed_ok: bool,
+    ) -> Result<Option<SecureEvent>, RejectReason> {
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(None) };
+        let env = Envelope::decode(&payload).map_err(|_| RejectReason::Malformed)?;
+        let (key_view, writer, seq) = match &env {
+            Envelope::Notice { delivered_in: d, .. } if *d != delivered_in => return Err(RejectReason::OtherView(*d)),
+            Envelope::Notice { reason: NoticeReason::KeyGone, key_view, .. } => {
+                return Err(RejectReason::KeyGone(*key_view))
+            }
+            Envelope::Notice { reason: NoticeReason::Unreadable, .. } => return Err(RejectReason::AuthFailed),
+            Envelope::Sealed { key_view, writer, seq, .. } => (*key_view, writer, *seq),
+        };
+        if key_view != delivered_in {
+            return Err(RejectReason::OtherView(key_view));
+        }
+        if matches!(gs.verdicts.get(sender), Some(Verdict::Refused(_))) {
+            return Ok(None); // a refused member's data is ignored
+        }
+        let confirmed = gs.phase.keys().is_some() && gs.view.as_ref().is_some_and(|v| v.id == delivered_in);
+        if !confirmed && !unconfirmed_ok {
+            if !gs.early.push(sender.clone(), delivered_in, payload) {
+                return Err(RejectReason::HeldBudget);
+            }
+            return Ok(None);
+        }
+        let Some((_, key)) = gs.evs_keys.iter().find(|(v, _)| *v == delivered_in) else {
+            return Err(RejectReason::UnknownEpoch(Epoch::new(delivered_in, 0)));
+        };
+        let opened = envelope::open(key, group, &env).map_err(|_| RejectReason::AuthFailed)?;
+        let inner = crate::evs::decode(&opened).ok_or(RejectReason::Malformed)?;
+        let own_envelope = match writer {
+            Writer::Member(w) => w == sender && inner.origin == key_view && inner.seq == seq,
+            Writer::Daemon(_) => true,
+        };
+        if inner.sender != *sender || !own_envelope {
+            return Err(RejectReason::UnknownSender);
+        }
+        let member = gs.view.as_ref().is_some_and(|v| v.id == delivered_in && v.contains(sender));
+        if !member {
+            return Err(RejectReason::UnknownSender);
+        }
+        if gs.policy.sender_signatures {
+            let key = if sender == &self.me {
+                Some(self.signer.verifier())
+            } else {
+                sender_key(&self.certified, self.directory.as_ref(), gs, sender)
+            };
+            let signed = crate::evs::signed(group, sender, inner.origin, inner.seq, inner.data);
+            match key {
+                Some(k) if k.verify(&signed, inner.signature).is_ok() => {}
+                Some(_) => return Err(RejectReason::BadSignature),
+                None => return Err(RejectReason::UnknownSender),
+            }
+        }
+        if !gs.evs_seen.entry(sender.clone()).or_default().accept(inner.origin, inner.seq) {
+            return Err(RejectReason::Replay(inner.seq));
+        }
+        let data = inner.data.to_vec();
+        Ok(Some(SecureEvent::Message {
+            group: group.clone(),
+            sender: sender.clone(),
+            epoch: Epoch::new(delivered_in, 0),
+            data,
+        }))
     }
 
     /// The checks on a data message delivered in daemon view `delivered_in`,
@@ -1900,6 +2064,9 @@ fn sender_key(
 /// Sends what waits, if the group has a key and no older message of ours is
 /// still on its way back (so resent messages keep their place in the order).
 fn flush(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut GroupState) -> Vec<Transmit> {
+    if gs.policy.mode == GroupMode::OptimizedEvs {
+        return flush_evs(me, signer, group, gs);
+    }
     let Some(keys) = gs.phase.keys() else { return Vec::new() };
     let Some(view) = gs.view.as_ref().map(|v| v.id) else { return Vec::new() };
     if gs.leaving || gs.in_flight.iter().any(|f| f.0 != keys.epoch()) {
@@ -1913,6 +2080,36 @@ fn flush(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut GroupSt
         gs.in_flight.push_back((keys.epoch(), gs.next_seq, pt, digest));
         gs.next_seq += 1;
         out.push(Transmit::Multicast(group.clone(), p.into()));
+    }
+    out
+}
+
+/// [`flush`] for an Optimized EVS group: each message sealed once, under the
+/// daemon's key of the current view, and never sent again — the daemons
+/// re-encrypt it if it is delivered in a later view.
+fn flush_evs(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut GroupState) -> Vec<Transmit> {
+    if gs.phase.keys().is_none() || gs.leaving {
+        return Vec::new();
+    }
+    let Some(view) = gs.view.as_ref().map(|v| v.id) else { return Vec::new() };
+    let Some((_, key)) = gs.evs_keys.iter().find(|(v, _)| *v == view) else { return Vec::new() };
+    let writer = Writer::Member(me.clone());
+    let mut out = Vec::new();
+    while let Some(pt) = gs.queue.pop_front() {
+        let seq = match &mut gs.evs_seq {
+            Some((v, next)) if *v == view => next,
+            slot => &mut slot.insert((view, 0)).1,
+        };
+        let n = *seq;
+        *seq += 1;
+        let signature = if gs.policy.sender_signatures {
+            signer.sign(&crate::evs::signed(group, me, view, n, &pt))
+        } else {
+            Vec::new()
+        };
+        let inner = crate::evs::encode(me, view, n, &signature, &pt);
+        let sealed = envelope::seal(key, group, view, &writer, n, &inner);
+        out.push(Transmit::Multicast(group.clone(), sealed.into()));
     }
     out
 }

@@ -145,6 +145,7 @@
 mod confirm;
 pub mod core;
 pub mod data;
+mod evs;
 pub mod payload;
 #[cfg(feature = "tokio")]
 mod session;
@@ -192,7 +193,12 @@ pub struct Policy {
     ///   members run no key agreement;
     /// * [`GroupMode::ThreeStep`] — Three-Step client–server: no group key
     ///   at all; each member reaches its daemon over TLS or the local
-    ///   socket, and the daemons seal everything between them.
+    ///   socket, and the daemons seal everything between them;
+    /// * [`GroupMode::OptimizedEvs`] — Optimized EVS: keyed by the daemons
+    ///   as Integrated VS, and a message sealed under an earlier view's key
+    ///   is re-encrypted by the daemons under the key of the view it is
+    ///   delivered in, so a view change costs no message sent twice (see
+    ///   `conclave_integrated::evs`).
     ///
     /// The integrated modes trust the daemons with the group's traffic: a
     /// daemon that is compromised reads every such group's messages, where
@@ -257,6 +263,12 @@ impl Policy {
         Self { mode: GroupMode::ThreeStep, ..Self::new(ProtocolId::Tgdh, GroupId::Ristretto255) }
     }
 
+    /// Optimized EVS: keyed by the daemons, messages that cross a view
+    /// change re-encrypted by them (see [`Policy::mode`]).
+    pub fn optimized_evs() -> Self {
+        Self { mode: GroupMode::OptimizedEvs, ..Self::new(ProtocolId::Tgdh, GroupId::Ristretto255) }
+    }
+
     /// The policy's two wire codes (see [`payload::tag::KA`]): the
     /// protocol's code (low four bits), the interval algorithm's code
     /// shifted left by four (0: rekeyed on every view; 7: keyed by the
@@ -268,6 +280,7 @@ impl Policy {
         let interval = match (self.mode, self.interval) {
             (GroupMode::Keyed, _) => payload::KEYED << 4,
             (GroupMode::ThreeStep, _) => payload::THREE_STEP << 4,
+            (GroupMode::OptimizedEvs, _) => payload::OPTIMIZED_EVS << 4,
             (GroupMode::Members, i) => i.map_or(0, |i| i.algorithm.code() << 4),
         };
         (self.protocol.code() | interval | unsigned, self.group_id.code())
@@ -279,6 +292,7 @@ impl std::fmt::Display for Policy {
         match self.interval {
             _ if self.mode == GroupMode::Keyed => f.write_str("integrated-vs")?,
             _ if self.mode == GroupMode::ThreeStep => f.write_str("three-step")?,
+            _ if self.mode == GroupMode::OptimizedEvs => f.write_str("optimized-evs")?,
             None => write!(f, "{}", self.protocol.name())?,
             Some(i) => {
                 write!(f, "tgdh-interval:{}:{}s", i.algorithm.name(), i.period.as_secs_f64())?;
@@ -303,8 +317,9 @@ impl std::fmt::Display for Policy {
     "unknown key agreement policy {0:?}: expected gdh, ckd, tgdh, str or bd (also layered:gdh and so on: the \
      members agree a key on every view), tgdh-interval:ALGORITHM:PERIOD / ALGORITHM:PERIOD with ALGORITHM \
      rebuild, batch or queue-batch and PERIOD like 15s, 500ms or 2m (SEAL's interval rekeying), optionally \
-     followed by :rekey-on-leave, integrated-vs (the daemons key the group) or three-step (no group key: \
-     TLS or the local socket to the daemon, sealed between the daemons)"
+     followed by :rekey-on-leave, integrated-vs (the daemons key the group), optimized-evs (the daemons key \
+     the group and re-encrypt messages that cross a view change) or three-step (no group key: TLS or the local \
+     socket to the daemon, sealed between the daemons)"
 )]
 pub struct PolicyParseError(String);
 
@@ -321,6 +336,9 @@ impl std::str::FromStr for Policy {
         }
         if s == "three-step" {
             return Ok(Policy::three_step());
+        }
+        if s == "optimized-evs" {
+            return Ok(Policy::optimized_evs());
         }
         if let Some(p) = ProtocolId::from_name(s.strip_prefix("layered:").unwrap_or(s)) {
             return Ok(Policy::new(p, GroupId::Ristretto255));
@@ -440,6 +458,13 @@ pub enum RejectReason {
     /// encrypted, or anything else in a three-step group.
     #[error("not a message of this group's mode")]
     WrongMode,
+    /// Optimized EVS: the daemon could not re-encrypt this message for the
+    /// view it was delivered in: the key of the view it was sealed in
+    /// (named) had expired there, or was never there (sealed on the other
+    /// side of a partition). It is lost; the daemon said so instead of
+    /// dropping it.
+    #[error("sealed under the key of view {0}, which the daemon no longer holds")]
+    KeyGone(ViewId),
 }
 
 /// What a [`Session`] delivers.

@@ -14,6 +14,7 @@
 //! | 6 | refusal | unicast | `view ‖ refusal` |
 //! | 7 | key confirmation | multicast | `epoch ‖ 32-byte MAC ‖ signature` |
 //! | 8 | three-step data | multicast | `data`, in clear to the daemon (three-step groups only) |
+//! | 9 | Optimized EVS data | multicast | an envelope (`conclave_integrated::evs`) sealing `u8 length ‖ sender ‖ view ‖ u64 seq ‖ u16 length ‖ signature ‖ data` |
 //!
 //! `view` is a view id in 16 bytes (daemon incarnation, counter: see
 //! [`ViewId`]); `epoch` is 20 ([`Epoch`]: the view id and the run).
@@ -87,6 +88,10 @@ pub mod tag {
     /// in clear between a member and its daemon (TLS or the local socket),
     /// sealed between the daemons. Refused in every other group.
     pub const PLAIN: u8 = 8;
+    /// An Optimized EVS group's data message (agreed multicast): an
+    /// envelope of `conclave_integrated::evs`, which starts with this tag
+    /// (the daemons re-encrypt it; see [`crate::evs`]).
+    pub const EVS: u8 = conclave_integrated::evs::TAG;
     // The last three carry the view they were made for: one sent just after
     // a view change can be delivered in the next view, where it is stale and
     // dropped (its sender sends a fresh one for the new view).
@@ -113,6 +118,9 @@ pub enum PayloadError {
     /// A data message whose header does not decode.
     #[error("malformed data message header")]
     DataHeader,
+    /// An Optimized EVS envelope that does not decode.
+    #[error("malformed Optimized EVS envelope")]
+    Envelope,
 }
 
 /// The three trust messages, which carry the view they were made for.
@@ -139,6 +147,9 @@ pub(crate) enum Frame<'a> {
     Confirm { epoch: Epoch, mac: &'a [u8; 32], signature: &'a [u8] },
     /// A three-step group's data, in clear.
     Plain(&'a [u8]),
+    /// An Optimized EVS group's data: the whole payload, tag included (the
+    /// envelope's own format).
+    Evs(&'a [u8]),
 }
 
 impl<'a> Frame<'a> {
@@ -153,6 +164,7 @@ impl<'a> Frame<'a> {
             },
             tag::DATA => Ok(Frame::Data(rest)),
             tag::PLAIN => Ok(Frame::Plain(rest)),
+            tag::EVS => Ok(Frame::Evs(bytes)),
             tag::POLICY => {
                 let (view, rest) = rest.split_first_chunk::<16>().ok_or(short.clone())?;
                 match rest {
@@ -192,6 +204,7 @@ impl Frame<'_> {
             Frame::KeyAgreement { policy: (p, g), body } => [&[tag::KA, p, g][..], body].concat(),
             Frame::Data(raw) => [&[tag::DATA][..], raw].concat(),
             Frame::Plain(data) => [&[tag::PLAIN][..], data].concat(),
+            Frame::Evs(envelope) => envelope.to_vec(),
             Frame::Policy { view, policy: (p, g), signature } => {
                 [&[tag::POLICY][..], &view.to_bytes(), &[p, g], signature].concat()
             }
@@ -222,6 +235,10 @@ pub const KEYED: u8 = 7;
 /// three-step ([`Policy::mode`]).
 pub const THREE_STEP: u8 = 6;
 
+/// The value of a policy's interval bits (4–6) that says the group is
+/// Optimized EVS ([`Policy::mode`]).
+pub const OPTIMIZED_EVS: u8 = 5;
+
 /// The policy named by a pair of codes, if both are known.
 /// An interval policy's period and `rekey_on_leave` are not on the wire
 /// (each leader's own): one decoded from codes has a zero period and no
@@ -232,10 +249,11 @@ pub(crate) fn decode_policy((p, g): (u8, u8)) -> Option<Policy> {
     policy.mode = match (p >> 4) & 0x07 {
         KEYED => GroupMode::Keyed,
         THREE_STEP => GroupMode::ThreeStep,
+        OPTIMIZED_EVS => GroupMode::OptimizedEvs,
         _ => GroupMode::Members,
     };
     policy.interval = match (p >> 4) & 0x07 {
-        0 | KEYED | THREE_STEP => None,
+        0 | KEYED | THREE_STEP | OPTIMIZED_EVS => None,
         a => Some(crate::Interval {
             algorithm: conclave_gka::IntervalAlgorithm::from_code(a)?,
             period: std::time::Duration::ZERO,
@@ -338,6 +356,14 @@ pub enum ParsedPayload {
         /// Its length.
         len: usize,
     },
+    /// An Optimized EVS group's data ([`tag::EVS`]), not opened.
+    Evs {
+        /// The view whose key sealed it, or (a daemon's notice) the view
+        /// whose key the daemon no longer held.
+        key_view: ViewId,
+        /// Whether it is a daemon's notice in place of a message.
+        notice: bool,
+    },
     /// A certificate message ([`tag::CERT`]).
     Cert {
         /// The view it was made for.
@@ -397,6 +423,15 @@ pub fn parse_payload(bytes: &[u8]) -> Result<ParsedPayload, PayloadError> {
         Frame::Policy { view, policy, .. } => ParsedPayload::Policy { view, policy: decode_policy(policy) },
         Frame::Confirm { epoch, .. } => ParsedPayload::Confirm { epoch },
         Frame::Plain(data) => ParsedPayload::Plain { len: data.len() },
+        Frame::Evs(bytes) => match conclave_integrated::evs::Envelope::decode(bytes) {
+            Ok(conclave_integrated::evs::Envelope::Sealed { key_view, .. }) => {
+                ParsedPayload::Evs { key_view, notice: false }
+            }
+            Ok(conclave_integrated::evs::Envelope::Notice { key_view, .. }) => {
+                ParsedPayload::Evs { key_view, notice: true }
+            }
+            Err(_) => return Err(PayloadError::Envelope),
+        },
         Frame::Trust { kind: TrustKind::Cert, view, body } => {
             let certificate = split_cert(body).and_then(|(der, sig)| {
                 let der = CertificateDer::from(der);
@@ -424,7 +459,7 @@ mod tests {
     fn framing_lengths() {
         assert_eq!(Frame::parse(&[]).unwrap_err(), PayloadError::Empty);
         assert_eq!(Frame::parse(&[0]).unwrap_err(), PayloadError::UnknownTag(0));
-        assert_eq!(Frame::parse(&[9, 1]).unwrap_err(), PayloadError::UnknownTag(9));
+        assert_eq!(Frame::parse(&[10, 1]).unwrap_err(), PayloadError::UnknownTag(10));
         assert!(matches!(Frame::parse(&[tag::PLAIN, 1]), Ok(Frame::Plain([1]))));
         assert!(Frame::parse(&[tag::KA, 1]).is_err());
         assert!(matches!(Frame::parse(&[tag::KA, 1, 2]), Ok(Frame::KeyAgreement { policy: (1, 2), body: [] })));

@@ -242,6 +242,12 @@ fn made_for(payload: &[u8]) -> Option<ViewId> {
         Frame::Confirm { epoch, .. } => epoch.view,
         // Three-step data names no view: it is the daemons' to protect.
         Frame::Plain(_) => return None,
+        // The view whose key sealed it (the daemons re-encrypt it for a
+        // later view; injected past them, it is of this one).
+        Frame::Evs(bytes) => match conclave_integrated::evs::Envelope::decode(bytes).ok()? {
+            conclave_integrated::evs::Envelope::Sealed { key_view, .. } => key_view,
+            conclave_integrated::evs::Envelope::Notice { delivered_in, .. } => delivered_in,
+        },
     })
 }
 
