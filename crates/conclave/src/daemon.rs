@@ -44,6 +44,8 @@
 //! keepalive_secs = 60           # TCP keepalive: probe a quiet TCP/TLS peer after this long (0: off)
 //! key_lifetime_secs = 3600      # keyed groups: renew the daemons' key after this long (default: never)
 //! key_data_limit = 1073741824   # keyed groups: renew it after this many payload bytes (default: no limit)
+//! evs_key_out = 8               # optimized-evs groups: view keys kept per group to re-encrypt late messages
+//! evs_time_out_secs = 60        # optimized-evs groups: drop a view key no message came under for this long
 //!
 //! [tls]                         # no TLS unless `listen` is given
 //! listen = "0.0.0.0:4804"       # HOST or HOST:PORT (port 4804 by default)
@@ -88,7 +90,7 @@ use crate::logging::LogFormat;
 cpg_group, and the sections [listen] (unix = \"PATH\" or false, tcp = \"ADDR\"), [limits] (max_message_size, \
 groups_per_client, queue_depth, queue_bytes, hello_timeout_secs, frame_timeout_secs, handshake_timeout_secs, \
 max_handshakes, max_handshakes_per_ip, max_connections, max_connections_per_peer, keepalive_secs, key_lifetime_secs, \
-key_data_limit) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
+key_data_limit, evs_key_out, evs_time_out_secs) and [tls] (listen = \"ADDR\", cert, key, client_ca, \
 client_crl = [...], no_crl) and [unix_names] (UID = [\"NAME\", \"PATTERN-*\", ...]), [status] (operators = \
 [...]: who besides the daemon's own user and root may run `conclave status`) and [[access]] rules (groups = \
 \"PATTERN\", create = [...], join = [...], send = [...]); command-line options override it. Without either, the daemon listens on \
@@ -189,6 +191,15 @@ pub struct DaemonArgs {
     /// it (data-out). Every daemon of a cluster must have the same [default: no limit].
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
     key_data_limit: Option<u64>,
+    /// Optimized EVS groups (--policy optimized-evs): how many view keys of each group the daemon keeps to
+    /// re-encrypt a message that arrives after its view changed (key-out); a message under an older key is
+    /// reported to its receivers as lost [default: 8].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    evs_key_out: Option<u64>,
+    /// Optimized EVS groups: the daemon drops a view key that no message came under for this many seconds
+    /// (time-out) [default: 60].
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    evs_time_out: Option<u64>,
     /// TCP address to listen on for TLS clients: HOST or HOST:PORT, e.g. localhost, 0.0.0.0 or
     /// daemon.example.org:4804; the port defaults to 4804 and a host name is resolved (its first IPv4 address, else
     /// its first). Without --client-ca, anyone who reaches it may connect under any name: warned about off loopback
@@ -407,6 +418,8 @@ struct FileLimits {
     keepalive_secs: Option<u64>,
     key_lifetime_secs: Option<u64>,
     key_data_limit: Option<u64>,
+    evs_key_out: Option<u64>,
+    evs_time_out_secs: Option<u64>,
 }
 
 /// Where the daemon listens and clients connect by default:
@@ -503,6 +516,16 @@ fn build_config(args: &DaemonArgs) -> Result<(DaemonConfig, BackboneChoice, Opti
     match args.key_data_limit.or(limits.key_data_limit) {
         Some(0) => bail!("[limits] key_data_limit must be at least 1 (leave it out for no limit)"),
         b => config.key_data_limit = b,
+    }
+    match args.evs_key_out.or(limits.evs_key_out) {
+        Some(n) if !(1..=1024).contains(&n) => bail!("[limits] evs_key_out must be 1 to 1024 (got {n})"),
+        Some(n) => config.evs_key_out = n as usize,
+        None => {}
+    }
+    match args.evs_time_out.or(limits.evs_time_out_secs) {
+        Some(0) => bail!("[limits] evs_time_out_secs must be at least 1"),
+        Some(s) => config.evs_time_out = Duration::from_secs(s),
+        None => {}
     }
     config.tls = tls;
     check_limits(&config)?;

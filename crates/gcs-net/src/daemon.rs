@@ -152,6 +152,13 @@ pub struct DaemonConfig {
     /// of the daemons before it is renewed (data-out; default: none). Every
     /// daemon of a cluster must have the same: each counts the one stream.
     pub key_data_limit: Option<u64>,
+    /// Optimized EVS groups: the most view keys kept per group for
+    /// re-encrypting late messages (key-out; default
+    /// [`conclave_integrated::evs::DEFAULT_KEY_OUT`]).
+    pub evs_key_out: usize,
+    /// Optimized EVS groups: a view key no message came under for this long
+    /// is dropped (time-out; default one minute).
+    pub evs_time_out: Duration,
     /// Who may create, join and send to which groups (default `None`: every
     /// client may do everything). Refusals are [`wire::ACCESS_DENIED`].
     pub access: Option<AccessPolicy>,
@@ -232,6 +239,8 @@ impl Default for DaemonConfig {
             uncertified_names: UncertifiedNames::Any,
             key_lifetime: None,
             key_data_limit: None,
+            evs_key_out: conclave_integrated::evs::DEFAULT_KEY_OUT,
+            evs_time_out: Duration::from_micros(conclave_integrated::evs::DEFAULT_TIME_OUT),
             access: None,
             operators: Vec::new(),
         }
@@ -765,7 +774,8 @@ impl Daemon {
             if let Some(bytes) = config.key_data_limit {
                 keyed = keyed.with_data_limit(bytes);
             }
-            keyed
+            let evs_time_out = config.evs_time_out.as_micros().try_into().unwrap_or(u64::MAX);
+            keyed.with_evs_expiry(config.evs_key_out, evs_time_out)
         };
         let core: Box<dyn Machine> = match keying {
             Keying::Alone => {

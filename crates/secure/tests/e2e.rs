@@ -730,3 +730,51 @@ async fn data_in_clear_is_rejected_in_a_layered_group() {
     b.until_msg("after").await;
     assert!(!a.events().iter().any(|e| matches!(e, SecureEvent::Message { data, .. } if data == b"not encrypted")));
 }
+
+/// Optimized EVS on a real daemon: keyed by the daemon like Integrated VS;
+/// a burst sent while another member joins arrives at every member once and
+/// in order, whatever view each message is delivered in (the daemon
+/// re-encrypts those that cross the join), and a member asking for another
+/// mode is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_optimized_evs_group_delivers_a_burst_across_a_join_once_and_in_order() {
+    let w = world(&["alice", "bob", "carol", "dave"], 17).await;
+    let policy = Policy::optimized_evs();
+    let a = w.member("alice").await;
+    let b = w.member("bob").await;
+    let c = w.member("carol").await;
+    let d = w.member("dave").await;
+    a.join(policy);
+    a.until_view(&["alice"]).await;
+    b.join(policy);
+    b.until_view(&["alice", "bob"]).await;
+    a.until_view(&["alice", "bob"]).await;
+    let texts: Vec<String> = (0..100).map(|i| format!("burst {i}")).collect();
+    let burst = texts.clone();
+    a.run(move |s| {
+        for t in &burst {
+            s.send(GROUP, t.as_bytes()).unwrap();
+        }
+    });
+    c.join(policy);
+    c.until_view(&["alice", "bob", "carol"]).await;
+    b.until_msg("burst 99").await;
+    let read = |m: &Member| -> Vec<String> {
+        m.events()
+            .iter()
+            .filter_map(|e| match e {
+                SecureEvent::Message { data, .. } => Some(String::from_utf8(data.clone()).unwrap()),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(read(&b), texts, "every message once, in order");
+    assert!(!b.events().iter().any(|e| matches!(e, SecureEvent::Rejected { .. })), "{:?}", b.events());
+    d.join(Policy::integrated());
+    d.until("the daemon's refusal of another mode", |log| {
+        log.iter()
+            .any(|e| matches!(e, SecureEvent::DaemonError { code: conclave_gcs::core::ErrorCode::ModeMismatch, .. }))
+            .then_some(())
+    })
+    .await;
+}
