@@ -172,8 +172,9 @@ conclave_status_t conclave_init_protected(const char *endpoint,
 // `tgdh-interval:ALGORITHM:PERIOD` (also `ALGORITHM:PERIOD`) with ALGORITHM
 // `rebuild`, `batch` or `queue-batch` and PERIOD like `15s` or `500ms`,
 // optionally followed by `:rekey-on-leave`, `integrated-vs` (the
-// daemons key the group) or `three-step` (no group key: the daemons protect
-// the traffic; see conclave-secure). NULL is `tgdh`. A member that
+// daemons key the group), `optimized-evs` (the daemons key the group and
+// re-encrypt messages that cross a view change) or `three-step` (no group
+// key: the daemons protect the traffic; see conclave-secure). NULL is `tgdh`. A member that
 // asks for another policy than the group's gets
 // `CONCLAVE_EVENT_POLICY_MISMATCH` and is taken out.
 //
