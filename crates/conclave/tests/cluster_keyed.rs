@@ -3,7 +3,9 @@
 //! (`--daemon-cert`) agree a key among themselves, give every view of every
 //! keyed group its key, and re-key every keyed group when the daemon group
 //! partitions and merges; a daemon certified by another authority is kept
-//! out of the daemons' key.
+//! out of the daemons' key. Half the groups are Optimized EVS: after the
+//! merge, a message sealed under a key of one side's partition view is
+//! re-encrypted by that side's daemons and reported lost on the other.
 //!
 //! Needs root, `ip` and corosync; run by `.ci/run`'s cluster step:
 //! `cargo nextest run -p conclave --features cluster --run-ignored ignored-only -E 'binary(cluster_keyed)'`.
@@ -14,12 +16,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use conclave_gcs::{Cause, MemberId, View, ViewId};
+use bytes::Bytes;
+use conclave_gcs::core::{GroupMode, Service, ViewKey};
+use conclave_gcs::{Cause, GroupName, MemberId, View, ViewId};
 use conclave_gcs_net::{Client, ClientSender, Event};
+use conclave_integrated::evs::{self, Envelope, NoticeReason, Writer};
 use conclave_secure::trust::Issuer;
 use conclave_testkit::netns::NetnsCluster;
 
-/// Keyed groups every client joins.
+/// Keyed groups every client joins: the first half Integrated VS, the
+/// second Optimized EVS.
 const GROUPS: usize = 20;
 /// Every wait of the test is bounded by this.
 const WAIT: Duration = Duration::from_secs(30);
@@ -30,6 +36,8 @@ struct Log {
     views: BTreeMap<String, Vec<View>>,
     /// Per (group, view), the key that came with it.
     keys: BTreeMap<(String, ViewId), [u8; 32]>,
+    /// Per group, the messages (the view each came in, its payload).
+    messages: BTreeMap<String, Vec<(ViewId, Bytes)>>,
     errors: Vec<String>,
 }
 
@@ -53,6 +61,9 @@ impl Member {
                     Event::GroupKey { group, view, key } => {
                         log.keys.insert((group.as_str().to_owned(), view), *key.expose_secret());
                     }
+                    Event::Message { group, view, payload, .. } => {
+                        log.messages.entry(group.as_str().to_owned()).or_default().push((view, payload))
+                    }
                     Event::Error { code, text } => log.errors.push(format!("{code:?}: {text}")),
                     _ => {}
                 }
@@ -72,6 +83,28 @@ impl Member {
 
 fn groups() -> Vec<String> {
     (0..GROUPS).map(|i| format!("k{i}")).collect()
+}
+
+/// The mode of group `g` of [`groups`].
+fn mode(g: &str) -> GroupMode {
+    let i: usize = g[1..].parse().unwrap();
+    if i < GROUPS / 2 {
+        GroupMode::Keyed
+    } else {
+        GroupMode::OptimizedEvs
+    }
+}
+
+/// Waits until `m` got a message in `group`; returns the last one.
+async fn until_message(m: &Member, group: &str) -> (ViewId, Bytes) {
+    let start = Instant::now();
+    loop {
+        if let Some(last) = m.log.lock().unwrap().messages.get(group).and_then(|v| v.last().cloned()) {
+            return last;
+        }
+        assert!(start.elapsed() < WAIT, "{}: no message in {group}", m.name);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Waits until every member's last view of every group has `n` members and
@@ -180,7 +213,7 @@ async fn join_all(cluster: &NetnsCluster) -> Vec<Member> {
     }
     for m in &members {
         for g in groups() {
-            m.tx.join_keyed(&g).await.expect("join");
+            m.tx.join_mode(&g, mode(&g)).await.expect("join");
         }
     }
     members
@@ -223,10 +256,37 @@ async fn certified_daemons_key_every_group_and_rekey_them_on_a_partition_and_a_m
         assert!(m.windows(2).all(|w| w[0] == w[1]), "members of {g}'s merged view got different keys");
         assert!(m[0] != big[&g].1[0] && m[0] != small[&g].1[0], "{g}'s merged key is an old one");
     }
+    eprintln!("merged after {:?}", begin.elapsed());
+
+    // Optimized EVS: n1 sends, after the merge, a message sealed under its
+    // side's partition key. Nodes 1 and 2 held that view's key: they
+    // re-encrypt it under the merged view's; node 3 never had it: a notice.
+    let g = format!("k{}", GROUPS - 1);
+    let (big_view, big_keys) = &big[&g];
+    let old_key = ViewKey::new(big_keys[0].unwrap());
+    let group = GroupName::new(g.as_str()).unwrap();
+    let sealed = evs::seal(&old_key, &group, *big_view, &Writer::Member(MemberId::new("n1").unwrap()), 0, b"late");
+    members[0].tx.multicast(&g, Service::Agreed, Bytes::from(sealed)).await.unwrap();
+    let (merged_view, merged_keys) = &merged[&g];
+    for (i, m) in members.iter().enumerate() {
+        let (view, payload) = until_message(m, &g).await;
+        assert_eq!(view, *merged_view, "{}: delivered in the merged view", m.name);
+        let env = Envelope::decode(&payload).unwrap();
+        if i < 2 {
+            let key = ViewKey::new(merged_keys[i].unwrap());
+            assert!(
+                matches!(&env, Envelope::Sealed { key_view, writer: Writer::Daemon(_), .. } if key_view == merged_view)
+            );
+            assert_eq!(evs::open(&key, &group, &env).unwrap().as_slice(), b"late", "{}", m.name);
+        } else {
+            let notice =
+                Envelope::Notice { delivered_in: *merged_view, reason: NoticeReason::KeyGone, key_view: *big_view };
+            assert_eq!(env, notice, "{}", m.name);
+        }
+    }
     for m in &members {
         assert!(m.log.lock().unwrap().errors.is_empty(), "{}: {:?}", m.name, m.log.lock().unwrap().errors);
     }
-    eprintln!("merged after {:?}", begin.elapsed());
     drop(cluster);
 }
 
