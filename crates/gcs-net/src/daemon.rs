@@ -1271,6 +1271,101 @@ fn check_join(op: Op, core: &Core, access: &AccessPolicy, conns: &Conns) -> Op {
     }
 }
 
+/// A join that comes within this long of the one before it is part of a
+/// burst (n clients starting a group at once), and waits to be installed
+/// with the others of the burst.
+const JOIN_BURST: Duration = Duration::from_millis(5);
+/// A burst's joins are installed once no join came for this long ...
+const JOIN_QUIET: Duration = Duration::from_millis(5);
+/// ... or this long after the first of them, whichever is sooner: the most
+/// a join waits.
+const JOIN_HOLD: Duration = Duration::from_millis(100);
+
+/// Joins a standalone daemon holds during a burst, to install one view per
+/// group for all of them (`Core::handle_joins`) instead of a view per join:
+/// n members starting a group at once otherwise cost n views of up to n
+/// members each, to every member (at 512 members, about 1 GB written and
+/// as much decoded). A join that comes alone is installed at once. The
+/// standalone daemon orders its clients' operations itself, so it may order
+/// a held join after other clients' operations that came later; a client's
+/// own operations stay in its order (any operation of a client whose join
+/// is held installs the held joins first).
+#[derive(Default)]
+struct HeldJoins {
+    ops: Vec<Op>,
+    conns: HashSet<ConnId>,
+    first: Option<tokio::time::Instant>,
+    last: Option<tokio::time::Instant>,
+    /// When the join before the current one came.
+    previous: Option<tokio::time::Instant>,
+}
+
+impl HeldJoins {
+    fn push(&mut self, op: Op, at: tokio::time::Instant) {
+        if let Some(c) = op.conn() {
+            self.conns.insert(c);
+        }
+        self.ops.push(op);
+        self.first.get_or_insert(at);
+        self.previous = self.last.replace(at);
+    }
+
+    /// Whether the join just pushed came in a burst.
+    fn in_burst(&self) -> bool {
+        match (self.previous, self.last) {
+            (Some(p), Some(l)) => l.saturating_duration_since(p) <= JOIN_BURST,
+            _ => false,
+        }
+    }
+
+    fn holds(&self, conn: ConnId) -> bool {
+        self.conns.contains(&conn)
+    }
+
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        if self.ops.is_empty() {
+            return None;
+        }
+        Some((self.first? + JOIN_HOLD).min(self.last? + JOIN_QUIET))
+    }
+
+    /// Installs the held joins, each checked against the access rules as
+    /// the groups stand when it is ordered.
+    fn flush(&mut self, core: &mut dyn Machine, rules: &Rules, conns: &Conns, now: u64, out: &mut Vec<Output>) {
+        self.conns.clear();
+        self.first = None;
+        let mut joins: Vec<Op> = Vec::with_capacity(self.ops.len());
+        for op in self.ops.drain(..) {
+            let Some(access) = &rules.access else {
+                joins.push(op);
+                continue;
+            };
+            // A join to a group that one of the joins before it creates is
+            // judged as a join, so those go first.
+            let creates = match &op {
+                Op::Join { group, .. } => {
+                    core.core().view(group).is_none()
+                        && joins.iter().any(|j| matches!(j, Op::Join { group: g, .. } if g == group))
+                }
+                _ => false,
+            };
+            if creates {
+                core.handle_joins(std::mem::take(&mut joins), now, out);
+            }
+            let op = check_join(op, core.core(), access, conns);
+            if matches!(op, Op::Join { .. }) {
+                joins.push(op);
+            } else {
+                core.handle_joins(std::mem::take(&mut joins), now, out);
+                core.handle(op, now, out);
+            }
+        }
+        if !joins.is_empty() {
+            core.handle_joins(joins, now, out);
+        }
+    }
+}
+
 /// Runs the core over the ordered stream until the daemon stops or the
 /// backbone fails.
 async fn sequence(
@@ -1294,12 +1389,15 @@ async fn sequence(
     let mut out = Vec::new();
     let mut gone = Vec::new();
     let mut batch = Vec::with_capacity(BATCH);
+    let mut held = HeldJoins::default();
     // The machine's clock: microseconds since the sequencer started.
     let origin = tokio::time::Instant::now();
     let micros = |at: tokio::time::Instant| at.saturating_duration_since(origin).as_micros() as u64;
     loop {
         let timer = core.poll_timeout().map(|t| origin + Duration::from_micros(t));
         let mut timed_out = false;
+        let mut hold_expired = false;
+        let hold = held.deadline();
         tokio::select! {
             biased;
             _ = &mut stopped => break,
@@ -1317,6 +1415,7 @@ async fn sequence(
                 Err(_) => may_fail = false,
             },
             () = tokio::time::sleep_until(timer.unwrap_or(origin)), if timer.is_some() => timed_out = true,
+            () = tokio::time::sleep_until(hold.unwrap_or(origin)), if hold.is_some() => hold_expired = true,
             permit = submit.reserve(), if !outbox.is_empty() => {
                 match permit {
                     Ok(permit) => permit.send(outbox.pop_front().expect("not empty")),
@@ -1337,18 +1436,25 @@ async fn sequence(
             core.handle_timeout(now, &mut out);
         }
         let me = core.core().me();
+        let arrived = tokio::time::Instant::now();
+        if hold_expired {
+            held.flush(&mut *core, &rules, &conns, now, &mut out);
+        }
         for op in batch.drain(..) {
             if let Op::Disconnect { conn } = op {
                 gone.push(conn);
             }
-            // Standalone, the stream is ordered here: whether a join creates
-            // its group is known exactly. (A cluster checks when it reads.)
-            let op = match &rules.access {
-                Some(access) if rules.standalone && matches!(&op, Op::Join { conn, .. } if conn.daemon == me) => {
-                    check_join(op, core.core(), access, &conns)
+            if rules.standalone && matches!(&op, Op::Join { conn, .. } if conn.daemon == me) {
+                held.push(op, arrived);
+                if !held.in_burst() {
+                    held.flush(&mut *core, &rules, &conns, now, &mut out);
                 }
-                _ => op,
-            };
+                continue;
+            }
+            // A client's operations keep their order: its held join first.
+            if op.conn().is_some_and(|c| held.holds(c)) {
+                held.flush(&mut *core, &rules, &conns, now, &mut out);
+            }
             core.handle(op, now, &mut out);
         }
         if let Some(groups) = &rules.groups {

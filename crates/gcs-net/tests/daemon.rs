@@ -220,7 +220,10 @@ async fn members_agree_on_order_and_views_under_concurrent_traffic_and_churn() {
         assert_eq!(other, &seen[0]);
     }
     let views = per_view(&seen[0]);
-    assert_eq!(views.len(), 1 + 2 * 2 * 5, "the full view, then a join and a leave per churn round");
+    // The full view, then a join and a leave per churner and round; the two
+    // churners' joins share a view when they come together (a standalone
+    // daemon installs a burst of joins at once), their leaves never do.
+    assert!((1 + 2 * 5 + 5..=1 + 2 * 2 * 5).contains(&views.len()), "{} views", views.len());
     // Every stayer's message once, in its sender's order.
     let mut by_sender: BTreeMap<MemberId, Vec<usize>> = BTreeMap::new();
     for (sender, payload) in views.values().flatten() {

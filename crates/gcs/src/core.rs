@@ -765,6 +765,23 @@ struct Group {
     seats: Vec<Seat>,
 }
 
+/// Joins admitted and not yet installed: per group, in order of first
+/// join, its options and its joiners.
+#[derive(Default)]
+struct Joins {
+    groups: Vec<(GroupName, Options, Vec<NewSeat>)>,
+}
+
+impl Joins {
+    fn options(&self, group: &GroupName) -> Option<Options> {
+        self.groups.iter().find(|(g, ..)| g == group).map(|(_, o, _)| *o)
+    }
+
+    fn has(&self, conn: ConnId) -> bool {
+        self.groups.iter().any(|(_, _, seats)| seats.iter().any(|s| s.conn == conn))
+    }
+}
+
 /// A member of the view being installed.
 #[derive(Clone)]
 struct NewSeat {
@@ -934,6 +951,13 @@ pub trait Machine: std::any::Any + Send {
     fn routes_submissions(&self) -> bool {
         false
     }
+    /// A run of plain joins that a standalone daemon ordered together (see
+    /// [`Core::handle_joins`]); the default handles each in turn.
+    fn handle_joins(&mut self, ops: Vec<Op>, now: u64, out: &mut Vec<Output>) {
+        for op in ops {
+            self.handle(op, now, out);
+        }
+    }
     /// The core inside.
     fn core(&self) -> &Core;
 }
@@ -941,6 +965,10 @@ pub trait Machine: std::any::Any + Send {
 impl Machine for Core {
     fn handle(&mut self, op: Op, _now: u64, out: &mut Vec<Output>) {
         Core::handle(self, op, out);
+    }
+
+    fn handle_joins(&mut self, ops: Vec<Op>, _now: u64, out: &mut Vec<Output>) {
+        Core::handle_joins(self, ops, out);
     }
 
     fn core(&self) -> &Core {
@@ -1257,6 +1285,14 @@ impl Core {
     }
 
     fn join(&mut self, conn: ConnId, group: GroupName, options: Options, out: &mut Vec<Output>) {
+        let mut joins = Joins::default();
+        self.admit(conn, group, options, &mut joins, out);
+        self.install_joins(joins, out);
+    }
+
+    /// Checks a join against the groups as they stand with the joins of
+    /// `joins` already admitted, and admits it there, or refuses it.
+    fn admit(&mut self, conn: ConnId, group: GroupName, options: Options, joins: &mut Joins, out: &mut Vec<Output>) {
         let Some(client) = self.client(conn, out) else { return };
         if client.groups.contains(&group) {
             let text = format!("{} is already a member of {group}", client.name);
@@ -1268,7 +1304,8 @@ impl Core {
             self.reply(conn, Delivery::error(ErrorCode::TooManyGroups, text), out);
             return;
         }
-        if !self.groups.contains_key(&group) {
+        let existing = self.groups.get(&group).map(|g| g.options).or_else(|| joins.options(&group));
+        if existing.is_none() {
             let refused = match options.mode {
                 GroupMode::Keyed | GroupMode::OptimizedEvs if !self.keys_groups => {
                     Some("this daemon does not key groups")
@@ -1284,8 +1321,8 @@ impl Core {
                 return;
             }
         }
-        if let Some(g) = self.groups.get(&group).filter(|g| g.options.mode != options.mode) {
-            let text = match g.options.mode {
+        if let Some(mode) = existing.map(|o| o.mode).filter(|&m| m != options.mode) {
+            let text = match mode {
                 GroupMode::Members => format!("{group} is not keyed by its daemons; its members agree their own keys"),
                 mode => format!("{group} is a {} group (integrated architecture); join it as such", mode.name()),
             };
@@ -1294,11 +1331,58 @@ impl Core {
         }
         let name = client.name.clone();
         let since = self.next_view;
-        let mut seats = self.seats_of(&group);
-        seats.push(NewSeat { conn, id: name, since, prev: None });
         self.clients.get_mut(&conn).expect("checked").groups.insert(group.clone());
-        let options = self.groups.get(&group).map_or(options, |g| g.options);
-        self.install(group, options, seats, Cause::Join, out);
+        let i = match joins.groups.iter().position(|(g, ..)| *g == group) {
+            Some(i) => i,
+            None => {
+                joins.groups.push((group.clone(), existing.unwrap_or(options), Vec::new()));
+                joins.groups.len() - 1
+            }
+        };
+        joins.groups[i].2.push(NewSeat { conn, id: name, since, prev: None });
+    }
+
+    /// Installs one view of each group of `joins`: its members and its joiners.
+    fn install_joins(&mut self, joins: Joins, out: &mut Vec<Output>) {
+        for (group, options, joiners) in joins.groups {
+            let mut seats = self.seats_of(&group);
+            seats.extend(joiners);
+            self.install(group, options, seats, Cause::Join, out);
+        }
+    }
+
+    /// A run of joins that arrived together at a standalone daemon, which
+    /// orders its clients' operations itself: handled as [`Core::handle`]
+    /// handles each in turn, except that each group gets one view with all
+    /// of its joiners, not one view per joiner. Nothing can be ordered
+    /// between them, so no member could have told those views apart by
+    /// what it was delivered in them; skipping them saves every member a
+    /// view (and, in the secure layer, a key agreement run) per joiner —
+    /// n views of up to n members each when n clients start a group at once.
+    /// Anything but a plain join, and any join while the daemon group is
+    /// changing, is handled on its own, in order; so is a client's second
+    /// join of the run (after the views of the joins before it).
+    pub fn handle_joins(&mut self, ops: Vec<Op>, out: &mut Vec<Output>) {
+        let mut joins = Joins::default();
+        for op in ops {
+            match op {
+                Op::Join { conn, group, open, mode }
+                    if self.exchange.is_none() && self.daemons.contains(&conn.daemon) =>
+                {
+                    // A client's second join waits for its first's view, so
+                    // that what it is told comes in the order it asked.
+                    if joins.has(conn) {
+                        self.install_joins(std::mem::take(&mut joins), out);
+                    }
+                    self.admit(conn, group, Options { open, mode }, &mut joins, out);
+                }
+                op => {
+                    self.install_joins(std::mem::take(&mut joins), out);
+                    self.handle(op, out);
+                }
+            }
+        }
+        self.install_joins(joins, out);
     }
 
     fn leave(&mut self, conn: ConnId, group: GroupName, out: &mut Vec<Output>) {

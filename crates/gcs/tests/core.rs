@@ -409,6 +409,66 @@ fn optimized_evs_groups_are_keyed_and_every_daemon_records_their_views() {
     }
 }
 
+/// Joins that a standalone daemon ordered together give each group one
+/// view with all of its joiners (in order, after its members), not one per
+/// joiner; every refusal is as if each had been handled alone, and the
+/// groups end as they would have.
+#[test]
+fn joins_ordered_together_give_each_group_one_view() {
+    let join = |c: ConnId, group: &str, mode: GroupMode| Op::Join { conn: c, group: g(group), open: false, mode };
+    let (mut c, before) = group_g(&["old"]);
+    for (i, n) in ["a", "b", "d", "e"].iter().enumerate() {
+        c.connect(conn(0, 10 + i as u64), n);
+    }
+    let (a, b, d, e) = (conn(0, 10), conn(0, 11), conn(0, 12), conn(0, 13));
+    let script = || {
+        vec![
+            join(a, "g", GroupMode::Members),
+            join(b, "h", GroupMode::Members),
+            join(e, "g", GroupMode::Members),
+            join(d, "h", GroupMode::ThreeStep), // another mode than h's creator's
+            join(a, "g", GroupMode::Members),   // a's second: after its view, refused
+        ]
+    };
+    let ops = script();
+    let mut out = Vec::new();
+    c.cores[0].handle_joins(ops, &mut out);
+    for o in out {
+        if let Output::Deliver { to, delivery } = o {
+            for t in to {
+                c.log.push((t, delivery.clone()));
+            }
+        }
+    }
+    let g_views = views(&c.take(conn(0, 0)));
+    assert_eq!(g_views.len(), 1, "one view of g for two joiners");
+    assert_eq!(names(&g_views[0]), ["old", "a", "e"]);
+    let prevs: Vec<_> = g_views[0].members.iter().map(|m| m.prev).collect();
+    assert_eq!(prevs, [Some(before), None, None]);
+    let got_a = c.take(a);
+    assert!(matches!(
+        got_a.as_slice(),
+        [Delivery::View { .. }, Delivery::Error { code: ErrorCode::AlreadyMember, .. }]
+    ));
+    assert_eq!(views(&got_a), g_views, "a sees g's one view, then its refusal");
+    assert_eq!(views(&c.take(b)).len(), 1, "b: one view of h");
+    assert_eq!(error_code(&c.take(d)), Some(ErrorCode::ModeMismatch));
+    assert_eq!(names(c.cores[0].view(&g("h")).unwrap()), ["b"]);
+
+    // The same joins one by one end with the same groups.
+    let (mut one_by_one, _) = group_g(&["old"]);
+    for (i, n) in ["a", "b", "d", "e"].iter().enumerate() {
+        one_by_one.connect(conn(0, 10 + i as u64), n);
+    }
+    for op in script() {
+        one_by_one.feed(op);
+    }
+    for group in ["g", "h"] {
+        let (x, y) = (c.cores[0].view(&g(group)).unwrap(), one_by_one.cores[0].view(&g(group)).unwrap());
+        assert_eq!(names(x), names(y), "{group}");
+    }
+}
+
 #[test]
 fn unicasts_reach_only_their_recipient() {
     let (mut c, v) = group_g(&["a", "b", "c"]);

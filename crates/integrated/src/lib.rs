@@ -709,6 +709,22 @@ impl Machine for KeyedDaemon {
         }
     }
 
+    fn handle_joins(&mut self, ops: Vec<Op>, now: u64, out: &mut Vec<Output>) {
+        // Only plain joins, and only with no change of the daemon group
+        // under way, go through the core together: anything else takes the
+        // way every operation takes.
+        if self.core.exchanging() || !ops.iter().all(|op| matches!(op, Op::Join { .. })) {
+            for op in ops {
+                self.handle(op, now, out);
+            }
+            return;
+        }
+        self.now = self.now.max(now);
+        let mut inner = Vec::new();
+        self.core.handle_joins(ops, &mut inner);
+        self.pass(inner, out);
+    }
+
     fn core(&self) -> &Core {
         &self.core
     }
