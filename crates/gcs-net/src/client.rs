@@ -291,7 +291,13 @@ impl ClientSender {
     /// Joins a closed group of mode `mode`, creating it if it does not exist
     /// (see [`GroupMode`]).
     pub async fn join_mode(&self, group: &str, mode: GroupMode) -> Result<(), ClientError> {
-        self.send(&Request::Join { group: GroupName::new(group)?, open: false, mode }).await
+        self.join_with(group, false, mode).await
+    }
+
+    /// Joins a group of mode `mode`, creating it, open (non-members may
+    /// send) or not, if it does not exist.
+    pub async fn join_with(&self, group: &str, open: bool, mode: GroupMode) -> Result<(), ClientError> {
+        self.send(&Request::Join { group: GroupName::new(group)?, open, mode }).await
     }
 
     /// Leaves a group.

@@ -85,6 +85,8 @@ pub const THREE_STEP_FINGERPRINT: &str = "none (three-step)";
 /// crossed up to this many view changes is dropped quietly (its sender sends
 /// it again) rather than reported as from another view.
 const EARLIER_VIEWS: usize = 64;
+/// Sends to open groups a member remembers, for reporting refusals.
+const MAX_OPEN_PENDING: usize = 64;
 /// Optimized EVS: the daemon's view keys a member keeps (see
 /// `GroupState::evs_keys`).
 const EVS_KEYS: usize = 3;
@@ -242,6 +244,8 @@ pub enum Transmit {
         group: GroupName,
         /// Who protects its traffic.
         mode: GroupMode,
+        /// Whether non-members may send to it, if this join creates it.
+        open: bool,
     },
     /// Leave the group.
     Leave(GroupName),
@@ -256,7 +260,7 @@ impl Transmit {
     /// (what a daemon in the same process, real or simulated, is handed).
     pub fn into_op(self, conn: ConnId) -> Op {
         match self {
-            Transmit::Join { group, mode } => Op::Join { conn, group, open: false, mode },
+            Transmit::Join { group, mode, open } => Op::Join { conn, group, open, mode },
             Transmit::Leave(group) => Op::Leave { conn, group },
             Transmit::Multicast(group, payload) => Op::Multicast { conn, group, service: Service::Agreed, payload },
             Transmit::Unicast(group, to, payload) => Op::Unicast { conn, group, to, payload },
@@ -473,6 +477,11 @@ pub struct SessionCore {
     /// while the delivery being handled is: a later view of it has already
     /// arrived (see [`SessionCore::handle_deliveries`]).
     muted: Option<GroupName>,
+    /// Sends to open groups ([`SessionCore::send_open`]) the daemon has not
+    /// refused yet, by group: its refusals are reported, not taken for key
+    /// agreement traffic racing a leave (the last [`MAX_OPEN_PENDING`]
+    /// sends kept).
+    open_sends: VecDeque<GroupName>,
 }
 
 impl std::fmt::Debug for SessionCore {
@@ -499,6 +508,7 @@ impl SessionCore {
             certified: None,
             transmits: VecDeque::new(),
             muted: None,
+            open_sends: VecDeque::new(),
             rng,
             now,
             groups: BTreeMap::new(),
@@ -548,6 +558,9 @@ impl SessionCore {
             Some(g) if g.leaving => return Err(SessionError::StillLeaving(name)),
             Some(_) => return Err(SessionError::AlreadyJoined(name)),
             None => {}
+        }
+        if policy.open && policy.mode != GroupMode::ThreeStep {
+            return Err(SessionError::Unsupported("open groups are three-step only: a non-member holds no group key"));
         }
         // Certified, every run is started with its admitted members' keys
         // (`Engine::start`); the engine's own directory serves no run.
@@ -610,7 +623,7 @@ impl SessionCore {
                 tamper: None,
             },
         );
-        self.push(Transmit::Join { group: name, mode: policy.mode })
+        self.push(Transmit::Join { group: name, mode: policy.mode, open: policy.open })
     }
 
     /// Sends `data` to the group, encrypted under the current key. During a
@@ -639,6 +652,38 @@ impl SessionCore {
         gs.queue.push_back(data.to_vec());
         let sends = flush(&self.me, self.signer.as_ref(), &name, gs);
         self.push_all(sends)
+    }
+
+    /// Sends `data` to an open three-step group ([`Policy::open`]) that this
+    /// member is not in: in clear to its daemon, which refuses it
+    /// ([`SecureEvent::DaemonError`], `NotMember`) if the group is not open,
+    /// and the group's members refuse it if the group is not three-step. In
+    /// a group it is in, a member sends with [`SessionCore::send`].
+    pub fn send_open(&mut self, now: Instant, group: &str, data: &[u8]) -> Result<(), SessionError> {
+        self.now = now;
+        let name = GroupName::new(group)?;
+        if self.groups.contains_key(&name) {
+            return self.send(now, group, data);
+        }
+        if data.len() + 1 > self.max_payload {
+            return Err(SessionError::TooLarge { len: data.len(), max: self.max_payload.saturating_sub(1) });
+        }
+        let payload = Frame::Plain(data).encode();
+        // One entry per send: the daemon refuses each (a refusal names the
+        // group last), or delivers it (no answer; the entry ages out).
+        if self.open_sends.len() == MAX_OPEN_PENDING {
+            self.open_sends.pop_front();
+        }
+        self.open_sends.push_back(name.clone());
+        self.push(Transmit::Multicast(name, payload.into()))
+    }
+
+    /// Whether a refusal whose text is `text` answers a send to an open
+    /// group (the daemon's refusals name the group last); forgets it if so.
+    fn take_open_refusal(&mut self, text: &str) -> bool {
+        let Some(i) = self.open_sends.iter().position(|g| text.ends_with(&format!(" {g}"))) else { return false };
+        self.open_sends.remove(i);
+        true
     }
 
     /// Messages dropped in `group` because a bound on held messages was
@@ -807,6 +852,12 @@ impl SessionCore {
                 if self.groups.remove(&group).is_some() {
                     self.events.push_back(SecureEvent::Left { group });
                 }
+                Ok(())
+            }
+            Event::Error { code: code @ (ErrorCode::NotMember | ErrorCode::UnknownGroup), text }
+                if self.take_open_refusal(&text) =>
+            {
+                self.events.push_back(SecureEvent::DaemonError { code, text });
                 Ok(())
             }
             Event::Error {

@@ -204,6 +204,11 @@ pub struct Policy {
     /// daemon that is compromised reads every such group's messages, where
     /// it reads no layered group's.
     pub mode: GroupMode,
+    /// Whether clients that are not members may send to the group (an
+    /// *open* group, [`SessionCore::send_open`]); three-step groups only,
+    /// whose data goes in clear to each sender's daemon: anywhere else a
+    /// non-member would hold no key to send under. The creator's choice.
+    pub open: bool,
 }
 
 /// SEAL's interval rekeying: the joins and leaves of an interval are batched
@@ -243,7 +248,7 @@ impl Policy {
     /// `protocol` over `group_id`, data messages signed by their senders,
     /// rekeyed on every view.
     pub fn new(protocol: ProtocolId, group_id: GroupId) -> Self {
-        Self { protocol, group_id, sender_signatures: true, interval: None, mode: GroupMode::Members }
+        Self { protocol, group_id, sender_signatures: true, interval: None, mode: GroupMode::Members, open: false }
     }
 
     /// TGDH over ristretto255 with SEAL's interval rekeying.
@@ -291,6 +296,7 @@ impl std::fmt::Display for Policy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.interval {
             _ if self.mode == GroupMode::Keyed => f.write_str("integrated-vs")?,
+            _ if self.mode == GroupMode::ThreeStep && self.open => f.write_str("three-step:open")?,
             _ if self.mode == GroupMode::ThreeStep => f.write_str("three-step")?,
             _ if self.mode == GroupMode::OptimizedEvs => f.write_str("optimized-evs")?,
             None => write!(f, "{}", self.protocol.name())?,
@@ -319,7 +325,7 @@ impl std::fmt::Display for Policy {
      rebuild, batch or queue-batch and PERIOD like 15s, 500ms or 2m (SEAL's interval rekeying), optionally \
      followed by :rekey-on-leave, integrated-vs (the daemons key the group), optimized-evs (the daemons key \
      the group and re-encrypt messages that cross a view change) or three-step (no group key: TLS or the local \
-     socket to the daemon, sealed between the daemons)"
+     socket to the daemon, sealed between the daemons; three-step:open lets non-members send)"
 )]
 pub struct PolicyParseError(String);
 
@@ -336,6 +342,9 @@ impl std::str::FromStr for Policy {
         }
         if s == "three-step" {
             return Ok(Policy::three_step());
+        }
+        if s == "three-step:open" {
+            return Ok(Policy { open: true, ..Policy::three_step() });
         }
         if s == "optimized-evs" {
             return Ok(Policy::optimized_evs());

@@ -51,7 +51,7 @@ impl std::fmt::Debug for Session {
 async fn writer(tx: ClientSender, mut rx: mpsc::UnboundedReceiver<Transmit>) {
     while let Some(t) = rx.recv().await {
         let res = match t {
-            Transmit::Join { group, mode } => tx.join_mode(group.as_str(), mode).await,
+            Transmit::Join { group, mode, open } => tx.join_with(group.as_str(), open, mode).await,
             Transmit::Leave(g) => tx.leave(g.as_str()).await,
             Transmit::Multicast(g, b) => tx.multicast(g.as_str(), Service::Agreed, b).await,
             Transmit::Unicast(g, to, b) => tx.unicast(g.as_str(), to.as_str(), b).await,
@@ -123,6 +123,14 @@ impl Session {
     /// Sends `data` to the group (see [`SessionCore::send`]).
     pub fn send(&mut self, group: &str, data: &[u8]) -> Result<(), SessionError> {
         let res = self.core.send(Instant::now(), group, data);
+        self.flush()?;
+        res
+    }
+
+    /// Sends `data` to an open three-step group this member is not in (see
+    /// [`SessionCore::send_open`]).
+    pub fn send_open(&mut self, group: &str, data: &[u8]) -> Result<(), SessionError> {
+        let res = self.core.send_open(Instant::now(), group, data);
         self.flush()?;
         res
     }

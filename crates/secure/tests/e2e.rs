@@ -778,3 +778,47 @@ async fn an_optimized_evs_group_delivers_a_burst_across_a_join_once_and_in_order
     })
     .await;
 }
+
+/// An open three-step group (`three-step:open`): a client that is not a
+/// member sends to it in clear to its daemon, and the members get it from
+/// that client; to a closed three-step group the daemon refuses the same.
+/// No other mode can be open: a non-member would have no key to send under.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_members_send_to_an_open_three_step_group_and_not_to_a_closed_one() {
+    let w = world(&["alice", "bob", "carol"], 18).await;
+    let a = w.member("alice").await;
+    let b = w.member("bob").await;
+    let c = w.member("carol").await;
+    let open: Policy = "three-step:open".parse().unwrap();
+    assert_eq!(open.to_string(), "three-step:open");
+    a.join(open);
+    a.until_view(&["alice"]).await;
+    b.join(open);
+    b.until_view(&["alice", "bob"]).await;
+    c.run(|s| s.send_open(GROUP, b"from outside").unwrap());
+    for m in [&a, &b] {
+        m.until("carol's message", |log| {
+            log.iter()
+                .any(|e| {
+                    matches!(e, SecureEvent::Message { sender, data, .. }
+                        if sender.as_str() == "carol" && data == b"from outside")
+                })
+                .then_some(())
+        })
+        .await;
+    }
+    // A closed three-step group: the daemon says no.
+    let closed = "closed-room";
+    a.run(move |s| s.join(closed, Policy::three_step()).unwrap());
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    c.run(move |s| s.send_open(closed, b"knock").unwrap());
+    c.until("the daemon's refusal", |log| {
+        log.iter()
+            .any(|e| matches!(e, SecureEvent::DaemonError { code: conclave_gcs::core::ErrorCode::NotMember, .. }))
+            .then_some(())
+    })
+    .await;
+    // Open is for three-step groups only.
+    let refused = c.ask(|s| s.join("other", Policy { open: true, ..Policy::optimized_evs() })).await;
+    assert!(matches!(refused, Err(conclave_secure::SessionError::Unsupported(_))), "{refused:?}");
+}

@@ -67,7 +67,8 @@ pub struct ChatArgs {
     /// reads nothing until the next rekey and a leaver's last key stays in use until then (append
     /// :rekey-on-leave to rekey at once when a member leaves). The integrated architecture: integrated-vs (the
     /// daemons key every view), optimized-evs (also re-encrypting messages that cross a view change) or
-    /// three-step (no group key: TLS or the local socket to the daemon, sealed between daemons).
+    /// three-step (no group key: TLS or the local socket to the daemon, sealed between daemons; three-step:open
+    /// also takes messages from non-members).
     #[arg(long, alias = "protocol", default_value = "tgdh", value_name = "POLICY")]
     policy: Policy,
     /// Unix socket of the daemon [default: $XDG_RUNTIME_DIR/conclave.sock].
