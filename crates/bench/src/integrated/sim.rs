@@ -277,10 +277,18 @@ impl World {
         Ok(())
     }
 
-    /// Runs until nothing is left to do.
+    /// Runs until nothing is left to do, the daemons' timers included (a
+    /// metered daemon releases what its CPU has done by its timer, which
+    /// `run_until(Micros::MAX)` alone does not wait for).
     fn settle(&mut self) -> Result<()> {
         let st = &mut self.st;
-        self.sim.run_until(Micros::MAX, &mut |now, conn, d| st.react(now, conn, d));
+        loop {
+            self.sim.run_until(Micros::MAX, &mut |now, conn, d| st.react(now, conn, d));
+            match self.sim.next_event_at() {
+                Some(at) => self.sim.run_until(at, &mut |now, conn, d| st.react(now, conn, d)),
+                None => break,
+            }
+        }
         if let Some(f) = self.st.failures.first() {
             bail!("{} failures in the simulation, the first: {f}", self.st.failures.len());
         }
