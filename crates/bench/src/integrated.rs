@@ -79,6 +79,10 @@ pub struct IntegratedArgs {
     /// (the 2002 testbed: 667 MHz Pentium III, 512-bit DH, RSA-1024).
     #[arg(long, value_enum, default_value = "measured")]
     costs: CostsFrom,
+    /// Sim: the members' key confirmations (one signature per member per new key, in every mode) cost nothing,
+    /// as in the paper's Secure Spread, which confirmed no key.
+    #[arg(long)]
+    free_confirmations: bool,
     /// Sim: simulated daemons (the paper's testbed had 13); a partition splits them in half.
     #[arg(long, value_name = "N", default_value_t = 13)]
     daemons: u16,
@@ -163,6 +167,9 @@ pub struct Row {
     pub engine: &'static str,
     /// Sim: `measured` or `tissec2002`.
     pub costs: Option<&'static str>,
+    /// Sim: whether the members' key confirmation signatures were charged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirmations_charged: Option<bool>,
     /// Daemons.
     pub daemons: usize,
     /// Runs averaged.
@@ -173,6 +180,7 @@ pub struct Row {
 pub(crate) struct Settings {
     engine: Engine,
     costs: CostsFrom,
+    free_confirmations: bool,
     daemons: usize,
     sizes: Vec<usize>,
     events: Vec<TimedEvent>,
@@ -210,6 +218,7 @@ impl Settings {
             mb_per_s: None,
             engine: if sim { "sim" } else { "cluster" },
             costs: sim.then(|| self.costs.name()),
+            confirmations_charged: sim.then_some(!self.free_confirmations),
             daemons: self.daemons,
             runs: self.runs,
         }
@@ -269,6 +278,7 @@ fn check(args: &IntegratedArgs) -> Result<(Settings, [bool; 3])> {
     let settings = Settings {
         engine: args.engine,
         costs: args.costs,
+        free_confirmations: args.free_confirmations,
         daemons,
         sizes: args.sizes.clone(),
         events: args.events.clone(),
@@ -311,15 +321,17 @@ pub fn run(args: IntegratedArgs) -> Result<()> {
             writeln!(
                 notes,
                 "sim: {} simulated daemons, costs {} (per operation: exponentiation {:.1} µs, signature {:.1} µs, \
-                 verification {:.1} µs, HMAC {:.2} µs)",
+                 verification {:.1} µs, HMAC {:.2} µs); key confirmation signatures {}",
                 s.daemons,
                 s.costs.name(),
                 costs.exp_us,
                 costs.sign_us,
                 costs.verify_us,
-                costs.hmac_us
+                costs.hmac_us,
+                if s.free_confirmations { "free (--free-confirmations)" } else { "charged" }
             )?;
-            let bed = sim::Testbed::new(s.daemons as u16, costs, s.seed);
+            let mut bed = sim::Testbed::new(s.daemons as u16, costs, s.seed);
+            bed.charge_confirmations = !s.free_confirmations;
             if figures[0] {
                 rows.extend(sim_fig5(&bed, &s, &mut step)?);
             }
@@ -438,6 +450,7 @@ fn fig7(
             mb_per_s: Some(p.mb_per_s()),
             engine: if cluster { "cluster" } else { "embedded" },
             costs: None,
+            confirmations_charged: None,
             daemons: if cluster { s.daemons } else { 1 },
             runs: 1,
             ..s.row(7, p.mode, None, 1, receivers + 1, Some(p.size), None)
@@ -623,7 +636,7 @@ fn write_outputs(dir: &Path, rows: &[Row]) -> Result<usize> {
     let mut w = csv::Writer::from_path(dir.join("integrated.csv"))?;
     w.write_record([
         "figure", "mode", "event", "groups", "members", "size", "mean_ms", "confirmed_ms", "key_ms", "msgs_per_s", "mb_per_s",
-        "engine", "costs", "daemons", "runs",
+        "engine", "costs", "confirmations_charged", "daemons", "runs",
     ])?;
     let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.4}"));
     for r in rows {
@@ -641,6 +654,7 @@ fn write_outputs(dir: &Path, rows: &[Row]) -> Result<usize> {
             opt(r.mb_per_s),
             r.engine.to_string(),
             r.costs.unwrap_or("").to_string(),
+            r.confirmations_charged.map_or(String::new(), |c| c.to_string()),
             r.daemons.to_string(),
             r.runs.to_string(),
         ])?;
