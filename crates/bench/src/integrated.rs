@@ -96,10 +96,10 @@ pub struct IntegratedArgs {
     /// Fig. 5: events (comma-separated: join, leave, partition, merge).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "join,leave,partition,merge")]
     events: Vec<TimedEvent>,
-    /// Fig. 5: runs per point, each with its own seed (the tables show the mean). Default: 1 on the sim (its
-    /// time is virtual; seeds only move jitter and tree shapes), 3 on the cluster.
-    #[arg(long)]
-    runs: Option<usize>,
+    /// Fig. 5: runs per point, each with its own seed (the tables show the mean; on the sim seeds move the
+    /// network's jitter and the key trees' shapes).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
     /// Fig. 6: numbers of groups (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "1,10,100,200,1000")]
     groups: Vec<usize>,
@@ -113,8 +113,12 @@ pub struct IntegratedArgs {
     #[arg(long, default_value_t = 2)]
     receivers: usize,
     /// Fig. 7: messages per round at most (also at most 64 MiB of payload).
-    #[arg(long, default_value_t = 4000)]
+    #[arg(long, default_value_t = 10000)]
     messages: usize,
+    /// Fig. 7: the secure modes' data without sender signatures (`Policy::sender_signatures` off: the group key
+    /// alone authenticates, as in the paper's Secure Spread); by default every message is signed (Ed25519).
+    #[arg(long)]
+    no_sender_signatures: bool,
     /// First seed (identities, the simulated network, the engines' randomness).
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -157,6 +161,9 @@ pub struct Row {
     /// Cluster: the longest any member took from its daemon's view to the key, ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_ms: Option<f64>,
+    /// Fig. 7: whether every data message carried its sender's signature (secure modes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sender_signatures: Option<bool>,
     /// Fig. 7: messages per second.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub msgs_per_s: Option<f64>,
@@ -214,6 +221,7 @@ impl Settings {
             mean_ms,
             confirmed_ms: None,
             key_ms: None,
+            sender_signatures: None,
             msgs_per_s: None,
             mb_per_s: None,
             engine: if sim { "sim" } else { "cluster" },
@@ -234,7 +242,7 @@ fn check(args: &IntegratedArgs) -> Result<(Settings, [bool; 3])> {
             other => bail!("--figures: there is no Fig. {other} to produce (5, 6 or 7)"),
         }
     }
-    let runs = args.runs.unwrap_or(if args.engine == Engine::Sim { 1 } else { 3 });
+    let runs = args.runs;
     if runs == 0 {
         bail!("--runs must be at least 1");
     }
@@ -429,12 +437,14 @@ fn fig7(
     step: &mut dyn FnMut(String),
 ) -> Result<Vec<Row>> {
     let (sizes, receivers, messages) = (args.msg_sizes.clone(), args.receivers, args.messages);
+    let signed = !args.no_sender_signatures;
     let cluster = s.engine == Engine::Cluster;
     let points = target.run(|sockets, tag| async move {
         let mut points = Vec::new();
         for &size in &sizes {
-            for mode in throughput::modes() {
-                step(format!("fig. 7: {} at {size} B", mode.0));
+            for (name, policy) in throughput::modes() {
+                let mode = (name, policy.map(|p| Policy { sender_signatures: signed, ..p }));
+                step(format!("fig. 7: {name} at {size} B"));
                 let p = throughput::round(&sockets, mode, size, receivers, messages, &tag.to_string())
                     .await
                     .with_context(|| format!("{} at {size} bytes", mode.0))?;
@@ -446,6 +456,7 @@ fn fig7(
     Ok(points
         .into_iter()
         .map(|p| Row {
+            sender_signatures: p.sender_signatures,
             msgs_per_s: Some(p.msgs_per_s),
             mb_per_s: Some(p.mb_per_s()),
             engine: if cluster { "cluster" } else { "embedded" },
@@ -472,7 +483,12 @@ fn find<'a>(rows: &'a [Row], like: &Row, mode: &str) -> Option<&'a Row> {
 }
 
 fn ms(v: Option<f64>) -> String {
-    crate::table::or_dash(v, if v.is_some_and(|v| v >= 100.0) { 0 } else { 1 })
+    let digits = match v {
+        Some(v) if v >= 100.0 => 0,
+        Some(v) if v >= 10.0 => 1,
+        _ => 2,
+    };
+    crate::table::or_dash(v, digits)
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> String {
@@ -556,13 +572,19 @@ fn write_tables(out: &mut impl Write, s: &Settings, rows: &[Row]) -> Result<()> 
     if let Some(first) = fig7.first() {
         writeln!(
             out,
-            "\nFig. 7: data throughput, one sender and {} receivers, {}; × plaintext: messages per second against \
-             the plaintext round of the same size in this run; µs/msg: the round's time per message",
+            "\nFig. 7: data throughput, one sender and {} receivers, {}; secure modes' data {}; × plaintext: messages \
+             per second against the plaintext round of the same size in this run; µs/msg: the round's time per \
+             message",
             first.members - 1,
             if first.engine == "cluster" {
                 "the sender on the first node, the receivers on the last: three-step's daemons seal what crosses"
             } else {
                 "all on the embedded standalone daemon: nothing goes between daemons, so three-step seals nothing"
+            },
+            if fig7.iter().any(|r| r.sender_signatures == Some(false)) {
+                "unsigned (--no-sender-signatures)"
+            } else {
+                "signed by its sender (Ed25519), verified by every receiver"
             }
         )?;
         let mut t = crate::table::new(["size", "mode", "msgs/s", "MB/s", "× plaintext", "µs/msg"], 2);
@@ -636,7 +658,7 @@ fn write_outputs(dir: &Path, rows: &[Row]) -> Result<usize> {
     let mut w = csv::Writer::from_path(dir.join("integrated.csv"))?;
     w.write_record([
         "figure", "mode", "event", "groups", "members", "size", "mean_ms", "confirmed_ms", "key_ms", "msgs_per_s", "mb_per_s",
-        "engine", "costs", "confirmations_charged", "daemons", "runs",
+        "engine", "costs", "confirmations_charged", "sender_signatures", "daemons", "runs",
     ])?;
     let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.4}"));
     for r in rows {
@@ -655,6 +677,7 @@ fn write_outputs(dir: &Path, rows: &[Row]) -> Result<usize> {
             r.engine.to_string(),
             r.costs.unwrap_or("").to_string(),
             r.confirmations_charged.map_or(String::new(), |c| c.to_string()),
+            r.sender_signatures.map_or(String::new(), |c| c.to_string()),
             r.daemons.to_string(),
             r.runs.to_string(),
         ])?;
@@ -718,4 +741,73 @@ fn progress_bar(len: u64) -> indicatif::ProgressBar {
             .expect("static template"),
     );
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: IntegratedArgs,
+    }
+
+    fn args(line: &str) -> IntegratedArgs {
+        Cli::try_parse_from(std::iter::once("integrated").chain(line.split_whitespace())).unwrap().args
+    }
+
+    fn refused(line: &str) -> String {
+        match check(&args(line)) {
+            Ok(_) => panic!("{line} was accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn bad_options_are_refused_with_a_reason() {
+        assert!(check(&args("")).is_ok());
+        assert!(refused("--figures 4").contains("Fig. 4"));
+        assert!(refused("--sizes 1").contains("too small"));
+        assert!(refused("--msg-sizes 8").contains("16 to 1048576"));
+        assert!(refused("--runs 0").contains("--runs"));
+        assert!(refused("--daemons 1").contains("cannot partition"));
+        assert!(refused("--figures 6 --groups 0").contains("--groups"));
+        assert!(check(&args("--daemons 1 --figures 5 --events join,leave")).is_ok());
+    }
+
+    #[cfg(not(feature = "cluster"))]
+    #[test]
+    fn the_cluster_engine_without_its_feature_says_how_to_get_it() {
+        let e = cluster::preflight().unwrap_err().to_string();
+        assert!(e.contains("--features cluster") && e.contains("--engine sim"), "{e}");
+    }
+
+    #[test]
+    fn json_rows_have_the_issues_keys_and_out_writes_csv_json_and_charts() {
+        let a = args("--daemons 3 --sizes 4 --runs 1 --groups 2 --group-size 4 --costs tissec2002");
+        let (s, _) = check(&a).unwrap();
+        let bed = sim::Testbed::new(3, model::OpCosts::tissec2002(), 1);
+        let mut rows = sim_fig5(&bed, &s, &mut |_| {}).unwrap();
+        rows.extend(sim_fig6(&bed, &s, &mut |_| {}).unwrap());
+        // Fig. 5: plaintext, layered, integrated per event; Fig. 6: the same per event.
+        assert_eq!(rows.len(), 4 * 3 + 2 * 3);
+        let json: serde_json::Value = serde_json::from_str(&serde_json::to_string(&rows).unwrap()).unwrap();
+        for r in json.as_array().unwrap() {
+            for key in ["figure", "mode", "event", "groups", "members", "size", "mean_ms"] {
+                assert!(r.get(key).is_some(), "{key} missing in {r}");
+            }
+            assert!(["plaintext", "layered-tgdh", "integrated-vs"].contains(&r["mode"].as_str().unwrap()), "{r}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(write_outputs(dir.path(), &rows).unwrap(), 4 + 2);
+        let csv = std::fs::read_to_string(dir.path().join("integrated.csv")).unwrap();
+        assert_eq!(csv.lines().count(), rows.len() + 1);
+        assert!(dir.path().join("fig6-merge.png").exists());
+        let mut table = Vec::new();
+        write_tables(&mut table, &s, &rows).unwrap();
+        let table = String::from_utf8(table).unwrap();
+        assert!(table.contains("Fig. 5") && table.contains("Fig. 6"), "{table}");
+    }
 }

@@ -22,7 +22,7 @@ use std::time::Instant;
 use anyhow::{anyhow, Context, Result};
 use conclave_gcs_net::Client;
 use conclave_gka::{GroupId, ProtocolId};
-use conclave_secure::Policy;
+use conclave_secure::{GroupMode, Policy};
 
 use crate::flood::{self, Conn, Flood};
 use crate::gcs::{secure, FLOOD_BYTES, STEP_LIMIT, WINDOW_BYTES};
@@ -45,6 +45,9 @@ pub struct Point {
     pub mode: &'static str,
     pub size: usize,
     pub msgs_per_s: f64,
+    /// Whether the data carried sender signatures (`None`: no data messages
+    /// of the secure layer: plaintext, three-step).
+    pub sender_signatures: Option<bool>,
 }
 
 impl Point {
@@ -93,7 +96,8 @@ pub async fn round(
             secure::round(&f).await?
         }
     };
-    Ok(Point { mode, size, msgs_per_s })
+    let sender_signatures = policy.filter(|p| p.mode != GroupMode::ThreeStep).map(|p| p.sender_signatures);
+    Ok(Point { mode, size, msgs_per_s, sender_signatures })
 }
 
 /// The plain round: `bench gcs`'s flood with one sender.
