@@ -382,7 +382,10 @@ async fn bench(args: GcsArgs, cluster: Option<&Cluster>) -> Result<()> {
                 per_sender,
                 size: plain.size,
                 window,
-                policy: conclave_secure::Policy::new(conclave_gka::ProtocolId::Tgdh, conclave_gka::GroupId::Ristretto255),
+                policy: conclave_secure::Policy::new(
+                    conclave_gka::ProtocolId::Tgdh,
+                    conclave_gka::GroupId::Ristretto255,
+                ),
             };
             let mut rates = [0.0; 2];
             for (rate, on) in rates.iter_mut().zip([true, false]) {

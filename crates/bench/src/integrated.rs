@@ -254,7 +254,11 @@ fn check(args: &IntegratedArgs) -> Result<(Settings, [bool; 3])> {
     if daemons == 0 || (network && daemons < 2 && (figures[0] || figures[1])) {
         bail!("{daemons} daemons cannot partition: give --daemons (sim) or --cluster (cluster) of at least 2");
     }
-    if let Some(e) = args.events.iter().find(|e| !matches!(e, TimedEvent::Join | TimedEvent::Leave | TimedEvent::Partition | TimedEvent::Merge)) {
+    if let Some(e) = args
+        .events
+        .iter()
+        .find(|e| !matches!(e, TimedEvent::Join | TimedEvent::Leave | TimedEvent::Partition | TimedEvent::Merge))
+    {
         bail!("{e:?} is not one of Fig. 5's events (join, leave, partition, merge)");
     }
     if figures[0] {
@@ -263,7 +267,9 @@ fn check(args: &IntegratedArgs) -> Result<(Settings, [bool; 3])> {
         }
         if args.engine == Engine::Cluster {
             if let Some(&n) = args.sizes.iter().find(|&&n| n < daemons) {
-                bail!("--sizes: group size {n} is smaller than the {daemons} nodes: a partition would leave a side empty");
+                bail!(
+                    "--sizes: group size {n} is smaller than the {daemons} nodes: a partition would leave a side empty"
+                );
             }
         }
     }
@@ -307,7 +313,8 @@ pub fn run(args: IntegratedArgs) -> Result<()> {
     if s.engine == Engine::Cluster {
         cluster::preflight()?;
     }
-    let fig5_points = if figures[0] { s.sizes.len() * (s.runs * 2 + usize::from(s.engine == Engine::Cluster)) } else { 0 };
+    let fig5_points =
+        if figures[0] { s.sizes.len() * (s.runs * 2 + usize::from(s.engine == Engine::Cluster)) } else { 0 };
     let fig6_points = if figures[1] { s.groups.len() * 2 } else { 0 };
     let fig7_points = if figures[2] { args.msg_sizes.len() * throughput::modes().len() } else { 0 };
     let bar = progress_bar((fig5_points + fig6_points + fig7_points) as u64);
@@ -398,7 +405,10 @@ fn sim_fig5(bed: &sim::Testbed, s: &Settings, step: &mut dyn FnMut(String)) -> R
             rows.push(s.row(5, "plaintext", Some(event), 1, n, None, Some(membership)));
             for (mode, runs) in &per_mode {
                 let t = mean(runs);
-                rows.push(Row { confirmed_ms: Some(t.confirmed_ms), ..s.row(5, mode, Some(event), 1, n, None, Some(t.keyed_ms)) });
+                rows.push(Row {
+                    confirmed_ms: Some(t.confirmed_ms),
+                    ..s.row(5, mode, Some(event), 1, n, None, Some(t.keyed_ms))
+                });
             }
         }
     }
@@ -413,10 +423,14 @@ fn sim_fig6(bed: &sim::Testbed, s: &Settings, step: &mut dyn FnMut(String)) -> R
         for (mode, policy) in fig56_modes() {
             step(format!("fig. 6: {g} groups of {} ({mode})", s.group_size));
             let seed = s.seed + 1_000_000 + k as u64;
-            let timings = sim::fig6(bed, policy, g, s.group_size, seed).with_context(|| format!("{mode}, {g} groups"))?;
+            let timings =
+                sim::fig6(bed, policy, g, s.group_size, seed).with_context(|| format!("{mode}, {g} groups"))?;
             for (event, t) in [TimedEvent::Partition, TimedEvent::Merge].into_iter().zip(timings) {
                 if mode == "layered-tgdh" {
-                    rows.push(Row { runs: 1, ..s.row(6, "plaintext", Some(event), g, s.group_size, None, Some(t.membership_ms)) });
+                    rows.push(Row {
+                        runs: 1,
+                        ..s.row(6, "plaintext", Some(event), g, s.group_size, None, Some(t.membership_ms))
+                    });
                 }
                 rows.push(Row {
                     confirmed_ms: Some(t.confirmed_ms),
@@ -529,7 +543,11 @@ fn write_tables(out: &mut impl Write, s: &Settings, rows: &[Row]) -> Result<()> 
                 "\nFig. 6: groups of {} members, the daemons split in half and heal: ms until every member of every \
                  group {}",
                 s.group_size,
-                if sim { "holds its new key (keyed) and shows its confirmed secure view (confirmed)" } else { "shows its new secure view (total)" }
+                if sim {
+                    "holds its new key (keyed) and shows its confirmed secure view (confirmed)"
+                } else {
+                    "shows its new secure view (total)"
+                }
             )?;
         }
         let first = if figure == 5 { "n" } else { "groups" };
@@ -621,10 +639,18 @@ fn write_tables(out: &mut impl Write, s: &Settings, rows: &[Row]) -> Result<()> 
 
 /// The issue's Fig. 6 targets, where the run has the points.
 fn targets_fig6(out: &mut impl Write, rows: &[Row]) -> Result<()> {
-    let at = |mode: &str, g: usize| -> Vec<&Row> { rows.iter().filter(|r| r.figure == 6 && r.mode == mode && r.groups == g).collect() };
-    let worst = |rs: &[&Row]| rs.iter().filter_map(|r| r.mean_ms).fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))));
+    let at = |mode: &str, g: usize| -> Vec<&Row> {
+        rows.iter().filter(|r| r.figure == 6 && r.mode == mode && r.groups == g).collect()
+    };
+    let worst = |rs: &[&Row]| {
+        rs.iter().filter_map(|r| r.mean_ms).fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))))
+    };
     if let Some(w) = worst(&at("integrated-vs", 1000)) {
-        writeln!(out, "target: 1000 integrated groups keyed within 50 ms — slowest event {w:.1} ms: {}", if w <= 50.0 { "met" } else { "missed" })?;
+        writeln!(
+            out,
+            "target: 1000 integrated groups keyed within 50 ms — slowest event {w:.1} ms: {}",
+            if w <= 50.0 { "met" } else { "missed" }
+        )?;
     }
     for r in at("layered-tgdh", 200) {
         let Some(i) = find(rows, r, "integrated-vs") else { continue };
@@ -657,8 +683,23 @@ fn write_outputs(dir: &Path, rows: &[Row]) -> Result<usize> {
         .with_context(|| format!("writing {}", dir.join("integrated.json").display()))?;
     let mut w = csv::Writer::from_path(dir.join("integrated.csv"))?;
     w.write_record([
-        "figure", "mode", "event", "groups", "members", "size", "mean_ms", "confirmed_ms", "key_ms", "msgs_per_s", "mb_per_s",
-        "engine", "costs", "confirmations_charged", "sender_signatures", "daemons", "runs",
+        "figure",
+        "mode",
+        "event",
+        "groups",
+        "members",
+        "size",
+        "mean_ms",
+        "confirmed_ms",
+        "key_ms",
+        "msgs_per_s",
+        "mb_per_s",
+        "engine",
+        "costs",
+        "confirmations_charged",
+        "sender_signatures",
+        "daemons",
+        "runs",
     ])?;
     let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.4}"));
     for r in rows {
@@ -701,7 +742,14 @@ fn write_outputs(dir: &Path, rows: &[Row]) -> Result<usize> {
         if !lines.is_empty() {
             let name = format!("fig5-{}.svg", event_name(Some(event)));
             let title = format!("Fig. 5: {} in one group", event_name(Some(event)));
-            crate::chart::line_chart(&dir.join(&name), &title, "group size n", "ms until every member holds its key", &lines, false)?;
+            crate::chart::line_chart(
+                &dir.join(&name),
+                &title,
+                "group size n",
+                "ms until every member holds its key",
+                &lines,
+                false,
+            )?;
             charts += 1;
         }
     }
@@ -710,7 +758,14 @@ fn write_outputs(dir: &Path, rows: &[Row]) -> Result<usize> {
         if !lines.is_empty() {
             let name = format!("fig6-{}.svg", event_name(Some(event)));
             let title = format!("Fig. 6: every group re-keyed after a daemon {}", event_name(Some(event)));
-            crate::chart::line_chart(&dir.join(&name), &title, "groups", "ms until every member of every group holds its key", &lines, true)?;
+            crate::chart::line_chart(
+                &dir.join(&name),
+                &title,
+                "groups",
+                "ms until every member of every group holds its key",
+                &lines,
+                true,
+            )?;
             charts += 1;
         }
     }

@@ -42,8 +42,8 @@ pub fn preflight() -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("--engine cluster needs root (it creates network namespaces and runs corosync in them); or use --engine sim");
     }
-    let on_path = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("corosync").is_file()));
+    let on_path =
+        std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("corosync").is_file()));
     if !on_path {
         bail!("--engine cluster needs corosync on the PATH (apt-get install corosync); or use --engine sim");
     }
@@ -80,7 +80,8 @@ pub fn fig5(target: &Target, s: &Settings, step: &mut dyn FnMut(String)) -> Resu
             };
             rows.push(row("plaintext", &membership));
             for (mode, policy) in fig56_modes() {
-                let samples = target.time(policy, SignatureId::Ed25519, event, n, s.runs, seed).with_context(|| mode)?;
+                let samples =
+                    target.time(policy, SignatureId::Ed25519, event, n, s.runs, seed).with_context(|| mode)?;
                 rows.push(row(mode, &samples));
             }
         }

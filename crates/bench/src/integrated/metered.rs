@@ -255,9 +255,9 @@ impl Metered {
             .iter()
             .filter(|o| matches!(o, Output::Deliver { delivery: Delivery::GroupKey { .. }, .. }))
             .count() as u64;
-        let sent = produced.iter().any(|o| {
-            matches!(o, Output::Submit(Op::DaemonKa { payload, .. }) if payload.first() == Some(&KA_AGREEMENT))
-        });
+        let sent = produced.iter().any(
+            |o| matches!(o, Output::Submit(Op::DaemonKa { payload, .. }) if payload.first() == Some(&KA_AGREEMENT)),
+        );
         let epoch = self.inner.server_epoch();
         let installed = epoch.is_some() && epoch != self.epoch;
         if installed && !self.agreeing {

@@ -69,7 +69,12 @@ impl OpCosts {
     /// byte on a Pentium III (OpenSSL of the time) about 3,800 cycles, 5.8 µs
     /// at 667 MHz. It is small against everything else either way.
     pub fn tissec2002() -> Self {
-        Self { exp_us: PIII_666.exp512 * 1e3, sign_us: PIII_666.sign * 1e3, verify_us: PIII_666.verify * 1e3, hmac_us: 6.0 }
+        Self {
+            exp_us: PIII_666.exp512 * 1e3,
+            sign_us: PIII_666.sign * 1e3,
+            verify_us: PIII_666.verify * 1e3,
+            hmac_us: 6.0,
+        }
     }
 
     /// This machine's costs, measured now: `bench crypto`'s timings of
