@@ -174,10 +174,14 @@ impl State {
         let machine = usize::from(m.conn.daemon.0);
         let done = self.cpu_free[machine].max(now) + cpu;
         self.cpu_free[machine] = done;
-        if let Some(&v) = confirmed.last() {
-            // The key is installed before the confirmation is signed.
+        if let Some(&v) = confirmed.first() {
+            // The key is installed before the confirmation is signed; a
+            // member holds it from its first installation (a later
+            // confirmation of the same view does not move that).
             let signing = self.costs.cpu(0, confirmations, 0, 0);
-            m.keyed = Some((v, done - signing.min(cpu)));
+            if m.keyed.is_none_or(|(k, _)| k != v) {
+                m.keyed = Some((v, done - signing.min(cpu)));
+            }
         }
         while let Some(e) = m.session.poll_event() {
             match e {
@@ -302,6 +306,13 @@ impl World {
                 Some(at) => self.sim.run_until(at, &mut |now, conn, d| st.react(now, conn, d)),
                 None => break,
             }
+        }
+        // The members' CPU may still be busy after the last event (a
+        // reaction whose sends were handed over directly, while groups form):
+        // the next event starts when it is done.
+        let busy = st.cpu_free.iter().copied().max().unwrap_or(0);
+        if busy > self.sim.now() {
+            self.sim.run_until(busy, &mut |now, conn, d| st.react(now, conn, d));
         }
         if let Some(f) = self.st.failures.first() {
             bail!("{} failures in the simulation, the first: {f}", self.st.failures.len());
