@@ -319,6 +319,10 @@ pub fn run(args: IntegratedArgs) -> Result<()> {
     let fig7_points = if figures[2] { args.msg_sizes.len() * throughput::modes().len() } else { 0 };
     let bar = progress_bar((fig5_points + fig6_points + fig7_points) as u64);
     let mut step = |what: String| {
+        if bar.is_hidden() {
+            // No terminal: a line per point, for logs.
+            eprintln!("{what}");
+        }
         bar.set_message(what);
         bar.inc(1);
     };
