@@ -243,6 +243,9 @@ fn check(args: &IntegratedArgs) -> Result<(Settings, [bool; 3])> {
         }
     }
     let runs = args.runs;
+    if args.engine == Engine::Cluster && (args.free_confirmations || args.costs != CostsFrom::Measured) {
+        bail!("--costs and --free-confirmations are the sim's cost model: the cluster engine runs in wall-clock time");
+    }
     if runs == 0 {
         bail!("--runs must be at least 1");
     }
@@ -834,6 +837,7 @@ mod tests {
         assert!(refused("--daemons 1").contains("cannot partition"));
         assert!(refused("--figures 6 --groups 0").contains("--groups"));
         assert!(check(&args("--daemons 1 --figures 5 --events join,leave")).is_ok());
+        assert!(refused("--engine cluster --costs tissec2002").contains("wall-clock"));
     }
 
     #[cfg(not(feature = "cluster"))]
