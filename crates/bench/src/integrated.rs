@@ -316,8 +316,11 @@ pub fn run(args: IntegratedArgs) -> Result<()> {
     if s.engine == Engine::Cluster {
         cluster::preflight()?;
     }
-    let fig5_points =
-        if figures[0] { s.sizes.len() * (s.runs * 2 + usize::from(s.engine == Engine::Cluster)) } else { 0 };
+    let fig5_points = match (figures[0], s.engine) {
+        (false, _) => 0,
+        (true, Engine::Sim) => s.sizes.len() * s.runs * 2,
+        (true, Engine::Cluster) => s.sizes.len() * s.events.len(),
+    };
     let fig6_points = if figures[1] { s.groups.len() * 2 } else { 0 };
     let fig7_points = if figures[2] { args.msg_sizes.len() * throughput::modes().len() } else { 0 };
     let bar = progress_bar((fig5_points + fig6_points + fig7_points) as u64);
