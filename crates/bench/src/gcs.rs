@@ -46,7 +46,7 @@ use crate::flood::{self, Conn, Flood, HEADER};
 mod cluster;
 #[cfg(feature = "cluster")]
 pub mod floor;
-mod secure;
+pub(crate) mod secure;
 #[cfg(feature = "cluster")]
 use cluster::Cluster;
 #[cfg(feature = "cluster")]
@@ -68,15 +68,15 @@ impl Cluster {
 }
 
 /// Payload a throughput run sends at most, all senders together.
-const FLOOD_BYTES: usize = 64 << 20;
+pub(crate) const FLOOD_BYTES: usize = 64 << 20;
 
 /// Payload all senders together may have in flight in a throughput run
 /// (and at most 2048 messages), so that no receiver's queue at the daemon
 /// grows past that.
-const WINDOW_BYTES: usize = 16 << 20;
+pub(crate) const WINDOW_BYTES: usize = 16 << 20;
 
 /// Longest one step (a round, a connect, a view change) may take.
-const STEP_LIMIT: Duration = Duration::from_secs(60);
+pub(crate) const STEP_LIMIT: Duration = Duration::from_secs(60);
 
 /// Options of `conclave bench gcs`.
 #[derive(Args, Debug)]
@@ -375,18 +375,21 @@ async fn bench(args: GcsArgs, cluster: Option<&Cluster>) -> Result<()> {
         for plain in multicast.iter().filter(|r| r.target == targets[0].name) {
             let (per_sender, window) = flood_shape(&args, plain.senders, plain.size);
             let mut flood = secure::SecureFlood {
-                socket: &socket,
+                sockets: std::slice::from_ref(&socket),
                 group: String::new(),
                 receivers: args.receivers,
                 senders: plain.senders,
                 per_sender,
                 size: plain.size,
                 window,
-                sender_signatures: true,
+                policy: conclave_secure::Policy::new(
+                    conclave_gka::ProtocolId::Tgdh,
+                    conclave_gka::GroupId::Ristretto255,
+                ),
             };
             let mut rates = [0.0; 2];
             for (rate, on) in rates.iter_mut().zip([true, false]) {
-                flood.sender_signatures = on;
+                flood.policy.sender_signatures = on;
                 let signed = if on { "signed" } else { "unsigned" };
                 flood.group = format!("{prefix}-sec-{}-{}-{signed}", plain.senders, plain.size);
                 eprintln!("secure round: {} senders, {} bytes, {signed}", plain.senders, plain.size);

@@ -1,113 +1,261 @@
 //! `conclave bench integrated`: the layered against the integrated
-//! architecture on real daemons, beside Figures 5 and 6 of "Scaling Secure
-//! Group Communication Systems: Beyond Peer-to-Peer" (Amir, Nita-Rotaru,
-//! Stanton, Tsudik; DISCEX III, 2003).
+//! architecture, beside Figures 5, 6 and 7 of "Scaling Secure Group
+//! Communication Systems: Beyond Peer-to-Peer" (Amir, Nita-Rotaru, Stanton,
+//! Tsudik; DISCEX III, 2003), §5.
 //!
-//! Every member is a real secure session (the `daemon` engine of `bench
-//! events`: [`crate::live`]), on a Corosync cluster of N nodes in network
-//! namespaces whose daemons are certified by a fresh group authority, so
-//! they key groups. Two policies run the same events:
-//! * **layered** — `tgdh`: the members of each group run TGDH themselves
-//!   (the paper's choice for the layered architecture, §5.1);
-//! * **integrated** — `integrated-vs`: the daemons agree one key with TGDH
-//!   among themselves and give every view its key by one HMAC.
+//! Two engines run Figures 5 and 6:
+//! * `--engine sim` (the default; no root needed): simulated daemons in
+//!   virtual time, 13 as the paper's testbed, real secure sessions over them,
+//!   cryptography charged at this machine's measured costs or the 2002
+//!   testbed's ([`sim`], [`metered`], [`model`]);
+//! * `--engine cluster`: a Corosync cluster of certified daemons in network
+//!   namespaces, real sessions, wall clock ([`cluster`]).
 //!
-//! Fig. 5: one group of n members; the time from a join or leave request, or
-//! a split or heal of the network, until the last member concerned shows the
-//! new secure view (its key installed and, for both policies, confirmed the
-//! same way). The membership line — plain clients, no keys — is the part
-//! that is the daemons' and Corosync's own.
+//! The architectures are policies: **layered-tgdh** (the members of each
+//! group run TGDH themselves, the paper's choice for the layered
+//! architecture, §5.1) and **integrated-vs** (the daemons agree one key with
+//! TGDH among themselves and give every view its key by one HMAC).
 //!
-//! Fig. 6: G groups of `--group-size` members each (13 in the paper: its
-//! number of servers), one split of the network and its heal; the time until
-//! every member of every group shows its new secure view. The layered
-//! architecture runs one key agreement per group, the integrated one a
-//! single agreement among the daemons and an HMAC per group.
-//!
-//! Differences from the paper's testbed, which every number must be read
-//! with: 13 dual-CPU machines there, one 2-core machine here that runs every
-//! member and every daemon (so a time is close to the *sum* of the members'
-//! work divided by 2, not the critical path); 3 daemons here by default, 13
-//! there; a partition and a merge include Corosync's detection of the change
-//! (its token timeout and consensus, about 2 s) in both columns alike, so
-//! the ratios of partition and merge are smaller than the protocols' own.
+//! Fig. 5: one group of n members; join, leave, partition, merge. Fig. 6: G
+//! groups of `--group-size` members, one split of the daemons and its heal:
+//! the time until every member of every group holds its new key, with the
+//! layered/integrated ratio. Fig. 7 ([`throughput`]): data throughput
+//! against message size for plaintext, layered-tgdh, integrated-vs and
+//! three-step, real sessions in wall-clock time, on the embedded standalone
+//! daemon or (cluster) across two nodes.
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
-use conclave_gka::{GroupId, ProtocolId, SignatureId};
+use clap::{Args, ValueEnum};
+use conclave_gka::{GroupId, ProtocolId};
 use conclave_secure::Policy;
-use serde_json::json;
+use serde::Serialize;
 
-use crate::live::{Healed, Sample, Target};
 use crate::scenario::{TimedEvent, Wan};
 
+mod cluster;
+mod metered;
+mod model;
+mod sim;
+mod throughput;
+
+pub use model::CostsFrom;
+
+/// What runs Figures 5 and 6.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Engine {
+    /// Simulated daemons in virtual time, real sessions, crypto charged by a cost model.
+    Sim,
+    /// A Corosync cluster in network namespaces, real sessions, wall clock (root, corosync, --features cluster).
+    Cluster,
+}
+
 /// Options of `conclave bench integrated`.
-#[derive(Args)]
+#[derive(Args, Clone)]
+#[command(after_help = "\
+Fig. 5 and 6 time from the event (a join or leave request; for a partition or merge, the daemons' new \
+configuration on the sim, the network change itself on the cluster) until the last member concerned holds \
+its new key (sim; `mean_ms`) and shows the confirmed secure view (`confirmed_ms`; the cluster's `mean_ms`). \
+Fig. 7 measures messages per second of one sender's flood until every receiver has every message.
+
+Examples:
+  conclave bench integrated                              # Figs 5-7: sim on 13 daemons, Fig 7 embedded
+  conclave bench integrated --figures 6 --groups 1,10,100,200,1000
+  conclave bench integrated --costs tissec2002 --figures 5,6 --out results/
+  conclave bench integrated --figures 7 --msg-sizes 1024,16384 --json
+  sudo conclave bench integrated --engine cluster        # needs --features cluster and corosync")]
 pub struct IntegratedArgs {
-    /// Cluster nodes (each a network namespace with corosync and a daemon); a partition puts the last ⌊N/2⌋ on
-    /// a side of their own. Needs root, corosync and a build with --features cluster.
+    /// Figures to produce (comma-separated: 5, 6, 7).
+    #[arg(long, value_delimiter = ',', default_value = "5,6,7")]
+    figures: Vec<u8>,
+    /// Engine for Figs. 5 and 6: `sim` (simulated daemons, virtual time) or `cluster` (Corosync in network
+    /// namespaces, wall clock; needs root, corosync and a build with --features cluster). Fig. 7 runs on the
+    /// embedded standalone daemon with `sim`, across two cluster nodes with `cluster`.
+    #[arg(long, value_enum, default_value = "sim")]
+    engine: Engine,
+    /// Sim: per-operation crypto costs, `measured` on this machine at the start of the run or `tissec2002`
+    /// (the 2002 testbed: 667 MHz Pentium III, 512-bit DH, RSA-1024).
+    #[arg(long, value_enum, default_value = "measured")]
+    costs: CostsFrom,
+    /// Sim: the members' key confirmations (one signature per member per new key, in every mode) cost nothing,
+    /// as in the paper's Secure Spread, which confirmed no key.
+    #[arg(long)]
+    free_confirmations: bool,
+    /// Sim: simulated daemons (the paper's testbed had 13); a partition splits them in half.
+    #[arg(long, value_name = "N", default_value_t = 13)]
+    daemons: u16,
+    /// Cluster: nodes (each a network namespace with corosync and a daemon); a partition puts the last ⌊N/2⌋ on
+    /// a side of their own.
     #[arg(long, value_name = "N", default_value_t = 3)]
     cluster: usize,
-    /// Fig. 5: group sizes (comma-separated; at least N for a partition to have two sides).
-    #[arg(long, value_delimiter = ',', default_value = "13,26,52")]
+    /// Fig. 5: group sizes n (comma-separated; the size after a join, before a leave, partition or merge).
+    #[arg(long, value_delimiter = ',', default_value = "13,26,52,104")]
     sizes: Vec<usize>,
-    /// Fig. 5: events (comma-separated).
+    /// Fig. 5: events (comma-separated: join, leave, partition, merge).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "join,leave,partition,merge")]
     events: Vec<TimedEvent>,
-    /// Fig. 5: runs per point (the table shows their mean).
+    /// Fig. 5: runs per point, each with its own seed (the tables show the mean; on the sim seeds move the
+    /// network's jitter and the key trees' shapes).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// Fig. 6: numbers of groups (comma-separated; 0 or empty for none).
-    #[arg(long, value_delimiter = ',', default_value = "1,10,50,100")]
+    /// Fig. 6: numbers of groups (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,200,1000")]
     groups: Vec<usize>,
-    /// Fig. 6: members per group (the paper's 13).
+    /// Fig. 6: members per group (the paper's 13: its number of servers).
     #[arg(long, default_value_t = 13)]
     group_size: usize,
-    /// First seed (members' identity keys).
+    /// Fig. 7: message sizes in bytes (comma-separated; 16 to 1048576).
+    #[arg(long, value_delimiter = ',', default_value = "64,256,1024,4096,16384,65536")]
+    msg_sizes: Vec<usize>,
+    /// Fig. 7: receivers besides the sender (the paper had one sender).
+    #[arg(long, default_value_t = 2)]
+    receivers: usize,
+    /// Fig. 7: messages per round at most (also at most 64 MiB of payload).
+    #[arg(long, default_value_t = 10000)]
+    messages: usize,
+    /// Fig. 7: the secure modes' data without sender signatures (`Policy::sender_signatures` off: the group key
+    /// alone authenticates, as in the paper's Secure Spread); by default every message is signed (Ed25519).
+    #[arg(long)]
+    no_sender_signatures: bool,
+    /// First seed (identities, the simulated network, the engines' randomness).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Print one JSON object ({"fig5": [...], "fig6": [...]}) instead of tables.
+    /// Print one JSON array of rows instead of tables: each with figure, mode, event, groups, members, size and
+    /// mean_ms (Figs. 5, 6) or msgs_per_s and mb_per_s (Fig. 7).
     #[arg(long)]
     json: bool,
+    /// Also write integrated.csv, integrated.json and charts (SVG and PNG) into this directory.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
 }
 
-/// The two architectures, as policies.
-fn policies() -> [(&'static str, Policy); 2] {
-    [("layered", Policy::new(ProtocolId::Tgdh, GroupId::Ristretto255)), ("integrated", Policy::integrated())]
+/// Figs. 5 and 6's architectures: the `mode` name and the policy.
+pub(crate) fn fig56_modes() -> [(&'static str, Policy); 2] {
+    [("layered-tgdh", Policy::new(ProtocolId::Tgdh, GroupId::Ristretto255)), ("integrated-vs", Policy::integrated())]
 }
 
-fn mean(samples: &[Sample]) -> f64 {
-    samples.iter().map(|s| s.ms).sum::<f64>() / samples.len().max(1) as f64
+/// One measurement: a row of `--json`, the CSV and the tables.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// 5, 6 or 7.
+    pub figure: u8,
+    /// `plaintext` (Figs. 5 and 6: the membership line), `layered-tgdh`, `integrated-vs`, `three-step`.
+    pub mode: &'static str,
+    /// Figs. 5 and 6: join, leave, partition, merge.
+    pub event: Option<TimedEvent>,
+    /// Groups re-keyed at once (1 but in Fig. 6).
+    pub groups: usize,
+    /// Members per group (Fig. 7: the sender and the receivers).
+    pub members: usize,
+    /// Fig. 7: message bytes.
+    pub size: Option<usize>,
+    /// Figs. 5 and 6, ms: sim, until every member concerned holds its new key (plaintext: has the new view);
+    /// cluster, until every member shows the confirmed secure view.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_ms: Option<f64>,
+    /// Until every member shows the confirmed secure view, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirmed_ms: Option<f64>,
+    /// Cluster: the longest any member took from its daemon's view to the key, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_ms: Option<f64>,
+    /// Fig. 7: whether every data message carried its sender's signature (secure modes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sender_signatures: Option<bool>,
+    /// Fig. 7: messages per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub msgs_per_s: Option<f64>,
+    /// Fig. 7: payload megabytes (10^6 bytes) per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mb_per_s: Option<f64>,
+    /// `sim`, `cluster` or (Fig. 7 without a cluster) `embedded`.
+    pub engine: &'static str,
+    /// Sim: `measured` or `tissec2002`.
+    pub costs: Option<&'static str>,
+    /// Sim: whether the members' key confirmation signatures were charged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirmations_charged: Option<bool>,
+    /// Daemons.
+    pub daemons: usize,
+    /// Runs averaged.
+    pub runs: usize,
 }
 
-/// The mean of the samples' key parts (secure members only).
-fn mean_key(samples: &[Sample]) -> f64 {
-    let keys: Vec<f64> = samples.iter().filter_map(|s| s.key_ms).collect();
-    keys.iter().sum::<f64>() / keys.len().max(1) as f64
+/// The run's settings, checked.
+pub(crate) struct Settings {
+    engine: Engine,
+    costs: CostsFrom,
+    free_confirmations: bool,
+    daemons: usize,
+    sizes: Vec<usize>,
+    events: Vec<TimedEvent>,
+    runs: usize,
+    groups: Vec<usize>,
+    group_size: usize,
+    seed: u64,
 }
 
-/// One Fig. 5 point: the event, n, the membership line's mean, and per
-/// architecture the mean total and the mean key part, in ms.
-struct Fig5 {
-    event: TimedEvent,
-    n: usize,
-    membership: f64,
-    total: [f64; 2],
-    key: [f64; 2],
+impl Settings {
+    /// A row of figure `figure` with this run's engine, costs, daemons and runs.
+    #[allow(clippy::too_many_arguments)]
+    fn row(
+        &self,
+        figure: u8,
+        mode: &'static str,
+        event: Option<TimedEvent>,
+        groups: usize,
+        members: usize,
+        size: Option<usize>,
+        mean_ms: Option<f64>,
+    ) -> Row {
+        let sim = self.engine == Engine::Sim;
+        Row {
+            figure,
+            mode,
+            event,
+            groups,
+            members,
+            size,
+            mean_ms,
+            confirmed_ms: None,
+            key_ms: None,
+            sender_signatures: None,
+            msgs_per_s: None,
+            mb_per_s: None,
+            engine: if sim { "sim" } else { "cluster" },
+            costs: sim.then(|| self.costs.name()),
+            confirmations_charged: sim.then_some(!self.free_confirmations),
+            daemons: self.daemons,
+            runs: self.runs,
+        }
+    }
 }
 
-/// Runs the benchmark.
-pub fn run(args: IntegratedArgs) -> Result<()> {
-    if args.runs == 0 {
+/// Checks the options; the settings and the figures asked for.
+fn check(args: &IntegratedArgs) -> Result<(Settings, [bool; 3])> {
+    let mut figures = [false; 3];
+    for &f in &args.figures {
+        match f {
+            5..=7 => figures[usize::from(f - 5)] = true,
+            other => bail!("--figures: there is no Fig. {other} to produce (5, 6 or 7)"),
+        }
+    }
+    let runs = args.runs;
+    if args.engine == Engine::Cluster && (args.free_confirmations || args.costs != CostsFrom::Measured) {
+        bail!("--costs and --free-confirmations are the sim's cost model: the cluster engine runs in wall-clock time");
+    }
+    if runs == 0 {
         bail!("--runs must be at least 1");
     }
-    if let Some(&n) = args.sizes.iter().find(|&&n| n < args.cluster.max(2)) {
-        bail!("group size {n} is smaller than the {} nodes: a partition would leave a side empty", args.cluster);
-    }
-    if args.group_size < args.cluster.max(2) {
-        bail!("--group-size {} is smaller than the {} nodes", args.group_size, args.cluster);
+    let daemons = match args.engine {
+        Engine::Sim => usize::from(args.daemons),
+        Engine::Cluster => args.cluster,
+    };
+    let network = args.events.iter().any(|e| e.needs_a_network()) || figures[1];
+    if daemons == 0 || (network && daemons < 2 && (figures[0] || figures[1])) {
+        bail!("{daemons} daemons cannot partition: give --daemons (sim) or --cluster (cluster) of at least 2");
     }
     if let Some(e) = args
         .events
@@ -116,151 +264,616 @@ pub fn run(args: IntegratedArgs) -> Result<()> {
     {
         bail!("{e:?} is not one of Fig. 5's events (join, leave, partition, merge)");
     }
-    let groups: Vec<usize> = args.groups.iter().copied().filter(|&g| g > 0).collect();
-    let mut out = std::io::stdout().lock();
-    let mut notes = Vec::new();
-    let target = Target::start(Some(args.cluster), Wan::Lan, &mut notes)?;
-    if !args.json {
-        out.write_all(&notes)?;
-    }
-    let scheme = SignatureId::Ed25519;
-
-    // Fig. 5.
-    let total = args.events.len() * args.sizes.len();
-    let mut fig5 = Vec::new();
-    for (i, &event) in args.events.iter().enumerate() {
-        for (j, &n) in args.sizes.iter().enumerate() {
-            eprintln!("fig. 5: {event:?} at n = {n} ({} of {total})", i * args.sizes.len() + j + 1);
-            let seed = args.seed + (i * 1000 + j) as u64;
-            let membership = mean(&target.time_membership(event, n, args.runs, seed)?);
-            let (mut total, mut key) = ([0.0; 2], [0.0; 2]);
-            for (k, (name, policy)) in policies().into_iter().enumerate() {
-                let samples = target.time(policy, scheme, event, n, args.runs, seed).with_context(|| name)?;
-                total[k] = mean(&samples);
-                key[k] = mean_key(&samples);
+    if figures[0] {
+        if let Some(&n) = args.sizes.iter().find(|&&n| n < 2) {
+            bail!("--sizes: group size {n} is too small: an event needs at least 2 members");
+        }
+        if args.engine == Engine::Cluster {
+            if let Some(&n) = args.sizes.iter().find(|&&n| n < daemons) {
+                bail!(
+                    "--sizes: group size {n} is smaller than the {daemons} nodes: a partition would leave a side empty"
+                );
             }
-            fig5.push(Fig5 { event, n, membership, total, key });
         }
     }
+    if figures[1] {
+        if args.group_size < 2 {
+            bail!("--group-size must be at least 2");
+        }
+        if let Some(&g) = args.groups.iter().find(|&&g| g == 0) {
+            bail!("--groups: {g} groups is no point");
+        }
+    }
+    if figures[2] {
+        if let Some(&s) = args.msg_sizes.iter().find(|&&s| !(crate::flood::HEADER..=1 << 20).contains(&s)) {
+            bail!("--msg-sizes: {s} bytes is outside 16 to 1048576");
+        }
+        if args.receivers == 0 || args.messages == 0 {
+            bail!("--receivers and --messages must be at least 1");
+        }
+    }
+    let settings = Settings {
+        engine: args.engine,
+        costs: args.costs,
+        free_confirmations: args.free_confirmations,
+        daemons,
+        sizes: args.sizes.clone(),
+        events: args.events.clone(),
+        runs,
+        groups: args.groups.clone(),
+        group_size: args.group_size,
+        seed: args.seed,
+    };
+    Ok((settings, figures))
+}
 
-    if !args.json && !fig5.is_empty() {
-        writeln!(
-            out,
-            "\nFig. 5: one group, mean of {} runs. total: ms from the event until the last member shows its new \
-             secure view; key: the longest any member took from its daemon's view to the key (the key \
-             management's part)",
-            args.runs
-        )?;
+/// Runs the benchmark.
+pub fn run(args: IntegratedArgs) -> Result<()> {
+    let (s, figures) = check(&args)?;
+    if let Some(dir) = &args.out {
+        check_writable(dir)?;
+    }
+    if s.engine == Engine::Cluster {
+        cluster::preflight()?;
+    }
+    let fig5_points = match (figures[0], s.engine) {
+        (false, _) => 0,
+        (true, Engine::Sim) => s.sizes.len() * s.runs * 2,
+        (true, Engine::Cluster) => s.sizes.len() * s.events.len(),
+    };
+    let fig6_points = if figures[1] { s.groups.len() * 2 } else { 0 };
+    let fig7_points = if figures[2] { args.msg_sizes.len() * throughput::modes().len() } else { 0 };
+    let bar = progress_bar((fig5_points + fig6_points + fig7_points) as u64);
+    let mut step = |what: String| {
+        if bar.is_hidden() {
+            // No terminal: a line per point, for logs.
+            eprintln!("{what}");
+        }
+        bar.set_message(what);
+        bar.inc(1);
+    };
+    let mut out = std::io::stdout().lock();
+    let mut notes = Vec::new();
+    let mut rows = Vec::new();
+    let target = match s.engine {
+        Engine::Cluster => Some(cluster::start(s.daemons, &mut notes)?),
+        Engine::Sim if figures[2] => Some(crate::live::Target::start(None, Wan::Lan, &mut notes)?),
+        Engine::Sim => None,
+    };
+    match s.engine {
+        Engine::Sim if figures[0] || figures[1] => {
+            let costs = model::OpCosts::build(s.costs, 200)?;
+            writeln!(
+                notes,
+                "sim: {} simulated daemons, costs {} (per operation: exponentiation {:.1} µs, signature {:.1} µs, \
+                 verification {:.1} µs, HMAC {:.2} µs); key confirmation signatures {}",
+                s.daemons,
+                s.costs.name(),
+                costs.exp_us,
+                costs.sign_us,
+                costs.verify_us,
+                costs.hmac_us,
+                if s.free_confirmations { "free (--free-confirmations)" } else { "charged" }
+            )?;
+            let mut bed = sim::Testbed::new(s.daemons as u16, costs, s.seed);
+            bed.charge_confirmations = !s.free_confirmations;
+            if figures[0] {
+                rows.extend(sim_fig5(&bed, &s, &mut step)?);
+            }
+            if figures[1] {
+                rows.extend(sim_fig6(&bed, &s, &mut step)?);
+            }
+        }
+        Engine::Sim => {}
+        Engine::Cluster => {
+            let t = target.as_ref().expect("a cluster");
+            if figures[0] {
+                rows.extend(cluster::fig5(t, &s, &mut step)?);
+            }
+            if figures[1] {
+                rows.extend(cluster::fig6(t, &s, &mut step)?);
+            }
+        }
+    }
+    if figures[2] {
+        let t = target.as_ref().expect("a target for Fig. 7");
+        rows.extend(fig7(t, &s, &args, &mut step)?);
+    }
+    bar.finish_and_clear();
+    if args.json {
+        std::io::stderr().write_all(&notes)?;
+        writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?;
+    } else {
+        out.write_all(&notes)?;
+        write_tables(&mut out, &s, &rows)?;
+    }
+    if let Some(dir) = &args.out {
+        let charts = write_outputs(dir, &rows)?;
+        eprintln!("wrote integrated.csv, integrated.json and {} charts to {}", charts, dir.display());
+    }
+    Ok(())
+}
+
+/// Fig. 5 on the sim: per size, each architecture over `runs` seeds; the
+/// membership line is the layered runs' (plain daemons deliver views at once).
+fn sim_fig5(bed: &sim::Testbed, s: &Settings, step: &mut dyn FnMut(String)) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for (j, &n) in s.sizes.iter().enumerate() {
+        let mut per_mode = Vec::new();
+        for (mode, policy) in fig56_modes() {
+            let mut runs = Vec::new();
+            for r in 0..s.runs {
+                step(format!("fig. 5: {mode}, n = {n}, run {}", r + 1));
+                let seed = s.seed + (j * 1000 + r) as u64;
+                runs.push(sim::fig5(bed, policy, n, &s.events, seed).with_context(|| format!("{mode} at n = {n}"))?);
+            }
+            per_mode.push((mode, runs));
+        }
+        for (e, &event) in s.events.iter().enumerate() {
+            let mean = |runs: &[Vec<sim::Timing>]| sim::Timing::mean(&runs.iter().map(|r| r[e]).collect::<Vec<_>>());
+            let membership = mean(&per_mode[0].1).membership_ms;
+            rows.push(s.row(5, "plaintext", Some(event), 1, n, None, Some(membership)));
+            for (mode, runs) in &per_mode {
+                let t = mean(runs);
+                rows.push(Row {
+                    confirmed_ms: Some(t.confirmed_ms),
+                    ..s.row(5, mode, Some(event), 1, n, None, Some(t.keyed_ms))
+                });
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Fig. 6 on the sim: per number of groups, each architecture, one split and
+/// one heal.
+fn sim_fig6(bed: &sim::Testbed, s: &Settings, step: &mut dyn FnMut(String)) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for (k, &g) in s.groups.iter().enumerate() {
+        for (mode, policy) in fig56_modes() {
+            step(format!("fig. 6: {g} groups of {} ({mode})", s.group_size));
+            let seed = s.seed + 1_000_000 + k as u64;
+            let timings =
+                sim::fig6(bed, policy, g, s.group_size, seed).with_context(|| format!("{mode}, {g} groups"))?;
+            for (event, t) in [TimedEvent::Partition, TimedEvent::Merge].into_iter().zip(timings) {
+                if mode == "layered-tgdh" {
+                    rows.push(Row {
+                        runs: 1,
+                        ..s.row(6, "plaintext", Some(event), g, s.group_size, None, Some(t.membership_ms))
+                    });
+                }
+                rows.push(Row {
+                    confirmed_ms: Some(t.confirmed_ms),
+                    runs: 1,
+                    ..s.row(6, mode, Some(event), g, s.group_size, None, Some(t.keyed_ms))
+                });
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Fig. 7 on `target`'s daemons: every mode at every size.
+fn fig7(
+    target: &crate::live::Target,
+    s: &Settings,
+    args: &IntegratedArgs,
+    step: &mut dyn FnMut(String),
+) -> Result<Vec<Row>> {
+    let (sizes, receivers, messages) = (args.msg_sizes.clone(), args.receivers, args.messages);
+    let signed = !args.no_sender_signatures;
+    let cluster = s.engine == Engine::Cluster;
+    let points = target.run(|sockets, tag| async move {
+        let mut points = Vec::new();
+        for &size in &sizes {
+            for (name, policy) in throughput::modes() {
+                let mode = (name, policy.map(|p| Policy { sender_signatures: signed, ..p }));
+                step(format!("fig. 7: {name} at {size} B"));
+                let p = throughput::round(&sockets, mode, size, receivers, messages, &tag.to_string())
+                    .await
+                    .with_context(|| format!("{} at {size} bytes", mode.0))?;
+                points.push(p);
+            }
+        }
+        Ok(points)
+    })?;
+    Ok(points
+        .into_iter()
+        .map(|p| Row {
+            sender_signatures: p.sender_signatures,
+            msgs_per_s: Some(p.msgs_per_s),
+            mb_per_s: Some(p.mb_per_s()),
+            engine: if cluster { "cluster" } else { "embedded" },
+            costs: None,
+            confirmations_charged: None,
+            daemons: if cluster { s.daemons } else { 1 },
+            runs: 1,
+            ..s.row(7, p.mode, None, 1, receivers + 1, Some(p.size), None)
+        })
+        .collect())
+}
+
+/// The row of `mode` among `rows` at the same figure, event, groups, members
+/// and size as `like`.
+fn find<'a>(rows: &'a [Row], like: &Row, mode: &str) -> Option<&'a Row> {
+    rows.iter().find(|r| {
+        r.figure == like.figure
+            && r.mode == mode
+            && r.event == like.event
+            && r.groups == like.groups
+            && r.members == like.members
+            && r.size == like.size
+    })
+}
+
+fn ms(v: Option<f64>) -> String {
+    let digits = match v {
+        Some(v) if v >= 100.0 => 0,
+        Some(v) if v >= 10.0 => 1,
+        _ => 2,
+    };
+    crate::table::or_dash(v, digits)
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.1}", a / b),
+        _ => "-".into(),
+    }
+}
+
+fn event_name(e: Option<TimedEvent>) -> String {
+    e.map_or_else(String::new, |e| format!("{e:?}").to_lowercase())
+}
+
+/// The tables of Figs. 5, 6 and 7, and the issue's targets beside them.
+fn write_tables(out: &mut impl Write, s: &Settings, rows: &[Row]) -> Result<()> {
+    let sim = s.engine == Engine::Sim;
+    let (held, shown) = if sim { ("keyed", "confirmed") } else { ("total", "key") };
+    for figure in [5u8, 6] {
+        let layered: Vec<&Row> = rows.iter().filter(|r| r.figure == figure && r.mode == "layered-tgdh").collect();
+        if layered.is_empty() {
+            continue;
+        }
+        if figure == 5 {
+            writeln!(
+                out,
+                "\nFig. 5: one group of n members, mean of {} run(s); ms from the event until the last member {}; \
+                 membership: until the last has the daemons' new view (plain clients' part)",
+                s.runs,
+                if sim {
+                    "holds its new key (keyed) and shows the confirmed secure view (confirmed)"
+                } else {
+                    "shows its new secure view (total), and the longest any member took from its daemon's view to the key (key)"
+                }
+            )?;
+        } else {
+            writeln!(
+                out,
+                "\nFig. 6: groups of {} members, the daemons split in half and heal: ms until every member of every \
+                 group {}",
+                s.group_size,
+                if sim {
+                    "holds its new key (keyed) and shows its confirmed secure view (confirmed)"
+                } else {
+                    "shows its new secure view (total)"
+                }
+            )?;
+        }
+        let first = if figure == 5 { "n" } else { "groups" };
         let mut t = crate::table::new(
-            [
-                "event",
-                "n",
-                "membership",
-                "layered total",
-                "integrated total",
-                "ratio",
-                "layered key",
-                "integrated key",
-                "ratio",
+            vec![
+                "event".to_string(),
+                first.to_string(),
+                "membership".into(),
+                format!("layered {held}"),
+                format!("integrated {held}"),
+                "ratio".into(),
+                format!("layered {shown}"),
+                format!("integrated {shown}"),
+                "ratio".into(),
             ],
             1,
         );
-        for p in &fig5 {
+        for l in layered {
+            let i = find(rows, l, "integrated-vs");
+            let m = find(rows, l, "plaintext");
+            let second = |r: Option<&Row>| if sim { r.and_then(|r| r.confirmed_ms) } else { r.and_then(|r| r.key_ms) };
             t.add_row(vec![
-                format!("{:?}", p.event).to_lowercase(),
-                p.n.to_string(),
-                format!("{:.1}", p.membership),
-                format!("{:.1}", p.total[0]),
-                format!("{:.1}", p.total[1]),
-                format!("{:.2}", p.total[0] / p.total[1]),
-                format!("{:.1}", p.key[0]),
-                format!("{:.1}", p.key[1]),
-                format!("{:.2}", p.key[0] / p.key[1]),
+                event_name(l.event),
+                (if figure == 5 { l.members } else { l.groups }).to_string(),
+                ms(m.and_then(|m| m.mean_ms)),
+                ms(l.mean_ms),
+                ms(i.and_then(|i| i.mean_ms)),
+                ratio(l.mean_ms, i.and_then(|i| i.mean_ms)),
+                ms(second(Some(l))),
+                ms(second(i)),
+                ratio(second(Some(l)), second(i)),
             ]);
         }
         writeln!(out, "{t}")?;
-    }
-
-    // Fig. 6.
-    let mut fig6 = Vec::new();
-    for (k, &g) in groups.iter().enumerate() {
-        let mut row = Vec::new();
-        for (name, policy) in policies() {
-            eprintln!("fig. 6: {g} groups of {} ({name}; {} of {})", args.group_size, k + 1, groups.len());
-            let seed = args.seed + 1_000_000 + k as u64;
-            match target.time_groups(policy, scheme, g, args.group_size, seed) {
-                Ok(healed) => row.push(healed),
-                Err(e) => {
-                    // What was measured is not lost.
-                    if !args.json {
-                        print_fig6(&mut out, &fig6, args.group_size)?;
-                    }
-                    return Err(e.context(format!("{name}, {g} groups")));
-                }
-            }
+        if figure == 6 {
+            targets_fig6(out, rows)?;
         }
-        fig6.push((g, row[0], row[1]));
     }
-
-    if args.json {
-        let key = |s: &Sample| s.key_ms.unwrap_or(f64::NAN);
-        let fig5: Vec<_> = fig5
-            .iter()
-            .map(|p| {
-                json!({"event": format!("{:?}", p.event).to_lowercase(), "n": p.n, "runs": args.runs,
-                       "membership_ms": p.membership,
-                       "layered_ms": p.total[0], "integrated_ms": p.total[1],
-                       "layered_key_ms": p.key[0], "integrated_key_ms": p.key[1],
-                       "layered_over_integrated": p.total[0] / p.total[1],
-                       "layered_over_integrated_key": p.key[0] / p.key[1]})
-            })
-            .collect();
-        let fig6: Vec<_> = fig6
-            .iter()
-            .map(|(g, l, i)| {
-                json!({"groups": g, "group_size": args.group_size,
-                       "layered_partition_ms": l.split.ms, "integrated_partition_ms": i.split.ms,
-                       "layered_partition_key_ms": key(&l.split), "integrated_partition_key_ms": key(&i.split),
-                       "layered_merge_ms": l.merge.ms, "integrated_merge_ms": i.merge.ms,
-                       "layered_merge_key_ms": key(&l.merge), "integrated_merge_key_ms": key(&i.merge)})
-            })
-            .collect();
-        writeln!(out, "{}", serde_json::to_string_pretty(&json!({"fig5": fig5, "fig6": fig6}))?)?;
-        return Ok(());
-    }
-    print_fig6(&mut out, &fig6, args.group_size)
-}
-
-/// The Fig. 6 table of the rows so far (layered, integrated per number of groups).
-fn print_fig6(out: &mut impl Write, fig6: &[(usize, Healed, Healed)], group_size: usize) -> Result<()> {
-    let key = |s: &Sample| s.key_ms.unwrap_or(f64::NAN);
-    if !fig6.is_empty() {
+    let fig7: Vec<&Row> = rows.iter().filter(|r| r.figure == 7).collect();
+    if let Some(first) = fig7.first() {
         writeln!(
             out,
-            "\nFig. 6: groups of {} members, one network split and its heal: ms until every member of every group \
-             shows its new secure view (total), and the longest any member took from its daemon's view to the key \
-             (key)",
-            group_size
-        )?;
-        let mut t = crate::table::new(
-            ["groups", "event", "layered total", "integrated total", "ratio", "layered key", "integrated key", "ratio"],
-            2,
-        );
-        for (g, l, i) in fig6 {
-            for (event, l, i) in [("partition", &l.split, &i.split), ("merge", &l.merge, &i.merge)] {
-                t.add_row(vec![
-                    g.to_string(),
-                    event.to_string(),
-                    format!("{:.0}", l.ms),
-                    format!("{:.0}", i.ms),
-                    format!("{:.2}", l.ms / i.ms),
-                    format!("{:.1}", key(l)),
-                    format!("{:.1}", key(i)),
-                    format!("{:.2}", key(l) / key(i)),
-                ]);
+            "\nFig. 7: data throughput, one sender and {} receivers, {}; secure modes' data {}; × plaintext: messages \
+             per second against the plaintext round of the same size in this run; µs/msg: the round's time per \
+             message",
+            first.members - 1,
+            if first.engine == "cluster" {
+                "the sender on the first node, the receivers on the last: three-step's daemons seal what crosses"
+            } else {
+                "all on the embedded standalone daemon: nothing goes between daemons, so three-step seals nothing"
+            },
+            if fig7.iter().any(|r| r.sender_signatures == Some(false)) {
+                "unsigned (--no-sender-signatures)"
+            } else {
+                "signed by its sender (Ed25519), verified by every receiver"
             }
+        )?;
+        let mut t = crate::table::new(["size", "mode", "msgs/s", "MB/s", "× plaintext", "µs/msg"], 2);
+        for r in &fig7 {
+            let plain = find(rows, r, "plaintext").and_then(|p| p.msgs_per_s);
+            t.add_row(vec![
+                r.size.unwrap_or(0).to_string(),
+                r.mode.to_string(),
+                format!("{:.0}", r.msgs_per_s.unwrap_or(0.0)),
+                format!("{:.1}", r.mb_per_s.unwrap_or(0.0)),
+                match (r.msgs_per_s, plain) {
+                    (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+                    _ => "-".into(),
+                },
+                format!("{:.1}", 1e6 / r.msgs_per_s.unwrap_or(f64::INFINITY).max(1e-9)),
+            ]);
         }
         writeln!(out, "{t}")?;
+        let at_least_1k: Vec<(usize, f64)> = fig7
+            .iter()
+            .filter(|r| r.mode == "integrated-vs" && r.size.is_some_and(|s| s >= 1024))
+            .filter_map(|r| Some((r.size?, r.msgs_per_s? / find(rows, r, "plaintext")?.msgs_per_s?)))
+            .collect();
+        if let Some(&(size, worst)) = at_least_1k.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
+            writeln!(
+                out,
+                "target: integrated-vs at ≥ 1 KiB ≥ 0.8× plaintext — lowest {worst:.2}× (at {size} B): {}",
+                if worst >= 0.8 { "met" } else { "missed" }
+            )?;
+        }
     }
     Ok(())
+}
+
+/// The issue's Fig. 6 targets, where the run has the points.
+fn targets_fig6(out: &mut impl Write, rows: &[Row]) -> Result<()> {
+    let at = |mode: &str, g: usize| -> Vec<&Row> {
+        rows.iter().filter(|r| r.figure == 6 && r.mode == mode && r.groups == g).collect()
+    };
+    let worst = |rs: &[&Row]| {
+        rs.iter().filter_map(|r| r.mean_ms).fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))))
+    };
+    if let Some(w) = worst(&at("integrated-vs", 1000)) {
+        writeln!(
+            out,
+            "target: 1000 integrated groups keyed within 50 ms — slowest event {w:.1} ms: {}",
+            if w <= 50.0 { "met" } else { "missed" }
+        )?;
+    }
+    for r in at("layered-tgdh", 200) {
+        let Some(i) = find(rows, r, "integrated-vs") else { continue };
+        if let (Some(l), Some(i)) = (r.mean_ms, i.mean_ms) {
+            writeln!(
+                out,
+                "target: layered/integrated at 200 groups ≥ 50× — {}: {:.0} / {:.1} ms = {:.0}×: {}",
+                event_name(r.event),
+                l,
+                i,
+                l / i,
+                if l / i >= 50.0 { "met" } else { "missed" }
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Fails early if `dir` cannot be written (before a long run).
+fn check_writable(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    tempfile::NamedTempFile::new_in(dir).with_context(|| format!("{} is not writable", dir.display()))?;
+    Ok(())
+}
+
+/// Writes integrated.csv, integrated.json and the charts; returns how many
+/// charts (each as SVG and PNG).
+fn write_outputs(dir: &Path, rows: &[Row]) -> Result<usize> {
+    std::fs::write(dir.join("integrated.json"), serde_json::to_string_pretty(rows)?)
+        .with_context(|| format!("writing {}", dir.join("integrated.json").display()))?;
+    let mut w = csv::Writer::from_path(dir.join("integrated.csv"))?;
+    w.write_record([
+        "figure",
+        "mode",
+        "event",
+        "groups",
+        "members",
+        "size",
+        "mean_ms",
+        "confirmed_ms",
+        "key_ms",
+        "msgs_per_s",
+        "mb_per_s",
+        "engine",
+        "costs",
+        "confirmations_charged",
+        "sender_signatures",
+        "daemons",
+        "runs",
+    ])?;
+    let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.4}"));
+    for r in rows {
+        w.write_record([
+            r.figure.to_string(),
+            r.mode.to_string(),
+            event_name(r.event),
+            r.groups.to_string(),
+            r.members.to_string(),
+            r.size.map_or(String::new(), |s| s.to_string()),
+            opt(r.mean_ms),
+            opt(r.confirmed_ms),
+            opt(r.key_ms),
+            opt(r.msgs_per_s),
+            opt(r.mb_per_s),
+            r.engine.to_string(),
+            r.costs.unwrap_or("").to_string(),
+            r.confirmations_charged.map_or(String::new(), |c| c.to_string()),
+            r.sender_signatures.map_or(String::new(), |c| c.to_string()),
+            r.daemons.to_string(),
+            r.runs.to_string(),
+        ])?;
+    }
+    w.flush()?;
+    let mut charts = 0;
+    let series = |figure: u8, event: Option<TimedEvent>, x: fn(&Row) -> f64, y: fn(&Row) -> Option<f64>| {
+        let mut lines: Vec<crate::chart::Series> = Vec::new();
+        for r in rows.iter().filter(|r| r.figure == figure && r.event == event) {
+            let Some(v) = y(r) else { continue };
+            let name = if r.mode == "plaintext" && figure != 7 { "membership".to_string() } else { r.mode.to_string() };
+            match lines.iter_mut().find(|l| l.name == name) {
+                Some(l) => l.points.push((x(r), v)),
+                None => lines.push(crate::chart::Series { name, points: vec![(x(r), v)] }),
+            }
+        }
+        lines
+    };
+    for event in [TimedEvent::Join, TimedEvent::Leave, TimedEvent::Partition, TimedEvent::Merge] {
+        let lines = series(5, Some(event), |r| r.members as f64, |r| r.mean_ms);
+        if !lines.is_empty() {
+            let name = format!("fig5-{}.svg", event_name(Some(event)));
+            let title = format!("Fig. 5: {} in one group", event_name(Some(event)));
+            crate::chart::line_chart(
+                &dir.join(&name),
+                &title,
+                "group size n",
+                "ms until every member holds its key",
+                &lines,
+                false,
+            )?;
+            charts += 1;
+        }
+    }
+    for event in [TimedEvent::Partition, TimedEvent::Merge] {
+        let lines = series(6, Some(event), |r| r.groups as f64, |r| r.mean_ms);
+        if !lines.is_empty() {
+            let name = format!("fig6-{}.svg", event_name(Some(event)));
+            let title = format!("Fig. 6: every group re-keyed after a daemon {}", event_name(Some(event)));
+            crate::chart::line_chart(
+                &dir.join(&name),
+                &title,
+                "groups",
+                "ms until every member of every group holds its key",
+                &lines,
+                true,
+            )?;
+            charts += 1;
+        }
+    }
+    let lines = series(7, None, |r| (r.size.unwrap_or(1) as f64).log2(), |r| r.mb_per_s);
+    if !lines.is_empty() {
+        crate::chart::line_chart(
+            &dir.join("fig7.svg"),
+            "Fig. 7: data throughput",
+            "message size, log2 bytes (6 = 64 B, 10 = 1 KiB, 16 = 64 KiB)",
+            "MB/s",
+            &lines,
+            false,
+        )?;
+        charts += 1;
+    }
+    Ok(charts)
+}
+
+/// A bar over the run's points, on stderr when it is a terminal.
+fn progress_bar(len: u64) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len.max(1));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg:40} {wide_bar} {pos}/{len} points, ETA {eta}")
+            .expect("static template"),
+    );
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: IntegratedArgs,
+    }
+
+    fn args(line: &str) -> IntegratedArgs {
+        Cli::try_parse_from(std::iter::once("integrated").chain(line.split_whitespace())).unwrap().args
+    }
+
+    fn refused(line: &str) -> String {
+        match check(&args(line)) {
+            Ok(_) => panic!("{line} was accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn bad_options_are_refused_with_a_reason() {
+        assert!(check(&args("")).is_ok());
+        assert!(refused("--figures 4").contains("Fig. 4"));
+        assert!(refused("--sizes 1").contains("too small"));
+        assert!(refused("--msg-sizes 8").contains("16 to 1048576"));
+        assert!(refused("--runs 0").contains("--runs"));
+        assert!(refused("--daemons 1").contains("cannot partition"));
+        assert!(refused("--figures 6 --groups 0").contains("--groups"));
+        assert!(check(&args("--daemons 1 --figures 5 --events join,leave")).is_ok());
+        assert!(refused("--engine cluster --costs tissec2002").contains("wall-clock"));
+    }
+
+    #[cfg(not(feature = "cluster"))]
+    #[test]
+    fn the_cluster_engine_without_its_feature_says_how_to_get_it() {
+        let e = cluster::preflight().unwrap_err().to_string();
+        assert!(e.contains("--features cluster") && e.contains("--engine sim"), "{e}");
+    }
+
+    #[test]
+    fn json_rows_have_the_issues_keys_and_out_writes_csv_json_and_charts() {
+        let a = args("--daemons 3 --sizes 4 --runs 1 --groups 2 --group-size 4 --costs tissec2002");
+        let (s, _) = check(&a).unwrap();
+        let bed = sim::Testbed::new(3, model::OpCosts::tissec2002(), 1);
+        let mut rows = sim_fig5(&bed, &s, &mut |_| {}).unwrap();
+        rows.extend(sim_fig6(&bed, &s, &mut |_| {}).unwrap());
+        // Fig. 5: plaintext, layered, integrated per event; Fig. 6: the same per event.
+        assert_eq!(rows.len(), 4 * 3 + 2 * 3);
+        let json: serde_json::Value = serde_json::from_str(&serde_json::to_string(&rows).unwrap()).unwrap();
+        for r in json.as_array().unwrap() {
+            for key in ["figure", "mode", "event", "groups", "members", "size", "mean_ms"] {
+                assert!(r.get(key).is_some(), "{key} missing in {r}");
+            }
+            assert!(["plaintext", "layered-tgdh", "integrated-vs"].contains(&r["mode"].as_str().unwrap()), "{r}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(write_outputs(dir.path(), &rows).unwrap(), 4 + 2);
+        let csv = std::fs::read_to_string(dir.path().join("integrated.csv")).unwrap();
+        assert_eq!(csv.lines().count(), rows.len() + 1);
+        assert!(dir.path().join("fig6-merge.png").exists());
+        let mut table = Vec::new();
+        write_tables(&mut table, &s, &rows).unwrap();
+        let table = String::from_utf8(table).unwrap();
+        assert!(table.contains("Fig. 5") && table.contains("Fig. 6"), "{table}");
+    }
 }

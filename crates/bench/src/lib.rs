@@ -20,10 +20,11 @@
 //!   by the interval algorithms (Rebuild, Batch, Queue-batch, optionally with
 //!   `:rekey-on-leave`) and by per-view TGDH, beside SEAL's Table 2, with
 //!   charts like its Figures 9–11.
-//! * `bench integrated` — the layered against the integrated architecture
-//!   on a Corosync cluster of certified daemons: one group's events and many
-//!   groups re-keyed by a partition and a merge, beside the
-//!   integrated-architecture paper's Figures 5 and 6.
+//! * `bench integrated` — the layered against the integrated architecture,
+//!   beside the integrated-architecture paper's Figures 5–7: one group's
+//!   events and many groups re-keyed by a partition and a merge, on simulated
+//!   daemons in virtual time (default) or on a Corosync cluster of certified
+//!   daemons; and data throughput per mode against message size.
 //! * `bench gcs` — group communication on real sockets: agreed-multicast
 //!   latency and throughput, join and leave latency; with the `cluster`
 //!   feature also over Corosync, with bare CPG's own delivery as the floor.
@@ -81,9 +82,10 @@ pub enum Command {
     /// member holds the same confirmed key; CPU, peak memory and the daemon's bytes beside it, and mls-rs
     /// forming a group of the same size (one commit adding everybody) in the same run.
     Form(form::FormArgs),
-    /// The layered against the integrated architecture on a Corosync cluster of certified daemons: one group's
-    /// join, leave, partition and merge (Fig. 5 of the integrated-architecture paper), and many groups re-keyed
-    /// by one partition and merge (Fig. 6). Needs root, corosync and a build with --features cluster.
+    /// The layered against the integrated architecture (the integrated-architecture paper's §5): one group's
+    /// join, leave, partition and merge (Fig. 5) and many groups re-keyed by one partition and merge (Fig. 6),
+    /// on 13 simulated daemons in virtual time (default) or a Corosync cluster (--engine cluster: root,
+    /// corosync, --features cluster); data throughput per mode against message size (Fig. 7).
     Integrated(integrated::IntegratedArgs),
     /// Group communication on real sockets: agreed-multicast latency and throughput, join and leave
     /// latency, against an embedded daemon or the daemons given (and over TLS with --tls).

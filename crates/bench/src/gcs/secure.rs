@@ -9,13 +9,13 @@
 //! own messages in flight (the next goes out when one comes back, as in the
 //! plain round) and the round ends when every member has every message.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use conclave_gka::suite::{generate_signer, SignatureId};
-use conclave_gka::{GroupId, ProtocolId, StaticDirectory};
+use conclave_gka::StaticDirectory;
 use conclave_secure::{MemberId, Policy, SecureEvent, Session};
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
@@ -39,7 +39,9 @@ pub struct SecureRow {
 
 /// What one secure round does.
 pub struct SecureFlood<'a> {
-    pub socket: &'a Path,
+    /// Member i connects to `sockets[i]`, the members past the end to the
+    /// last one (so one socket puts everybody on one daemon).
+    pub sockets: &'a [PathBuf],
     /// Unique per round: each round has a group of its own.
     pub group: String,
     pub receivers: usize,
@@ -47,7 +49,9 @@ pub struct SecureFlood<'a> {
     pub per_sender: usize,
     pub size: usize,
     pub window: usize,
-    pub sender_signatures: bool,
+    /// The group's policy (layered TGDH with or without sender signatures,
+    /// Integrated VS, Three-Step, …).
+    pub policy: Policy,
 }
 
 /// Runs one round and returns its messages per second.
@@ -62,13 +66,14 @@ pub async fn round(f: &SecureFlood<'_>) -> Result<f64> {
         members.push((name, signer));
     }
     let directory = Arc::new(directory);
-    let policy =
-        Policy { sender_signatures: f.sender_signatures, ..Policy::new(ProtocolId::Tgdh, GroupId::Ristretto255) };
+    let policy = f.policy;
+    let last = f.sockets.len().checked_sub(1).context("no daemon socket")?;
     let mut sessions = Vec::with_capacity(f.receivers);
-    for (name, signer) in members {
-        let mut s = Session::connect_unix(f.socket, &name, signer, directory.clone())
+    for (i, (name, signer)) in members.into_iter().enumerate() {
+        let socket = &f.sockets[i.min(last)];
+        let mut s = Session::connect_unix(socket, &name, signer, directory.clone())
             .await
-            .with_context(|| format!("cannot connect {name} to {}", f.socket.display()))?;
+            .with_context(|| format!("cannot connect {name} to {}", socket.display()))?;
         s.join(&f.group, policy)?;
         sessions.push(s);
     }
