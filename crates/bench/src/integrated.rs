@@ -20,8 +20,8 @@
 //! groups of `--group-size` members, one split of the daemons and its heal:
 //! the time until every member of every group holds its new key, with the
 //! layered/integrated ratio. Fig. 7 ([`throughput`]): data throughput
-//! against message size for plaintext, layered-tgdh, integrated-vs and
-//! three-step, real sessions in wall-clock time, on the embedded standalone
+//! against message size for plaintext, layered-tgdh, integrated-vs,
+//! three-step and optimized-evs, real sessions in wall-clock time, on the embedded standalone
 //! daemon or (cluster) across two nodes.
 
 use std::io::Write;
@@ -141,7 +141,8 @@ pub(crate) fn fig56_modes() -> [(&'static str, Policy); 2] {
 pub struct Row {
     /// 5, 6 or 7.
     pub figure: u8,
-    /// `plaintext` (Figs. 5 and 6: the membership line), `layered-tgdh`, `integrated-vs`, `three-step`.
+    /// `plaintext` (Figs. 5 and 6: the membership line), `layered-tgdh`, `integrated-vs`, `three-step`,
+    /// `optimized-evs`.
     pub mode: &'static str,
     /// Figs. 5 and 6: join, leave, partition, merge.
     pub event: Option<TimedEvent>,

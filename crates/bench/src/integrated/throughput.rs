@@ -36,6 +36,7 @@ pub fn modes() -> Vec<(&'static str, Option<Policy>)> {
         ("layered-tgdh", Some(Policy::new(ProtocolId::Tgdh, GroupId::Ristretto255))),
         ("integrated-vs", Some(Policy::integrated())),
         ("three-step", Some(Policy::three_step())),
+        ("optimized-evs", Some(Policy::optimized_evs())),
     ]
 }
 
