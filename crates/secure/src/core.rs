@@ -1781,11 +1781,7 @@ impl SessionCore {
         payload: Bytes,
     ) -> Result<(), SessionError> {
         let res = self.open_data(group, &sender, view, payload);
-        match res {
-            Ok(Some(ev)) => self.events.push_back(ev),
-            Ok(None) => {}
-            Err(reason) => self.events.push_back(SecureEvent::Rejected { group: group.clone(), sender, reason }),
-        }
+        self.report(group, sender, res);
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let sends = flush(&self.me, self.signer.as_ref(), group, gs);
         self.push_all(sends)
@@ -1804,12 +1800,19 @@ impl SessionCore {
         if let Some(gs) = self.groups.get_mut(group) {
             gs.captured.push((sender.clone(), payload.clone()));
         }
-        match self.open_evs(group, &sender, view, payload, false) {
+        let res = self.open_evs(group, &sender, view, payload, false);
+        self.report(group, sender, res);
+        Ok(())
+    }
+
+    /// Reports what checking a data message from `sender` gave: the message,
+    /// nothing (held, or dropped quietly), or why it was refused.
+    fn report(&mut self, group: &GroupName, sender: MemberId, res: Result<Option<SecureEvent>, RejectReason>) {
+        match res {
             Ok(Some(ev)) => self.events.push_back(ev),
             Ok(None) => {}
             Err(reason) => self.events.push_back(SecureEvent::Rejected { group: group.clone(), sender, reason }),
         }
-        Ok(())
     }
 
     /// A view of an Optimized EVS group ends before its key was confirmed
@@ -1823,11 +1826,8 @@ impl SessionCore {
             return;
         }
         for (sender, view, payload) in gs.early.take() {
-            match self.open_evs(group, &sender, view, payload, true) {
-                Ok(Some(ev)) => self.events.push_back(ev),
-                Ok(None) => {}
-                Err(reason) => self.events.push_back(SecureEvent::Rejected { group: group.clone(), sender, reason }),
-            }
+            let res = self.open_evs(group, &sender, view, payload, true);
+            self.report(group, sender, res);
         }
     }
 
