@@ -173,6 +173,10 @@ pub(crate) mod ka_kind {
     pub const RENEW: u8 = 2;
     /// A client operation sealed under the daemons' key (see [`crate::seal`]).
     pub const SEALED: u8 = 3;
+    /// Data-out: a daemon holds the key of an epoch, and its clients' keyed
+    /// traffic from here on counts under that key: the epoch
+    /// ([`conclave_gka::EPOCH_LEN`] bytes). See [`KeyedDaemon::with_data_limit`].
+    pub const COUNTING: u8 = 4;
 }
 
 /// Where the daemons' key stands.
@@ -215,6 +219,10 @@ pub struct KeyedDaemon {
     data_limit: Option<u64>,
     /// Payload bytes keyed groups sent under the current key.
     data_under_key: u64,
+    /// Data-out: the daemons that have said, through the stream, that they
+    /// hold the current key ([`ka_kind::COUNTING`]); only their clients'
+    /// keyed traffic after that point counts under it.
+    counting: std::collections::BTreeSet<DaemonId>,
     /// The daemons are renewing their key (data-out or time-out); views keep
     /// their keys meanwhile.
     refreshing: bool,
@@ -249,6 +257,7 @@ impl KeyedDaemon {
             agreements: 0,
             data_limit: None,
             data_under_key: 0,
+            counting: std::collections::BTreeSet::new(),
             refreshing: false,
             key_lifetime: None,
             renew_at: None,
@@ -267,8 +276,51 @@ impl KeyedDaemon {
     /// ([`conclave_gcs::Cause::Refresh`]) and a key from it. Every daemon of
     /// a group must have the same limit: each counts the bytes of the one
     /// ordered stream, so all renew at the same point of it.
+    ///
+    /// **What counts under a key.** A client's keyed traffic counts under
+    /// the key its own daemon held when it passed that traffic on. When a
+    /// daemon has a new key it says so through the stream
+    /// ([`ka_kind::COUNTING`]), after everything it passed on before; the
+    /// multicasts and unicasts of its clients that the stream orders after
+    /// that point count under the new key, and those ordered before it count
+    /// under none. Every daemon sees the same stream, so all count the same
+    /// bytes and renew at the same point of it.
+    ///
+    /// Why: a renewal gives every keyed group a new view, and a member
+    /// accepts a message only in the view it was made for, so what members
+    /// sent under the old key and the stream orders after the new view is
+    /// dropped by its receivers and sent again by its sender. Counting that
+    /// dead traffic under the new key (as the first version did) could make
+    /// it alone reach the limit: the renewal then ends before the traffic sent
+    /// again is ordered, that traffic is dead in its turn, and the groups are
+    /// refreshed without end (`conclave sim` seed 10533: some 39,000 refreshes
+    /// with a 2 KiB limit). Now the dead traffic that its daemon passed on
+    /// before holding the new key counts for nothing, so after a renewal the
+    /// limit is left for what the members send for the new views: their key
+    /// confirmations and what they send again, which must then fit under
+    /// the limit before the next renewal can start.
+    ///
+    /// **The bound.** Everything a member sends for a view keyed under `K_s`
+    /// is counted under `K_s`, except: (1) what the stream orders while the
+    /// daemons agree the next key (from the point the limit is reached to the
+    /// new key), and (2) what a member sent for a view of `K_s` that reaches
+    /// its daemon after that daemon holds the next key (on the member's link
+    /// while its new view is on the way to it), which counts under the next
+    /// key instead. So a key carries at most the limit, plus one message,
+    /// plus (1) and (2): the traffic of one daemon key agreement and of one
+    /// client link's latency. The same traffic can count twice (under the
+    /// next key too), never less. What is left to liveness: a renewal can
+    /// follow another without progress only if (2) and the members' key
+    /// confirmations alone reach the limit, so the limit must be well above
+    /// one view's confirmations (about 150 bytes per member) plus what a
+    /// client has on its link; a real limit (gigabytes) is.
     pub fn with_data_limit(mut self, bytes: u64) -> Self {
         self.data_limit = Some(bytes.max(1));
+        if matches!(self.key, ServerKey::Agreed(_)) {
+            // A fresh daemon alone has its key already, and has passed
+            // nothing on.
+            self.counting.insert(self.me);
+        }
         self
     }
 
@@ -442,9 +494,20 @@ impl KeyedDaemon {
                     if let Some(sealing) = &mut self.sealing {
                         sealing.key_agreed(sv.epoch, sv.key.expose_secret(), out);
                     }
+                    let epoch = sv.epoch;
                     self.key = ServerKey::Agreed(sv);
                     self.agreements += 1;
                     self.data_under_key = 0;
+                    self.counting.clear();
+                    if self.data_limit.is_some() {
+                        // After anything this daemon passed on under the
+                        // last key (its sealed operations waiting for this
+                        // one included): from here its clients' keyed
+                        // traffic counts under this key.
+                        let mut payload = vec![ka_kind::COUNTING];
+                        payload.extend_from_slice(&epoch.to_bytes());
+                        out.push(Output::Submit(Op::DaemonKa { from: self.me, payload: payload.into() }));
+                    }
                     self.lifetime_starts = true;
                     self.renew_at = None;
                     self.release(out);
@@ -481,6 +544,15 @@ impl KeyedDaemon {
                     }
                 }
             }
+            Some((&ka_kind::COUNTING, epoch)) => {
+                // Only for the key in use, from a daemon of this configuration.
+                if let ServerKey::Agreed(sv) = &self.key {
+                    let member = self.core.configuration().is_some_and(|(_, daemons)| daemons.contains(&from));
+                    if member && epoch == sv.epoch.to_bytes().as_slice() {
+                        self.counting.insert(from);
+                    }
+                }
+            }
             Some((&ka_kind::AGREEMENT, message)) => {
                 let Some(engine) = &mut self.engine else { return };
                 let res = engine.on_message(&daemon_member(from), message, &mut *self.rng);
@@ -490,8 +562,13 @@ impl KeyedDaemon {
         }
     }
 
-    /// The payload bytes `op` sends to a keyed group, if it does.
+    /// The payload bytes `op` sends to a keyed group that count under the
+    /// current key: none unless its daemon passed it on after saying it
+    /// holds the key (see [`KeyedDaemon::with_data_limit`]).
     fn keyed_payload(&self, op: &Op) -> u64 {
+        if !op.conn().is_some_and(|c| self.counting.contains(&c.daemon)) {
+            return 0;
+        }
         let op = match op {
             Op::Numbered { op, .. } => op.as_ref(),
             op => op,
