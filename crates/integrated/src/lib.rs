@@ -223,6 +223,12 @@ pub struct KeyedDaemon {
     /// hold the current key ([`ka_kind::COUNTING`]); only their clients'
     /// keyed traffic after that point counts under it.
     counting: std::collections::BTreeSet<DaemonId>,
+    /// Data-out: the bytes each connection had counted under the current
+    /// key when its renewal started.
+    counted_by: BTreeMap<ConnId, u64>,
+    /// Data-out: what each connection may still send under the current key
+    /// before its traffic counts: what it had counted under the one before.
+    allowance: BTreeMap<ConnId, u64>,
     /// The daemons are renewing their key (data-out or time-out); views keep
     /// their keys meanwhile.
     refreshing: bool,
@@ -258,6 +264,8 @@ impl KeyedDaemon {
             data_limit: None,
             data_under_key: 0,
             counting: std::collections::BTreeSet::new(),
+            counted_by: BTreeMap::new(),
+            allowance: BTreeMap::new(),
             refreshing: false,
             key_lifetime: None,
             renew_at: None,
@@ -277,43 +285,53 @@ impl KeyedDaemon {
     /// a group must have the same limit: each counts the bytes of the one
     /// ordered stream, so all renew at the same point of it.
     ///
-    /// **What counts under a key.** A client's keyed traffic counts under
-    /// the key its own daemon held when it passed that traffic on. When a
-    /// daemon has a new key it says so through the stream
-    /// ([`ka_kind::COUNTING`]), after everything it passed on before; the
-    /// multicasts and unicasts of its clients that the stream orders after
-    /// that point count under the new key, and those ordered before it count
-    /// under none. Every daemon sees the same stream, so all count the same
-    /// bytes and renew at the same point of it.
+    /// **What counts under a key.** Two rules, both decided on the one
+    /// ordered stream, so every daemon counts the same bytes and renews at
+    /// the same point of it:
+    ///
+    /// 1. *The daemon's fence.* When a daemon has a new key it says so
+    ///    through the stream ([`ka_kind::COUNTING`]), after everything it
+    ///    passed on before. Its clients' keyed multicasts and unicasts count
+    ///    under the key only if the stream orders them after that point.
+    /// 2. *The allowance.* Each connection may send, under a key renewed
+    ///    within a configuration, as many bytes uncounted as it had counted
+    ///    under the key before (up to the point that one's renewal started);
+    ///    under the first key of a configuration it has none (the daemons of
+    ///    a new configuration did not all count the same history).
     ///
     /// Why: a renewal gives every keyed group a new view, and a member
     /// accepts a message only in the view it was made for, so what members
-    /// sent under the old key and the stream orders after the new view is
-    /// dropped by its receivers and sent again by its sender. Counting that
-    /// dead traffic under the new key (as the first version did) could make
-    /// it alone reach the limit: the renewal then ends before the traffic sent
-    /// again is ordered, that traffic is dead in its turn, and the groups are
-    /// refreshed without end (`conclave sim` seed 10533: some 39,000 refreshes
-    /// with a 2 KiB limit). Now the dead traffic that its daemon passed on
-    /// before holding the new key counts for nothing, so after a renewal the
-    /// limit is left for what the members send for the new views: their key
-    /// confirmations and what they send again, which must then fit under
-    /// the limit before the next renewal can start.
+    /// sent for the old views and the stream orders after the new ones is
+    /// dead: dropped by its receivers and sent again by its sender. Counted
+    /// under the new key (as the first version did), the dead traffic alone
+    /// could reach the limit; the renewal then ended before the copies sent
+    /// again were ordered, those were dead in their turn, and the groups were
+    /// refreshed without end (`conclave sim` seed 10533: some 39,000
+    /// refreshes with a 2 KiB limit). Rule 1 leaves out the dead traffic its
+    /// daemon passed on before holding the new key; rule 2 the dead traffic
+    /// still on the member's link, or in a member slower than the daemons'
+    /// key agreement, when its daemon got the key (at most what the member
+    /// had counted under the old key, which is what it may have to send
+    /// again). So after a renewal, the limit is left for what members send
+    /// for the new views.
     ///
-    /// **The bound.** Everything a member sends for a view keyed under `K_s`
-    /// is counted under `K_s`, except: (1) what the stream orders while the
-    /// daemons agree the next key (from the point the limit is reached to the
-    /// new key), and (2) what a member sent for a view of `K_s` that reaches
-    /// its daemon after that daemon holds the next key (on the member's link
-    /// while its new view is on the way to it), which counts under the next
-    /// key instead. So a key carries at most the limit, plus one message,
-    /// plus (1) and (2): the traffic of one daemon key agreement and of one
-    /// client link's latency. The same traffic can count twice (under the
-    /// next key too), never less. What is left to liveness: a renewal can
-    /// follow another without progress only if (2) and the members' key
-    /// confirmations alone reach the limit, so the limit must be well above
-    /// one view's confirmations (about 150 bytes per member) plus what a
-    /// client has on its link; a real limit (gigabytes) is.
+    /// **The bound.** Counted under a key: at most the limit plus one
+    /// message (counting stops when the renewal starts). Sent for views of a
+    /// key and not counted under it: the allowance (at most the limit plus
+    /// one message, over all connections), what the stream orders while the
+    /// daemons agree the next key, and what a member sent for a view of the
+    /// key that its daemon passed on after it held the next key (counted
+    /// under that one instead). So a key protects at most twice the limit
+    /// plus two messages, plus the traffic of one key agreement among the
+    /// daemons and of one client link. Without new traffic the renewals
+    /// stop as long as what one member has to send again after a renewal,
+    /// with the view's key confirmations (about 150 bytes per member), fits
+    /// under the limit plus the allowance; a member with more than that to
+    /// send again, slower than the daemons agree a key, can still be
+    /// refreshed again and again (the daemons cannot tell a message made for
+    /// the old view from one made for the new: both are sealed by the
+    /// members). A real limit (gigabytes) is far above what any member
+    /// sends again.
     pub fn with_data_limit(mut self, bytes: u64) -> Self {
         self.data_limit = Some(bytes.max(1));
         if matches!(self.key, ServerKey::Agreed(_)) {
@@ -499,6 +517,7 @@ impl KeyedDaemon {
                     self.agreements += 1;
                     self.data_under_key = 0;
                     self.counting.clear();
+                    self.allowance = std::mem::take(&mut self.counted_by);
                     if self.data_limit.is_some() {
                         // After anything this daemon passed on under the
                         // last key (its sealed operations waiting for this
@@ -565,30 +584,39 @@ impl KeyedDaemon {
     /// The payload bytes `op` sends to a keyed group that count under the
     /// current key: none unless its daemon passed it on after saying it
     /// holds the key (see [`KeyedDaemon::with_data_limit`]).
-    fn keyed_payload(&self, op: &Op) -> u64 {
-        if !op.conn().is_some_and(|c| self.counting.contains(&c.daemon)) {
-            return 0;
-        }
+    fn keyed_payload(&self, op: &Op) -> Option<(ConnId, u64)> {
+        let conn = op.conn().filter(|c| self.counting.contains(&c.daemon))?;
         let op = match op {
             Op::Numbered { op, .. } => op.as_ref(),
             op => op,
         };
         match op {
             Op::Multicast { group, payload, .. } | Op::Unicast { group, payload, .. } if self.core.keyed(group) => {
-                payload.len() as u64
+                Some((conn, payload.len() as u64))
             }
-            _ => 0,
+            _ => None,
         }
     }
 
     /// Counts `bytes` sent under the current key, and starts renewing it when
     /// they reach the data-out limit (at the same point of the stream at
     /// every daemon).
-    fn count_data(&mut self, bytes: u64, out: &mut Vec<Output>) {
+    fn count_data(&mut self, sent: Option<(ConnId, u64)>, out: &mut Vec<Output>) {
         let Some(limit) = self.data_limit else { return };
+        let Some((conn, bytes)) = sent else { return };
         if bytes == 0 || !matches!(self.key, ServerKey::Agreed(_)) || self.refreshing {
             return;
         }
+        let free = self.allowance.get_mut(&conn).map_or(0, |a| {
+            let free = bytes.min(*a);
+            *a -= free;
+            free
+        });
+        let bytes = bytes - free;
+        if bytes == 0 {
+            return;
+        }
+        *self.counted_by.entry(conn).or_default() += bytes;
         self.data_under_key += bytes;
         if self.data_under_key >= limit {
             tracing::debug!(bytes = self.data_under_key, "data-out: the daemons renew their key");
@@ -750,6 +778,10 @@ impl KeyedDaemon {
                 }
                 self.refreshing = false;
                 self.renew_at = None;
+                // Data-out allowances hold within a configuration only: the
+                // daemons of the next one counted different histories.
+                self.counted_by.clear();
+                self.allowance.clear();
                 op
             }
             op => op,
