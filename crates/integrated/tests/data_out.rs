@@ -147,7 +147,8 @@ fn a_renewal_leaves_room_for_what_its_new_views_make_members_send_again() {
         let net = NetConfig { latency, jitter: 0, client_latency, ..NetConfig::default() };
         for (seed, backlog) in [(0, 13), (1, 15), (2, 17), (3, 20)] {
             let (agreements, left, idle) = run(net.clone(), seed, 2048, backlog, 2);
-            let at = format!("latency {latency} µs, client latency {client_latency} µs, seed {seed}, {backlog} messages");
+            let at =
+                format!("latency {latency} µs, client latency {client_latency} µs, seed {seed}, {backlog} messages");
             assert_eq!(left, 0, "{at}: {left} messages never delivered ({agreements} key agreements)");
             assert!(idle, "{at}: still busy after 2 s ({agreements} key agreements)");
             assert!(agreements < 20, "{at}: {agreements} key agreements");

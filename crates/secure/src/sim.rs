@@ -428,10 +428,7 @@ fn is_replay(
 fn text_in(bytes: &[u8], texts: &BTreeSet<String>) -> Option<String> {
     for (at, _) in bytes.iter().enumerate().filter(|(_, &b)| b == b'm') {
         let rest = &bytes[at..];
-        let end = rest[1..]
-            .iter()
-            .position(|b| !(b.is_ascii_digit() || *b == b':'))
-            .map_or(rest.len(), |p| p + 1);
+        let end = rest[1..].iter().position(|b| !(b.is_ascii_digit() || *b == b':')).map_or(rest.len(), |p| p + 1);
         // The longest prefix that is a sent text (`m1:2` and `m1:23` both may be).
         for len in (4..=end).rev() {
             if let Ok(t) = std::str::from_utf8(&rest[..len]) {
