@@ -1394,12 +1394,13 @@ mod tests {
     #[test]
     fn three_step_groups_pass_a_few_seeds_and_a_seed_replays_exactly() {
         let cfg = SimConfig { three_step: true, ..defaults() };
-        let (mut checked, mut captured) = (0, 0);
+        let (mut checked, mut captured, mut messages) = (0, 0, 0);
         for seed in 0..8 {
             let w = run_world(seed, cfg);
             let out = &w.st.out;
             assert!(out.failures.is_empty(), "seed {seed}: {:?}", out.failures);
-            assert!(out.views > 0 && out.messages > 0, "seed {seed} carried nothing: {out:?}");
+            assert!(out.views > 0, "seed {seed} had no view: {out:?}");
+            messages += out.messages;
             assert_eq!(run(seed, cfg).trace_hash, out.trace_hash, "seed {seed} replays differently");
             let wire = w.wire.as_ref().expect("a backbone attacker").lock().unwrap();
             checked += wire.checked;
@@ -1408,6 +1409,7 @@ mod tests {
         // The attacker saw the sealed backbone, and its injections reached
         // daemons (which did nothing with them).
         assert!(captured > 100 && checked > 20, "captured {captured}, checked {checked}");
+        assert!(messages > 50, "{messages} messages delivered");
     }
 
     /// Three-step seed 1254: the backbone attacker forged an operation with
