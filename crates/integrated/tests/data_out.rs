@@ -155,3 +155,42 @@ fn a_renewal_leaves_room_for_what_its_new_views_make_members_send_again() {
         }
     }
 }
+
+/// A daemon alone renews by data-out too, through its own stream: its
+/// first key counts at once, each next one from its own word that it holds
+/// it. A connection's allowance under a renewed key is what it counted
+/// under the one before, so a steady sender renews the key every twice the
+/// limit (the bound `KeyedDaemon::with_data_limit` states).
+#[test]
+fn a_daemon_alone_renews_by_data_out_and_a_steady_sender_every_twice_the_limit() {
+    let signer: Arc<dyn Signer> = Arc::new(Ed25519Signer::from_seed(&[1; 32]));
+    let make = move |id: DaemonId, incarnation: u64| -> Box<dyn Machine> {
+        let identities = DaemonIdentities::alone(id, signer.clone());
+        let rng = Box::new(ChaCha20Rng::seed_from_u64(incarnation));
+        let daemon = KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng);
+        Box::new(daemon.with_data_limit(1000))
+    };
+    let mut sim = DaemonSim::with_machines(1, NetConfig::default(), 7, Box::new(make)).unwrap();
+    sim.run_idle();
+    let conn = sim.open(0).unwrap();
+    sim.submit(Op::Connect { conn, name: MemberId::new("a").unwrap() });
+    sim.submit(Op::Join { conn, group: group(), open: false, mode: GroupMode::Keyed });
+    sim.run_idle();
+    let agreements = |sim: &DaemonSim| {
+        let m = sim.machine(0).unwrap();
+        (m as &dyn std::any::Any).downcast_ref::<KeyedDaemon>().unwrap().agreements()
+    };
+    let start = agreements(&sim);
+    let mut send = |sim: &mut DaemonSim, n: usize| {
+        let payload = bytes::Bytes::from(vec![0u8; n]);
+        sim.submit(Op::Multicast { conn, group: group(), service: Service::Agreed, payload });
+        sim.run_idle();
+        agreements(sim) - start
+    };
+    assert_eq!(send(&mut sim, 999), 0);
+    assert_eq!(send(&mut sim, 1), 1, "the limit renews the first key");
+    // 1000 counted under the first key: the next 1000 are the allowance.
+    assert_eq!(send(&mut sim, 1000), 1);
+    assert_eq!(send(&mut sim, 999), 1);
+    assert_eq!(send(&mut sim, 1), 2, "the second key renews after its allowance and the limit");
+}
