@@ -13,7 +13,9 @@ use sha2::{Digest, Sha256};
 /// (latency, jitter, loss), in virtual time, from seeds: members join, leave,
 /// send and crash, the daemons split into components and merge, a daemon
 /// crashes and restarts, and an attacker replays, re-attributes and tampers
-/// with what it recorded. The run checks that no forged input is accepted,
+/// with what it recorded (on the members' connections; for three-step groups,
+/// whose members trust their daemons, on the daemons' sealed backbone, which
+/// must also carry nothing in clear). The run checks that no forged input is accepted,
 /// no key splits or repeats, no message is lost, duplicated or
 /// misattributed, members that move together delivered the same messages
 /// (virtual synchrony), and, once everything is merged again, nobody is

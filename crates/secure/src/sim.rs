@@ -20,7 +20,8 @@
 //! (replays: of views it has left, of views of another component or of an
 //! earlier daemon lifetime), payloads under another member's name, and
 //! tampered copies. After every injection the member must show no new view,
-//! no new message and no request for the daemon.
+//! no new message and no request for the daemon. (In three-step runs the
+//! attacker sits on the daemons' backbone instead: see below.)
 //!
 //! Checked as it runs and once everything is merged into one component and
 //! delivered:
@@ -63,7 +64,7 @@
 //! With [`SimConfig::three_step`] the group is a Three-Step group
 //! ([`Policy::three_step`]): its members hold no key and send in clear to
 //! their own daemon, and the daemons (sealed, keyed daemons whose key also
-//! times out every [`THREE_STEP_KEY_LIFETIME`] of virtual time) seal every
+//! times out every 30 ms of virtual time) seal every
 //! client operation between them. The members trust their daemons, so the
 //! checks are the daemons' guarantees, seen by the members:
 //!
@@ -81,7 +82,8 @@
 //!   (those are TLS or the local socket, and the daemons are trusted): it
 //!   records every sealed operation the backbone orders and puts its own on
 //!   it — a recorded one again, a recorded one under another daemon's name,
-//!   a tampered copy, a forgery with a recorded header and a later count —
+//!   a tampered copy, a forgery with a recent recorded header and a later
+//!   count —
 //!   and no daemon may do anything with them: no delivery, no submission
 //!   (*accepted forgery*). At the end, a capture of everything the backbone
 //!   ordered must hold no client operation in clear and no text any member
