@@ -181,7 +181,7 @@ fn a_daemon_alone_renews_by_data_out_and_a_steady_sender_every_twice_the_limit()
         (m as &dyn std::any::Any).downcast_ref::<KeyedDaemon>().unwrap().agreements()
     };
     let start = agreements(&sim);
-    let mut send = |sim: &mut DaemonSim, n: usize| {
+    let send = |sim: &mut DaemonSim, n: usize| {
         let payload = bytes::Bytes::from(vec![0u8; n]);
         sim.submit(Op::Multicast { conn, group: group(), service: Service::Agreed, payload });
         sim.run_idle();
