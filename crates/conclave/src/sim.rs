@@ -13,7 +13,9 @@ use sha2::{Digest, Sha256};
 /// (latency, jitter, loss), in virtual time, from seeds: members join, leave,
 /// send and crash, the daemons split into components and merge, a daemon
 /// crashes and restarts, and an attacker replays, re-attributes and tampers
-/// with what it recorded. The run checks that no forged input is accepted,
+/// with what it recorded (on the members' connections; for three-step groups,
+/// whose members trust their daemons, on the daemons' sealed backbone, which
+/// must also carry nothing in clear). The run checks that no forged input is accepted,
 /// no key splits or repeats, no message is lost, duplicated or
 /// misattributed, members that move together delivered the same messages
 /// (virtual synchrony), and, once everything is merged again, nobody is
@@ -28,9 +30,14 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Protocols, comma-separated: gdh, ckd, tgdh, str, bd (rekeyed on every view), SEAL's interval
-    /// rekeying rebuild, batch, queue-batch (TGDH, rekeyed every 50 ms of virtual time), and
-    /// integrated-vs (the daemons agree a key with TGDH and key every view).
-    #[arg(long, value_delimiter = ',', default_value = "gdh,ckd,tgdh,str,bd,rebuild,batch,queue-batch,integrated-vs")]
+    /// rekeying rebuild, batch, queue-batch (TGDH, rekeyed every 50 ms of virtual time),
+    /// integrated-vs (the daemons agree a key with TGDH and key every view), and three-step (no
+    /// group key; the daemons seal everything between them under their key).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "gdh,ckd,tgdh,str,bd,rebuild,batch,queue-batch,integrated-vs,three-step"
+    )]
     protocols: Vec<String>,
     /// Member names per run (each comes and goes as the seed says).
     #[arg(long, default_value_t = 5)]
@@ -70,32 +77,44 @@ struct Totals {
     trace: String,
 }
 
-/// A protocol rekeyed on every view, SEAL's interval rekeying, or groups
-/// keyed by their daemons.
+/// A protocol rekeyed on every view, SEAL's interval rekeying, groups keyed
+/// by their daemons, or three-step groups (no key; the daemons seal their
+/// backbone).
 #[derive(Clone, Copy)]
 struct Scheme {
     protocol: ProtocolId,
     interval: Option<IntervalAlgorithm>,
     keyed: bool,
+    three_step: bool,
 }
 
 impl Scheme {
     fn parse(s: &str) -> anyhow::Result<Self> {
+        let plain = Scheme { protocol: ProtocolId::Tgdh, interval: None, keyed: false, three_step: false };
         if s == "integrated-vs" {
-            return Ok(Scheme { protocol: ProtocolId::Tgdh, interval: None, keyed: true });
+            return Ok(Scheme { keyed: true, ..plain });
+        }
+        if s == "three-step" {
+            return Ok(Scheme { three_step: true, ..plain });
         }
         if let Some(protocol) = ProtocolId::from_name(s) {
-            return Ok(Scheme { protocol, interval: None, keyed: false });
+            return Ok(Scheme { protocol, ..plain });
         }
         let algorithm = IntervalAlgorithm::from_name(s).with_context(|| {
-            format!("unknown protocol {s:?} (gdh, ckd, tgdh, str, bd; rebuild, batch, queue-batch; or integrated-vs)")
+            format!(
+                "unknown protocol {s:?} (gdh, ckd, tgdh, str, bd; rebuild, batch, queue-batch; integrated-vs; or \
+                 three-step)"
+            )
         })?;
-        Ok(Scheme { protocol: ProtocolId::Tgdh, interval: Some(algorithm), keyed: false })
+        Ok(Scheme { interval: Some(algorithm), ..plain })
     }
 
     fn name(&self) -> &'static str {
         if self.keyed {
             return "integrated-vs";
+        }
+        if self.three_step {
+            return "three-step";
         }
         self.interval.map_or(self.protocol.name(), |a| a.name())
     }
@@ -124,6 +143,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             protocol: protocol.protocol,
             interval: protocol.interval,
             keyed: protocol.keyed,
+            three_step: protocol.three_step,
             members: args.members,
             steps: args.steps,
             daemons: args.daemons,

@@ -182,6 +182,10 @@ pub(crate) mod ka_kind {
     pub const RENEW: u8 = 2;
     /// A client operation sealed under the daemons' key (see [`crate::seal`]).
     pub const SEALED: u8 = 3;
+    /// Data-out: a daemon holds the key of an epoch, and its clients' keyed
+    /// traffic from here on counts under that key: the epoch
+    /// ([`conclave_gka::EPOCH_LEN`] bytes). See [`KeyedDaemon::with_data_limit`].
+    pub const COUNTING: u8 = 4;
 }
 
 /// Where the daemons' key stands.
@@ -224,6 +228,16 @@ pub struct KeyedDaemon {
     data_limit: Option<u64>,
     /// Payload bytes keyed groups sent under the current key.
     data_under_key: u64,
+    /// Data-out: the daemons that have said, through the stream, that they
+    /// hold the current key ([`ka_kind::COUNTING`]); only their clients'
+    /// keyed traffic after that point counts under it.
+    counting: std::collections::BTreeSet<DaemonId>,
+    /// Data-out: the bytes each connection had counted under the current
+    /// key when its renewal started.
+    counted_by: BTreeMap<ConnId, u64>,
+    /// Data-out: what each connection may still send under the current key
+    /// before its traffic counts: what it had counted under the one before.
+    allowance: BTreeMap<ConnId, u64>,
     /// The daemons are renewing their key (data-out or time-out); views keep
     /// their keys meanwhile.
     refreshing: bool,
@@ -267,6 +281,9 @@ impl KeyedDaemon {
             agreements: 0,
             data_limit: None,
             data_under_key: 0,
+            counting: std::collections::BTreeSet::new(),
+            counted_by: BTreeMap::new(),
+            allowance: BTreeMap::new(),
             refreshing: false,
             key_lifetime: None,
             renew_at: None,
@@ -289,8 +306,61 @@ impl KeyedDaemon {
     /// ([`conclave_gcs::Cause::Refresh`]) and a key from it. Every daemon of
     /// a group must have the same limit: each counts the bytes of the one
     /// ordered stream, so all renew at the same point of it.
+    ///
+    /// **What counts under a key.** Two rules, both decided on the one
+    /// ordered stream, so every daemon counts the same bytes and renews at
+    /// the same point of it:
+    ///
+    /// 1. *The daemon's fence.* When a daemon has a new key it says so
+    ///    through the stream ([`ka_kind::COUNTING`]), after everything it
+    ///    passed on before. Its clients' keyed multicasts and unicasts count
+    ///    under the key only if the stream orders them after that point.
+    /// 2. *The allowance.* Each connection may send, under a key renewed
+    ///    within a configuration, as many bytes uncounted as it had counted
+    ///    under the key before (up to the point that one's renewal started);
+    ///    under the first key of a configuration it has none (the daemons of
+    ///    a new configuration did not all count the same history).
+    ///
+    /// Why: a renewal gives every keyed group a new view, and a member
+    /// accepts a message only in the view it was made for, so what members
+    /// sent for the old views and the stream orders after the new ones is
+    /// dead: dropped by its receivers and sent again by its sender. Counted
+    /// under the new key (as the first version did), the dead traffic alone
+    /// could reach the limit; the renewal then ended before the copies sent
+    /// again were ordered, those were dead in their turn, and the groups were
+    /// refreshed without end (`conclave sim` seed 10533: some 39,000
+    /// refreshes with a 2 KiB limit). Rule 1 leaves out the dead traffic its
+    /// daemon passed on before holding the new key; rule 2 the dead traffic
+    /// still on the member's link, or in a member slower than the daemons'
+    /// key agreement, when its daemon got the key (at most what the member
+    /// had counted under the old key, which is what it may have to send
+    /// again). So after a renewal, the limit is left for what members send
+    /// for the new views.
+    ///
+    /// **The bound.** Counted under a key: at most the limit plus one
+    /// message (counting stops when the renewal starts). Sent for views of a
+    /// key and not counted under it: the allowance (at most the limit plus
+    /// one message, over all connections), what the stream orders while the
+    /// daemons agree the next key, and what a member sent for a view of the
+    /// key that its daemon passed on after it held the next key (counted
+    /// under that one instead). So a key protects at most twice the limit
+    /// plus two messages, plus the traffic of one key agreement among the
+    /// daemons and of one client link. Without new traffic the renewals
+    /// stop as long as what one member has to send again after a renewal,
+    /// with the view's key confirmations (about 150 bytes per member), fits
+    /// under the limit plus the allowance; a member with more than that to
+    /// send again, slower than the daemons agree a key, can still be
+    /// refreshed again and again (the daemons cannot tell a message made for
+    /// the old view from one made for the new: both are sealed by the
+    /// members). A real limit (gigabytes) is far above what any member
+    /// sends again.
     pub fn with_data_limit(mut self, bytes: u64) -> Self {
         self.data_limit = Some(bytes.max(1));
+        if matches!(self.key, ServerKey::Agreed(_)) {
+            // A fresh daemon alone has its key already, and has passed
+            // nothing on.
+            self.counting.insert(self.me);
+        }
         self
     }
 
@@ -478,9 +548,21 @@ impl KeyedDaemon {
                     if let Some(sealing) = &mut self.sealing {
                         sealing.key_agreed(sv.epoch, sv.key.expose_secret(), out);
                     }
+                    let epoch = sv.epoch;
                     self.key = ServerKey::Agreed(sv);
                     self.agreements += 1;
                     self.data_under_key = 0;
+                    self.counting.clear();
+                    self.allowance = std::mem::take(&mut self.counted_by);
+                    if self.data_limit.is_some() {
+                        // After anything this daemon passed on under the
+                        // last key (its sealed operations waiting for this
+                        // one included): from here its clients' keyed
+                        // traffic counts under this key.
+                        let mut payload = vec![ka_kind::COUNTING];
+                        payload.extend_from_slice(&epoch.to_bytes());
+                        out.push(Output::Submit(Op::DaemonKa { from: self.me, payload: payload.into() }));
+                    }
                     self.lifetime_starts = true;
                     self.renew_at = None;
                     self.release(out);
@@ -515,6 +597,15 @@ impl KeyedDaemon {
                     }
                 }
             }
+            Some((&ka_kind::COUNTING, epoch)) => {
+                // Only for the key in use, from a daemon of this configuration.
+                if let ServerKey::Agreed(sv) = &self.key {
+                    let member = self.core.configuration().is_some_and(|(_, daemons)| daemons.contains(&from));
+                    if member && epoch == sv.epoch.to_bytes().as_slice() {
+                        self.counting.insert(from);
+                    }
+                }
+            }
             Some((&ka_kind::AGREEMENT, message)) => {
                 let Some(engine) = &mut self.engine else { return };
                 let res = engine.on_message(&daemon_member(from), message, &mut *self.rng);
@@ -524,28 +615,42 @@ impl KeyedDaemon {
         }
     }
 
-    /// The payload bytes `op` sends to a keyed group, if it does.
-    fn keyed_payload(&self, op: &Op) -> u64 {
+    /// The payload bytes `op` sends to a keyed group that count under the
+    /// current key: none unless its daemon passed it on after saying it
+    /// holds the key (see [`KeyedDaemon::with_data_limit`]).
+    fn keyed_payload(&self, op: &Op) -> Option<(ConnId, u64)> {
+        let conn = op.conn().filter(|c| self.counting.contains(&c.daemon))?;
         let op = match op {
             Op::Numbered { op, .. } => op.as_ref(),
             op => op,
         };
         match op {
             Op::Multicast { group, payload, .. } | Op::Unicast { group, payload, .. } if self.core.keyed(group) => {
-                payload.len() as u64
+                Some((conn, payload.len() as u64))
             }
-            _ => 0,
+            _ => None,
         }
     }
 
     /// Counts `bytes` sent under the current key, and starts renewing it when
     /// they reach the data-out limit (at the same point of the stream at
     /// every daemon).
-    fn count_data(&mut self, bytes: u64, out: &mut Vec<Output>) {
+    fn count_data(&mut self, sent: Option<(ConnId, u64)>, out: &mut Vec<Output>) {
         let Some(limit) = self.data_limit else { return };
+        let Some((conn, bytes)) = sent else { return };
         if bytes == 0 || !matches!(self.key, ServerKey::Agreed(_)) || self.refreshing {
             return;
         }
+        let free = self.allowance.get_mut(&conn).map_or(0, |a| {
+            let free = bytes.min(*a);
+            *a -= free;
+            free
+        });
+        let bytes = bytes - free;
+        if bytes == 0 {
+            return;
+        }
+        *self.counted_by.entry(conn).or_default() += bytes;
         self.data_under_key += bytes;
         if self.data_under_key >= limit {
             tracing::debug!(bytes = self.data_under_key, "data-out: the daemons renew their key");
@@ -775,6 +880,10 @@ impl KeyedDaemon {
                 }
                 self.refreshing = false;
                 self.renew_at = None;
+                // Data-out allowances hold within a configuration only: the
+                // daemons of the next one counted different histories.
+                self.counted_by.clear();
+                self.allowance.clear();
                 op
             }
             op => op,

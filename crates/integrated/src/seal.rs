@@ -115,8 +115,9 @@ pub(crate) struct Sealing {
     /// Per key epoch and sending daemon, the last count accepted.
     accepted: BTreeMap<(Epoch, DaemonId), u64>,
     /// This daemon's sealed operations on their way through the backbone,
-    /// in submission order: key epoch, count and the operation.
-    in_flight: VecDeque<(Epoch, u64, Op)>,
+    /// in submission order: key epoch, count, the operation, and the body
+    /// sent (a forgery may copy the epoch and count, not the rest).
+    in_flight: VecDeque<(Epoch, u64, Op, Bytes)>,
     /// Operations waiting for a key: the first `voided` were void and go
     /// first, in their order; the rest were never sent.
     waiting: VecDeque<Op>,
@@ -215,8 +216,9 @@ impl Sealing {
         payload.extend_from_slice(&key.epoch.to_bytes());
         payload.extend_from_slice(&count.to_be_bytes());
         payload.extend_from_slice(&ciphertext);
-        self.in_flight.push_back((key.epoch, count, op));
-        out.push(Output::Submit(Op::DaemonKa { from: self.me, payload: payload.into() }));
+        let payload = Bytes::from(payload);
+        self.in_flight.push_back((key.epoch, count, op, payload.slice(1..)));
+        out.push(Output::Submit(Op::DaemonKa { from: self.me, payload }));
     }
 
     /// A sealed operation from daemon `from`, in stream order (`body`: the
@@ -261,17 +263,18 @@ impl Sealing {
 
     /// This daemon's own sealed operation came back through the backbone.
     fn returned(&mut self, body: &[u8], void: bool, out: &mut Vec<Output>) {
-        let Some((epoch, count, _)) = self.in_flight.front() else { return };
-        if body.len() < HEADER
-            || body[..EPOCH_LEN] != epoch.to_bytes()
-            || body[EPOCH_LEN..HEADER] != count.to_be_bytes()
-        {
-            // Not the oldest in flight: the backbone lost or reordered this
-            // daemon's submissions, which it does not do. Nothing to resend.
-            tracing::warn!(daemon = self.me.0, "a sealed operation of this daemon came back out of order");
+        let Some((_, _, _, sent)) = self.in_flight.front() else { return };
+        if body != sent.as_ref() {
+            // Not the oldest in flight. The backbone does not lose or reorder
+            // this daemon's submissions, so it is someone else's under this
+            // daemon's name: a replay, or a forgery that copied the epoch
+            // and count of one on its way (which must not count as its
+            // return: the real one would then find nothing to match, and a
+            // void one would not be sent again). Nothing to resend.
+            tracing::warn!(daemon = self.me.0, "a sealed operation under this daemon's name that it has not sent");
             return;
         }
-        let (epoch, _, op) = self.in_flight.pop_front().expect("front");
+        let (epoch, _, op, _) = self.in_flight.pop_front().expect("front");
         if !self.keys.iter().any(|k| k.epoch == epoch) {
             self.stale -= 1;
         }
@@ -389,6 +392,28 @@ mod tests {
         let order = opened_under_the_next_key(out);
         assert_eq!(order, [client_op(0, 0), client_op(0, 1), client_op(0, 2)]);
         assert_eq!(a.resent(), 2);
+    }
+
+    /// `conclave sim --protocols three-step` seed 1254: an attacker on the
+    /// backbone copied the epoch and count of a daemon's operation on its
+    /// way, under that daemon's name, with a ciphertext of its own. Refused
+    /// everywhere, but its sender took it for its own operation come back;
+    /// had the real one then been void (the daemon group changing between
+    /// the two), it would never have been sent again: lost.
+    #[test]
+    fn a_forgery_with_the_header_of_an_operation_on_its_way_is_not_its_return() {
+        let (mut a, _) = pair();
+        let mut out = Vec::new();
+        a.submit(client_op(0, 0), &mut out);
+        let body = sealed(out);
+        let mut forged = body.clone();
+        forged[HEADER] ^= 1;
+        let mut out = Vec::new();
+        assert!(matches!(a.open(DaemonId(0), &forged, &mut out), Opened::Refused(_)));
+        a.configuration_changed();
+        assert!(matches!(a.open(DaemonId(0), &body, &mut out), Opened::Void));
+        a.key_agreed(epoch(2), &key(8), &mut out);
+        assert_eq!(opened_under_the_next_key(out), [client_op(0, 0)], "the void operation goes again");
     }
 
     /// Alone in its next configuration, a daemon has the next key before its
