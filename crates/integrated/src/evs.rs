@@ -413,13 +413,12 @@ impl EvsKeys {
             return payload;
         }
         let me = self.me;
-        let Some(keys) = self.groups.get_mut(group) else {
-            self.stats.key_gone += 1;
-            return notice(delivered_in, NoticeReason::KeyGone, key_view).into();
-        };
-        let (Some(from), Some(_)) =
-            (keys.iter().position(|k| k.view == key_view), keys.iter().position(|k| k.view == delivered_in))
-        else {
+        let found = self.groups.get_mut(group).and_then(|keys| {
+            let from = keys.iter().position(|k| k.view == key_view)?;
+            let to = keys.iter().position(|k| k.view == delivered_in)?;
+            Some((keys, from, to))
+        });
+        let Some((keys, from, to)) = found else {
             self.stats.key_gone += 1;
             return notice(delivered_in, NoticeReason::KeyGone, key_view).into();
         };
@@ -428,7 +427,7 @@ impl EvsKeys {
             return notice(delivered_in, NoticeReason::Unreadable, key_view).into();
         };
         keys[from].last_used = now;
-        let to = keys.iter_mut().find(|k| k.view == delivered_in).expect("found above");
+        let to = &mut keys[to];
         let seq = to.daemon_seq;
         to.daemon_seq += 1;
         self.stats.reencrypted += 1;

@@ -765,10 +765,11 @@ impl KeyedDaemon {
             return;
         };
         let waiting = self.held.get(&group).is_some_and(|h| !h.is_empty());
-        let keyed_view = matches!(delivery, Delivery::View { .. }) && self.core.keyed(&group);
+        let keyed = self.core.keyed(&group);
+        let keyed_view = keyed && matches!(delivery, Delivery::View { .. });
         if waiting || (keyed_view && !matches!(self.key, ServerKey::Agreed(_))) {
             self.held.entry(group).or_default().push_back((to, delivery));
-        } else if self.core.keyed(&group) {
+        } else if keyed {
             self.deliver_keyed(to, delivery, out);
         } else {
             out.push(Output::Deliver { to, delivery });

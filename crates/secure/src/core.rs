@@ -420,6 +420,10 @@ impl GroupState {
     fn enter_view(&mut self, view: View) -> Option<View> {
         self.in_view.clear();
         self.in_view.extend(view.ids().cloned());
+        // Optimized EVS: replay records of members gone from the view go
+        // (one that comes back starts from new origins).
+        let in_view = &self.in_view;
+        self.evs_seen.retain(|m, _| in_view.contains(m));
         let previous = self.view.replace(view);
         if let Some(p) = &previous {
             if self.earlier_views.len() == EARLIER_VIEWS {
@@ -968,7 +972,6 @@ impl SessionCore {
             return self.on_interval_view(group, view);
         }
         if gs.policy.mode == GroupMode::OptimizedEvs {
-            gs.evs_seen.retain(|m, _| view.contains(m));
             self.release_evs_early(&group);
         }
         let Some(gs) = self.groups.get_mut(&group) else { return Ok(()) };
@@ -1881,7 +1884,7 @@ impl SessionCore {
         if inner.sender != *sender || !own_envelope {
             return Err(RejectReason::UnknownSender);
         }
-        let member = gs.view.as_ref().is_some_and(|v| v.id == delivered_in && v.contains(sender));
+        let member = gs.view.as_ref().is_some_and(|v| v.id == delivered_in) && gs.in_view.contains(sender);
         if !member {
             return Err(RejectReason::UnknownSender);
         }
