@@ -6,6 +6,8 @@
 //! renewals must leave room for it to get through (`conclave sim` seed
 //! 10533 was refreshed some 39,000 times).
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -29,15 +31,7 @@ fn group() -> GroupName {
 }
 
 fn keyed_sim(net: NetConfig, seed: u64, limit: u64) -> DaemonSim {
-    let signer = |d: u16| -> Arc<dyn Signer> { Arc::new(Ed25519Signer::from_seed(&[d as u8 + 1; 32])) };
-    let keys: Vec<_> = (0..3).map(|d| (DaemonId(d), signer(d).verifier())).collect();
-    let make = move |id: DaemonId, incarnation: u64| -> Box<dyn Machine> {
-        let identities = DaemonIdentities::new(signer(id.0), keys.clone());
-        let rng = Box::new(ChaCha20Rng::seed_from_u64(incarnation));
-        let daemon = KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng);
-        Box::new(daemon.with_data_limit(limit).with_sealed_backbone())
-    };
-    DaemonSim::with_machines(3, net, seed, Box::new(make)).unwrap()
+    common::keyed_sim(3, net, seed, move |daemon| daemon.with_data_limit(limit).with_sealed_backbone())
 }
 
 /// A frame made for `view`: tag, view, message number, padding to `len`.

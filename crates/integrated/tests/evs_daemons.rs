@@ -3,29 +3,18 @@
 //! that had no member in that view — and one sealed on the other side of a
 //! partition becomes a notice where its key never was.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use bytes::Bytes;
-use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, GroupMode, Limits, Machine, Op, Service, ViewKey};
+use conclave_gcs::core::{ConnId, DaemonId, Delivery, GroupMode, Op, Service, ViewKey};
 use conclave_gcs::daemon_sim::{DaemonSim, NetConfig};
 use conclave_gcs::{GroupName, MemberId, ViewId};
-use conclave_gka::suite::ed25519::Ed25519Signer;
-use conclave_gka::suite::Signer;
 use conclave_integrated::evs::{self, Envelope, NoticeReason, Writer};
-use conclave_integrated::{DaemonIdentities, KeyedDaemon};
-use rand_chacha::ChaCha20Rng;
-use rand_core::SeedableRng;
 
 fn sim(n: u16, seed: u64) -> DaemonSim {
-    let signer = |d: u16| -> Arc<dyn Signer> { Arc::new(Ed25519Signer::from_seed(&[d as u8 + 1; 32])) };
-    let keys: Vec<_> = (0..n).map(|d| (DaemonId(d), signer(d).verifier())).collect();
-    let make = move |id: DaemonId, incarnation: u64| -> Box<dyn Machine> {
-        let identities = DaemonIdentities::new(signer(id.0), keys.clone());
-        let rng = Box::new(ChaCha20Rng::seed_from_u64(incarnation));
-        Box::new(KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng))
-    };
-    DaemonSim::with_machines(n, NetConfig::default(), seed, Box::new(make)).unwrap()
+    common::keyed_sim(n, NetConfig::default(), seed, |daemon| daemon)
 }
 
 fn group() -> GroupName {

@@ -3,6 +3,8 @@
 //! at every daemon, a new one for every view), nobody else gets it, and a
 //! change of the daemon group re-keys every keyed group with one agreement.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -46,14 +48,7 @@ fn keyed_sim_limits(n: u16, seed: u64, data_limit: Option<u64>, lifetime: Option
 
 /// `n` daemons as [`keyed_sim`], each set up by `tweak`.
 fn sim_with(n: u16, seed: u64, tweak: impl Fn(KeyedDaemon) -> KeyedDaemon + 'static) -> DaemonSim {
-    let signer = |d: u16| -> Arc<dyn Signer> { Arc::new(Ed25519Signer::from_seed(&[d as u8 + 1; 32])) };
-    let keys: Vec<_> = (0..n).map(|d| (DaemonId(d), signer(d).verifier())).collect();
-    let make = move |id: DaemonId, incarnation: u64| -> Box<dyn Machine> {
-        let identities = DaemonIdentities::new(signer(id.0), keys.clone());
-        let rng = Box::new(ChaCha20Rng::seed_from_u64(incarnation));
-        Box::new(tweak(KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng)))
-    };
-    DaemonSim::with_machines(n, NetConfig::default(), seed, Box::new(make)).unwrap()
+    common::keyed_sim(n, NetConfig::default(), seed, tweak)
 }
 
 fn join(sim: &mut DaemonSim, daemon: u16, name: &str, groups: &[(&str, bool)]) -> ConnId {

@@ -1,0 +1,25 @@
+//! What the keyed-daemon tests share: simulated daemons, each a
+//! `KeyedDaemon` that trusts the others' fixed identities.
+
+use std::sync::Arc;
+
+use conclave_gcs::core::{Core, DaemonId, Limits, Machine};
+use conclave_gcs::daemon_sim::{DaemonSim, NetConfig};
+use conclave_gka::suite::ed25519::Ed25519Signer;
+use conclave_gka::suite::Signer;
+use conclave_integrated::{DaemonIdentities, KeyedDaemon};
+use rand_chacha::ChaCha20Rng;
+use rand_core::SeedableRng;
+
+/// `n` simulated keyed daemons on `net`, daemon `d` signing with a key
+/// from seed `d + 1` and trusting every other's; each set up by `tweak`.
+pub fn keyed_sim(n: u16, net: NetConfig, seed: u64, tweak: impl Fn(KeyedDaemon) -> KeyedDaemon + 'static) -> DaemonSim {
+    let signer = |d: u16| -> Arc<dyn Signer> { Arc::new(Ed25519Signer::from_seed(&[d as u8 + 1; 32])) };
+    let keys: Vec<_> = (0..n).map(|d| (DaemonId(d), signer(d).verifier())).collect();
+    let make = move |id: DaemonId, incarnation: u64| -> Box<dyn Machine> {
+        let identities = DaemonIdentities::new(signer(id.0), keys.clone());
+        let rng = Box::new(ChaCha20Rng::seed_from_u64(incarnation));
+        Box::new(tweak(KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng)))
+    };
+    DaemonSim::with_machines(n, net, seed, Box::new(make)).unwrap()
+}
