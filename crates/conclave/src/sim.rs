@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Args;
 use conclave_secure::sim::{run as run_seed, Outcome, SimConfig};
-use conclave_secure::{IntervalAlgorithm, ProtocolId};
+use conclave_secure::{GroupMode, IntervalAlgorithm, ProtocolId};
 use sha2::{Digest, Sha256};
 
 /// Runs real secure sessions on real daemon cores over a simulated network
@@ -31,12 +31,14 @@ pub struct SimArgs {
     seed: u64,
     /// Protocols, comma-separated: gdh, ckd, tgdh, str, bd (rekeyed on every view), SEAL's interval
     /// rekeying rebuild, batch, queue-batch (TGDH, rekeyed every 50 ms of virtual time),
-    /// integrated-vs (the daemons agree a key with TGDH and key every view), and three-step (no
-    /// group key; the daemons seal everything between them under their key).
+    /// integrated-vs (the daemons agree a key with TGDH and key every view), three-step (no
+    /// group key; the daemons seal everything between them under their key), and optimized-evs
+    /// (keyed like integrated-vs; each message is sent once and the daemons re-encrypt it, or
+    /// deliver a notice in its place, when it is delivered in a later view).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "gdh,ckd,tgdh,str,bd,rebuild,batch,queue-batch,integrated-vs,three-step"
+        default_value = "gdh,ckd,tgdh,str,bd,rebuild,batch,queue-batch,integrated-vs,three-step,optimized-evs"
     )]
     protocols: Vec<String>,
     /// Member names per run (each comes and goes as the seed says).
@@ -68,6 +70,7 @@ struct Totals {
     views: u64,
     rekeys: u64,
     messages: u64,
+    notices: u64,
     attacks: u64,
     reconfigurations: u64,
     crashes: u64,
@@ -77,46 +80,43 @@ struct Totals {
     trace: String,
 }
 
-/// A protocol rekeyed on every view, SEAL's interval rekeying, groups keyed
-/// by their daemons, or three-step groups (no key; the daemons seal their
-/// backbone).
+/// A protocol rekeyed on every view, SEAL's interval rekeying (both with
+/// the members agreeing keys), or one of the integrated architecture's
+/// modes: groups keyed by their daemons (Integrated VS, Optimized EVS), or
+/// three-step groups (no key; the daemons seal their backbone).
 #[derive(Clone, Copy)]
 struct Scheme {
     protocol: ProtocolId,
     interval: Option<IntervalAlgorithm>,
-    keyed: bool,
-    three_step: bool,
+    mode: GroupMode,
 }
 
 impl Scheme {
     fn parse(s: &str) -> anyhow::Result<Self> {
-        let plain = Scheme { protocol: ProtocolId::Tgdh, interval: None, keyed: false, three_step: false };
-        if s == "integrated-vs" {
-            return Ok(Scheme { keyed: true, ..plain });
-        }
-        if s == "three-step" {
-            return Ok(Scheme { three_step: true, ..plain });
+        let plain = Scheme { protocol: ProtocolId::Tgdh, interval: None, mode: GroupMode::Members };
+        let integrated = [GroupMode::Keyed, GroupMode::ThreeStep, GroupMode::OptimizedEvs];
+        if let Some(mode) = integrated.into_iter().find(|m| Self { mode: *m, ..plain }.name() == s) {
+            return Ok(Scheme { mode, ..plain });
         }
         if let Some(protocol) = ProtocolId::from_name(s) {
             return Ok(Scheme { protocol, ..plain });
         }
         let algorithm = IntervalAlgorithm::from_name(s).with_context(|| {
             format!(
-                "unknown protocol {s:?} (gdh, ckd, tgdh, str, bd; rebuild, batch, queue-batch; integrated-vs; or \
-                 three-step)"
+                "unknown protocol {s:?} (gdh, ckd, tgdh, str, bd; rebuild, batch, queue-batch; integrated-vs, \
+                 three-step or optimized-evs)"
             )
         })?;
         Ok(Scheme { interval: Some(algorithm), ..plain })
     }
 
     fn name(&self) -> &'static str {
-        if self.keyed {
-            return "integrated-vs";
+        match self.mode {
+            GroupMode::Keyed => "integrated-vs",
+            GroupMode::ThreeStep => "three-step",
+            GroupMode::OptimizedEvs => "optimized-evs",
+            GroupMode::Members => self.interval.map_or(self.protocol.name(), |a| a.name()),
         }
-        if self.three_step {
-            return "three-step";
-        }
-        self.interval.map_or(self.protocol.name(), |a| a.name())
     }
 }
 
@@ -142,8 +142,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         let cfg = SimConfig {
             protocol: protocol.protocol,
             interval: protocol.interval,
-            keyed: protocol.keyed,
-            three_step: protocol.three_step,
+            mode: protocol.mode,
             members: args.members,
             steps: args.steps,
             daemons: args.daemons,
@@ -160,6 +159,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             views: 0,
             rekeys: 0,
             messages: 0,
+            notices: 0,
             attacks: 0,
             reconfigurations: 0,
             crashes: 0,
@@ -174,6 +174,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             t.views += o.views;
             t.rekeys += o.rekeys;
             t.messages += o.messages;
+            t.notices += o.notices;
             t.attacks += o.attacks;
             t.reconfigurations += o.reconfigurations;
             t.crashes += o.crashes;
@@ -200,6 +201,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
                     "views": t.views,
                     "rekeys": t.rekeys,
                     "messages": t.messages,
+                    "notices": t.notices,
                     "attacks": t.attacks,
                     "reconfigurations": t.reconfigurations,
                     "daemon_crashes": t.crashes,
@@ -212,13 +214,13 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         let header = [
-            "protocol", "runs", "cert", "views", "rekeys", "messages", "attacks", "reconf", "crashes", "runs/s",
-            "trace", "failures",
+            "protocol", "runs", "cert", "views", "rekeys", "messages", "notices", "attacks", "reconf", "crashes",
+            "runs/s", "trace", "failures",
         ];
         let mut table = comfy_table::Table::new();
         table.load_style(comfy_table::presets::ASCII_MARKDOWN).set_header(header);
         for (i, column) in table.column_iter_mut().enumerate() {
-            let left = i == 0 || i >= 10;
+            let left = i == 0 || i >= 11;
             column.set_cell_alignment(if left {
                 comfy_table::CellAlignment::Left
             } else {
@@ -236,6 +238,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
                 t.views.to_string(),
                 t.rekeys.to_string(),
                 t.messages.to_string(),
+                t.notices.to_string(),
                 t.attacks.to_string(),
                 t.reconfigurations.to_string(),
                 t.crashes.to_string(),

@@ -279,8 +279,12 @@ async fn certified_daemons_key_every_group_and_rekey_them_on_a_partition_and_a_m
             );
             assert_eq!(evs::open(&key, &group, &env).unwrap().as_slice(), b"late", "{}", m.name);
         } else {
-            let notice =
-                Envelope::Notice { delivered_in: *merged_view, reason: NoticeReason::KeyGone, key_view: *big_view };
+            let notice = Envelope::Notice {
+                delivered_in: *merged_view,
+                reason: NoticeReason::KeyGone,
+                key_view: *big_view,
+                seq: 0,
+            };
             assert_eq!(env, notice, "{}", m.name);
         }
     }

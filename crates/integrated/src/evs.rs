@@ -15,7 +15,7 @@
 //!
 //! ```text
 //! TAG | key view (16) | writer | seq u64 | ciphertext and AEAD tag      (sealed)
-//! TAG | delivered in (16) | 2 | reason u8 | key view (16)               (notice)
+//! TAG | delivered in (16) | 2 | reason u8 | key view (16) | seq u64     (notice)
 //! writer: 0 | u8 length | member name     (written by a member)
 //!         1 | u16 daemon                  (re-encrypted by a daemon)
 //! ```
@@ -142,6 +142,9 @@ pub enum Envelope<'a> {
         reason: NoticeReason,
         /// The view whose key it named.
         key_view: ViewId,
+        /// The count the message had under that key: with the sender the
+        /// daemon names, and the key view, it says which message is lost.
+        seq: u64,
     },
 }
 
@@ -192,10 +195,11 @@ impl<'a> Envelope<'a> {
                     _ => return Err(EvsError::Malformed),
                 };
                 let key_view = r.view()?;
+                let seq = u64::from_be_bytes(r.take(8)?.try_into().expect("8 bytes"));
                 if r.at != bytes.len() {
                     return Err(EvsError::Malformed);
                 }
-                Ok(Envelope::Notice { delivered_in: view, reason, key_view })
+                Ok(Envelope::Notice { delivered_in: view, reason, key_view, seq })
             }
             kind => {
                 let writer = match kind {
@@ -294,14 +298,16 @@ pub fn open(key: &ViewKey, group: &GroupName, envelope: &Envelope<'_>) -> Result
 }
 
 /// A notice: the message delivered in view `delivered_in`, sealed under
-/// `key_view`'s key, could not be re-encrypted, for `reason`.
-pub fn notice(delivered_in: ViewId, reason: NoticeReason, key_view: ViewId) -> Vec<u8> {
-    let mut out = Vec::with_capacity(35);
+/// `key_view`'s key as its writer's number `seq`, could not be
+/// re-encrypted, for `reason`.
+pub fn notice(delivered_in: ViewId, reason: NoticeReason, key_view: ViewId, seq: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(43);
     out.push(TAG);
     out.extend_from_slice(&delivered_in.to_bytes());
     out.push(NOTICE);
     out.push(reason.code());
     out.extend_from_slice(&key_view.to_bytes());
+    out.extend_from_slice(&seq.to_be_bytes());
     out
 }
 
@@ -408,7 +414,7 @@ impl EvsKeys {
         if payload.first() != Some(&TAG) {
             return payload;
         }
-        let Ok(envelope @ Envelope::Sealed { key_view, .. }) = Envelope::decode(&payload) else { return payload };
+        let Ok(envelope @ Envelope::Sealed { key_view, seq, .. }) = Envelope::decode(&payload) else { return payload };
         if key_view == delivered_in {
             return payload;
         }
@@ -420,11 +426,11 @@ impl EvsKeys {
         });
         let Some((keys, from, to)) = found else {
             self.stats.key_gone += 1;
-            return notice(delivered_in, NoticeReason::KeyGone, key_view).into();
+            return notice(delivered_in, NoticeReason::KeyGone, key_view, seq).into();
         };
         let Ok(inner) = open(&keys[from].key, group, &envelope) else {
             self.stats.unreadable += 1;
-            return notice(delivered_in, NoticeReason::Unreadable, key_view).into();
+            return notice(delivered_in, NoticeReason::Unreadable, key_view, seq).into();
         };
         keys[from].last_used = now;
         let to = &mut keys[to];
@@ -480,12 +486,15 @@ mod tests {
         for len in 0..sealed.len() {
             assert!(Envelope::decode(&sealed[..len]).is_err(), "a prefix of {len} bytes decodes");
         }
-        let n = notice(view(2), NoticeReason::KeyGone, view(1));
+        let n = notice(view(2), NoticeReason::KeyGone, view(1), 7);
         assert_eq!(
             Envelope::decode(&n),
-            Ok(Envelope::Notice { delivered_in: view(2), reason: NoticeReason::KeyGone, key_view: view(1) })
+            Ok(Envelope::Notice { delivered_in: view(2), reason: NoticeReason::KeyGone, key_view: view(1), seq: 7 })
         );
         assert!(Envelope::decode(&[&n[..], &[0]].concat()).is_err());
+        for len in 0..n.len() {
+            assert!(Envelope::decode(&n[..len]).is_err(), "a notice's prefix of {len} bytes decodes");
+        }
     }
 
     #[test]
@@ -517,11 +526,11 @@ mod tests {
             store.installed(&group(), view(n), key(n as u8), 0);
         }
         assert_eq!(store.stats().keyed_out, 1);
-        let old = Bytes::from(seal(&key(1), &group(), view(1), &alice(), 0, b"late"));
+        let old = Bytes::from(seal(&key(1), &group(), view(1), &alice(), 5, b"late"));
         let fixed = store.fix(&group(), view(3), old, 0);
         assert_eq!(
             Envelope::decode(&fixed),
-            Ok(Envelope::Notice { delivered_in: view(3), reason: NoticeReason::KeyGone, key_view: view(1) })
+            Ok(Envelope::Notice { delivered_in: view(3), reason: NoticeReason::KeyGone, key_view: view(1), seq: 5 })
         );
         // Time-out: view 2's key was superseded at 0; at 1_001 it is gone,
         // and the newest never goes.

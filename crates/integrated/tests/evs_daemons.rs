@@ -116,6 +116,6 @@ fn a_message_sealed_on_the_other_side_of_a_partition_becomes_a_notice_there() {
     let (view, payload) = got.messages[&carol].last().unwrap();
     assert_eq!(
         Envelope::decode(payload).unwrap(),
-        Envelope::Notice { delivered_in: *view, reason: NoticeReason::KeyGone, key_view: alone }
+        Envelope::Notice { delivered_in: *view, reason: NoticeReason::KeyGone, key_view: alone, seq: 0 }
     );
 }

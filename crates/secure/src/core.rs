@@ -1823,22 +1823,49 @@ impl SessionCore {
     /// promise sealed under its key, and no one will send it again, so it
     /// is read now under that key (each message's AEAD and its sender's
     /// signature prove it; the confirmation only held it back).
+    ///
+    /// Certified sessions cannot: in a view that re-decides its members,
+    /// a sender's certificate may not have arrived before the view ended,
+    /// and whether it had differs from member to member (each lacks the
+    /// others' certificates, not its own), so some would read a message and
+    /// others not. Every member reports each such message instead
+    /// ([`RejectReason::CutShort`]); whether a view ended before its key
+    /// was confirmed is the same for all that move on together (the last
+    /// confirmation is a point in the agreed order).
     fn release_evs_early(&mut self, group: &GroupName) {
         let Some(gs) = self.groups.get_mut(group) else { return };
         if gs.policy.mode != GroupMode::OptimizedEvs || gs.phase.keys().is_some() {
             return;
         }
+        let certified = self.certified.is_some();
         for (sender, view, payload) in gs.early.take() {
-            let res = self.open_evs(group, &sender, view, payload, true);
+            let res = match self.cut_short(group, &sender, view, &payload) {
+                Some(reason) if certified => Err(reason),
+                _ => self.open_evs(group, &sender, view, payload, true),
+            };
             self.report(group, sender, res);
         }
     }
 
+    /// [`RejectReason::CutShort`] for an Optimized EVS message of `sender`
+    /// sealed under the key of `view`, as the sealed envelope says inside
+    /// (its AEAD checked, not its signature); `None` for a notice, or
+    /// anything that does not open or names another sender inside
+    /// ([`Self::open_evs`] refuses it).
+    fn cut_short(&self, group: &GroupName, sender: &MemberId, view: ViewId, payload: &[u8]) -> Option<RejectReason> {
+        let env @ Envelope::Sealed { key_view, .. } = Envelope::decode(payload).ok()? else { return None };
+        let (_, key) = self.groups.get(group)?.evs_keys.iter().find(|(v, _)| *v == view && key_view == view)?;
+        let opened = envelope::open(key, group, &env).ok()?;
+        let inner = crate::evs::decode(&opened).filter(|inner| inner.sender == *sender)?;
+        Some(RejectReason::CutShort { key_view: inner.origin, seq: inner.seq })
+    }
+
     /// The checks on an Optimized EVS data message delivered in daemon view
-    /// `delivered_in`, in order: a well-formed envelope; a daemon's notice
-    /// (reported); sealed under the key of the view it is delivered in
-    /// (the daemons re-encrypt anything else); that key confirmed here
-    /// (else held, unless `unconfirmed_ok`); AEAD; the sender inside is
+    /// `delivered_in`, in order: a well-formed envelope; sealed under the
+    /// key of the view it is delivered in (the daemons re-encrypt anything
+    /// else), or a daemon's notice for that view; that key confirmed here
+    /// (else held, unless `unconfirmed_ok`); a notice is reported then, in
+    /// its place among the messages; AEAD; the sender inside is
     /// the one the daemon names, and a member's own envelope says what its
     /// inside says; membership; the sender's signature; replay.
     fn open_evs(
@@ -1851,13 +1878,15 @@ impl SessionCore {
     ) -> Result<Option<SecureEvent>, RejectReason> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(None) };
         let env = Envelope::decode(&payload).map_err(|_| RejectReason::Malformed)?;
-        let (key_view, writer, seq) = match &env {
+        // A daemon's notice stands in the place of the message it replaces:
+        // held and reported in order with the messages around it.
+        let (key_view, notice) = match &env {
             Envelope::Notice { delivered_in: d, .. } if *d != delivered_in => return Err(RejectReason::OtherView(*d)),
-            Envelope::Notice { reason: NoticeReason::KeyGone, key_view, .. } => {
-                return Err(RejectReason::KeyGone(*key_view))
+            Envelope::Notice { reason: NoticeReason::KeyGone, key_view, seq, .. } => {
+                (delivered_in, Some(RejectReason::KeyGone { key_view: *key_view, seq: *seq }))
             }
-            Envelope::Notice { reason: NoticeReason::Unreadable, .. } => return Err(RejectReason::AuthFailed),
-            Envelope::Sealed { key_view, writer, seq, .. } => (*key_view, writer, *seq),
+            Envelope::Notice { reason: NoticeReason::Unreadable, .. } => (delivered_in, Some(RejectReason::AuthFailed)),
+            Envelope::Sealed { key_view, .. } => (*key_view, None),
         };
         if key_view != delivered_in {
             return Err(RejectReason::OtherView(key_view));
@@ -1872,6 +1901,11 @@ impl SessionCore {
             }
             return Ok(None);
         }
+        let (writer, seq) = match (&env, notice) {
+            (_, Some(reason)) => return Err(reason),
+            (Envelope::Sealed { writer, seq, .. }, None) => (writer, *seq),
+            (Envelope::Notice { .. }, None) => return Err(RejectReason::Malformed),
+        };
         let Some((_, key)) = gs.evs_keys.iter().find(|(v, _)| *v == delivered_in) else {
             return Err(RejectReason::UnknownEpoch(Epoch::new(delivered_in, 0)));
         };
@@ -2168,13 +2202,20 @@ fn flush_evs(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut Gro
     out
 }
 
-/// Stops sending (see [`GroupState::leaving`]).
+/// Stops sending (see [`GroupState::leaving`]). Data held for a key's
+/// confirmation is dropped — its senders send it again in the next view —
+/// except in Optimized EVS groups, where nobody sends anything twice and the
+/// members that move on with this one read it when the next view comes:
+/// this member, still in the group until the daemon says otherwise, reads
+/// it too.
 fn leave_group(gs: &mut GroupState) {
     gs.leaving = true;
     gs.queue.clear();
     gs.in_flight.clear();
     gs.resend.clear();
-    gs.early.clear();
+    if gs.policy.mode != GroupMode::OptimizedEvs {
+        gs.early.clear();
+    }
 }
 
 /// What a member signs to bind its certificate to a group and view, so a

@@ -469,11 +469,29 @@ pub enum RejectReason {
     WrongMode,
     /// Optimized EVS: the daemon could not re-encrypt this message for the
     /// view it was delivered in: the key of the view it was sealed in
-    /// (named) had expired there, or was never there (sealed on the other
-    /// side of a partition). It is lost; the daemon said so instead of
-    /// dropping it.
-    #[error("sealed under the key of view {0}, which the daemon no longer holds")]
-    KeyGone(ViewId),
+    /// (`key_view`) had expired there, or was never there (sealed on the
+    /// other side of a partition). It is lost; the daemon said so instead
+    /// of dropping it. With the sender, `key_view` and `seq` (the sender's
+    /// count under that key) name the message, e.g. to ask for it again.
+    #[error("message {seq} sealed under the key of view {key_view}, which the daemon no longer holds")]
+    KeyGone {
+        /// The view whose key sealed it.
+        key_view: ViewId,
+        /// The sender's count under that key.
+        seq: u64,
+    },
+    /// Optimized EVS, certified sessions: the message was delivered in a
+    /// view that ended before its key was confirmed, where the sender's
+    /// certificate may not have arrived; every member that moves on with
+    /// this one reports it alike instead of reading it (the sender too). It
+    /// is lost. `key_view` and `seq` name it as in [`RejectReason::KeyGone`].
+    #[error("message {seq} sealed under the key of view {key_view}, in a view cut short before its key was confirmed")]
+    CutShort {
+        /// The view whose key its sender sealed it under.
+        key_view: ViewId,
+        /// The sender's count under that key.
+        seq: u64,
+    },
 }
 
 /// What a [`Session`] delivers.
