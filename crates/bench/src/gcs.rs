@@ -386,6 +386,8 @@ async fn bench(args: GcsArgs, cluster: Option<&Cluster>) -> Result<()> {
                     conclave_gka::ProtocolId::Tgdh,
                     conclave_gka::GroupId::Ristretto255,
                 ),
+                churn: None,
+                deadline: None,
             };
             let mut rates = [0.0; 2];
             for (rate, on) in rates.iter_mut().zip([true, false]) {
@@ -393,7 +395,7 @@ async fn bench(args: GcsArgs, cluster: Option<&Cluster>) -> Result<()> {
                 let signed = if on { "signed" } else { "unsigned" };
                 flood.group = format!("{prefix}-sec-{}-{}-{signed}", plain.senders, plain.size);
                 eprintln!("secure round: {} senders, {} bytes, {signed}", plain.senders, plain.size);
-                *rate = secure::round(&flood).await?;
+                *rate = secure::round(&flood).await?.msgs_per_s;
             }
             let [signed_messages_per_s, unsigned_messages_per_s] = rates;
             secure_rows.push(secure::SecureRow {

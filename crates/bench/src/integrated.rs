@@ -119,6 +119,11 @@ pub struct IntegratedArgs {
     /// alone authenticates, as in the paper's Secure Spread); by default every message is signed (Ed25519).
     #[arg(long)]
     no_sender_signatures: bool,
+    /// Fig. 7: also run Integrated VS and Optimized EVS while one more member joins and leaves the group, waiting
+    /// this many ms after each, all through the round: the messages in flight at each view change cross it
+    /// (Integrated VS sends them again, Optimized EVS's daemons re-encrypt them). 0: no such rows.
+    #[arg(long, default_value_t = 20)]
+    churn_ms: u64,
     /// First seed (identities, the simulated network, the engines' randomness).
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -165,6 +170,20 @@ pub struct Row {
     /// Fig. 7: whether every data message carried its sender's signature (secure modes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sender_signatures: Option<bool>,
+    /// Fig. 7 with churn: one more member joined and left the group all through the round, waiting this many ms
+    /// after each.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub churn_ms: Option<u64>,
+    /// Fig. 7 with churn: secure views the sender delivered during the round.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub views: Option<usize>,
+    /// Fig. 7 with churn, Optimized EVS: messages the sender read re-encrypted by its daemon.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reencrypted: Option<u64>,
+    /// Fig. 7 with churn: the most messages a member was told were lost (Optimized EVS: sealed under a key its
+    /// daemon no longer held, having crossed more views than the key-out).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost: Option<usize>,
     /// Fig. 7: messages per second.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub msgs_per_s: Option<f64>,
@@ -223,6 +242,10 @@ impl Settings {
             confirmed_ms: None,
             key_ms: None,
             sender_signatures: None,
+            churn_ms: None,
+            views: None,
+            reencrypted: None,
+            lost: None,
             msgs_per_s: None,
             mb_per_s: None,
             engine: if sim { "sim" } else { "cluster" },
@@ -323,7 +346,8 @@ pub fn run(args: IntegratedArgs) -> Result<()> {
         (true, Engine::Cluster) => s.sizes.len() * s.events.len(),
     };
     let fig6_points = if figures[1] { s.groups.len() * 2 } else { 0 };
-    let fig7_points = if figures[2] { args.msg_sizes.len() * throughput::modes().len() } else { 0 };
+    let churned = if args.churn_ms > 0 { throughput::CHURNED.len() } else { 0 };
+    let fig7_points = if figures[2] { args.msg_sizes.len() * (throughput::modes().len() + churned) } else { 0 };
     let bar = progress_bar((fig5_points + fig6_points + fig7_points) as u64);
     let mut step = |what: String| {
         if bar.is_hidden() {
@@ -463,16 +487,23 @@ fn fig7(
 ) -> Result<Vec<Row>> {
     let (sizes, receivers, messages) = (args.msg_sizes.clone(), args.receivers, args.messages);
     let signed = !args.no_sender_signatures;
+    let churn = (args.churn_ms > 0).then(|| std::time::Duration::from_millis(args.churn_ms));
     let cluster = s.engine == Engine::Cluster;
     let points = target.run(|sockets, tag| async move {
         let mut points = Vec::new();
         for &size in &sizes {
-            for (name, policy) in throughput::modes() {
+            let churned = throughput::modes().into_iter().filter(|m| throughput::CHURNED.contains(&m.0));
+            let runs = throughput::modes()
+                .into_iter()
+                .map(|m| (m, None))
+                .chain(churned.filter_map(|m| Some((m, Some(churn?)))));
+            for ((name, policy), churn) in runs {
                 let mode = (name, policy.map(|p| Policy { sender_signatures: signed, ..p }));
-                step(format!("fig. 7: {name} at {size} B"));
-                let p = throughput::round(&sockets, mode, size, receivers, messages, &tag.to_string())
+                let with = if churn.is_some() { " with churn" } else { "" };
+                step(format!("fig. 7: {name}{with} at {size} B"));
+                let p = throughput::round(&sockets, mode, size, receivers, messages, &tag.to_string(), churn)
                     .await
-                    .with_context(|| format!("{} at {size} bytes", mode.0))?;
+                    .with_context(|| format!("{}{with} at {size} bytes", mode.0))?;
                 points.push(p);
             }
         }
@@ -482,6 +513,10 @@ fn fig7(
         .into_iter()
         .map(|p| Row {
             sender_signatures: p.sender_signatures,
+            churn_ms: p.churn.map(|c| c.period_ms),
+            views: p.churn.map(|c| c.views),
+            reencrypted: p.churn.filter(|_| p.mode == "optimized-evs").map(|c| c.reencrypted),
+            lost: p.churn.map(|c| c.lost),
             msgs_per_s: Some(p.msgs_per_s),
             mb_per_s: Some(p.mb_per_s()),
             engine: if cluster { "cluster" } else { "embedded" },
@@ -494,9 +529,11 @@ fn fig7(
         .collect())
 }
 
-/// The row of `mode` among `rows` at the same figure, event, groups, members
-/// and size as `like`.
+/// The row of `mode` among `rows` at the same figure, event, groups, members,
+/// size and churn as `like` (plaintext has no churn: any row's plaintext
+/// is the one without).
 fn find<'a>(rows: &'a [Row], like: &Row, mode: &str) -> Option<&'a Row> {
+    let churn = if mode == "plaintext" { None } else { like.churn_ms };
     rows.iter().find(|r| {
         r.figure == like.figure
             && r.mode == mode
@@ -504,6 +541,7 @@ fn find<'a>(rows: &'a [Row], like: &Row, mode: &str) -> Option<&'a Row> {
             && r.groups == like.groups
             && r.members == like.members
             && r.size == like.size
+            && r.churn_ms == churn
     })
 }
 
@@ -616,25 +654,47 @@ fn write_tables(out: &mut impl Write, s: &Settings, rows: &[Row]) -> Result<()> 
                 "signed by its sender (Ed25519), verified by every receiver"
             }
         )?;
-        let mut t = crate::table::new(["size", "mode", "msgs/s", "MB/s", "× plaintext", "µs/msg"], 2);
+        let mut t = crate::table::new(
+            ["size", "mode", "churn", "msgs/s", "MB/s", "× plaintext", "µs/msg", "views", "re-encrypted", "lost"],
+            3,
+        );
         for r in &fig7 {
             let plain = find(rows, r, "plaintext").and_then(|p| p.msgs_per_s);
+            let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
             t.add_row(vec![
                 r.size.unwrap_or(0).to_string(),
                 r.mode.to_string(),
+                r.churn_ms.map_or("-".to_string(), |c| format!("{c} ms")),
                 format!("{:.0}", r.msgs_per_s.unwrap_or(0.0)),
                 format!("{:.1}", r.mb_per_s.unwrap_or(0.0)),
                 match (r.msgs_per_s, plain) {
                     (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
                     _ => "-".into(),
                 },
-                format!("{:.1}", 1e6 / r.msgs_per_s.unwrap_or(f64::INFINITY).max(1e-9)),
+                match r.msgs_per_s {
+                    Some(m) if m > 0.0 => format!("{:.1}", 1e6 / m),
+                    _ => "-".into(),
+                },
+                opt(r.views.map(|v| v as u64)),
+                opt(r.reencrypted),
+                opt(r.lost.map(|v| v as u64)),
             ]);
         }
         writeln!(out, "{t}")?;
+        if fig7.iter().any(|r| r.churn_ms.is_some()) {
+            writeln!(
+                out,
+                "churn: one more member joined and left the group all through the round, waiting that long after \
+                 each, for at most {} s; views: secure views the sender delivered meanwhile; re-encrypted: messages \
+                 the sender read re-encrypted by its daemon (Optimized EVS; Integrated VS sends such messages \
+                 again); lost: the most messages a member was told were lost (sealed under a key its daemon no \
+                 longer held)",
+                throughput::CHURN_ROUND.as_secs()
+            )?;
+        }
         let at_least_1k: Vec<(usize, f64)> = fig7
             .iter()
-            .filter(|r| r.mode == "integrated-vs" && r.size.is_some_and(|s| s >= 1024))
+            .filter(|r| r.mode == "integrated-vs" && r.churn_ms.is_none() && r.size.is_some_and(|s| s >= 1024))
             .filter_map(|r| Some((r.size?, r.msgs_per_s? / find(rows, r, "plaintext")?.msgs_per_s?)))
             .collect();
         if let Some(&(size, worst)) = at_least_1k.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
@@ -709,6 +769,10 @@ fn write_outputs(dir: &Path, rows: &[Row]) -> Result<usize> {
         "costs",
         "confirmations_charged",
         "sender_signatures",
+        "churn_ms",
+        "views",
+        "reencrypted",
+        "lost",
         "daemons",
         "runs",
     ])?;
@@ -730,6 +794,10 @@ fn write_outputs(dir: &Path, rows: &[Row]) -> Result<usize> {
             r.costs.unwrap_or("").to_string(),
             r.confirmations_charged.map_or(String::new(), |c| c.to_string()),
             r.sender_signatures.map_or(String::new(), |c| c.to_string()),
+            r.churn_ms.map_or(String::new(), |c| c.to_string()),
+            r.views.map_or(String::new(), |c| c.to_string()),
+            r.reencrypted.map_or(String::new(), |c| c.to_string()),
+            r.lost.map_or(String::new(), |c| c.to_string()),
             r.daemons.to_string(),
             r.runs.to_string(),
         ])?;
@@ -740,7 +808,11 @@ fn write_outputs(dir: &Path, rows: &[Row]) -> Result<usize> {
         let mut lines: Vec<crate::chart::Series> = Vec::new();
         for r in rows.iter().filter(|r| r.figure == figure && r.event == event) {
             let Some(v) = y(r) else { continue };
-            let name = if r.mode == "plaintext" && figure != 7 { "membership".to_string() } else { r.mode.to_string() };
+            let name = match r.churn_ms {
+                _ if r.mode == "plaintext" && figure != 7 => "membership".to_string(),
+                Some(c) => format!("{}, churn {c} ms", r.mode),
+                None => r.mode.to_string(),
+            };
             match lines.iter_mut().find(|l| l.name == name) {
                 Some(l) => l.points.push((x(r), v)),
                 None => lines.push(crate::chart::Series { name, points: vec![(x(r), v)] }),

@@ -408,6 +408,9 @@ struct GroupState {
     evs_seq: Option<(ViewId, u64)>,
     /// Optimized EVS: what each sender's messages have been so far (replays).
     evs_seen: HashMap<MemberId, crate::evs::Seen>,
+    /// Optimized EVS: messages delivered that a daemon had re-encrypted
+    /// (they crossed a view change).
+    evs_reencrypted: u64,
     #[cfg(feature = "test-hooks")]
     captured: Vec<(MemberId, Bytes)>,
     /// Test hook: an insider's tampering with its own key agreement messages.
@@ -621,6 +624,7 @@ impl SessionCore {
                 evs_keys: VecDeque::new(),
                 evs_seq: None,
                 evs_seen: HashMap::new(),
+                evs_reencrypted: 0,
                 #[cfg(feature = "test-hooks")]
                 captured: Vec::new(),
                 #[cfg(feature = "test-hooks")]
@@ -694,6 +698,13 @@ impl SessionCore {
     /// reached (see [`MAX_HELD_BYTES`]); each is also logged.
     pub fn dropped(&self, group: &str) -> u64 {
         GroupName::new(group).ok().and_then(|g| self.groups.get(&g)).map_or(0, |g| g.early.dropped + g.held_ka.dropped)
+    }
+
+    /// Optimized EVS: messages of `group` delivered here since this member
+    /// joined that a daemon had re-encrypted, having been sealed under the
+    /// key of an earlier view (0 for other modes).
+    pub fn reencrypted(&self, group: &str) -> u64 {
+        GroupName::new(group).ok().and_then(|g| self.groups.get(&g)).map_or(0, |g| g.evs_reencrypted)
     }
 
     /// Leaves the group; [`SecureEvent::Left`] confirms it. Messages still
@@ -1938,6 +1949,7 @@ impl SessionCore {
         if !gs.evs_seen.entry(sender.clone()).or_default().accept(inner.origin, inner.seq) {
             return Err(RejectReason::Replay(inner.seq));
         }
+        gs.evs_reencrypted += u64::from(matches!(writer, Writer::Daemon(_)));
         let data = inner.data.to_vec();
         Ok(Some(SecureEvent::Message {
             group: group.clone(),

@@ -142,6 +142,11 @@ impl Session {
         res
     }
 
+    /// See [`SessionCore::reencrypted`].
+    pub fn reencrypted(&self, group: &str) -> u64 {
+        self.core.reencrypted(group)
+    }
+
     /// See [`SessionCore::dropped`].
     pub fn dropped(&self, group: &str) -> u64 {
         self.core.dropped(group)

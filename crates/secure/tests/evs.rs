@@ -195,6 +195,9 @@ fn a_message_that_crosses_a_view_change_is_re_encrypted_and_sent_once() {
     }
     assert_eq!(net.data_sent(0), 1, "sent once");
     assert_eq!(net.daemon.evs_stats().reencrypted, 1);
+    for i in 0..3 {
+        assert_eq!(net.sessions[&Net::conn(i)].reencrypted(GROUP), 1, "member {i} read it re-encrypted");
+    }
 
     // Integrated VS, the same script: nobody reads it in the view it was
     // delivered in, and its sender sends it again.

@@ -9,6 +9,13 @@
 //! every other mode runs it through `conclave_secure::Session`s under its
 //! policy (`crate::gcs::secure::round`).
 //!
+//! With churn ([`round`]'s `churn`), one more member joins and leaves the
+//! group all through the round (`crate::gcs::secure`), so that the messages
+//! in flight at each view change cross it: Integrated VS sends them again,
+//! Optimized EVS has its daemons re-encrypt them (the paper's "Optimized
+//! EVS with re-encryption"; §5.2 expects it below Integrated VS's line and
+//! above Three-Step's when the membership changes).
+//!
 //! On a cluster the sender sits on the first node and every receiver on the
 //! second, so that the sender's messages cross the backbone, where
 //! three-step's daemons seal them; on the embedded standalone daemon nothing
@@ -49,7 +56,30 @@ pub struct Point {
     /// Whether the data carried sender signatures (`None`: no data messages
     /// of the secure layer: plaintext, three-step).
     pub sender_signatures: Option<bool>,
+    /// With churn: its period (ms), the secure views the sender delivered
+    /// during the round, and the messages it read re-encrypted.
+    pub churn: Option<Churned>,
 }
+
+/// What churn did to a round.
+#[derive(Clone, Copy, Debug)]
+pub struct Churned {
+    pub period_ms: u64,
+    pub views: usize,
+    pub reencrypted: u64,
+    /// The most messages a member was told were lost (Optimized EVS:
+    /// crossed more views than its daemon keeps keys for).
+    pub lost: usize,
+}
+
+/// How long a round with churn runs at most: Integrated VS, which sends
+/// again what crosses a view change, may deliver only a few messages per view
+/// when views come every few tens of milliseconds.
+pub const CHURN_ROUND: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The modes Fig. 7 also runs with churn: the two keyed modes, one sending
+/// again what crosses a view change, the other re-encrypting it.
+pub const CHURNED: [&str; 2] = ["integrated-vs", "optimized-evs"];
 
 impl Point {
     pub fn mb_per_s(&self) -> f64 {
@@ -73,17 +103,27 @@ pub async fn round(
     receivers: usize,
     max_messages: usize,
     tag: &str,
+    churn: Option<std::time::Duration>,
 ) -> Result<Point> {
     let (messages, window) = shape(max_messages, size);
+    // With churn, what is in flight at a view change arrives before the new
+    // key is confirmed, and every receiver holds it meanwhile, within a
+    // bound per sender: keep the window to half of it.
+    let window = match churn {
+        Some(_) => window.min((conclave_secure::core::MAX_HELD_BYTES_PER_SENDER / 2 / size.max(1)).max(1)),
+        None => window,
+    };
     let placed: Vec<PathBuf> = match sockets {
         [] => return Err(anyhow!("no daemon to send through")),
         [one] => vec![one.clone()],
         [first, .., last] => vec![first.clone(), last.clone()],
     };
-    let group = format!("fig7-{tag}-{mode}-{size}");
-    let msgs_per_s = match policy {
-        None => plain(&placed, &group, size, receivers, messages, window).await?,
-        Some(policy) => {
+    let churned = if churn.is_some() { "-churn" } else { "" };
+    let group = format!("fig7-{tag}-{mode}-{size}{churned}");
+    let (msgs_per_s, churn) = match (policy, churn) {
+        (None, Some(_)) => return Err(anyhow!("the plaintext round has no churn")),
+        (None, None) => (plain(&placed, &group, size, receivers, messages, window).await?, None),
+        (Some(policy), churn) => {
             let f = secure::SecureFlood {
                 sockets: &placed,
                 group: group.clone(),
@@ -93,12 +133,21 @@ pub async fn round(
                 size,
                 window,
                 policy,
+                churn,
+                deadline: churn.map(|_| CHURN_ROUND),
             };
-            secure::round(&f).await?
+            let o = secure::round(&f).await?;
+            let churned = churn.map(|period| Churned {
+                period_ms: period.as_millis() as u64,
+                views: o.views,
+                reencrypted: o.reencrypted,
+                lost: o.lost,
+            });
+            (o.msgs_per_s, churned)
         }
     };
     let sender_signatures = policy.filter(|p| p.mode != GroupMode::ThreeStep).map(|p| p.sender_signatures);
-    Ok(Point { mode, size, msgs_per_s, sender_signatures })
+    Ok(Point { mode, size, msgs_per_s, sender_signatures, churn })
 }
 
 /// The plain round: `bench gcs`'s flood with one sender.
@@ -148,7 +197,7 @@ mod tests {
             .run(|sockets, tag| async move {
                 let mut out = Vec::new();
                 for m in modes() {
-                    out.push(round(&sockets, m, 256, 1, 50, &tag.to_string()).await?);
+                    out.push(round(&sockets, m, 256, 1, 50, &tag.to_string(), None).await?);
                 }
                 Ok(out)
             })
@@ -157,5 +206,23 @@ mod tests {
         for p in &points {
             assert!(p.msgs_per_s > 0.0, "{p:?}");
         }
+    }
+
+    /// With a member joining and leaving every 20 ms, an Optimized EVS round
+    /// crosses view changes: messages come back re-encrypted or, having
+    /// crossed more views than the daemon keeps keys for, reported lost, and
+    /// every receiver accounts for each message once (the round counts them
+    /// and fails on any other refusal). What re-encryption does is tested in
+    /// `conclave-secure`'s `tests/evs.rs`; this is the benchmark's churn.
+    #[test]
+    fn an_optimized_evs_round_with_churn_crosses_view_changes() {
+        let target = crate::live::Target::start(None, crate::scenario::Wan::Lan, &mut Vec::new()).unwrap();
+        let mode = modes().into_iter().find(|m| m.0 == "optimized-evs").unwrap();
+        let churn = Some(std::time::Duration::from_millis(20));
+        let p = target
+            .run(|sockets, tag| async move { round(&sockets, mode, 256, 2, 500, &tag.to_string(), churn).await })
+            .unwrap();
+        let c = p.churn.expect("churned");
+        assert!(c.reencrypted + c.lost as u64 > 0, "{p:?}");
     }
 }
