@@ -624,6 +624,59 @@ impl<G: Group> Rekeyed<G> {
         packets.into_iter().map(|((round, i), nodes)| Packet { sponsor: lists[i].0, round, nodes }).collect()
     }
 
+    /// SEAL §4.2's per-input sending had the members held, when the rekey
+    /// starts, the blinded keys `holds(leaf, node)` says: on every packet it
+    /// processes — the REKEY packet first, then each BKEY packet in the
+    /// agreed order — a sponsor broadcasts, in one BKEY packet, the blinded
+    /// keys of its list it has become able to compute. The packets in the
+    /// order sent; `round` is the input a packet answers (0: the REKEY
+    /// packet, `i`: the `i`-th BKEY packet). Sponsors answer one input left
+    /// to right, and what they send is ordered after everything already
+    /// sent (one agreed stream, FIFO per sender).
+    pub fn reactive_plan_holding(&self, holds: &dyn Fn(usize, usize) -> bool) -> Vec<Packet> {
+        let lists = self.sponsors();
+        let mut received = vec![false; self.tree.nodes.len()];
+        let mut sent = vec![0; lists.len()];
+        let mut stream: Vec<Packet> = Vec::new();
+        let mut input = 0;
+        while input <= stream.len() {
+            if input > 0 {
+                for &v in &stream[input - 1].nodes {
+                    received[v] = true;
+                }
+            }
+            for (i, (s, list)) in lists.iter().enumerate() {
+                let ready = list.iter().take_while(|&&v| self.computable(*s, v, holds, &received)).count();
+                if ready > sent[i] {
+                    stream.push(Packet { sponsor: *s, round: input as u32, nodes: list[sent[i]..ready].to_vec() });
+                    sent[i] = ready;
+                }
+            }
+            input += 1;
+        }
+        stream
+    }
+
+    /// Whether the member at `leaf` can compute the key of `v`, on its path,
+    /// holding what `holds` says and the blinded keys `received`: every
+    /// renewed node on the way needs its other child's blinded key.
+    fn computable(&self, leaf: usize, v: usize, holds: &dyn Fn(usize, usize) -> bool, received: &[bool]) -> bool {
+        let t = &self.tree;
+        let mut c = leaf;
+        while c != v {
+            let Some(p) = t.nodes[c].parent else { return false };
+            if self.renewed[p] {
+                if let Some(o) = t.sibling(c) {
+                    if !holds(leaf, o) && !received[o] {
+                        return false;
+                    }
+                }
+            }
+            c = p;
+        }
+        true
+    }
+
     /// The costs of this rekey (see the module doc).
     pub fn costs(&self) -> IntervalCosts {
         self.costs_with(true)
@@ -1032,6 +1085,47 @@ mod tests {
         let exps: Vec<u64> = (1..=8).map(|i| c.members[&id(i)].exps).collect();
         assert_eq!(exps, [3, 4, 3, 3, 3, 4, 4, 6]);
         assert_eq!((c.bks, c.packets, c.rounds), (9, 6, 2));
+        // Per-input sending (§4.2) with the whole tree held sends the same
+        // packets: all but BK0 answer the REKEY packet, BK0 answers M2's.
+        let reactive: Vec<(MemberId, u32, Vec<u64>)> = r
+            .reactive_plan_holding(&|l, v| r.holds(l, v))
+            .into_iter()
+            .map(|p| (r.tree.member(p.sponsor).unwrap().clone(), p.round, numbers(&r.tree, p.nodes)))
+            .collect();
+        assert_eq!(
+            reactive,
+            [
+                (id(1), 0, vec![3]),
+                (id(2), 0, vec![4, 1]),
+                (id(5), 0, vec![5]),
+                (id(7), 0, vec![13]),
+                (id(8), 0, vec![14, 6, 2]),
+                (id(8), 2, vec![0]),
+            ]
+        );
+        // Holding nothing but their own paths, sponsors wait for siblings'
+        // blinded keys: M2 sends BK1 on M1's BK3 (input 1), M8 BK14 at once,
+        // BK6 and BK2 on M7's BK13 (input 4; M5's BK5 came before it), BK0 on
+        // M2's BK1 (input 6): 8 packets for the same 9 blinded keys.
+        let own_path = |l: usize, v: usize| r.tree.path(l).contains(&v);
+        let reactive: Vec<(MemberId, u32, Vec<u64>)> = r
+            .reactive_plan_holding(&own_path)
+            .into_iter()
+            .map(|p| (r.tree.member(p.sponsor).unwrap().clone(), p.round, numbers(&r.tree, p.nodes)))
+            .collect();
+        assert_eq!(
+            reactive,
+            [
+                (id(1), 0, vec![3]),
+                (id(2), 0, vec![4]),
+                (id(5), 0, vec![5]),
+                (id(7), 0, vec![13]),
+                (id(8), 0, vec![14]),
+                (id(2), 1, vec![1]),
+                (id(8), 4, vec![6, 2]),
+                (id(8), 6, vec![0]),
+            ]
+        );
         // The same counts, and one group secret, with real keys.
         let mut rng = ChaCha20Rng::seed_from_u64(4);
         let mut t = keyed(r.tree.clone(), &mut rng);

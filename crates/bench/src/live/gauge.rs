@@ -110,6 +110,7 @@ struct Acc {
     path_bks: u64,
     reactive: u64,
     copath: u64,
+    copath_reactive: u64,
 }
 
 /// Runs one policy over the churn of `setup` on `target`'s daemons;
@@ -220,6 +221,7 @@ async fn drive(
                 seal_exps: interval_like.then(|| (a.exps - a.sub_exps + a.path_bks) as f64 / n),
                 reactive_packets: interval_like.then_some(a.reactive),
                 copath_packets: interval_like.then_some(a.copath),
+                copath_reactive_packets: interval_like.then_some(a.copath_reactive),
             }
         })
         .collect();
@@ -295,6 +297,7 @@ fn on_report(
                     acc.path_bks += s1.path_bks_not_blinded - s0.path_bks_not_blinded;
                     acc.reactive += s1.reactive_packets_sent - s0.reactive_packets_sent;
                     acc.copath += s1.copath_packets_sent - s0.copath_packets_sent;
+                    acc.copath_reactive += s1.copath_reactive_packets_sent - s0.copath_reactive_packets_sent;
                     *led += s1.rekeys_led - s0.rekeys_led;
                 }
                 None => acc.packets += c1.broadcasts - c0.broadcasts,

@@ -265,6 +265,12 @@ pub struct IntervalStats {
     /// rather than this engine's whole tree: the same lists, in the rounds
     /// those holdings allow (`Rekeyed::plan_holding`).
     pub copath_packets_sent: u64,
+    /// Not work done: the same as `copath_packets_sent` (SEAL's holdings)
+    /// with SEAL's per-input sending (§4.2) instead of the plan's rounds:
+    /// each sponsor answers every packet, the REKEY packet first, with the
+    /// blinded keys of its list it has become able to compute
+    /// (`Rekeyed::reactive_plan_holding`, in a modelled agreed order).
+    pub copath_reactive_packets_sent: u64,
 }
 
 /// The rekey message's body.
@@ -797,6 +803,9 @@ impl<G: Group> Seal<G> {
                         let holds = phase.r.seal_holds(rk.base.as_ref());
                         let plan = phase.r.plan_holding(&holds);
                         self.stats.copath_packets_sent += plan.iter().filter(|p| p.sponsor == me).count() as u64;
+                        let reactive = phase.r.reactive_plan_holding(&holds);
+                        self.stats.copath_reactive_packets_sent +=
+                            reactive.iter().filter(|p| p.sponsor == me).count() as u64;
                     }
                     match phase.secret.take() {
                         Some(mut secret) => {
