@@ -6,6 +6,7 @@
 //! every message.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -82,7 +83,10 @@ pub struct Flood<'a> {
     pub count: usize,
     /// Payload size in bytes (at least [`HEADER`]).
     pub size: usize,
-    /// Messages a sender may have in flight (sent, not yet delivered back to it).
+    /// Messages a sender may have in flight: sent, and not yet delivered to
+    /// every connection. (Counting only the sender's own copy let a slow
+    /// receiver fall further and further behind, until the daemon cut it
+    /// off for not reading: `bench gcs --count 60000` with 4 senders.)
     pub window: usize,
 }
 
@@ -94,15 +98,22 @@ pub async fn round(conns: &mut [Conn], ours: &Arc<HashSet<String>>, flood: &Floo
     let expected = flood.senders * n;
     let start = Instant::now();
     let mut tasks: JoinSet<Result<Option<Received>>> = JoinSet::new();
+    // A sender's credit comes back when the last connection has its message:
+    // per sender, how many connections have each message in flight (slot
+    // `seq % window`: at most `window` are in flight, so a slot is free
+    // again before it is reused).
+    let receivers = conns.len();
+    let credits: Arc<Vec<Semaphore>> = Arc::new((0..flood.senders).map(|_| Semaphore::new(window)).collect());
+    let arrived: Arc<Vec<Vec<AtomicUsize>>> =
+        Arc::new((0..flood.senders).map(|_| (0..window).map(|_| AtomicUsize::new(0)).collect()).collect());
     for (i, c) in conns.iter_mut().enumerate() {
-        let credit = Arc::new(Semaphore::new(window));
         if i < flood.senders {
             let tx = c.tx.clone();
             let group = flood.group.to_string();
-            let sender_credit = credit.clone();
+            let credits = credits.clone();
             tasks.spawn(async move {
                 for seq in 0..n {
-                    sender_credit.acquire().await.context("credit")?.forget();
+                    credits[i].acquire().await.context("credit")?.forget();
                     let mut p = BytesMut::with_capacity(size);
                     p.put_u64(epoch.elapsed().as_nanos() as u64);
                     p.put_u32(i as u32);
@@ -116,6 +127,7 @@ pub async fn round(conns: &mut [Conn], ours: &Arc<HashSet<String>>, flood: &Floo
         let mut rx = c.rx.take().expect("receiver");
         let group = flood.group.to_string();
         let ours = ours.clone();
+        let (credits, arrived) = (credits.clone(), arrived.clone());
         tasks.spawn(async move {
             let mut latencies = Vec::with_capacity(expected);
             let mut got = 0;
@@ -126,9 +138,13 @@ pub async fn round(conns: &mut [Conn], ours: &Arc<HashSet<String>>, flood: &Floo
                     {
                         let sent = payload.get_u64();
                         let from = payload.get_u32() as usize;
+                        let seq = payload.get_u32() as usize;
                         latencies.push((epoch.elapsed().as_nanos() as u64).saturating_sub(sent));
-                        if from == i {
-                            credit.add_permits(1);
+                        if let Some(slot) = arrived.get(from).map(|a| &a[seq % window]) {
+                            if slot.fetch_add(1, Ordering::AcqRel) + 1 == receivers {
+                                slot.store(0, Ordering::Release);
+                                credits[from].add_permits(1);
+                            }
                         }
                         got += 1;
                     }
