@@ -359,8 +359,9 @@ struct GroupState {
     /// Plaintexts waiting for a key, in send order.
     queue: VecDeque<Vec<u8>>,
     /// Own messages sent whose delivery back to us is pending: (epoch, seq,
-    /// plaintext, digest of the payload as sent).
-    in_flight: VecDeque<(Epoch, u64, Vec<u8>, [u8; 32])>,
+    /// plaintext, the payload as sent). Epochs never decrease from front to
+    /// back: each is the key's when it was sent.
+    in_flight: VecDeque<(Epoch, u64, Vec<u8>, Bytes)>,
     /// Own messages that must go out again under the next key, in send order.
     resend: VecDeque<Vec<u8>>,
     /// Data messages of the current epoch that came before its key was confirmed.
@@ -1977,9 +1978,7 @@ impl SessionCore {
         // its signature need not be checked. Anything else in our name is.
         let own = *sender == self.me
             && header.sender == self.me
-            && gs.in_flight.front().is_some_and(|f| {
-                (f.0, f.1) == (header.epoch, header.seq) && f.3 == <[u8; 32]>::from(Sha256::digest(&payload))
-            });
+            && gs.in_flight.front().is_some_and(|f| (f.0, f.1) == (header.epoch, header.seq) && f.3 == payload);
         if own {
             let (epoch, _, pt, _) = gs.in_flight.pop_front().expect("front exists");
             if Some(epoch) != current || header.view != delivered_in {
@@ -2169,17 +2168,17 @@ fn flush(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut GroupSt
     }
     let Some(keys) = gs.phase.keys() else { return Vec::new() };
     let Some(view) = gs.view.as_ref().map(|v| v.id) else { return Vec::new() };
-    if gs.leaving || gs.in_flight.iter().any(|f| f.0 != keys.epoch()) {
+    // The oldest message in flight has the oldest epoch (see `in_flight`).
+    if gs.leaving || gs.in_flight.front().is_some_and(|f| f.0 != keys.epoch()) {
         return Vec::new();
     }
     let mut out = Vec::new();
     while let Some(pt) = gs.resend.pop_front().or_else(|| gs.queue.pop_front()) {
         let sealed = keys.seal(me, view, gs.next_seq, &pt, gs.policy.sender_signatures.then_some(signer));
-        let p = Frame::Data(&sealed).encode();
-        let digest = Sha256::digest(&p).into();
-        gs.in_flight.push_back((keys.epoch(), gs.next_seq, pt, digest));
+        let p = Bytes::from(Frame::Data(&sealed).encode());
+        gs.in_flight.push_back((keys.epoch(), gs.next_seq, pt, p.clone()));
         gs.next_seq += 1;
-        out.push(Transmit::Multicast(group.clone(), p.into()));
+        out.push(Transmit::Multicast(group.clone(), p));
     }
     out
 }
