@@ -30,7 +30,9 @@
 //! view counter u64) | u8 sender length | sender | u64 seq
 //! ```
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::Mutex;
 
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
@@ -140,12 +142,29 @@ impl DataHeader {
 const FIXED_PUBLIC_ROOT: &[u8; 32] = b"conclave/secure/v1/public-root!!";
 
 /// The data keys of one group and epoch: the root from which every sender's
-/// key is derived. Zeroized on drop; never printed.
-#[derive(Clone)]
+/// key is derived, and the senders' keys derived so far. Zeroized on drop;
+/// never printed.
 pub struct EpochKeys {
     group: GroupName,
     epoch: Epoch,
     root: Zeroizing<[u8; 32]>,
+    /// Senders' keys already derived (HKDF once per sender, not per
+    /// message), by the group, epoch and sender they were derived for; at
+    /// most [`SENDER_KEYS`], then it starts afresh.
+    derived: Mutex<HashMap<SenderKeyId, Zeroizing<[u8; 32]>>>,
+}
+
+/// What a sender's data key is derived for: the group, epoch and sender.
+type SenderKeyId = (GroupName, Epoch, MemberId);
+
+/// The most senders' keys an [`EpochKeys`] remembers: bounded, whatever
+/// names and epochs the messages it is handed claim.
+const SENDER_KEYS: usize = 1024;
+
+impl Clone for EpochKeys {
+    fn clone(&self) -> Self {
+        Self { group: self.group.clone(), epoch: self.epoch, root: self.root.clone(), derived: Mutex::default() }
+    }
 }
 
 /// A data message split into its parts (nothing checked yet).
@@ -188,7 +207,7 @@ impl fmt::Debug for EpochKeys {
 impl EpochKeys {
     /// The data keys of `group` in `epoch`, from the group key agreed for it.
     pub fn new(group: GroupName, epoch: Epoch, key: &GroupKey) -> Self {
-        Self { group, epoch, root: Zeroizing::new(*key.expose_secret()) }
+        Self { group, epoch, root: Zeroizing::new(*key.expose_secret()), derived: Mutex::default() }
     }
 
     /// Keys of `group` in `epoch` from a fixed root that everybody knows:
@@ -196,7 +215,7 @@ impl EpochKeys {
     /// messages with them, so the decryption path is reached without a
     /// group key.
     pub(crate) fn fixed_public(group: GroupName, epoch: Epoch) -> Self {
-        Self { group, epoch, root: Zeroizing::new(*FIXED_PUBLIC_ROOT) }
+        Self { group, epoch, root: Zeroizing::new(*FIXED_PUBLIC_ROOT), derived: Mutex::default() }
     }
 
     /// Test hook: the keys [`crate::payload::parse_payload`] opens data
@@ -221,6 +240,22 @@ impl EpochKeys {
     /// header's epoch (not `self.epoch`) means keys of one epoch never open a
     /// message that claims another.
     fn cipher(&self, group: &GroupName, epoch: Epoch, sender: &MemberId) -> ChaCha20Poly1305 {
+        let mut derived = self.derived.lock().unwrap_or_else(|e| e.into_inner());
+        let id = (group.clone(), epoch, sender.clone());
+        if let Some(k) = derived.get(&id) {
+            return ChaCha20Poly1305::new(Key::from_slice(k.as_ref()));
+        }
+        if derived.len() >= SENDER_KEYS {
+            derived.clear();
+        }
+        let k = self.derive(group, epoch, sender);
+        let cipher = ChaCha20Poly1305::new(Key::from_slice(k.as_ref()));
+        derived.insert(id, k);
+        cipher
+    }
+
+    /// HKDF-SHA256 of the root for `sender` in `group` and `epoch`.
+    fn derive(&self, group: &GroupName, epoch: Epoch, sender: &MemberId) -> Zeroizing<[u8; 32]> {
         let hk = Hkdf::<Sha256>::new(Some(b"conclave/secure/v1/data-key"), self.root.as_ref());
         let g = group.as_str().as_bytes();
         let s = sender.as_str().as_bytes();
@@ -232,7 +267,7 @@ impl EpochKeys {
         info.extend_from_slice(s);
         let mut k = Zeroizing::new([0u8; 32]);
         hk.expand(&info, k.as_mut()).expect("32 bytes is a valid HKDF-SHA256 output length");
-        ChaCha20Poly1305::new(Key::from_slice(k.as_ref()))
+        k
     }
 
     fn nonce(seq: u64) -> Nonce {
@@ -301,7 +336,12 @@ mod tests {
     }
 
     fn keys(seq: u64, secret: u8) -> EpochKeys {
-        EpochKeys { group: GroupName::new("g").unwrap(), epoch: epoch(seq), root: Zeroizing::new([secret; 32]) }
+        EpochKeys {
+            group: GroupName::new("g").unwrap(),
+            epoch: epoch(seq),
+            root: Zeroizing::new([secret; 32]),
+            derived: Mutex::default(),
+        }
     }
 
     fn signer(seed: u64) -> std::sync::Arc<dyn Signer> {
@@ -329,6 +369,26 @@ mod tests {
         let forged = k.seal(&alice, ViewId::new(0xfeed, 1), 4, b"from alice, honest", Some(b.as_ref()));
         assert!(k.open(&forged, None).is_ok(), "the group key alone cannot tell members apart");
         assert_eq!(k.open(&forged, Some(a.verifier().as_ref())), Err(DataError::BadSignature));
+    }
+
+    #[test]
+    fn senders_keys_are_derived_once_and_remembered_within_a_bound() {
+        let k = keys(1, 7);
+        let (a, b) = (MemberId::new("a").unwrap(), MemberId::new("b").unwrap());
+        let (g, e) = (k.group.clone(), k.epoch);
+        assert_eq!(k.derive(&g, e, &a), k.derive(&g, e, &a));
+        assert_ne!(k.derive(&g, e, &a), k.derive(&g, e, &b));
+        // The remembered key opens what the derived one sealed, and the
+        // store never holds more than its bound, whatever names it is handed.
+        let sealed = k.seal(&a, ViewId::from_bytes([0; 16]), 3, b"hello", None);
+        for i in 0..SENDER_KEYS + 10 {
+            k.cipher(&g, e, &MemberId::new(format!("m{i}")).unwrap());
+            assert!(k.derived.lock().unwrap().len() <= SENDER_KEYS);
+        }
+        let fresh = keys(1, 7);
+        assert_eq!(fresh.open(&sealed, None).unwrap().1, b"hello");
+        assert_eq!(k.open(&sealed, None).unwrap().1, b"hello");
+        assert_eq!(k.open(&sealed, None).unwrap().1, b"hello");
     }
 
     #[test]
