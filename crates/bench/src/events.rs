@@ -488,6 +488,14 @@ pub struct Point {
     /// this process (every member, and an embedded daemon) measured. `None`
     /// where not measured (a cluster's partition or merge).
     pub cpu_ms: Option<f64>,
+    /// The op-count bound: every member's metered crypto work summed
+    /// (exponentiations × exponentiation cost + signatures × signing cost +
+    /// verifications × verification cost at this run's costs), *not* divided
+    /// by CPUs: what `cpu_ms` would be if the members did nothing but their
+    /// key agreement's counted operations. `None` for the membership line.
+    pub op_bound_ms: Option<f64>,
+    /// `cpu_ms` ÷ `op_bound_ms`, where both are known.
+    pub ratio_to_op_bound: Option<f64>,
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -522,13 +530,46 @@ impl Point {
             work_bound_ms: bounds.map(|b| b.1),
             ratio_to_work_bound: bounds.map(|b| mean / b.1),
             cpu_ms: None,
+            op_bound_ms: None,
+            ratio_to_op_bound: None,
         }
     }
+
+    /// Sets the CPU all members spent (if measured) against the op-count bound.
+    fn with_cpu(mut self, cpu_ms: Option<f64>, op_bound_ms: f64) -> Point {
+        self.cpu_ms = cpu_ms;
+        self.op_bound_ms = Some(op_bound_ms);
+        self.ratio_to_op_bound = cpu_ms.map(|c| c / op_bound_ms);
+        self
+    }
+}
+
+/// The original Cliques library's CPU for an event, summed over all members
+/// (ms): issue 17's measurements on this machine kind, with 2048/256 DH and
+/// RSA-2048; `None` where none was taken.
+pub fn cliques_ms(protocol: &str, event: TimedEvent, n: usize) -> Option<f64> {
+    let ms = match (protocol, event, n) {
+        ("tgdh", TimedEvent::Leave, 64) => 150.0,
+        ("tgdh", TimedEvent::Leave, 128) => 251.0,
+        ("tgdh", TimedEvent::Join, 64) => 268.0,
+        ("tgdh", TimedEvent::Join, 128) => 405.0,
+        ("str", TimedEvent::Join, 64) => 220.0,
+        ("str", TimedEvent::Join, 128) => 399.0,
+        ("gdh", TimedEvent::Leave, 64) => 51.0,
+        ("gdh", TimedEvent::Leave, 128) => 105.0,
+        ("bd", TimedEvent::Join, 64) => 2411.0,
+        ("bd", TimedEvent::Join, 128) => 10326.0,
+        ("ckd", TimedEvent::Leave, 64) => 248.0,
+        ("ckd", TimedEvent::Leave, 128) => 470.0,
+        _ => return None,
+    };
+    Some(ms)
 }
 
 /// The points table.
 fn write_points(out: &mut impl Write, points: &[Point]) -> std::io::Result<()> {
-    let header = ["proto", "event", "n", "mean", "p50", "p95", "bound", "÷bound", "work", "÷work", "cpu Σ"];
+    let header =
+        ["proto", "event", "n", "mean", "p50", "p95", "bound", "÷bound", "work", "÷work", "cpu Σ", "op bound", "÷op"];
     let mut t = crate::table::new(header, 2);
     for p in points {
         t.add_row(vec![
@@ -543,6 +584,40 @@ fn write_points(out: &mut impl Write, points: &[Point]) -> std::io::Result<()> {
             crate::table::or_dash(p.work_bound_ms, 2),
             crate::table::or_dash(p.ratio_to_work_bound, 2),
             crate::table::or_dash(p.cpu_ms, 2),
+            crate::table::or_dash(p.op_bound_ms, 2),
+            crate::table::or_dash(p.ratio_to_op_bound, 2),
+        ]);
+    }
+    writeln!(out, "{t}")
+}
+
+/// The points that have a Cliques measurement beside them (issue 17): all
+/// members' CPU for the event, Conclave's and Cliques's.
+fn write_cliques(out: &mut impl Write, points: &[Point]) -> std::io::Result<()> {
+    let rows: Vec<(&Point, f64, f64)> = points
+        .iter()
+        .filter_map(|p| Some((p, p.cpu_ms?, cliques_ms(&p.protocol, p.event, p.n)?)))
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "\nBeside Cliques (C, 2002; all members' CPU for the event, measured with 2048/256 DH and RSA-2048 on this \
+         machine kind), ms: cpu Σ against Cliques's sum and against this run's op-count bound."
+    )?;
+    let header = ["proto", "event", "n", "Cliques Σ", "cpu Σ", "Cliques ÷ cpu", "op bound", "cpu ÷ op"];
+    let mut t = crate::table::new(header, 2);
+    for (p, cpu, cliques) in rows {
+        t.add_row(vec![
+            p.protocol.clone(),
+            event_name(p.event),
+            p.n.to_string(),
+            format!("{cliques:.0}"),
+            format!("{cpu:.2}"),
+            format!("{:.2}", cliques / cpu),
+            crate::table::or_dash(p.op_bound_ms, 2),
+            crate::table::or_dash(p.ratio_to_op_bound, 2),
         ]);
     }
     writeln!(out, "{t}")
@@ -691,8 +766,8 @@ pub fn run(args: EventsArgs) -> Result<()> {
                     });
                 }
                 let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-                let mut p = Point::new(protocol, event, n, times, (mean(&bounds), mean(&work_bounds)));
-                p.cpu_ms = Some(mean(&works));
+                let p = Point::new(protocol, event, n, times, (mean(&bounds), mean(&work_bounds)))
+                    .with_cpu(Some(mean(&works)), mean(&works));
                 // Printed above the bar so the two do not tear each other.
                 progress.suspend(|| eprintln!("{}", point_line(&p, done, total)));
                 points.push(p);
@@ -821,8 +896,8 @@ fn daemon_points(
                 // work bound is all members' work over those CPUs, not the
                 // simulator's per-machine figure.
                 let work_bound = once.work_ms / cpus as f64;
-                let mut p = Point::new(protocol, event, n, times, (once.bound_ms, work_bound));
-                p.cpu_ms = mean_cpu(&samples);
+                let p = Point::new(protocol, event, n, times, (once.bound_ms, work_bound))
+                    .with_cpu(mean_cpu(&samples), once.work_ms);
                 progress.inc(1);
                 progress.suspend(|| eprintln!("{}", point_line(&p, points.len() + 1, total)));
                 points.push(p);
@@ -832,6 +907,7 @@ fn daemon_points(
     progress.finish_and_clear();
     write_points(out, &points)?;
     write_over_membership(out, &points, protocols)?;
+    write_cliques(out, &points)?;
     Ok(points)
 }
 
@@ -1040,6 +1116,8 @@ fn write_outputs(
         "work_bound_ms",
         "ratio_to_work_bound",
         "cpu_ms",
+        "op_bound_ms",
+        "ratio_to_op_bound",
     ])];
     // The membership line has no bound: empty fields.
     let or_empty = |v: Option<f64>| v.map_or(String::new(), ms3);
@@ -1056,6 +1134,8 @@ fn write_outputs(
             or_empty(p.work_bound_ms),
             or_empty(p.ratio_to_work_bound),
             or_empty(p.cpu_ms),
+            or_empty(p.op_bound_ms),
+            or_empty(p.ratio_to_op_bound),
         ]);
     }
     write_csv(&dir.join("events.csv"), &records)?;

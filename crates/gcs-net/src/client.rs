@@ -332,6 +332,7 @@ impl ClientReceiver {
             if let Some(frame) = self.frames.next_frame(&mut self.buf)? {
                 return Ok(wire::decode_delivery(frame)?);
             }
+            wire::make_room(&mut self.buf);
             if self.reader.read_buf(&mut self.buf).await? == 0 {
                 return Err(ClientError::Closed);
             }
@@ -352,6 +353,7 @@ impl ClientReceiver {
             // One poll of a read: ready only with bytes already received.
             // Dropping a pending read loses nothing (it has read nothing).
             let mut cx = Context::from_waker(Waker::noop());
+            wire::make_room(&mut self.buf);
             let read = std::pin::pin!(self.reader.read_buf(&mut self.buf));
             match read.poll(&mut cx) {
                 Poll::Ready(Ok(n)) if n > 0 => continue,

@@ -1676,6 +1676,7 @@ async fn read_loop<R: AsyncRead>(
             }
         }
         // Time a frame from its first byte (or from the end of the one before).
+        wire::make_room(&mut buf);
         if buf.is_empty() && !frames.skipping() {
             in_frame = false;
         } else if progressed || !in_frame {

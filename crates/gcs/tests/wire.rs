@@ -372,3 +372,38 @@ fn long_status_texts_are_cut_at_a_character_boundary() {
 fn wire_code_name() -> String {
     conclave_gcs::wire::code_name(conclave_gcs::wire::ACCESS_DENIED)
 }
+
+proptest! {
+    /// Many deliveries read from one buffer (as a client reads them when a
+    /// read takes many frames at once, with `make_room` before each read)
+    /// decode exactly as each alone, whatever the read sizes.
+    #[test]
+    fn deliveries_read_in_chunks_decode_as_alone(
+        ds in prop::collection::vec(delivery(), 1..40),
+        reads in prop::collection::vec(1usize..5000, 1..20),
+    ) {
+        let mut stream = BytesMut::new();
+        for d in &ds {
+            encode_delivery(d, &mut stream);
+        }
+        let mut stream = stream.freeze();
+        let mut buf = BytesMut::new();
+        let mut r = FrameReader::new(1 << 20);
+        let mut got = Vec::new();
+        let mut sizes = reads.iter().cycle();
+        while got.len() < ds.len() {
+            while let Some(f) = r.next_frame(&mut buf).unwrap() {
+                got.push(decode_delivery(f).unwrap());
+            }
+            if stream.is_empty() {
+                break;
+            }
+            conclave_gcs::wire::make_room(&mut buf);
+            prop_assert!(buf.capacity() - buf.len() >= conclave_gcs::wire::READ_CHUNK / 4);
+            let n = (*sizes.next().unwrap()).min(stream.len()).min(buf.capacity() - buf.len());
+            buf.put(stream.split_to(n));
+        }
+        prop_assert!(buf.is_empty());
+        prop_assert_eq!(got, ds);
+    }
+}

@@ -87,10 +87,12 @@ pub(crate) fn confirmation_len(signature_len: usize) -> usize {
 /// The confirmation MACs of one member for one epoch: what it sends, and
 /// what it expects from each other member.
 pub(crate) struct Confirmer {
-    key: Zeroizing<[u8; 32]>,
-    /// SHA-256 of the run's transcript: the member list makes it grow with
-    /// the group, and each member computes n MACs over it.
-    transcript: [u8; 32],
+    /// HMAC under the confirmation key with the SHA-256 of the run's
+    /// transcript already absorbed (the member list makes the transcript
+    /// grow with the group, and each member computes n MACs over it): each
+    /// MAC clones it and adds the sender's name, so the key's pads and the
+    /// transcript are hashed once per run, not once per confirmation.
+    keyed: Hmac<Sha256>,
 }
 
 impl Confirmer {
@@ -107,13 +109,14 @@ impl Confirmer {
         for m in members {
             put(&mut transcript, m.as_str().as_bytes());
         }
-        Self { key: k, transcript: Sha256::digest(&transcript).into() }
+        let mut keyed = <Hmac<Sha256> as Mac>::new_from_slice(k.as_ref()).expect("HMAC takes any key length");
+        keyed.update(&Sha256::digest(&transcript));
+        Self { keyed }
     }
 
     /// The MAC that `sender` must present.
     pub fn mac(&self, sender: &MemberId) -> [u8; 32] {
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(self.key.as_ref()).expect("HMAC takes any key length");
-        mac.update(&self.transcript);
+        let mut mac = self.keyed.clone();
         mac.update(sender.as_str().as_bytes());
         mac.finalize().into_bytes().into()
     }
@@ -188,5 +191,35 @@ mod tests {
         assert!(!other_run.matches(&id("a"), &mac_a), "another run");
         let fewer = Confirmer::new(&key(1), &g, e(0), ProtocolId::Tgdh, &members[..1]);
         assert!(!fewer.matches(&id("a"), &mac_a), "another member list");
+    }
+
+    #[test]
+    fn a_mac_is_hmac_over_the_transcript_hash_and_the_sender() {
+        // The MAC as the wire defines it, computed from scratch for every
+        // sender: the precomputed state gives the same bytes.
+        let id = |s: &str| MemberId::new(s).unwrap();
+        let g = GroupName::new("g").unwrap();
+        let members = [id("a"), id("bb")];
+        let epoch = Epoch::new(ViewId::new(3, 7), 2);
+        let c = Confirmer::new(&[7; 32], &g, epoch, ProtocolId::Gdh, &members);
+        let mut k = [0u8; 32];
+        Hkdf::<Sha256>::new(Some(b"conclave/secure/v1/confirm-key"), &[7; 32])
+            .expand(b"key confirmation", &mut k)
+            .unwrap();
+        let mut t = b"conclave/secure/v1/confirm\0".to_vec();
+        put(&mut t, b"g");
+        t.extend_from_slice(&epoch.to_bytes());
+        t.push(ProtocolId::Gdh.code());
+        t.extend_from_slice(&2u32.to_be_bytes());
+        put(&mut t, b"a");
+        put(&mut t, b"bb");
+        for m in &members {
+            let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&k).unwrap();
+            mac.update(&Sha256::digest(&t));
+            mac.update(m.as_str().as_bytes());
+            let want: [u8; 32] = mac.finalize().into_bytes().into();
+            assert_eq!(c.mac(m), want);
+            assert_eq!(c.mac(m), c.mac(m), "the state is not used up");
+        }
     }
 }

@@ -149,6 +149,11 @@ struct Confirmations {
     /// each other without a view between them).
     epoch: Option<Epoch>,
     accepted: BTreeMap<MemberId, [u8; 32]>,
+    /// The accepted senders whose MAC did not match this member's key
+    /// (accepted on their signature, in [`Confirmations::settle`]): every
+    /// other accepted MAC was matched against the key as it came in, and is
+    /// not computed again when the run is decided.
+    unmatched: BTreeSet<MemberId>,
     pending: BTreeMap<MemberId, Vec<Unchecked>>,
 }
 
@@ -198,7 +203,8 @@ impl Confirmations {
                 continue; // an earlier candidate of this sender's was valid
             }
             if all_valid || u.verify() {
-                self.accepted.insert(sender, u.mac);
+                self.accepted.insert(sender.clone(), u.mac);
+                self.unmatched.insert(sender);
             } else {
                 forged.push(sender);
             }
@@ -213,6 +219,7 @@ impl Confirmations {
     fn clear(&mut self) {
         self.epoch = None;
         self.accepted.clear();
+        self.unmatched.clear();
         self.pending.clear();
     }
 
@@ -1551,13 +1558,15 @@ impl SessionCore {
             });
         }
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let Some(c) = gs.phase.confirming() else { return Ok(()) };
+        if gs.phase.confirming().is_none() {
+            return Ok(());
+        }
         let accepted = &gs.confirms.accepted;
         if !awaited.iter().all(|m| accepted.contains_key(m)) {
             return Ok(()); // a forged one was dropped: wait for the real one
         }
         let unconfirmed: Vec<MemberId> =
-            awaited.iter().filter(|m| !c.confirmer.matches(m, &accepted[*m])).cloned().collect();
+            awaited.iter().filter(|m| gs.confirms.unmatched.contains(*m)).cloned().collect();
         let Phase::Confirming(c) = std::mem::replace(&mut gs.phase, Phase::Agreeing) else {
             unreachable!("checked above")
         };
@@ -2372,5 +2381,14 @@ mod tests {
         assert_eq!(accepted, ["m0", "m1", "m2", "m4"], "m1's MAC matches: its signature is never needed");
         assert!(confirms.pending.is_empty());
         assert!(!confirmer.matches(&names[2], &confirms.accepted[&names[2]]), "m2 holds another key");
+        // The run is decided on the accepted MACs that did not match, which
+        // settling recorded: no MAC is computed again.
+        let unmatched: Vec<&str> = confirms.unmatched.iter().map(|m| m.as_str()).collect();
+        assert_eq!(unmatched, ["m2", "m4"]);
+        for m in confirms.accepted.keys() {
+            assert_eq!(confirms.unmatched.contains(m), !confirmer.matches(m, &confirms.accepted[m]), "{m}");
+        }
+        confirms.clear();
+        assert!(confirms.unmatched.is_empty());
     }
 }

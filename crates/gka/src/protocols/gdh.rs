@@ -72,8 +72,12 @@ struct Saved<G: Group> {
     /// My contribution r_i.
     r: G::Scalar,
     /// The broadcast partial keys K^{1/r_j}, one per member of the secure view
-    /// (empty after a lone install).
-    partials: BTreeMap<MemberId, G::Element>,
+    /// (empty after a lone install), as the list carried them: a member
+    /// decodes (and validates) only the elements it uses — its own when the
+    /// list arrives, all of them only as the controller of a later refresh.
+    /// Decoding every element of every list was O(n) point decompressions
+    /// (MODP: subgroup checks, each an exponentiation) per member and run.
+    partials: BTreeMap<MemberId, Vec<u8>>,
     /// The group secret K.
     key: G::Element,
 }
@@ -180,6 +184,13 @@ impl<G: Group> Gdh<G> {
         (0..n).map(|_| Ok((get_member(r)?, get_elem(r, g)?))).collect()
     }
 
+    /// Reads a list of partial keys without decoding the elements (each has
+    /// the element length; [`Group::decode`] validates it where it is used).
+    fn get_raw_list<'a>(r: &mut Reader<'a>, g: &G) -> Result<Vec<(MemberId, &'a [u8])>, Error> {
+        let n = r.count(MAX_MEMBERS, 2 + g.element_len(), "partial key list")?;
+        (0..n).map(|_| Ok((get_member(r)?, r.bytes(g.element_len(), "group element")?))).collect()
+    }
+
     fn on_view_inner(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
         let n = cx.view.members.len();
         let me = cx.me.clone();
@@ -206,9 +217,19 @@ impl<G: Group> Gdh<G> {
                 w.count(n);
                 for m in cx.view.ids() {
                     let s = &saved.partials[m];
-                    let s = if *m == me { s.clone() } else { cx.exp(s, &f) };
                     put_member(&mut w, m);
-                    put_elem(&mut w, cx.g, &s);
+                    if *m == me {
+                        w.raw(s);
+                    } else {
+                        let s = match cx.g.decode(s) {
+                            Ok(s) => s,
+                            Err(e) => {
+                                f.zeroize();
+                                return Err(e.into());
+                            }
+                        };
+                        put_elem(&mut w, cx.g, &cx.exp(&s, &f));
+                    }
                 }
                 f.zeroize();
                 cx.broadcast(ROUND_LIST, w.buf);
@@ -241,8 +262,8 @@ impl<G: Group> Gdh<G> {
                     .saved
                     .as_ref()
                     .and_then(|s| s.partials.get(&me))
-                    .ok_or_else(|| internal("GDH merge: no stored partial key"))?
-                    .clone();
+                    .ok_or_else(|| internal("GDH merge: no stored partial key"))?;
+                let s = cx.g.decode(s)?;
                 cx.exp(&s, &fresh)
             } else {
                 cx.exp_g(&fresh)
@@ -405,7 +426,7 @@ impl<G: Group> Gdh<G> {
     /// Round 4: the list of partial keys from the controller; installs.
     fn on_list(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
         let mut r = Reader::new(body);
-        let list = Self::get_list(&mut r, cx.g)?;
+        let list = Self::get_raw_list(&mut r, cx.g)?;
         r.finish()?;
         let run = &self.run;
         let round = ROUND_LIST;
@@ -427,9 +448,11 @@ impl<G: Group> Gdh<G> {
         }
         let c = run.contrib.clone().ok_or_else(|| internal("GDH: no contribution"))?;
         let pos = cx.position(cx.me).ok_or(Error::BadView("not a member"))?;
-        let key = cx.exp(&list[pos].1, &c);
+        let mine = cx.g.decode(list[pos].1)?;
+        let key = cx.exp(&mine, &c);
         cx.install(&key);
-        self.saved = Some(Saved { r: c, partials: list.into_iter().collect(), key });
+        let partials = list.into_iter().map(|(m, e)| (m, e.to_vec())).collect();
+        self.saved = Some(Saved { r: c, partials, key });
         self.run = Run::idle();
         Ok(())
     }
@@ -905,5 +928,28 @@ mod validation {
         );
         net.run();
         net.agreed();
+    }
+
+    #[test]
+    fn a_list_is_validated_where_it_is_used() {
+        let mut net = Net::new(ProtocolId::Gdh, &["a", "b", "c", "d"], 9);
+        net.view(1, &["a", "b", "c", "d"], &["a", "b", "c", "d"]);
+        net.run();
+        net.agreed();
+        // d leaves: c is the controller; a's partial key is no element.
+        net.view(2, &["a", "b", "c"], &[]);
+        let mut w = Writer::new();
+        w.count(3);
+        for m in ["a", "b", "c"] {
+            w.short_bytes(m.as_bytes());
+            w.raw(&if m == "a" { vec![0xff; elem().len()] } else { elem() });
+        }
+        let e = net.reject("a", "c", None, ROUND_LIST, w.buf);
+        assert!(matches!(e, Error::Crypto(_)), "{e:?}");
+        // A list one element short is refused by every member, before any decoding.
+        let mut body = list_body(&["a", "b", "c"]);
+        body.pop();
+        let e = net.reject("b", "c", None, ROUND_LIST, body);
+        assert!(matches!(e, Error::Decode(_)), "{e:?}");
     }
 }

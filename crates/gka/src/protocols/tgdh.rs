@@ -137,18 +137,21 @@ impl<G: Group> Tgdh<G> {
     /// departed, let the shallowest-rightmost removal sponsor refresh.
     fn start_rekey(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
         let saved = self.saved.as_ref().ok_or(Error::Internal("TGDH rekey without a key tree"))?;
-        let view: BTreeSet<&MemberId> = cx.view.ids().collect();
-        let leaves = saved.leaf_index();
-        if view.iter().any(|m| !leaves.contains_key(*m)) {
+        let (mut t, sponsors) = saved.prune(|m| cx.contains(m)).ok_or(Error::Internal("empty TGDH tree"))?;
+        // The pruned tree's leaves are members of the view, each once in its
+        // leaf index: the tree holds every member of the view iff the index
+        // has as many. (The index is the rounds' own: the shape is fixed from
+        // here; the saved tree's index is not built just for this check.)
+        let leaf = t.leaf_index();
+        if leaf.len() != cx.view.members.len() {
             return Err(Error::Internal("TGDH key tree lacks a member of the view"));
         }
-        let (mut t, sponsors) = saved.prune(|m| view.contains(m)).ok_or(Error::Internal("empty TGDH tree"))?;
         let refresher = t.refresher(sponsors);
         t.invalidate_path(refresher);
         if t.member(refresher) == Some(cx.me) {
             t.nodes[refresher].key = Some(cx.random());
         }
-        self.run = Run::Rounds(Rounds::new(t));
+        self.run = Run::Rounds(Rounds { tree: t, leaf, sent: BTreeSet::new() });
         self.advance(cx)
     }
 
