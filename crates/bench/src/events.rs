@@ -594,10 +594,8 @@ fn write_points(out: &mut impl Write, points: &[Point]) -> std::io::Result<()> {
 /// The points that have a Cliques measurement beside them (issue 17): all
 /// members' CPU for the event, Conclave's and Cliques's.
 fn write_cliques(out: &mut impl Write, points: &[Point]) -> std::io::Result<()> {
-    let rows: Vec<(&Point, f64, f64)> = points
-        .iter()
-        .filter_map(|p| Some((p, p.cpu_ms?, cliques_ms(&p.protocol, p.event, p.n)?)))
-        .collect();
+    let rows: Vec<(&Point, f64, f64)> =
+        points.iter().filter_map(|p| Some((p, p.cpu_ms?, cliques_ms(&p.protocol, p.event, p.n)?))).collect();
     if rows.is_empty() {
         return Ok(());
     }
