@@ -577,21 +577,24 @@ impl<G: Group> Rekeyed<G> {
     /// `v`, on its path, given the rounds in which the blinded keys it lacks
     /// (those `holds` denies it) are sent (`round`, filled below `v`).
     fn ready_after(&self, leaf: usize, v: usize, round: &[u32], holds: &dyn Fn(usize, usize) -> bool) -> u32 {
+        self.lacked(leaf, v, holds).into_iter().map(|o| round[o]).max().unwrap_or(0)
+    }
+
+    /// The nodes whose blinded keys the member at `leaf` needs, and does not
+    /// hold (`holds`), to compute the key of `v` on its path: the other child
+    /// of every renewed node on the way up.
+    fn lacked(&self, leaf: usize, v: usize, holds: &dyn Fn(usize, usize) -> bool) -> Vec<usize> {
         let t = &self.tree;
-        let mut wait = 0;
+        let mut out = Vec::new();
         let mut c = leaf;
         while c != v {
             let Some(p) = t.nodes[c].parent else { break };
             if self.renewed[p] {
-                if let Some(o) = t.sibling(c) {
-                    if !holds(leaf, o) {
-                        wait = wait.max(round[o]);
-                    }
-                }
+                out.extend(t.sibling(c).filter(|&o| !holds(leaf, o)));
             }
             c = p;
         }
-        wait
+        out
     }
 
     /// The BKEY packets, by round, then by sponsor left to right: each
@@ -658,23 +661,9 @@ impl<G: Group> Rekeyed<G> {
     }
 
     /// Whether the member at `leaf` can compute the key of `v`, on its path,
-    /// holding what `holds` says and the blinded keys `received`: every
-    /// renewed node on the way needs its other child's blinded key.
+    /// holding what `holds` says and the blinded keys `received`.
     fn computable(&self, leaf: usize, v: usize, holds: &dyn Fn(usize, usize) -> bool, received: &[bool]) -> bool {
-        let t = &self.tree;
-        let mut c = leaf;
-        while c != v {
-            let Some(p) = t.nodes[c].parent else { return false };
-            if self.renewed[p] {
-                if let Some(o) = t.sibling(c) {
-                    if !holds(leaf, o) && !received[o] {
-                        return false;
-                    }
-                }
-            }
-            c = p;
-        }
-        true
+        self.lacked(leaf, v, holds).into_iter().all(|o| received[o])
     }
 
     /// The costs of this rekey (see the module doc).
@@ -1061,11 +1050,13 @@ mod tests {
         // Rounds: all but BK0 in round 1 (their sponsors hold the unchanged
         // siblings' blinded keys); BK0 needs BK1, sent in round 1, so M8 sends
         // it in a second packet in round 2 (the paper's "two rounds" case).
-        let plan: Vec<(MemberId, u32, Vec<u64>)> = r
-            .plan()
-            .into_iter()
-            .map(|p| (r.tree.member(p.sponsor).unwrap().clone(), p.round, numbers(&r.tree, p.nodes)))
-            .collect();
+        // Packets as (sponsor, round, heap numbers of the nodes).
+        let named = |plan: Vec<Packet>| -> Vec<(MemberId, u32, Vec<u64>)> {
+            plan.into_iter()
+                .map(|p| (r.tree.member(p.sponsor).unwrap().clone(), p.round, numbers(&r.tree, p.nodes)))
+                .collect()
+        };
+        let plan = named(r.plan());
         assert_eq!(
             plan,
             [
@@ -1087,11 +1078,7 @@ mod tests {
         assert_eq!((c.bks, c.packets, c.rounds), (9, 6, 2));
         // Per-input sending (§4.2) with the whole tree held sends the same
         // packets: all but BK0 answer the REKEY packet, BK0 answers M2's.
-        let reactive: Vec<(MemberId, u32, Vec<u64>)> = r
-            .reactive_plan_holding(&|l, v| r.holds(l, v))
-            .into_iter()
-            .map(|p| (r.tree.member(p.sponsor).unwrap().clone(), p.round, numbers(&r.tree, p.nodes)))
-            .collect();
+        let reactive = named(r.reactive_plan_holding(&|l, v| r.holds(l, v)));
         assert_eq!(
             reactive,
             [
@@ -1108,11 +1095,7 @@ mod tests {
         // BK6 and BK2 on M7's BK13 (input 4; M5's BK5 came before it), BK0 on
         // M2's BK1 (input 6): 8 packets for the same 9 blinded keys.
         let own_path = |l: usize, v: usize| r.tree.path(l).contains(&v);
-        let reactive: Vec<(MemberId, u32, Vec<u64>)> = r
-            .reactive_plan_holding(&own_path)
-            .into_iter()
-            .map(|p| (r.tree.member(p.sponsor).unwrap().clone(), p.round, numbers(&r.tree, p.nodes)))
-            .collect();
+        let reactive = named(r.reactive_plan_holding(&own_path));
         assert_eq!(
             reactive,
             [

@@ -426,6 +426,12 @@ struct GroupState {
     tamper: Option<Tamper>,
 }
 
+/// Optimized EVS: the key the daemon gave for view `view`, if `keys` (a
+/// group's `evs_keys`) still has it.
+fn evs_key(keys: &VecDeque<(ViewId, ViewKey)>, view: ViewId) -> Option<&ViewKey> {
+    keys.iter().find(|(v, _)| *v == view).map(|(_, k)| k)
+}
+
 impl GroupState {
     /// Enters the daemon's next view of the group; returns the one left.
     fn enter_view(&mut self, view: View) -> Option<View> {
@@ -1875,7 +1881,7 @@ impl SessionCore {
     /// ([`Self::open_evs`] refuses it).
     fn cut_short(&self, group: &GroupName, sender: &MemberId, view: ViewId, payload: &[u8]) -> Option<RejectReason> {
         let env @ Envelope::Sealed { key_view, .. } = Envelope::decode(payload).ok()? else { return None };
-        let (_, key) = self.groups.get(group)?.evs_keys.iter().find(|(v, _)| *v == view && key_view == view)?;
+        let key = evs_key(&self.groups.get(group)?.evs_keys, view).filter(|_| key_view == view)?;
         let opened = envelope::open(key, group, &env).ok()?;
         let inner = crate::evs::decode(&opened).filter(|inner| inner.sender == *sender)?;
         Some(RejectReason::CutShort { key_view: inner.origin, seq: inner.seq })
@@ -1927,7 +1933,7 @@ impl SessionCore {
             (Envelope::Sealed { writer, seq, .. }, None) => (writer, *seq),
             (Envelope::Notice { .. }, None) => return Err(RejectReason::Malformed),
         };
-        let Some((_, key)) = gs.evs_keys.iter().find(|(v, _)| *v == delivered_in) else {
+        let Some(key) = evs_key(&gs.evs_keys, delivered_in) else {
             return Err(RejectReason::UnknownEpoch(Epoch::new(delivered_in, 0)));
         };
         let opened = envelope::open(key, group, &env).map_err(|_| RejectReason::AuthFailed)?;
@@ -2200,7 +2206,7 @@ fn flush_evs(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut Gro
         return Vec::new();
     }
     let Some(view) = gs.view.as_ref().map(|v| v.id) else { return Vec::new() };
-    let Some((_, key)) = gs.evs_keys.iter().find(|(v, _)| *v == view) else { return Vec::new() };
+    let Some(key) = evs_key(&gs.evs_keys, view) else { return Vec::new() };
     let writer = Writer::Member(me.clone());
     let mut out = Vec::new();
     while let Some(pt) = gs.queue.pop_front() {

@@ -153,14 +153,12 @@ pub struct EpochKeys {
     group: GroupName,
     epoch: Epoch,
     root: Zeroizing<[u8; 32]>,
-    /// Senders' keys already derived (HKDF once per sender, not per
-    /// message), by the group, epoch and sender they were derived for; at
-    /// most [`SENDER_KEYS`], then it starts afresh.
-    derived: Mutex<HashMap<SenderKeyId, Zeroizing<[u8; 32]>>>,
+    /// Senders' keys of this group and epoch already derived (HKDF once per
+    /// sender, not per message); at most [`SENDER_KEYS`], then it starts
+    /// afresh. A message that claims another group or epoch gets its key
+    /// derived each time (it is refused anyway).
+    derived: Mutex<HashMap<MemberId, Zeroizing<[u8; 32]>>>,
 }
-
-/// What a sender's data key is derived for: the group, epoch and sender.
-type SenderKeyId = (GroupName, Epoch, MemberId);
 
 /// The most senders' keys an [`EpochKeys`] remembers: bounded, whatever
 /// names and epochs the messages it is handed claim.
@@ -247,9 +245,11 @@ impl EpochKeys {
     /// header's epoch (not `self.epoch`) means keys of one epoch never open a
     /// message that claims another.
     fn cipher(&self, group: &GroupName, epoch: Epoch, sender: &MemberId) -> ChaCha20Poly1305 {
+        if (group, epoch) != (&self.group, self.epoch) {
+            return ChaCha20Poly1305::new(Key::from_slice(self.derive(group, epoch, sender).as_ref()));
+        }
         let mut derived = self.derived.lock().unwrap_or_else(|e| e.into_inner());
-        let id = (group.clone(), epoch, sender.clone());
-        if let Some(k) = derived.get(&id) {
+        if let Some(k) = derived.get(sender) {
             return ChaCha20Poly1305::new(Key::from_slice(k.as_ref()));
         }
         if derived.len() >= SENDER_KEYS {
@@ -257,7 +257,7 @@ impl EpochKeys {
         }
         let k = self.derive(group, epoch, sender);
         let cipher = ChaCha20Poly1305::new(Key::from_slice(k.as_ref()));
-        derived.insert(id, k);
+        derived.insert(sender.clone(), k);
         cipher
     }
 
