@@ -109,6 +109,14 @@ pub struct IntegratedArgs {
     /// Fig. 7: message sizes in bytes (comma-separated; 16 to 1048576).
     #[arg(long, value_delimiter = ',', default_value = "64,256,1024,4096,16384,65536")]
     msg_sizes: Vec<usize>,
+    /// Fig. 7: modes (comma-separated: plaintext, layered-tgdh, integrated-vs, three-step, optimized-evs);
+    /// the × plaintext column needs plaintext among them.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "plaintext,layered-tgdh,integrated-vs,three-step,optimized-evs"
+    )]
+    modes: Vec<String>,
     /// Fig. 7: receivers besides the sender (the paper had one sender).
     #[arg(long, default_value_t = 2)]
     receivers: usize,
@@ -312,6 +320,10 @@ fn check(args: &IntegratedArgs) -> Result<(Settings, [bool; 3])> {
         if let Some(&s) = args.msg_sizes.iter().find(|&&s| !(crate::flood::HEADER..=1 << 20).contains(&s)) {
             bail!("--msg-sizes: {s} bytes is outside 16 to 1048576");
         }
+        let known: Vec<&str> = throughput::modes().iter().map(|m| m.0).collect();
+        if let Some(m) = args.modes.iter().find(|m| !known.contains(&m.as_str())) {
+            bail!("--modes: no mode {m:?} (the modes: {})", known.join(", "));
+        }
         if args.receivers == 0 || args.messages == 0 {
             bail!("--receivers and --messages must be at least 1");
         }
@@ -346,8 +358,9 @@ pub fn run(args: IntegratedArgs) -> Result<()> {
         (true, Engine::Cluster) => s.sizes.len() * s.events.len(),
     };
     let fig6_points = if figures[1] { s.groups.len() * 2 } else { 0 };
-    let churned = if args.churn_ms > 0 { throughput::CHURNED.len() } else { 0 };
-    let fig7_points = if figures[2] { args.msg_sizes.len() * (throughput::modes().len() + churned) } else { 0 };
+    let chosen = |m: &&&str| args.modes.iter().any(|c| c == **m);
+    let churned = if args.churn_ms > 0 { throughput::CHURNED.iter().filter(chosen).count() } else { 0 };
+    let fig7_points = if figures[2] { args.msg_sizes.len() * (args.modes.len() + churned) } else { 0 };
     let bar = progress_bar((fig5_points + fig6_points + fig7_points) as u64);
     let mut step = |what: String| {
         if bar.is_hidden() {
@@ -486,15 +499,18 @@ fn fig7(
     step: &mut dyn FnMut(String),
 ) -> Result<Vec<Row>> {
     let (sizes, receivers, messages) = (args.msg_sizes.clone(), args.receivers, args.messages);
+    let modes = args.modes.clone();
     let signed = !args.no_sender_signatures;
     let churn = (args.churn_ms > 0).then(|| std::time::Duration::from_millis(args.churn_ms));
     let cluster = s.engine == Engine::Cluster;
     let points = target.run(|sockets, tag| async move {
         let mut points = Vec::new();
         for &size in &sizes {
-            let churned = throughput::modes().into_iter().filter(|m| throughput::CHURNED.contains(&m.0));
+            let chosen = |m: &(&str, Option<Policy>)| modes.iter().any(|c| c == m.0);
+            let churned = throughput::modes().into_iter().filter(chosen).filter(|m| throughput::CHURNED.contains(&m.0));
             let runs = throughput::modes()
                 .into_iter()
+                .filter(chosen)
                 .map(|m| (m, None))
                 .chain(churned.filter_map(|m| Some((m, Some(churn?)))));
             for ((name, policy), churn) in runs {
@@ -909,6 +925,7 @@ mod tests {
         assert!(refused("--figures 4").contains("Fig. 4"));
         assert!(refused("--sizes 1").contains("too small"));
         assert!(refused("--msg-sizes 8").contains("16 to 1048576"));
+        assert!(refused("--figures 7 --modes plaintext,secure").contains("no mode \"secure\""));
         assert!(refused("--runs 0").contains("--runs"));
         assert!(refused("--daemons 1").contains("cannot partition"));
         assert!(refused("--figures 6 --groups 0").contains("--groups"));

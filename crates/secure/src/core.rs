@@ -29,7 +29,7 @@ use rand_core::CryptoRngCore;
 use sha2::{Digest, Sha256};
 
 use crate::confirm::{confirm_signed, policy_signed, timeout_signed, Confirmer};
-use crate::data::{DataError, DataHeader, EpochKeys, TAG_LEN};
+use crate::data::{DataError, DataHeader, EpochKeys, BUNDLE_ENTRY_OVERHEAD, TAG_LEN};
 use crate::payload::{
     cert_body, decode_policy, split_cert, split_timeout, timeout_body, timeout_names, timeout_names_part, Frame,
     TrustKind,
@@ -95,6 +95,19 @@ pub const MAX_HELD_BYTES: usize = 8 << 20;
 /// Largest number of bytes so held per group from one sender, so that one
 /// member (certified or not) cannot take the whole budget.
 pub const MAX_HELD_BYTES_PER_SENDER: usize = 2 << 20;
+
+/// Most of a member's own data bundles on their way back to it in one group
+/// ([`crate::data`], "Bundles"): what comes meanwhile waits and goes out in
+/// the next bundle. Four keep the daemon busy while a bundle travels.
+const BUNDLES_IN_FLIGHT: usize = 4;
+/// Most bytes of messages in one bundle (a single larger message goes
+/// alone): four in flight stay well within what a receiver holds per sender
+/// before a key is confirmed ([`MAX_HELD_BYTES_PER_SENDER`]).
+const BUNDLE_BYTES: usize = 256 << 10;
+/// The most a data payload adds to its messages besides their bundle
+/// lengths: frame tag, header (at most 1 + 128 + 20 + 16 + 1 + 255 + 8), AEAD
+/// tag, signature (at most RSA-2048's) and its length.
+const LAYERED_OVERHEAD: usize = 1 + 429 + TAG_LEN + 256 + 2;
 
 /// Messages held for later, bounded in count, in bytes and per sender.
 #[derive(Default)]
@@ -365,10 +378,11 @@ struct GroupState {
     next_seq: u64,
     /// Plaintexts waiting for a key, in send order.
     queue: VecDeque<Vec<u8>>,
-    /// Own messages sent whose delivery back to us is pending: (epoch, seq,
-    /// plaintext, the payload as sent). Epochs never decrease from front to
-    /// back: each is the key's when it was sent.
-    in_flight: VecDeque<(Epoch, u64, Vec<u8>, Bytes)>,
+    /// Own bundles sent whose delivery back to us is pending: (epoch, seq,
+    /// their messages, the payload as sent). Epochs never decrease from front
+    /// to back: each is the key's when it was sent. At most
+    /// [`BUNDLES_IN_FLIGHT`].
+    in_flight: VecDeque<(Epoch, u64, Vec<Vec<u8>>, Bytes)>,
     /// Own messages that must go out again under the next key, in send order.
     resend: VecDeque<Vec<u8>>,
     /// Data messages of the current epoch that came before its key was confirmed.
@@ -656,7 +670,7 @@ impl SessionCore {
         let name = GroupName::new(group)?;
         // tag + header (at most 1 + 128 + 20 + 16 + 1 + 255 + 8) + signature
         // (length and at most an RSA-2048 signature) + AEAD tag.
-        let layered = 1 + 429 + 2 + 256 + TAG_LEN;
+        let layered = LAYERED_OVERHEAD + BUNDLE_ENTRY_OVERHEAD;
         // Optimized EVS: envelope header and AEAD tag, then the sender,
         // origin, count and signature inside.
         let evs = envelope::MAX_HEADER + envelope::AEAD_TAG_LEN + 1 + 255 + 16 + 8 + 2 + 256;
@@ -672,7 +686,7 @@ impl SessionCore {
             return self.push(Transmit::Multicast(name, payload.into()));
         }
         gs.queue.push_back(data.to_vec());
-        let sends = flush(&self.me, self.signer.as_ref(), &name, gs);
+        let sends = flush(&self.me, self.signer.as_ref(), &name, gs, self.max_payload);
         self.push_all(sends)
     }
 
@@ -1625,7 +1639,7 @@ impl SessionCore {
             }
         }
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let sends = flush(&self.me, self.signer.as_ref(), group, gs);
+        let sends = flush(&self.me, self.signer.as_ref(), group, gs, self.max_payload);
         self.push_all(sends)
     }
 
@@ -1813,7 +1827,7 @@ impl SessionCore {
         let res = self.open_data(group, &sender, view, payload);
         self.report(group, sender, res);
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let sends = flush(&self.me, self.signer.as_ref(), group, gs);
+        let sends = flush(&self.me, self.signer.as_ref(), group, gs, self.max_payload);
         self.push_all(sends)
     }
 
@@ -1837,10 +1851,14 @@ impl SessionCore {
 
     /// Reports what checking a data message from `sender` gave: the message,
     /// nothing (held, or dropped quietly), or why it was refused.
-    fn report(&mut self, group: &GroupName, sender: MemberId, res: Result<Option<SecureEvent>, RejectReason>) {
+    fn report(
+        &mut self,
+        group: &GroupName,
+        sender: MemberId,
+        res: Result<impl IntoIterator<Item = SecureEvent>, RejectReason>,
+    ) {
         match res {
-            Ok(Some(ev)) => self.events.push_back(ev),
-            Ok(None) => {}
+            Ok(events) => self.events.extend(events),
             Err(reason) => self.events.push_back(SecureEvent::Rejected { group: group.clone(), sender, reason }),
         }
     }
@@ -1985,8 +2003,8 @@ impl SessionCore {
         sender: &MemberId,
         delivered_in: ViewId,
         payload: Bytes,
-    ) -> Result<Option<SecureEvent>, RejectReason> {
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(None) };
+    ) -> Result<Vec<SecureEvent>, RejectReason> {
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(Vec::new()) };
         let (header, _, _) = DataHeader::decode(&payload[1..]).map_err(|_| RejectReason::Malformed)?;
         let current = current_epoch(gs);
         // Our own message coming back (in send order), byte for byte as sent:
@@ -1995,17 +2013,17 @@ impl SessionCore {
             && header.sender == self.me
             && gs.in_flight.front().is_some_and(|f| (f.0, f.1) == (header.epoch, header.seq) && f.3 == payload);
         if own {
-            let (epoch, _, pt, _) = gs.in_flight.pop_front().expect("front exists");
+            let (epoch, _, messages, _) = gs.in_flight.pop_front().expect("front exists");
             if Some(epoch) != current || header.view != delivered_in {
                 // Sent just before a view change (or a rekey) and delivered
                 // after it, where nobody accepts it: send it again in this
                 // view (under the next key), before anything sent later.
-                gs.resend.push_back(pt);
-                return Ok(None);
+                gs.resend.extend(messages);
+                return Ok(Vec::new());
             }
         }
         if matches!(gs.verdicts.get(sender), Some(Verdict::Refused(_))) {
-            return Ok(None); // a refused member's data is ignored
+            return Ok(Vec::new()); // a refused member's data is ignored
         }
         if header.group != *group || header.sender != *sender {
             return Err(RejectReason::UnknownSender);
@@ -2019,14 +2037,14 @@ impl SessionCore {
             let was_here = gs.view.as_ref().and_then(|v| v.member(sender)).is_some_and(|m| m.prev.is_some());
             if earlier && was_here {
                 tracing::debug!(%group, %sender, "message sent in an earlier view dropped");
-                return Ok(None);
+                return Ok(Vec::new());
             }
             return Err(RejectReason::OtherView(header.view));
         }
         let Some(current) = current else {
             if gs.engine.interval() {
                 // Waiting for the next rekey: the group's traffic is not for us yet.
-                return Ok(None);
+                return Ok(Vec::new());
             }
             return Err(RejectReason::UnknownEpoch(header.epoch));
         };
@@ -2041,7 +2059,7 @@ impl SessionCore {
                 // Sent under an earlier key, delivered after a view change or
                 // rekey: its sender sends it again under the new key.
                 tracing::debug!(%group, %sender, "message of an earlier epoch dropped");
-                return Ok(None);
+                return Ok(Vec::new());
             }
             return Err(RejectReason::UnknownEpoch(header.epoch));
         }
@@ -2050,7 +2068,7 @@ impl SessionCore {
             if !gs.early.push(sender.clone(), delivered_in, payload) {
                 return Err(RejectReason::HeldBudget);
             }
-            return Ok(None);
+            return Ok(Vec::new());
         };
         if !gs.members.contains(sender) {
             return Err(RejectReason::UnknownSender);
@@ -2066,7 +2084,7 @@ impl SessionCore {
         // Without sender signatures (the group's policy), the key alone
         // authenticates: signatures are neither made nor checked.
         let key = key.filter(|_| gs.policy.sender_signatures);
-        let (_, data) = keys.open(&payload[1..], key.as_deref()).map_err(|e| match e {
+        let (_, messages) = keys.open(&payload[1..], key.as_deref()).map_err(|e| match e {
             DataError::Malformed => RejectReason::Malformed,
             DataError::AuthFailed => RejectReason::AuthFailed,
             DataError::BadSignature => RejectReason::BadSignature,
@@ -2076,7 +2094,9 @@ impl SessionCore {
             return Err(RejectReason::Replay(header.seq));
         }
         *next = header.seq + 1;
-        Ok(Some(SecureEvent::Message { group: group.clone(), sender: sender.clone(), epoch: header.epoch, data }))
+        let message =
+            |data| SecureEvent::Message { group: group.clone(), sender: sender.clone(), epoch: header.epoch, data };
+        Ok(messages.into_iter().map(message).collect())
     }
 }
 
@@ -2176,8 +2196,20 @@ fn sender_key(
 }
 
 /// Sends what waits, if the group has a key and no older message of ours is
-/// still on its way back (so resent messages keep their place in the order).
-fn flush(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut GroupState) -> Vec<Transmit> {
+/// still on its way back (so resent messages keep their place in the order),
+/// in bundles ([`crate::data`]): while fewer than [`BUNDLES_IN_FLIGHT`] of
+/// this member's bundles are on their way back, what waits goes out at once,
+/// as many messages as fit in one bundle; the rest wait for one to come
+/// back. A message sent alone goes out at once; under load, bundles grow
+/// with what the application sends while they travel, and so the signature
+/// per bundle is paid for many messages.
+fn flush(
+    me: &MemberId,
+    signer: &dyn Signer,
+    group: &GroupName,
+    gs: &mut GroupState,
+    max_payload: usize,
+) -> Vec<Transmit> {
     if gs.policy.mode == GroupMode::OptimizedEvs {
         return flush_evs(me, signer, group, gs);
     }
@@ -2187,11 +2219,28 @@ fn flush(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut GroupSt
     if gs.leaving || gs.in_flight.front().is_some_and(|f| f.0 != keys.epoch()) {
         return Vec::new();
     }
+    // What a bundle's messages may take: what the daemon takes, less the
+    // frame's and the data message's most (every message alone fits: `send`
+    // checks it).
+    let room = max_payload.saturating_sub(LAYERED_OVERHEAD).min(BUNDLE_BYTES);
     let mut out = Vec::new();
-    while let Some(pt) = gs.resend.pop_front().or_else(|| gs.queue.pop_front()) {
-        let sealed = keys.seal(me, view, gs.next_seq, &pt, gs.policy.sender_signatures.then_some(signer));
+    while gs.in_flight.len() < BUNDLES_IN_FLIGHT && !(gs.resend.is_empty() && gs.queue.is_empty()) {
+        let mut bundle = Vec::new();
+        let mut bytes = 0;
+        loop {
+            // Resent messages first, in their order, then the new ones.
+            let next = gs.resend.front().or_else(|| gs.queue.front());
+            match next {
+                Some(m) if bundle.is_empty() || bytes + BUNDLE_ENTRY_OVERHEAD + m.len() <= room => {
+                    bytes += BUNDLE_ENTRY_OVERHEAD + m.len();
+                    bundle.push(gs.resend.pop_front().or_else(|| gs.queue.pop_front()).expect("front exists"));
+                }
+                _ => break,
+            }
+        }
+        let sealed = keys.seal(me, view, gs.next_seq, &bundle, gs.policy.sender_signatures.then_some(signer));
         let p = Bytes::from(Frame::Data(&sealed).encode());
-        gs.in_flight.push_back((keys.epoch(), gs.next_seq, pt, p.clone()));
+        gs.in_flight.push_back((keys.epoch(), gs.next_seq, bundle, p.clone()));
         gs.next_seq += 1;
         out.push(Transmit::Multicast(group.clone(), p));
     }

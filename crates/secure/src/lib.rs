@@ -32,11 +32,13 @@
 //!   wait and go out under the new key. A message sent just before a view
 //!   change and delivered in the next view is refused by everybody and sent
 //!   again by its sender under the next key.
-//! * **Data messages** ([`data`]): ChaCha20-Poly1305 under a key per epoch
+//! * **Data messages** ([`data`]): AES-256-GCM under a key per epoch
 //!   and sender, derived with HKDF-SHA256 from the group key; the header
 //!   (group, epoch, sender, sequence number) is the associated data and the
-//!   sequence number the nonce; the sender signs header and ciphertext with
-//!   its identity key. Receivers reject altered messages, bad signatures, unknown
+//!   sequence number the nonce; the sender signs (the BLAKE3 digest of)
+//!   header and ciphertext with its identity key. One message carries a
+//!   bundle of the sender's messages that waited while its earlier ones
+//!   travelled. Receivers reject altered messages, bad signatures, unknown
 //!   epochs, replays and senders outside the secure view with
 //!   [`SecureEvent::Rejected`]; the session goes on. By virtual synchrony a
 //!   message is delivered in the view it was sent in, so only the current

@@ -58,9 +58,10 @@ pub mod tag {
     /// the protocol code has [`super::UNSIGNED_DATA`] set if data messages
     /// are not signed).
     pub const KA: u8 = 1;
-    /// A data message: `tag ‖ header ‖ u16 signature length ‖ signature ‖
-    /// ciphertext` (see [`crate::data`]; length 0 and no signature if the
-    /// group's policy has sender signatures off).
+    /// A data message, a bundle of one or more application messages: `tag ‖
+    /// header ‖ ciphertext ‖ signature ‖ u16 signature length` (see
+    /// [`crate::data`]; no signature and length 0 if the group's policy has
+    /// sender signatures off).
     pub const DATA: u8 = 2;
     /// The oldest member telling a newcomer the group's policy differs from
     /// its own (unicast): `tag ‖ view ‖ protocol code ‖ group code ‖
@@ -337,7 +338,7 @@ pub enum ParsedPayload {
         /// The message opened with keys of a fixed, public root (never a
         /// group's): in practice always [`DataError::AuthFailed`], unless the
         /// message was sealed with those very keys (a test hook).
-        opened: Result<Vec<u8>, DataError>,
+        opened: Result<Vec<Vec<u8>>, DataError>,
     },
     /// A policy notice ([`tag::POLICY`]).
     Policy {
@@ -417,7 +418,7 @@ pub fn parse_payload(bytes: &[u8]) -> Result<ParsedPayload, PayloadError> {
         Frame::Data(raw) => {
             let (header, _, _) = DataHeader::decode(raw).map_err(|_| PayloadError::DataHeader)?;
             let keys = EpochKeys::fixed_public(header.group.clone(), header.epoch);
-            let opened = keys.open(raw, None).map(|(_, plaintext)| plaintext);
+            let opened = keys.open(raw, None).map(|(_, messages)| messages);
             ParsedPayload::Data { header, opened }
         }
         Frame::Policy { view, policy, .. } => ParsedPayload::Policy { view, policy: decode_policy(policy) },

@@ -36,7 +36,7 @@ fn run(sender_signatures: bool) -> (usize, Vec<SecureEvent>) {
     let alice = MemberId::new("alice").unwrap();
     let view = net.core.view(&GroupName::new(GROUP).unwrap()).expect("a view").id;
     let mut payload = vec![tag::DATA];
-    payload.extend_from_slice(&keys.seal(&alice, view, 1000, b"forged by mallory", None));
+    payload.extend_from_slice(&keys.seal(&alice, view, 1000, &[b"forged by mallory"], None));
     let group = GroupName::new(GROUP).unwrap();
     let forged = Delivery::Message { group, sender: alice, service: Service::Agreed, view, payload: payload.into() };
     let before = net.members[1].log.len();

@@ -120,14 +120,14 @@ fn key_agreement() -> impl Strategy<Value = Valid> {
 }
 
 fn data() -> impl Strategy<Value = Valid> {
-    (header(), bytes(200)).prop_map(|(h, plaintext)| {
+    (header(), prop::collection::vec(bytes(200), 1..4)).prop_map(|(h, messages)| {
         let keys = EpochKeys::fixed_public_for_tests(h.group.clone(), h.epoch);
         let mut bytes = vec![tag::DATA];
-        bytes.extend_from_slice(&keys.seal(&h.sender, h.view, h.seq, &plaintext, Some(test_signer().as_ref())));
+        bytes.extend_from_slice(&keys.seal(&h.sender, h.view, h.seq, &messages, Some(test_signer().as_ref())));
         let glen = h.group.as_str().len();
-        let slen = h.sender.as_str().len();
-        let lengths = vec![(1, 1), (1 + 1 + glen + 20 + 16, 1), (1 + 1 + glen + 20 + 16 + 1 + slen + 8, 2)];
-        Valid { bytes, expected: ParsedPayload::Data { header: h, opened: Ok(plaintext) }, lengths }
+        // The group's and the sender's lengths, and the signature's (last).
+        let lengths = vec![(1, 1), (1 + 1 + glen + 20 + 16, 1), (bytes.len() - 2, 2)];
+        Valid { bytes, expected: ParsedPayload::Data { header: h, opened: Ok(messages) }, lengths }
     })
 }
 
@@ -397,7 +397,8 @@ fn malformed_framing_and_bodies() {
     b.extend_from_slice(&[0; 20 + 16]); // epoch, and the view it was sent in
     b.extend_from_slice(&[1, b'x']);
     b.extend_from_slice(&[0; 8]);
-    b.extend_from_slice(&[0, 1, 9]); // a one-byte signature
+    b.extend_from_slice(&[7; 16]); // a ciphertext of the AEAD tag's length
+    b.extend_from_slice(&[9, 0, 1]); // a one-byte signature, its length last
     assert_eq!(parse_payload(&b), Err(PayloadError::DataHeader));
     b[3] = b'_';
     assert!(matches!(parse_payload(&b), Ok(ParsedPayload::Data { opened: Err(DataError::AuthFailed), .. })));

@@ -267,8 +267,7 @@ async fn scenario(protocol: ProtocolId) {
 
     // Attacks by members of the current view; the session goes on.
     let genuine = after[0].to_vec();
-    let (header, header_bytes, ct) = DataHeader::decode(&genuine).unwrap();
-    let hlen = header_bytes.len();
+    let (header, _, ct) = DataHeader::decode(&genuine).unwrap();
     let reencode = |h: &DataHeader| {
         let mut v = Vec::new();
         h.encode(&mut v);
@@ -277,20 +276,22 @@ async fn scenario(protocol: ProtocolId) {
     };
     b.raw(genuine.clone()); // replay
     a.until_rejected("bob", RejectReason::Replay(header.seq)).await;
+    // header ‖ ciphertext ‖ AEAD tag ‖ signature ‖ u16 signature length
+    let n = genuine.len();
+    let sig_at = n - 2 - u16::from_be_bytes([genuine[n - 2], genuine[n - 1]]) as usize;
     let mut tampered = genuine.clone();
-    *tampered.last_mut().unwrap() ^= 0x80;
+    tampered[sig_at - 1] ^= 0x80; // the AEAD tag's last byte
     b.raw(tampered);
     d.until_rejected("bob", RejectReason::AuthFailed).await;
     let mut tampered = genuine.clone();
-    let n = tampered.len();
-    tampered[n - 17] ^= 1; // last ciphertext byte before the tag
+    tampered[sig_at - 17] ^= 1; // last ciphertext byte before the tag
     b.raw(tampered);
     a.until_rejected("bob", RejectReason::AuthFailed).await;
     let unknown = Epoch::new(ViewId::new(header.epoch.view.incarnation, 999_999), 0);
     b.raw(reencode(&DataHeader { epoch: unknown, ..header.clone() }));
     a.until_rejected("bob", RejectReason::UnknownEpoch(unknown)).await;
     let mut bad_signature = genuine.clone();
-    bad_signature[hlen + 2] ^= 1; // the signature's first byte: the AEAD still holds
+    bad_signature[sig_at] ^= 1; // the signature's first byte: the AEAD still holds
     b.raw(bad_signature);
     a.until_rejected("bob", RejectReason::BadSignature).await;
     d.raw(genuine.clone()); // dave passes off bob's message as his own

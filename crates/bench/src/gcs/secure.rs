@@ -1,6 +1,6 @@
 //! Secure data through the same daemon: the throughput round of the agreed
 //! multicast table, sent through `conclave_secure::Session`s (a group key,
-//! ChaCha20-Poly1305 per sender) with the group policy's sender signatures
+//! AES-256-GCM per sender) with the group policy's sender signatures
 //! on (the default: Ed25519, one signature per message, every receiver
 //! verifies it) and off, each against the plain round's messages per second
 //! on the same daemon and point.
@@ -264,7 +264,7 @@ async fn idle(s: &mut Session, until: Instant, mut left: bool) -> Result<()> {
 /// Prints the table.
 pub fn print(rows: &[SecureRow]) {
     println!(
-        "secure data through the same daemon (TGDH key, ChaCha20-Poly1305): throughput with the policy's sender \
+        "secure data through the same daemon (TGDH key, AES-256-GCM): throughput with the policy's sender \
          signatures on (Ed25519, every receiver verifies) and off, and each as a ratio to plain agreed multicast"
     );
     let header = ["senders", "size", "messages", "plain msg/s", "signed msg/s", "/ plain", "unsigned msg/s", "/ plain"];
