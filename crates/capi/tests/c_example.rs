@@ -121,7 +121,7 @@ fn c_example_with_a_certified_rust_member() {
                     s.send("room", b"hello from bob").unwrap();
                 }
                 SecureEvent::Message { sender, data, .. } if sender.as_str() == "alice" => {
-                    got.push(String::from_utf8(data).unwrap());
+                    got.push(String::from_utf8(data.to_vec()).unwrap());
                     s.leave("room").unwrap();
                 }
                 SecureEvent::Left { .. } => return got,

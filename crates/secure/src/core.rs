@@ -105,9 +105,9 @@ const BUNDLES_IN_FLIGHT: usize = 4;
 /// before a key is confirmed ([`MAX_HELD_BYTES_PER_SENDER`]).
 const BUNDLE_BYTES: usize = 256 << 10;
 /// The most a data payload adds to its messages besides their bundle
-/// lengths: frame tag, header (at most 1 + 128 + 20 + 16 + 1 + 255 + 8), AEAD
-/// tag, signature (at most RSA-2048's) and its length.
-const LAYERED_OVERHEAD: usize = 1 + 429 + TAG_LEN + 256 + 2;
+/// lengths: frame tag, header (at most 1 + 128 + 20 + 16 + 1 + 255 + 8), their
+/// count, AEAD tag, signature (at most RSA-2048's) and its length.
+const LAYERED_OVERHEAD: usize = 1 + 429 + 4 + TAG_LEN + 256 + 2;
 
 /// Messages held for later, bounded in count, in bytes and per sender.
 #[derive(Default)]
@@ -1673,7 +1673,8 @@ impl SessionCore {
         let evs = gs.policy.mode == GroupMode::OptimizedEvs;
         let wrong_mode = match frame {
             Frame::Plain(data) if three_step && !unicast => {
-                let data = data.to_vec();
+                // The data is the payload's tail: shared, not copied.
+                let data = payload.slice(payload.len() - data.len()..);
                 self.events.push_back(SecureEvent::Message { group, sender, epoch: Epoch::new(view, 0), data });
                 return Ok(());
             }
@@ -1984,7 +1985,7 @@ impl SessionCore {
             return Err(RejectReason::Replay(inner.seq));
         }
         gs.evs_reencrypted += u64::from(matches!(writer, Writer::Daemon(_)));
-        let data = inner.data.to_vec();
+        let data = Bytes::copy_from_slice(inner.data);
         Ok(Some(SecureEvent::Message {
             group: group.clone(),
             sender: sender.clone(),
@@ -2238,8 +2239,10 @@ fn flush(
                 _ => break,
             }
         }
-        let sealed = keys.seal(me, view, gs.next_seq, &bundle, gs.policy.sender_signatures.then_some(signer));
-        let p = Bytes::from(Frame::Data(&sealed).encode());
+        // The frame's tag, then the data message, written once.
+        let mut p = vec![crate::payload::tag::DATA];
+        keys.seal_into(&mut p, me, view, gs.next_seq, &bundle, gs.policy.sender_signatures.then_some(signer));
+        let p = Bytes::from(p);
         gs.in_flight.push_back((keys.epoch(), gs.next_seq, bundle, p.clone()));
         gs.next_seq += 1;
         out.push(Transmit::Multicast(group.clone(), p));

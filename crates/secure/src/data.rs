@@ -1,8 +1,8 @@
 //! Data messages: the header, the per-epoch and per-sender keys, AEAD and
 //! the sender's signature.
 //!
-//! A data message is `header ‖ ciphertext ‖ signature ‖ u16 signature
-//! length`. The header carries the group, the key epoch ([`Epoch`]: the view
+//! A data message is `header ‖ lengths ‖ ciphertext ‖ AEAD tag ‖ signature
+//! ‖ u16 signature length`. The header carries the group, the key epoch ([`Epoch`]: the view
 //! the key was agreed in and the run in it), the daemon view the sender sent
 //! it in, the sender and the sender's sequence number in that epoch; it is
 //! authenticated as the AEAD's associated data. The view matters where a key
@@ -10,9 +10,12 @@
 //! the view it was sent in, so a message of one view (or of another
 //! component under the same key) cannot be delivered in another.
 //!
-//! **Bundles.** The ciphertext holds one or more application messages, each
-//! `u32 length ‖ bytes`: a sender that has several messages waiting seals
-//! and signs them together ([`crate::core`] sends a bundle when fewer than a
+//! **Bundles.** The ciphertext holds one or more application messages,
+//! one after the other; `lengths` is `u32 count ‖ count × u32 length`, in
+//! clear and authenticated with the header (what the daemon sees of each
+//! message's size anyway, had it gone alone), so that a receiver hands each
+//! message on as a slice of the one buffer it decrypted, with no copy. A
+//! sender that has several messages waiting seals and signs them together ([`crate::core`] sends a bundle when fewer than a
 //! few of its own are on their way back), so the signature's fixed cost is
 //! paid once per bundle, not once per message. Receivers deliver the
 //! messages of a bundle one by one, in order; a bundle is accepted or
@@ -22,7 +25,7 @@
 //! alone proves only that *a member* wrote the message: any insider could
 //! derive another member's data key and write in its name. The signature,
 //! by the sender's long-term identity key over a domain tag and the BLAKE3
-//! digest of the header and the ciphertext (MLS signs application messages
+//! digest of the header, the lengths and the ciphertext (MLS signs application messages
 //! whole), proves which member it was. The digest is taken once by the
 //! sender and once by each receiver: Ed25519 over the message itself would
 //! run SHA-512 over it twice to sign and once more per receiver, and BLAKE3
@@ -51,6 +54,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Mutex;
 
+use bytes::Bytes;
 use conclave_gcs::{GroupName, MemberId};
 use conclave_gka::key::EPOCH_LEN;
 use conclave_gka::suite::{Signer, Verifier};
@@ -85,6 +89,9 @@ const SIGNATURE_DOMAIN: &[u8] = b"conclave/secure/v2/data-signature-blake3";
 
 /// Bytes a bundle adds to each message: its length.
 pub const BUNDLE_ENTRY_OVERHEAD: usize = 4;
+
+/// Bytes a bundle adds besides its messages' lengths: their count.
+const BUNDLE_COUNT_LEN: usize = 4;
 
 /// The cleartext header of a data message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,8 +194,10 @@ impl Clone for EpochKeys {
 /// A data message split into its parts (nothing checked yet).
 struct Parts<'a> {
     header: DataHeader,
-    /// The header's encoding (the AEAD's associated data).
+    /// The header's and the lengths' encoding (the AEAD's associated data).
     aad: &'a [u8],
+    /// The messages' lengths, each within the ciphertext, summing to it.
+    lengths: Vec<usize>,
     /// Ciphertext and AEAD tag.
     ciphertext: &'a [u8],
     signature: &'a [u8],
@@ -196,43 +205,43 @@ struct Parts<'a> {
 
 impl<'a> Parts<'a> {
     fn split(bytes: &'a [u8]) -> Result<Self, DataError> {
-        let (header, aad, rest) = DataHeader::decode(bytes)?;
+        let (header, head, rest) = DataHeader::decode(bytes)?;
+        let (count, mut rest) = rest.split_first_chunk::<BUNDLE_COUNT_LEN>().ok_or(DataError::Malformed)?;
+        let count = u32::from_be_bytes(*count) as usize;
+        // Each length takes 4 bytes: a count the message cannot hold is refused
+        // before anything is allocated for it.
+        if count == 0 || count > rest.len() / BUNDLE_ENTRY_OVERHEAD {
+            return Err(DataError::Malformed);
+        }
+        let mut lengths = Vec::with_capacity(count);
+        let mut total: usize = 0;
+        for _ in 0..count {
+            let (len, r) = rest.split_first_chunk::<4>().ok_or(DataError::Malformed)?;
+            let len = u32::from_be_bytes(*len) as usize;
+            total = total.checked_add(len).ok_or(DataError::Malformed)?;
+            lengths.push(len);
+            rest = r;
+        }
+        let aad = &bytes[..head.len() + BUNDLE_COUNT_LEN + count * BUNDLE_ENTRY_OVERHEAD];
         let (rest, len) = rest.split_last_chunk::<2>().ok_or(DataError::Malformed)?;
         let len = u16::from_be_bytes(*len) as usize;
-        if len > MAX_SIGNATURE || rest.len() < len + TAG_LEN {
+        if len > MAX_SIGNATURE || total.checked_add(TAG_LEN).and_then(|t| t.checked_add(len)) != Some(rest.len()) {
             return Err(DataError::Malformed);
         }
         let (ciphertext, signature) = rest.split_at(rest.len() - len);
-        Ok(Self { header, aad, ciphertext, signature })
+        Ok(Self { header, aad, lengths, ciphertext, signature })
     }
 }
 
-/// What the sender signs: a domain tag and the BLAKE3 digest of the header
-/// and the ciphertext. The header is self-delimiting (every field has its
-/// length or a fixed one), so header ‖ ciphertext parses one way.
+/// What the sender signs: a domain tag and the BLAKE3 digest of the header,
+/// the lengths and the ciphertext. Header and lengths are self-delimiting
+/// (every field has its length or a fixed one), so they parse one way.
 fn signed_bytes(aad: &[u8], ciphertext: &[u8]) -> [u8; SIGNATURE_DOMAIN.len() + 32] {
     let digest = blake3::Hasher::new().update(aad).update(ciphertext).finalize();
     let mut v = [0u8; SIGNATURE_DOMAIN.len() + 32];
     v[..SIGNATURE_DOMAIN.len()].copy_from_slice(SIGNATURE_DOMAIN);
     v[SIGNATURE_DOMAIN.len()..].copy_from_slice(digest.as_bytes());
     v
-}
-
-/// Splits a bundle's plaintext into its messages: one or more
-/// `u32 length ‖ bytes`, nothing after the last.
-fn unbundle(mut plaintext: &[u8]) -> Result<Vec<Vec<u8>>, DataError> {
-    let mut out = Vec::new();
-    while !plaintext.is_empty() {
-        let (len, rest) = plaintext.split_first_chunk::<4>().ok_or(DataError::Malformed)?;
-        let len = u32::from_be_bytes(*len) as usize;
-        let (m, rest) = rest.split_at_checked(len).ok_or(DataError::Malformed)?;
-        out.push(m.to_vec());
-        plaintext = rest;
-    }
-    if out.is_empty() {
-        return Err(DataError::Malformed);
-    }
-    Ok(out)
 }
 
 impl fmt::Debug for EpochKeys {
@@ -317,26 +326,10 @@ impl EpochKeys {
         Nonce::assume_unique_for_key(n)
     }
 
-    /// Bytes [`EpochKeys::seal`] adds to `messages` for a sender named
-    /// `sender` in a group named `group`, signing with at most
-    /// `signature` bytes: what a bundle's size is checked against.
-    pub fn overhead(group: &GroupName, sender: &MemberId, signature: usize, messages: usize) -> usize {
-        // u8 lengths, epoch, view, seq; tag; signature and its length.
-        1 + group.as_str().len()
-            + EPOCH_LEN
-            + 16
-            + 1
-            + sender.as_str().len()
-            + 8
-            + TAG_LEN
-            + signature
-            + 2
-            + messages * BUNDLE_ENTRY_OVERHEAD
-    }
-
     /// Encrypts `messages` (one or more) as bundle `seq` of `sender`, sent in
     /// daemon view `view`, and signs it with `signer` (the sender's identity
-    /// key), if any: `header ‖ ciphertext ‖ signature ‖ u16 signature length`.
+    /// key), if any: `header ‖ lengths ‖ ciphertext ‖ AEAD tag ‖ signature ‖
+    /// u16 signature length`.
     pub fn seal<M: AsRef<[u8]>>(
         &self,
         sender: &MemberId,
@@ -345,51 +338,78 @@ impl EpochKeys {
         messages: &[M],
         signer: Option<&dyn Signer>,
     ) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.seal_into(&mut out, sender, view, seq, messages, signer);
+        out
+    }
+
+    /// [`EpochKeys::seal`], appended to `out` (which may hold a frame's tag:
+    /// the message is written once, where it goes).
+    pub fn seal_into<M: AsRef<[u8]>>(
+        &self,
+        out: &mut Vec<u8>,
+        sender: &MemberId,
+        view: ViewId,
+        seq: u64,
+        messages: &[M],
+        signer: Option<&dyn Signer>,
+    ) {
         assert!(!messages.is_empty(), "a bundle has at least one message");
         let header = DataHeader { group: self.group.clone(), epoch: self.epoch, view, sender: sender.clone(), seq };
         let body: usize = messages.iter().map(|m| BUNDLE_ENTRY_OVERHEAD + m.as_ref().len()).sum();
-        let mut out = Vec::with_capacity(64 + body + TAG_LEN + 2 + 256);
-        header.encode(&mut out);
-        let hlen = out.len();
+        out.reserve(64 + BUNDLE_COUNT_LEN + body + TAG_LEN + 2 + 256);
+        let start = out.len();
+        header.encode(out);
+        let count = u32::try_from(messages.len()).expect("a bundle fits the daemon's payload");
+        out.extend_from_slice(&count.to_be_bytes());
         for m in messages {
-            let m = m.as_ref();
-            out.extend_from_slice(&u32::try_from(m.len()).expect("messages fit the daemon's payload").to_be_bytes());
-            out.extend_from_slice(m);
+            let len = u32::try_from(m.as_ref().len()).expect("messages fit the daemon's payload");
+            out.extend_from_slice(&len.to_be_bytes());
         }
-        let (aad, plaintext) = out.split_at_mut(hlen);
+        let aad_end = out.len();
+        for m in messages {
+            out.extend_from_slice(m.as_ref());
+        }
+        let (aad, plaintext) = out[start..].split_at_mut(aad_end - start);
         let tag = self
             .cipher(&self.group, self.epoch, sender)
             .seal_in_place_separate_tag(Self::nonce(seq), Aad::from(&*aad), plaintext)
             .expect("AES-256-GCM encrypts any message the daemon accepts");
         out.extend_from_slice(tag.as_ref());
-        let sig = signer.map(|s| s.sign(&signed_bytes(&out[..hlen], &out[hlen..]))).unwrap_or_default();
+        let sig = signer.map(|s| s.sign(&signed_bytes(&out[start..aad_end], &out[aad_end..]))).unwrap_or_default();
         out.extend_from_slice(&sig);
         out.extend_from_slice(&u16::try_from(sig.len()).expect("signatures fit MAX_SIGNATURE").to_be_bytes());
-        out
     }
 
     /// Authenticates and decrypts a data message, then checks its sender's
     /// signature with `sender_key` (the key of the member the header names;
     /// `None` skips the check: for one's own messages, which the caller
     /// recognises otherwise, and for parsing), and splits the bundle into
-    /// its messages. Does not check that the header names this epoch, sender
-    /// or group: the caller decides which keys to use; keys of any other
-    /// epoch or group fail with [`DataError::AuthFailed`].
-    pub fn open(
-        &self,
-        bytes: &[u8],
-        sender_key: Option<&dyn Verifier>,
-    ) -> Result<(DataHeader, Vec<Vec<u8>>), DataError> {
-        let Parts { header, aad, ciphertext, signature } = Parts::split(bytes)?;
+    /// its messages (slices of one buffer). Does not check that the header
+    /// names this epoch, sender or group: the caller decides which keys to
+    /// use; keys of any other epoch or group fail with
+    /// [`DataError::AuthFailed`].
+    pub fn open(&self, bytes: &[u8], sender_key: Option<&dyn Verifier>) -> Result<(DataHeader, Vec<Bytes>), DataError> {
+        let Parts { header, aad, lengths, ciphertext, signature } = Parts::split(bytes)?;
         let mut buf = ciphertext.to_vec();
-        let plaintext = self
+        let len = self
             .cipher(&header.group, header.epoch, &header.sender)
             .open_in_place(Self::nonce(header.seq), Aad::from(aad), &mut buf)
-            .map_err(|_| DataError::AuthFailed)?;
+            .map_err(|_| DataError::AuthFailed)?
+            .len();
         if let Some(key) = sender_key {
             key.verify(&signed_bytes(aad, ciphertext), signature).map_err(|_| DataError::BadSignature)?;
         }
-        let messages = unbundle(plaintext)?;
+        buf.truncate(len);
+        let buf = Bytes::from(buf);
+        let mut at = 0;
+        let messages = lengths
+            .into_iter()
+            .map(|n| {
+                at += n;
+                buf.slice(at - n..at)
+            })
+            .collect();
         Ok((header, messages))
     }
 }
@@ -426,7 +446,7 @@ mod tests {
         let (a, b) = (signer(1), signer(2));
         let m = k.seal(&alice, ViewId::new(0xfeed, 1), 3, &[b"hello"], Some(a.as_ref()));
         let (h, pt) = k.open(&m, Some(a.verifier().as_ref())).unwrap();
-        assert_eq!((h.epoch, h.seq, h.sender.as_str(), pt[0].as_slice()), (epoch(7), 3, "alice", &b"hello"[..]));
+        assert_eq!((h.epoch, h.seq, h.sender.as_str(), &pt[0][..]), (epoch(7), 3, "alice", &b"hello"[..]));
         assert_eq!(pt.len(), 1);
         for i in 0..m.len() {
             let mut t = m.clone();
@@ -444,39 +464,33 @@ mod tests {
     }
 
     #[test]
-    fn a_bundle_opens_into_its_messages_in_order_and_a_malformed_one_is_refused() {
+    fn a_bundle_opens_into_its_messages_in_order_and_bad_lengths_are_refused() {
         let k = keys(3, 4);
         let alice = MemberId::new("alice").unwrap();
         let a = signer(5);
         let msgs: [&[u8]; 4] = [b"one", b"", b"three", &[9u8; 70_000]];
         let m = k.seal(&alice, ViewId::new(0xfeed, 1), 0, &msgs, Some(a.as_ref()));
         let (_, got) = k.open(&m, Some(a.verifier().as_ref())).unwrap();
-        assert_eq!(got, msgs.map(|m| m.to_vec()));
-        // The sender's own bytes, well sealed and signed but not a bundle
-        // (a length past the end, an empty plaintext): refused whole.
-        for plaintext in [&[0u8, 0, 0, 9, 1][..], &[]] {
-            let header = DataHeader {
-                group: k.group.clone(),
-                epoch: k.epoch,
-                view: ViewId::new(1, 1),
-                sender: alice.clone(),
-                seq: 1,
-            };
-            let mut out = Vec::new();
-            header.encode(&mut out);
-            let hlen = out.len();
-            out.extend_from_slice(plaintext);
-            let (aad, body) = out.split_at_mut(hlen);
-            let tag = k
-                .cipher(&k.group, k.epoch, &alice)
-                .seal_in_place_separate_tag(EpochKeys::nonce(1), Aad::from(&*aad), body)
-                .unwrap();
-            out.extend_from_slice(tag.as_ref());
-            let sig = a.sign(&signed_bytes(&out[..hlen], &out[hlen..]));
-            out.extend_from_slice(&sig);
-            out.extend_from_slice(&(sig.len() as u16).to_be_bytes());
-            assert_eq!(k.open(&out, Some(a.verifier().as_ref())), Err(DataError::Malformed));
+        assert_eq!(got, msgs);
+        // Lengths that do not add up to the ciphertext, a count of none, a
+        // count past the end: refused before any key is used.
+        let hlen = DataHeader::decode(&m).unwrap().1.len();
+        let mut longer = m.clone();
+        longer[hlen + 4 + 3] += 1; // the first length, 3 -> 4
+        let mut none = m.clone();
+        none[hlen..hlen + 4].copy_from_slice(&0u32.to_be_bytes());
+        let mut huge = m.clone();
+        huge[hlen..hlen + 4].copy_from_slice(&u32::MAX.to_be_bytes());
+        for bad in [longer, none, huge] {
+            assert_eq!(keys(9, 9).open(&bad, None), Err(DataError::Malformed));
         }
+        // Lengths that add up but split the messages differently: the AEAD
+        // (the lengths are its associated data) refuses them.
+        let mut moved = m.clone();
+        moved[hlen + 4 + 3] += 1; // "one" -> 4 bytes ...
+        moved[hlen + 8 + 3] = 0; // ... "" stays empty ...
+        moved[hlen + 12 + 3] -= 1; // ... "three" -> 4 bytes
+        assert_eq!(k.open(&moved, None), Err(DataError::AuthFailed));
     }
 
     #[test]
@@ -494,9 +508,9 @@ mod tests {
             assert!(k.derived.lock().unwrap().len() <= SENDER_KEYS);
         }
         let fresh = keys(1, 7);
-        assert_eq!(fresh.open(&sealed, None).unwrap().1, [b"hello"]);
-        assert_eq!(k.open(&sealed, None).unwrap().1, [b"hello"]);
-        assert_eq!(k.open(&sealed, None).unwrap().1, [b"hello"]);
+        assert_eq!(fresh.open(&sealed, None).unwrap().1, [&b"hello"[..]]);
+        assert_eq!(k.open(&sealed, None).unwrap().1, [&b"hello"[..]]);
+        assert_eq!(k.open(&sealed, None).unwrap().1, [&b"hello"[..]]);
     }
 
     #[test]

@@ -509,8 +509,9 @@ pub enum SecureEvent {
         sender: MemberId,
         /// The epoch it was sent and delivered in.
         epoch: Epoch,
-        /// The plaintext.
-        data: Vec<u8>,
+        /// The plaintext (a slice of the buffer its bundle was decrypted
+        /// into: no copy).
+        data: bytes::Bytes,
     },
     /// A message was refused; the session goes on.
     Rejected {

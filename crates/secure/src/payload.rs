@@ -59,7 +59,8 @@ pub mod tag {
     /// are not signed).
     pub const KA: u8 = 1;
     /// A data message, a bundle of one or more application messages: `tag ‖
-    /// header ‖ ciphertext ‖ signature ‖ u16 signature length` (see
+    /// header ‖ lengths ‖ ciphertext ‖ AEAD tag ‖ signature ‖ u16 signature
+    /// length` (see
     /// [`crate::data`]; no signature and length 0 if the group's policy has
     /// sender signatures off).
     pub const DATA: u8 = 2;
@@ -338,7 +339,7 @@ pub enum ParsedPayload {
         /// The message opened with keys of a fixed, public root (never a
         /// group's): in practice always [`DataError::AuthFailed`], unless the
         /// message was sealed with those very keys (a test hook).
-        opened: Result<Vec<Vec<u8>>, DataError>,
+        opened: Result<Vec<bytes::Bytes>, DataError>,
     },
     /// A policy notice ([`tag::POLICY`]).
     Policy {

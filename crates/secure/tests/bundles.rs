@@ -35,7 +35,7 @@ fn read_from(net: &Net, i: usize, sender: usize) -> Vec<Vec<u8>> {
         .log
         .iter()
         .filter_map(|e| match e {
-            SecureEvent::Message { sender, data, .. } if sender == from => Some(data.clone()),
+            SecureEvent::Message { sender, data, .. } if sender == from => Some(data.to_vec()),
             _ => None,
         })
         .collect()

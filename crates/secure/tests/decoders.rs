@@ -127,7 +127,8 @@ fn data() -> impl Strategy<Value = Valid> {
         let glen = h.group.as_str().len();
         // The group's and the sender's lengths, and the signature's (last).
         let lengths = vec![(1, 1), (1 + 1 + glen + 20 + 16, 1), (bytes.len() - 2, 2)];
-        Valid { bytes, expected: ParsedPayload::Data { header: h, opened: Ok(messages) }, lengths }
+        let opened = Ok(messages.into_iter().map(Into::into).collect());
+        Valid { bytes, expected: ParsedPayload::Data { header: h, opened }, lengths }
     })
 }
 
@@ -397,7 +398,8 @@ fn malformed_framing_and_bodies() {
     b.extend_from_slice(&[0; 20 + 16]); // epoch, and the view it was sent in
     b.extend_from_slice(&[1, b'x']);
     b.extend_from_slice(&[0; 8]);
-    b.extend_from_slice(&[7; 16]); // a ciphertext of the AEAD tag's length
+    b.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0]); // one message, empty
+    b.extend_from_slice(&[7; 16]); // its ciphertext: the AEAD tag alone
     b.extend_from_slice(&[9, 0, 1]); // a one-byte signature, its length last
     assert_eq!(parse_payload(&b), Err(PayloadError::DataHeader));
     b[3] = b'_';

@@ -139,7 +139,7 @@ impl Net {
         let evs = self.events.get(&Self::conn(i)).map(Vec::as_slice).unwrap_or(&[]);
         evs.iter()
             .filter_map(|e| match e {
-                SecureEvent::Message { data, .. } => Some(String::from_utf8(data.clone()).unwrap()),
+                SecureEvent::Message { data, .. } => Some(String::from_utf8(data.to_vec()).unwrap()),
                 _ => None,
             })
             .collect()

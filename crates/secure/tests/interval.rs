@@ -25,7 +25,7 @@ fn received(net: &Net, i: usize) -> Vec<String> {
         .log
         .iter()
         .filter_map(|e| match e {
-            SecureEvent::Message { data, .. } => Some(String::from_utf8(data.clone()).unwrap()),
+            SecureEvent::Message { data, .. } => Some(String::from_utf8(data.to_vec()).unwrap()),
             _ => None,
         })
         .collect()
@@ -113,7 +113,7 @@ fn joins_wait_for_the_leaders_tick_and_leaves_keep_the_key_until_then() {
             .log
             .iter()
             .filter_map(|e| match e {
-                SecureEvent::Message { data, epoch, .. } if data == b"under dave's last key" => Some(*epoch),
+                SecureEvent::Message { data, epoch, .. } if data == &b"under dave's last key"[..] => Some(*epoch),
                 _ => None,
             })
             .collect();
