@@ -95,7 +95,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use conclave_gcs::backbone::{decode_op, op_bytes};
+use conclave_gcs::backbone::{batch_bytes, decode_op, op_bytes, split_batch};
 use conclave_gcs::core::{DaemonId, Op, OpId};
 use rust_corosync::cpg::{self, Address, Guarantee, Handle, Model1Data, Model1Flags, ModelData};
 use rust_corosync::{CsError, DispatchFlags, NodeId};
@@ -165,6 +165,11 @@ pub enum ClusterError {
 /// How many operations may wait between CPG and the sequencer, or between
 /// the connections and CPG.
 const QUEUE: usize = 4096;
+/// Most bytes of operations one backbone message carries as a batch (an
+/// operation larger than this goes alone). Corosync fragments a message
+/// into frames of its network MTU anyway; the batch saves the per-message
+/// cost (a token slot, a delivery callback, a hand-off to the core).
+const BATCH_BYTES: usize = 64 << 10;
 
 /// How long to keep retrying a CPG call that says "try again".
 const TRY_AGAIN_FOR: Duration = Duration::from_secs(30);
@@ -382,7 +387,17 @@ impl Dispatch {
             return;
         }
         let Some(from) = daemon_of(node) else { return };
-        let op = match decode_op(Bytes::copy_from_slice(msg)) {
+        let msg = Bytes::copy_from_slice(msg);
+        match split_batch(&msg) {
+            Ok(Some(parts)) => parts.into_iter().for_each(|part| self.deliver_one(node, from, part)),
+            Ok(None) => self.deliver_one(node, from, msg),
+            Err(e) => tracing::warn!("dropping a message from node {node}: {e}"),
+        }
+    }
+
+    /// One operation from the daemon of `node` (`from`), alone or out of a batch.
+    fn deliver_one(&mut self, node: NodeId, from: DaemonId, msg: Bytes) {
+        let op = match decode_op(msg) {
             Ok(op) => op,
             Err(e) => {
                 tracing::warn!("dropping a message from node {node}: {e}");
@@ -592,16 +607,43 @@ fn run_dispatch(handle: Handle, dispatch: Dispatch, report: FailureReport, leavi
 /// of multicast: this daemon's `incarnation` (its core's) and 0, 1, 2, …; one
 /// the core submits again after an interrupted exchange keeps the one it has
 /// (see the core's module docs, *Operation identities*).
+///
+/// What has already been submitted when one is taken goes out with it as one
+/// batch ([`batch_bytes`]), up to [`BATCH_BYTES`]: nothing waits for a batch
+/// to fill, and under load one CPG message carries many operations.
 fn run_send(handle: Handle, incarnation: u64, mut submit: mpsc::Receiver<Op>, report: FailureReport) {
     let mut next = 0;
-    while let Some(op) = submit.blocking_recv() {
-        let op = if op.is_plain_client_op() {
+    let mut number = |op: Op| {
+        if op.is_plain_client_op() {
             next += 1;
             op.numbered(OpId { incarnation, seq: next - 1 })
         } else {
             op
+        }
+    };
+    // An operation too big to join the last batch: it starts the next.
+    let mut held: Option<Bytes> = None;
+    loop {
+        let first = match held.take() {
+            Some(part) => part,
+            None => match submit.blocking_recv() {
+                Some(op) => op_bytes(&number(op)),
+                None => break,
+            },
         };
-        let msg = op_bytes(&op);
+        let mut bytes = first.len();
+        let mut parts = vec![first];
+        while bytes < BATCH_BYTES {
+            let Ok(op) = submit.try_recv() else { break };
+            let part = op_bytes(&number(op));
+            if bytes + 4 + part.len() > BATCH_BYTES {
+                held = Some(part);
+                break;
+            }
+            bytes += 4 + part.len();
+            parts.push(part);
+        }
+        let msg = if parts.len() == 1 { parts.pop().expect("one") } else { batch_bytes(&parts) };
         if let Err(e) = retry(|| cpg::mcast_joined(&handle, Guarantee::TypeAgreed, &msg)) {
             report.send(format!("cannot multicast to the daemon group ({e}): did corosync stop?"));
             return;

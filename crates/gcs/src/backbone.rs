@@ -4,7 +4,12 @@
 //! One message carries one operation: a version byte ([`OP_VERSION`]), a kind
 //! byte and the kind's fields, laid out as in the client wire format (big-endian
 //! integers, `str8` names). The backbone delivers whole messages, so there is no
-//! length prefix. The format is described byte by byte in `docs/wire.md`
+//! length prefix. A *batch* ([`batch_bytes`], [`split_batch`]) carries
+//! several such messages one after the other, each with its length: a daemon
+//! that has several operations waiting sends them as one backbone message,
+//! since the backbone's cost is per message (Corosync CPG's token carries so
+//! many messages per rotation), and every daemon applies them in the batch's
+//! order, at the batch's place in the stream. The format is described byte by byte in `docs/wire.md`
 //! (section *Daemon → daemon*).
 //!
 //! [`decode_op`] rejects every malformed message with an [`OpError`] — it never
@@ -19,7 +24,7 @@ use crate::core::{AppliedOps, ClientState, ConnId, DaemonId, DaemonState, ErrorC
 use crate::wire::{group_options, Fields, WireError, MAX_ERROR_TEXT};
 
 /// The version of the daemon–daemon encoding this module speaks.
-pub const OP_VERSION: u8 = 6;
+pub const OP_VERSION: u8 = 7;
 
 const CONNECT: u8 = 0x01;
 const DISCONNECT: u8 = 0x02;
@@ -33,6 +38,7 @@ const STATE: u8 = 0x09;
 const NUMBERED: u8 = 0x0a;
 const TRANSITIONAL: u8 = 0x0b;
 const DAEMON_KA: u8 = 0x0c;
+const BATCH: u8 = 0x0d;
 
 /// Why a daemon message could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -178,6 +184,57 @@ pub fn op_bytes(op: &Op) -> Bytes {
     let mut out = BytesMut::new();
     encode_op(op, &mut out);
     out.freeze()
+}
+
+/// Several daemon messages (each as [`op_bytes`] makes it, none a batch) as
+/// one: version, the batch kind, then each message as `u32 length ‖ bytes`.
+///
+/// # Panics
+///
+/// If `messages` has fewer than two messages, or one longer than 4 GiB.
+pub fn batch_bytes(messages: &[Bytes]) -> Bytes {
+    assert!(messages.len() >= 2, "a batch has two messages or more");
+    let mut out = BytesMut::with_capacity(2 + messages.iter().map(|m| 4 + m.len()).sum::<usize>());
+    out.put_u8(OP_VERSION);
+    out.put_u8(BATCH);
+    for m in messages {
+        out.put_u32(u32::try_from(m.len()).expect("a daemon message is shorter than 4 GiB"));
+        out.put_slice(m);
+    }
+    out.freeze()
+}
+
+/// The messages of a batch (slices of `msg`, not copies), or `None` if `msg`
+/// is not a batch (a single operation, for [`decode_op`]). A batch must hold
+/// two messages or more, with no bytes after the last, and none a batch
+/// itself; each message is checked when it is decoded.
+pub fn split_batch(msg: &Bytes) -> Result<Option<Vec<Bytes>>, OpError> {
+    match msg.first() {
+        None => return Err(OpError::Empty),
+        Some(&v) if v != OP_VERSION => return Err(OpError::UnsupportedVersion(v)),
+        _ => {}
+    }
+    if msg.get(1) != Some(&BATCH) {
+        return Ok(None);
+    }
+    let bad = |what| OpError::Malformed(WireError::BadValue { what, value: 0 });
+    let mut parts = Vec::new();
+    let mut at = 2;
+    while at < msg.len() {
+        let len = msg.get(at..at + 4).ok_or(bad("batch length"))?;
+        let len = u32::from_be_bytes(len.try_into().expect("4 bytes")) as usize;
+        let end = at.checked_add(4 + len).filter(|&e| e <= msg.len()).ok_or(bad("batch length"))?;
+        let part = msg.slice(at + 4..end);
+        if part.get(1) == Some(&BATCH) {
+            return Err(bad("batch inside a batch"));
+        }
+        parts.push(part);
+        at = end;
+    }
+    if parts.len() < 2 {
+        return Err(bad("batch of fewer than two messages"));
+    }
+    Ok(Some(parts))
 }
 
 /// Decodes one daemon message. Payloads are slices of `msg`, not copies.
@@ -330,6 +387,23 @@ mod tests {
         })
     }
 
+    #[test]
+    fn a_batch_in_a_batch_or_of_one_message_is_refused() {
+        let one = op_bytes(&Op::Disconnect { conn: ConnId { daemon: DaemonId(1), local: 2 } });
+        let pair = batch_bytes(&[one.clone(), one.clone()]);
+        assert!(split_batch(&batch_bytes(&[pair, one.clone()])).is_err());
+        let mut single = vec![OP_VERSION, BATCH];
+        single.extend_from_slice(&(one.len() as u32).to_be_bytes());
+        single.extend_from_slice(&one);
+        assert!(split_batch(&Bytes::from(single)).is_err());
+        assert!(split_batch(&Bytes::from_static(&[OP_VERSION, BATCH])).is_err(), "an empty batch");
+        assert_eq!(split_batch(&Bytes::new()), Err(OpError::Empty));
+        assert_eq!(
+            split_batch(&Bytes::from_static(&[OP_VERSION - 1, BATCH])),
+            Err(OpError::UnsupportedVersion(OP_VERSION - 1))
+        );
+    }
+
     /// Every kind of operation, client operations also numbered.
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
@@ -422,6 +496,33 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn batches_split_into_their_messages_and_bad_ones_are_refused(
+            ops in proptest::collection::vec(op(), 2..6),
+            cut in any::<usize>(),
+        ) {
+            let parts: Vec<Bytes> = ops.iter().map(op_bytes).collect();
+            let batch = batch_bytes(&parts);
+            let back = split_batch(&batch).unwrap().unwrap();
+            prop_assert_eq!(&back, &parts);
+            for (b, op) in back.into_iter().zip(&ops) {
+                prop_assert_eq!(&decode_op(b).unwrap(), op);
+            }
+            // A single operation is no batch; a batch is no single operation.
+            prop_assert_eq!(split_batch(&parts[0]).unwrap(), None);
+            prop_assert!(decode_op(batch.clone()).is_err());
+            // Cut anywhere past its kind, a batch is refused, unless the cut
+            // falls between two messages and leaves two or more.
+            let end = 2 + cut % (batch.len() - 2);
+            let boundaries: Vec<usize> = parts.iter().scan(2, |at, p| { *at += 4 + p.len(); Some(*at) }).collect();
+            let whole = boundaries.iter().position(|&b| b == end).map(|i| i + 1);
+            match split_batch(&batch.slice(..end)) {
+                Ok(Some(got)) => prop_assert!(whole.is_some_and(|n| n >= 2 && got.len() == n)),
+                Ok(None) => prop_assert!(false, "a cut batch read as a single operation"),
+                Err(_) => prop_assert!(whole.is_none_or(|n| n < 2)),
+            }
+        }
+
         #[test]
         fn every_op_round_trips_canonically(op in op()) {
             let bytes = op_bytes(&op);
