@@ -265,7 +265,7 @@ async fn certified_daemons_key_every_group_and_rekey_them_on_a_partition_and_a_m
     let (big_view, big_keys) = &big[&g];
     let old_key = ViewKey::new(big_keys[0].unwrap());
     let group = GroupName::new(g.as_str()).unwrap();
-    let sealed = evs::seal(&old_key, &group, *big_view, &Writer::Member(MemberId::new("n1").unwrap()), 0, b"late");
+    let sealed = evs::seal(&old_key, &group, *big_view, &Writer::Member(MemberId::new("n1").unwrap()), 0, 1, b"late");
     members[0].tx.multicast(&g, Service::Agreed, Bytes::from(sealed)).await.unwrap();
     let (merged_view, merged_keys) = &merged[&g];
     for (i, m) in members.iter().enumerate() {
@@ -284,6 +284,7 @@ async fn certified_daemons_key_every_group_and_rekey_them_on_a_partition_and_a_m
                 reason: NoticeReason::KeyGone,
                 key_view: *big_view,
                 seq: 0,
+                messages: 1,
             };
             assert_eq!(env, notice, "{}", m.name);
         }

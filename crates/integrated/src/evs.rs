@@ -14,11 +14,14 @@
 //! Members write, and daemons rewrite, an *envelope* (first byte [`TAG`]):
 //!
 //! ```text
-//! TAG | key view (16) | writer | seq u64 | ciphertext and AEAD tag      (sealed)
-//! TAG | delivered in (16) | 2 | reason u8 | key view (16) | seq u64     (notice)
+//! TAG | key view (16) | writer | seq u64 | messages u32 | ciphertext and AEAD tag   (sealed)
+//! TAG | delivered in (16) | 2 | reason u8 | key view (16) | seq u64 | messages u32 (notice)
 //! writer: 0 | u8 length | member name     (written by a member)
 //!         1 | u16 daemon                  (re-encrypted by a daemon)
 //! ```
+//!
+//! `messages` is how many application messages the envelope carries (the
+//! secure layer seals a bundle of them): a notice says how many are lost.
 //!
 //! The *key view* is the key id: the view whose key sealed the message. The
 //! paper's key id is 32 random bits kept beside each key; here it is the
@@ -75,8 +78,8 @@ const AAD_LABEL: &[u8] = b"conclave/integrated/v1/evs-envelope";
 pub const AEAD_TAG_LEN: usize = 16;
 
 /// The longest header an envelope has (tag, key view, a member writer of
-/// 255 bytes, seq).
-pub const MAX_HEADER: usize = 1 + 16 + 2 + 255 + 8;
+/// 255 bytes, seq, messages).
+pub const MAX_HEADER: usize = 1 + 16 + 2 + 255 + 8 + 4;
 
 /// Default key-out: the most keys a daemon keeps per group. A message
 /// crosses at most this many views less one and is still re-encrypted; a
@@ -129,6 +132,8 @@ pub enum Envelope<'a> {
         writer: Writer,
         /// The writer's count under that key (the nonce).
         seq: u64,
+        /// How many application messages it carries.
+        messages: u32,
         /// Everything before the ciphertext, tag included (associated data).
         header: &'a [u8],
         /// Ciphertext and AEAD tag.
@@ -145,6 +150,8 @@ pub enum Envelope<'a> {
         /// The count the message had under that key: with the sender the
         /// daemon names, and the key view, it says which message is lost.
         seq: u64,
+        /// How many application messages it carried.
+        messages: u32,
     },
 }
 
@@ -177,6 +184,9 @@ impl<'a> Reader<'a> {
     fn view(&mut self) -> Result<ViewId, EvsError> {
         Ok(ViewId::from_bytes(self.take(16)?.try_into().expect("16 bytes")))
     }
+    fn u32(&mut self) -> Result<u32, EvsError> {
+        Ok(u32::from_be_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
 }
 
 impl<'a> Envelope<'a> {
@@ -196,10 +206,11 @@ impl<'a> Envelope<'a> {
                 };
                 let key_view = r.view()?;
                 let seq = u64::from_be_bytes(r.take(8)?.try_into().expect("8 bytes"));
+                let messages = r.u32()?;
                 if r.at != bytes.len() {
                     return Err(EvsError::Malformed);
                 }
-                Ok(Envelope::Notice { delivered_in: view, reason, key_view, seq })
+                Ok(Envelope::Notice { delivered_in: view, reason, key_view, seq, messages })
             }
             kind => {
                 let writer = match kind {
@@ -215,11 +226,12 @@ impl<'a> Envelope<'a> {
                     _ => return Err(EvsError::Malformed),
                 };
                 let seq = u64::from_be_bytes(r.take(8)?.try_into().expect("8 bytes"));
+                let messages = r.u32()?;
                 let (header, ciphertext) = bytes.split_at(r.at);
                 if ciphertext.len() < AEAD_TAG_LEN {
                     return Err(EvsError::Malformed);
                 }
-                Ok(Envelope::Sealed { key_view: view, writer, seq, header, ciphertext })
+                Ok(Envelope::Sealed { key_view: view, writer, seq, messages, header, ciphertext })
             }
         }
     }
@@ -267,15 +279,25 @@ fn aad(group: &GroupName, header: &[u8]) -> Vec<u8> {
     a
 }
 
-/// Seals `inner` for `group` under `key`, the key of view `key_view`, as
-/// `writer`'s message number `seq` (which `writer` must never use twice
-/// under this key). The result starts with [`TAG`].
-pub fn seal(key: &ViewKey, group: &GroupName, key_view: ViewId, writer: &Writer, seq: u64, inner: &[u8]) -> Vec<u8> {
+/// Seals `inner`, which carries `messages` application messages, for
+/// `group` under `key`, the key of view `key_view`, as `writer`'s message
+/// number `seq` (which `writer` must never use twice under this key). The
+/// result starts with [`TAG`].
+pub fn seal(
+    key: &ViewKey,
+    group: &GroupName,
+    key_view: ViewId,
+    writer: &Writer,
+    seq: u64,
+    messages: u32,
+    inner: &[u8],
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(MAX_HEADER + inner.len() + AEAD_TAG_LEN);
     out.push(TAG);
     out.extend_from_slice(&key_view.to_bytes());
     writer_bytes(writer, &mut out);
     out.extend_from_slice(&seq.to_be_bytes());
+    out.extend_from_slice(&messages.to_be_bytes());
     let aad = aad(group, &out);
     let ct = writer_aead(key, group, writer)
         .encrypt(&nonce(seq), Payload { msg: inner, aad: &aad })
@@ -297,17 +319,18 @@ pub fn open(key: &ViewKey, group: &GroupName, envelope: &Envelope<'_>) -> Result
         .map_err(|_| EvsError::AuthFailed)
 }
 
-/// A notice: the message delivered in view `delivered_in`, sealed under
-/// `key_view`'s key as its writer's number `seq`, could not be
-/// re-encrypted, for `reason`.
-pub fn notice(delivered_in: ViewId, reason: NoticeReason, key_view: ViewId, seq: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(43);
+/// A notice: the envelope of `messages` messages delivered in view
+/// `delivered_in`, sealed under `key_view`'s key as its writer's number
+/// `seq`, could not be re-encrypted, for `reason`.
+pub fn notice(delivered_in: ViewId, reason: NoticeReason, key_view: ViewId, seq: u64, messages: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(47);
     out.push(TAG);
     out.extend_from_slice(&delivered_in.to_bytes());
     out.push(NOTICE);
     out.push(reason.code());
     out.extend_from_slice(&key_view.to_bytes());
     out.extend_from_slice(&seq.to_be_bytes());
+    out.extend_from_slice(&messages.to_be_bytes());
     out
 }
 
@@ -414,7 +437,9 @@ impl EvsKeys {
         if payload.first() != Some(&TAG) {
             return payload;
         }
-        let Ok(envelope @ Envelope::Sealed { key_view, seq, .. }) = Envelope::decode(&payload) else { return payload };
+        let Ok(envelope @ Envelope::Sealed { key_view, seq, messages, .. }) = Envelope::decode(&payload) else {
+            return payload;
+        };
         if key_view == delivered_in {
             return payload;
         }
@@ -426,18 +451,18 @@ impl EvsKeys {
         });
         let Some((keys, from, to)) = found else {
             self.stats.key_gone += 1;
-            return notice(delivered_in, NoticeReason::KeyGone, key_view, seq).into();
+            return notice(delivered_in, NoticeReason::KeyGone, key_view, seq, messages).into();
         };
         let Ok(inner) = open(&keys[from].key, group, &envelope) else {
             self.stats.unreadable += 1;
-            return notice(delivered_in, NoticeReason::Unreadable, key_view, seq).into();
+            return notice(delivered_in, NoticeReason::Unreadable, key_view, seq, messages).into();
         };
         keys[from].last_used = now;
         let to = &mut keys[to];
         let seq = to.daemon_seq;
         to.daemon_seq += 1;
         self.stats.reencrypted += 1;
-        seal(&to.key, group, delivered_in, &Writer::Daemon(me), seq, &inner).into()
+        seal(&to.key, group, delivered_in, &Writer::Daemon(me), seq, messages, &inner).into()
     }
 }
 
@@ -460,7 +485,7 @@ mod tests {
 
     #[test]
     fn an_envelope_opens_under_its_key_and_no_other() {
-        let sealed = seal(&key(1), &group(), view(1), &alice(), 3, b"hello");
+        let sealed = seal(&key(1), &group(), view(1), &alice(), 3, 1, b"hello");
         let env = Envelope::decode(&sealed).unwrap();
         assert!(
             matches!(&env, Envelope::Sealed { key_view, seq: 3, writer, .. } if *key_view == view(1) && *writer == alice())
@@ -482,14 +507,20 @@ mod tests {
     fn decode_refuses_what_is_not_an_envelope() {
         assert_eq!(Envelope::decode(&[]), Err(EvsError::Malformed));
         assert_eq!(Envelope::decode(&[TAG]), Err(EvsError::Malformed));
-        let sealed = seal(&key(1), &group(), view(1), &alice(), 0, b"");
+        let sealed = seal(&key(1), &group(), view(1), &alice(), 0, 1, b"");
         for len in 0..sealed.len() {
             assert!(Envelope::decode(&sealed[..len]).is_err(), "a prefix of {len} bytes decodes");
         }
-        let n = notice(view(2), NoticeReason::KeyGone, view(1), 7);
+        let n = notice(view(2), NoticeReason::KeyGone, view(1), 7, 3);
         assert_eq!(
             Envelope::decode(&n),
-            Ok(Envelope::Notice { delivered_in: view(2), reason: NoticeReason::KeyGone, key_view: view(1), seq: 7 })
+            Ok(Envelope::Notice {
+                delivered_in: view(2),
+                reason: NoticeReason::KeyGone,
+                key_view: view(1),
+                seq: 7,
+                messages: 3
+            })
         );
         assert!(Envelope::decode(&[&n[..], &[0]].concat()).is_err());
         for len in 0..n.len() {
@@ -502,7 +533,7 @@ mod tests {
         let mut store = EvsKeys::new(DaemonId(4), 8, 1_000);
         store.installed(&group(), view(1), key(1), 0);
         store.installed(&group(), view(2), key(2), 10);
-        let sealed = Bytes::from(seal(&key(1), &group(), view(1), &alice(), 0, b"crossed"));
+        let sealed = Bytes::from(seal(&key(1), &group(), view(1), &alice(), 0, 1, b"crossed"));
         let fixed = store.fix(&group(), view(2), sealed.clone(), 20);
         let env = Envelope::decode(&fixed).unwrap();
         assert!(
@@ -513,7 +544,7 @@ mod tests {
         let again = store.fix(&group(), view(2), sealed, 20);
         assert!(matches!(Envelope::decode(&again).unwrap(), Envelope::Sealed { seq: 1, .. }));
         // Under the delivery view's own key: untouched.
-        let current = Bytes::from(seal(&key(2), &group(), view(2), &alice(), 0, b"now"));
+        let current = Bytes::from(seal(&key(2), &group(), view(2), &alice(), 0, 1, b"now"));
         assert_eq!(store.fix(&group(), view(2), current.clone(), 20), current);
         assert_eq!(store.stats().reencrypted, 2);
     }
@@ -526,11 +557,17 @@ mod tests {
             store.installed(&group(), view(n), key(n as u8), 0);
         }
         assert_eq!(store.stats().keyed_out, 1);
-        let old = Bytes::from(seal(&key(1), &group(), view(1), &alice(), 5, b"late"));
+        let old = Bytes::from(seal(&key(1), &group(), view(1), &alice(), 5, 1, b"late"));
         let fixed = store.fix(&group(), view(3), old, 0);
         assert_eq!(
             Envelope::decode(&fixed),
-            Ok(Envelope::Notice { delivered_in: view(3), reason: NoticeReason::KeyGone, key_view: view(1), seq: 5 })
+            Ok(Envelope::Notice {
+                delivered_in: view(3),
+                reason: NoticeReason::KeyGone,
+                key_view: view(1),
+                seq: 5,
+                messages: 1
+            })
         );
         // Time-out: view 2's key was superseded at 0; at 1_001 it is gone,
         // and the newest never goes.
@@ -538,13 +575,13 @@ mod tests {
         assert_eq!(store.len(), 2);
         store.expire(1_001, |_| true);
         assert_eq!((store.len(), store.stats().timed_out), (1, 1));
-        let two = Bytes::from(seal(&key(2), &group(), view(2), &alice(), 0, b"late"));
+        let two = Bytes::from(seal(&key(2), &group(), view(2), &alice(), 0, 1, b"late"));
         assert!(matches!(Envelope::decode(&store.fix(&group(), view(3), two, 0)), Ok(Envelope::Notice { .. })));
         // A key in use does not time out.
         let mut store = EvsKeys::new(DaemonId(0), 8, 1_000);
         store.installed(&group(), view(1), key(1), 0);
         store.installed(&group(), view(2), key(2), 0);
-        let one = Bytes::from(seal(&key(1), &group(), view(1), &alice(), 0, b"x"));
+        let one = Bytes::from(seal(&key(1), &group(), view(1), &alice(), 0, 1, b"x"));
         store.fix(&group(), view(2), one.clone(), 900);
         store.expire(1_800, |_| true);
         assert!(matches!(Envelope::decode(&store.fix(&group(), view(2), one, 1_800)), Ok(Envelope::Sealed { .. })));
@@ -559,7 +596,7 @@ mod tests {
         store.installed(&group(), view(1), key(1), 0);
         store.installed(&group(), view(2), key(2), 0);
         // Sealed under a key that is not view 1's, naming view 1.
-        let forged = Bytes::from(seal(&key(9), &group(), view(1), &alice(), 0, b"forged"));
+        let forged = Bytes::from(seal(&key(9), &group(), view(1), &alice(), 0, 1, b"forged"));
         let fixed = store.fix(&group(), view(2), forged, 0);
         assert!(matches!(Envelope::decode(&fixed), Ok(Envelope::Notice { reason: NoticeReason::Unreadable, .. })));
         assert_eq!(store.stats().unreadable, 1);

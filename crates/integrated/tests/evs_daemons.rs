@@ -72,7 +72,7 @@ fn a_daemon_re_encrypts_under_a_key_of_a_view_it_had_no_member_in() {
     assert_ne!(first, second);
     // Alice's message sealed under `first`'s key, ordered after the join.
     let me = Writer::Member(MemberId::new("alice").unwrap());
-    let sealed = evs::seal(&first_key, &group(), first, &me, 0, b"from the first view");
+    let sealed = evs::seal(&first_key, &group(), first, &me, 0, 1, b"from the first view");
     sim.submit(Op::Multicast { conn: alice, group: group(), service: Service::Agreed, payload: sealed.into() });
     run(&mut sim, &mut got);
     for (conn, daemon) in [(alice, 0), (carol, 1)] {
@@ -105,7 +105,7 @@ fn a_message_sealed_on_the_other_side_of_a_partition_becomes_a_notice_there() {
     let merged = latest_view(&got, alice);
     assert_eq!(merged, latest_view(&got, carol), "one view after the merge");
     let me = Writer::Member(MemberId::new("alice").unwrap());
-    let sealed = evs::seal(&alone_key, &group(), alone, &me, 0, b"before the merge");
+    let sealed = evs::seal(&alone_key, &group(), alone, &me, 0, 1, b"before the merge");
     sim.submit(Op::Multicast { conn: alice, group: group(), service: Service::Agreed, payload: sealed.into() });
     run(&mut sim, &mut got);
     // Alice's daemon holds her side's key: re-encrypted.
@@ -116,6 +116,6 @@ fn a_message_sealed_on_the_other_side_of_a_partition_becomes_a_notice_there() {
     let (view, payload) = got.messages[&carol].last().unwrap();
     assert_eq!(
         Envelope::decode(payload).unwrap(),
-        Envelope::Notice { delivered_in: *view, reason: NoticeReason::KeyGone, key_view: alone, seq: 0 }
+        Envelope::Notice { delivered_in: *view, reason: NoticeReason::KeyGone, key_view: alone, seq: 0, messages: 1 }
     );
 }

@@ -108,6 +108,9 @@ const BUNDLE_BYTES: usize = 256 << 10;
 /// lengths: frame tag, header (at most 1 + 128 + 20 + 16 + 1 + 255 + 8), their
 /// count, AEAD tag, signature (at most RSA-2048's) and its length.
 const LAYERED_OVERHEAD: usize = 1 + 429 + 4 + TAG_LEN + 256 + 2;
+/// The same for an Optimized EVS envelope: its header and AEAD tag, then the
+/// sender, origin, count, signature and the bundle's count inside.
+const EVS_OVERHEAD: usize = envelope::MAX_HEADER + envelope::AEAD_TAG_LEN + 1 + 255 + 16 + 8 + 2 + 256 + 4;
 
 /// Messages held for later, bounded in count, in bytes and per sender.
 #[derive(Default)]
@@ -433,6 +436,12 @@ struct GroupState {
     /// Optimized EVS: messages delivered that a daemon had re-encrypted
     /// (they crossed a view change).
     evs_reencrypted: u64,
+    /// Optimized EVS: this member's envelopes sent and not yet back (as
+    /// themselves, re-encrypted, or as a daemon's notice), at most
+    /// [`BUNDLES_IN_FLIGHT`]: what it sends meanwhile waits for the next
+    /// bundle. Set to zero at every view, so that an envelope the daemons
+    /// never deliver back cannot hold sends for longer than its view.
+    evs_in_flight: usize,
     #[cfg(feature = "test-hooks")]
     captured: Vec<(MemberId, Bytes)>,
     /// Test hook: an insider's tampering with its own key agreement messages.
@@ -455,6 +464,7 @@ impl GroupState {
         // (one that comes back starts from new origins).
         let in_view = &self.in_view;
         self.evs_seen.retain(|m, _| in_view.contains(m));
+        self.evs_in_flight = 0;
         let previous = self.view.replace(view);
         if let Some(p) = &previous {
             if self.earlier_views.len() == EARLIER_VIEWS {
@@ -653,6 +663,7 @@ impl SessionCore {
                 evs_seq: None,
                 evs_seen: HashMap::new(),
                 evs_reencrypted: 0,
+                evs_in_flight: 0,
                 #[cfg(feature = "test-hooks")]
                 captured: Vec::new(),
                 #[cfg(feature = "test-hooks")]
@@ -672,8 +683,8 @@ impl SessionCore {
         // (length and at most an RSA-2048 signature) + AEAD tag.
         let layered = LAYERED_OVERHEAD + BUNDLE_ENTRY_OVERHEAD;
         // Optimized EVS: envelope header and AEAD tag, then the sender,
-        // origin, count and signature inside.
-        let evs = envelope::MAX_HEADER + envelope::AEAD_TAG_LEN + 1 + 255 + 16 + 8 + 2 + 256;
+        // origin, count, signature and the bundle's count and length inside.
+        let evs = EVS_OVERHEAD + BUNDLE_ENTRY_OVERHEAD;
         let overhead = layered.max(evs);
         if data.len() + overhead > self.max_payload {
             return Err(SessionError::TooLarge { len: data.len(), max: self.max_payload.saturating_sub(overhead) });
@@ -1845,9 +1856,18 @@ impl SessionCore {
         if let Some(gs) = self.groups.get_mut(group) {
             gs.captured.push((sender.clone(), payload.clone()));
         }
+        if sender == self.me {
+            // One of ours is back (or a notice in its place): the next
+            // bundle may go.
+            if let Some(gs) = self.groups.get_mut(group) {
+                gs.evs_in_flight = gs.evs_in_flight.saturating_sub(1);
+            }
+        }
         let res = self.open_evs(group, &sender, view, payload, false);
         self.report(group, sender, res);
-        Ok(())
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+        let sends = flush(&self.me, self.signer.as_ref(), group, gs, self.max_payload);
+        self.push_all(sends)
     }
 
     /// Reports what checking a data message from `sender` gave: the message,
@@ -1903,7 +1923,8 @@ impl SessionCore {
         let key = evs_key(&self.groups.get(group)?.evs_keys, view).filter(|_| key_view == view)?;
         let opened = envelope::open(key, group, &env).ok()?;
         let inner = crate::evs::decode(&opened).filter(|inner| inner.sender == *sender)?;
-        Some(RejectReason::CutShort { key_view: inner.origin, seq: inner.seq })
+        let messages = u32::try_from(crate::evs::unbundle(inner.data)?.len()).ok()?;
+        Some(RejectReason::CutShort { key_view: inner.origin, seq: inner.seq, messages })
     }
 
     /// The checks on an Optimized EVS data message delivered in daemon view
@@ -1921,15 +1942,15 @@ impl SessionCore {
         delivered_in: ViewId,
         payload: Bytes,
         unconfirmed_ok: bool,
-    ) -> Result<Option<SecureEvent>, RejectReason> {
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(None) };
+    ) -> Result<Vec<SecureEvent>, RejectReason> {
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(Vec::new()) };
         let env = Envelope::decode(&payload).map_err(|_| RejectReason::Malformed)?;
         // A daemon's notice stands in the place of the message it replaces:
         // held and reported in order with the messages around it.
         let (key_view, notice) = match &env {
             Envelope::Notice { delivered_in: d, .. } if *d != delivered_in => return Err(RejectReason::OtherView(*d)),
-            Envelope::Notice { reason: NoticeReason::KeyGone, key_view, seq, .. } => {
-                (delivered_in, Some(RejectReason::KeyGone { key_view: *key_view, seq: *seq }))
+            Envelope::Notice { reason: NoticeReason::KeyGone, key_view, seq, messages, .. } => {
+                (delivered_in, Some(RejectReason::KeyGone { key_view: *key_view, seq: *seq, messages: *messages }))
             }
             Envelope::Notice { reason: NoticeReason::Unreadable, .. } => (delivered_in, Some(RejectReason::AuthFailed)),
             Envelope::Sealed { key_view, .. } => (*key_view, None),
@@ -1938,18 +1959,18 @@ impl SessionCore {
             return Err(RejectReason::OtherView(key_view));
         }
         if matches!(gs.verdicts.get(sender), Some(Verdict::Refused(_))) {
-            return Ok(None); // a refused member's data is ignored
+            return Ok(Vec::new()); // a refused member's data is ignored
         }
         let confirmed = gs.phase.keys().is_some() && gs.view.as_ref().is_some_and(|v| v.id == delivered_in);
         if !confirmed && !unconfirmed_ok {
             if !gs.early.push(sender.clone(), delivered_in, payload) {
                 return Err(RejectReason::HeldBudget);
             }
-            return Ok(None);
+            return Ok(Vec::new());
         }
-        let (writer, seq) = match (&env, notice) {
+        let (writer, seq, count) = match (&env, notice) {
             (_, Some(reason)) => return Err(reason),
-            (Envelope::Sealed { writer, seq, .. }, None) => (writer, *seq),
+            (Envelope::Sealed { writer, seq, messages, .. }, None) => (writer, *seq, *messages),
             (Envelope::Notice { .. }, None) => return Err(RejectReason::Malformed),
         };
         let Some(key) = evs_key(&gs.evs_keys, delivered_in) else {
@@ -1981,17 +2002,23 @@ impl SessionCore {
                 None => return Err(RejectReason::UnknownSender),
             }
         }
+        // The bundle holds what the envelope says it does (which a notice
+        // in its place would say).
+        let ranges = crate::evs::unbundle(inner.data)
+            .filter(|r| u32::try_from(r.len()).is_ok_and(|n| n == count))
+            .ok_or(RejectReason::Malformed)?;
         if !gs.evs_seen.entry(sender.clone()).or_default().accept(inner.origin, inner.seq) {
             return Err(RejectReason::Replay(inner.seq));
         }
-        gs.evs_reencrypted += u64::from(matches!(writer, Writer::Daemon(_)));
+        gs.evs_reencrypted += ranges.len() as u64 * u64::from(matches!(writer, Writer::Daemon(_)));
         let data = Bytes::copy_from_slice(inner.data);
-        Ok(Some(SecureEvent::Message {
+        let message = |r| SecureEvent::Message {
             group: group.clone(),
             sender: sender.clone(),
             epoch: Epoch::new(delivered_in, 0),
-            data,
-        }))
+            data: data.slice(r),
+        };
+        Ok(ranges.into_iter().map(message).collect())
     }
 
     /// The checks on a data message delivered in daemon view `delivered_in`,
@@ -2229,7 +2256,7 @@ fn flush(
     max_payload: usize,
 ) -> Vec<Transmit> {
     if gs.policy.mode == GroupMode::OptimizedEvs {
-        return flush_evs(me, signer, group, gs);
+        return flush_evs(me, signer, group, gs, max_payload);
     }
     let Some(keys) = gs.phase.keys() else { return Vec::new() };
     let Some(view) = gs.view.as_ref().map(|v| v.id) else { return Vec::new() };
@@ -2267,18 +2294,36 @@ fn flush(
     out
 }
 
-/// [`flush`] for an Optimized EVS group: each message sealed once, under the
-/// daemon's key of the current view, and never sent again — the daemons
-/// re-encrypt it if it is delivered in a later view.
-fn flush_evs(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut GroupState) -> Vec<Transmit> {
+/// [`flush`] for an Optimized EVS group: messages sealed once, in bundles
+/// as [`flush`] sends them, under the daemon's key of the current view, and
+/// never sent again — the daemons re-encrypt a bundle if it is delivered in a
+/// later view.
+fn flush_evs(
+    me: &MemberId,
+    signer: &dyn Signer,
+    group: &GroupName,
+    gs: &mut GroupState,
+    max_payload: usize,
+) -> Vec<Transmit> {
     if gs.phase.keys().is_none() || gs.leaving {
         return Vec::new();
     }
     let Some(view) = gs.view.as_ref().map(|v| v.id) else { return Vec::new() };
     let Some(key) = evs_key(&gs.evs_keys, view) else { return Vec::new() };
     let writer = Writer::Member(me.clone());
+    let room = max_payload.saturating_sub(EVS_OVERHEAD).min(BUNDLE_BYTES);
     let mut out = Vec::new();
-    while let Some(pt) = gs.queue.pop_front() {
+    while gs.evs_in_flight < BUNDLES_IN_FLIGHT && !gs.queue.is_empty() {
+        let mut bundle = Vec::new();
+        let mut bytes = 0;
+        while let Some(m) = gs.queue.front() {
+            if !bundle.is_empty() && bytes + BUNDLE_ENTRY_OVERHEAD + m.len() > room {
+                break;
+            }
+            bytes += BUNDLE_ENTRY_OVERHEAD + m.len();
+            bundle.push(gs.queue.pop_front().expect("front exists"));
+        }
+        let data = crate::evs::bundle(&bundle);
         let seq = match &mut gs.evs_seq {
             Some((v, next)) if *v == view => next,
             slot => &mut slot.insert((view, 0)).1,
@@ -2286,12 +2331,14 @@ fn flush_evs(me: &MemberId, signer: &dyn Signer, group: &GroupName, gs: &mut Gro
         let n = *seq;
         *seq += 1;
         let signature = if gs.policy.sender_signatures {
-            signer.sign(&crate::evs::signed(group, me, view, n, &pt))
+            signer.sign(&crate::evs::signed(group, me, view, n, &data))
         } else {
             Vec::new()
         };
-        let inner = crate::evs::encode(me, view, n, &signature, &pt);
-        let sealed = envelope::seal(key, group, view, &writer, n, &inner);
+        let inner = crate::evs::encode(me, view, n, &signature, &data);
+        let count = u32::try_from(bundle.len()).expect("a bundle fits a payload");
+        let sealed = envelope::seal(key, group, view, &writer, n, count, &inner);
+        gs.evs_in_flight += 1;
         out.push(Transmit::Multicast(group.clone(), sealed.into()));
     }
     out

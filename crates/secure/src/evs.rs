@@ -12,6 +12,13 @@
 //! u8 length | sender | origin view (16) | u64 seq | u16 length | signature | data
 //! ```
 //!
+//! `data` is a bundle of one or more messages, `u32 count ‖ count × u32
+//! length ‖ the messages one after the other`: as in layered groups
+//! (`crate::data`, "Bundles"), what a sender sends while four of its
+//! envelopes travel goes out together, under one signature. `seq` counts
+//! envelopes, so a daemon's notice (`KeyGone`) or a `CutShort` report names
+//! a bundle: all its messages are lost together.
+//!
 //! A daemon cannot forge a member's message (it holds no member's signing
 //! key), only drop or delay it, as any daemon can.
 //!
@@ -28,7 +35,7 @@ use std::collections::VecDeque;
 use conclave_gcs::{GroupName, MemberId, ViewId};
 use zeroize::Zeroizing;
 
-const SIGNATURE_DOMAIN: &[u8] = b"conclave/secure/v1/evs-signature-sha256";
+const SIGNATURE_DOMAIN: &[u8] = b"conclave/secure/v2/evs-signature-blake3";
 
 /// The origins per sender a receiver remembers as closed (see the module docs).
 pub const SEEN_ORIGINS: usize = 64;
@@ -43,10 +50,9 @@ pub(crate) struct Inner<'a> {
 }
 
 /// What the sender signs: the group, itself, the origin view and count,
-/// and the SHA-256 of the data (hashed once, not by Ed25519's SHA-512
+/// and the BLAKE3 digest of the data (hashed once, not by Ed25519's SHA-512
 /// twice to sign and once per receiver: see `crate::data`).
 pub(crate) fn signed(group: &GroupName, sender: &MemberId, origin: ViewId, seq: u64, data: &[u8]) -> Vec<u8> {
-    use sha2::{Digest, Sha256};
     let mut t = Vec::with_capacity(SIGNATURE_DOMAIN.len() + 3 + group.as_str().len() + 256 + 24 + 32);
     t.extend_from_slice(SIGNATURE_DOMAIN);
     t.push(group.as_str().len() as u8);
@@ -55,8 +61,43 @@ pub(crate) fn signed(group: &GroupName, sender: &MemberId, origin: ViewId, seq: 
     t.extend_from_slice(sender.as_str().as_bytes());
     t.extend_from_slice(&origin.to_bytes());
     t.extend_from_slice(&seq.to_be_bytes());
-    t.extend_from_slice(&Sha256::digest(data));
+    t.extend_from_slice(blake3::hash(data).as_bytes());
     t
+}
+
+/// `messages` (one or more) as one bundle: `u32 count ‖ count × u32 length ‖
+/// the messages`.
+pub(crate) fn bundle<M: AsRef<[u8]>>(messages: &[M]) -> Vec<u8> {
+    let body: usize = messages.iter().map(|m| 4 + m.as_ref().len()).sum();
+    let mut out = Vec::with_capacity(4 + body);
+    out.extend_from_slice(&u32::try_from(messages.len()).expect("a bundle fits a payload").to_be_bytes());
+    for m in messages {
+        out.extend_from_slice(&u32::try_from(m.as_ref().len()).expect("a message fits a payload").to_be_bytes());
+    }
+    for m in messages {
+        out.extend_from_slice(m.as_ref());
+    }
+    out
+}
+
+/// Where each message of a bundle lies in `data`; `None` if `data` is not a
+/// bundle of one or more messages with nothing after the last.
+pub(crate) fn unbundle(data: &[u8]) -> Option<Vec<std::ops::Range<usize>>> {
+    let (count, mut rest) = data.split_first_chunk::<4>()?;
+    let count = u32::from_be_bytes(*count) as usize;
+    if count == 0 || count > rest.len() / 4 {
+        return None;
+    }
+    let mut at = 4 + 4 * count;
+    let mut ranges = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (len, r) = rest.split_first_chunk::<4>()?;
+        let end = at.checked_add(u32::from_be_bytes(*len) as usize)?;
+        ranges.push(at..end);
+        at = end;
+        rest = r;
+    }
+    (at == data.len()).then_some(ranges)
 }
 
 /// Encodes a message for sealing.
@@ -129,6 +170,20 @@ mod tests {
         for len in 0..bytes.len() - 4 {
             assert!(decode(&bytes[..len]).is_none(), "{len} bytes decode");
         }
+    }
+
+    #[test]
+    fn bundles_split_into_their_messages_and_nothing_else() {
+        let msgs: [&[u8]; 3] = [b"one", b"", b"three"];
+        let b = bundle(&msgs);
+        let ranges = unbundle(&b).unwrap();
+        assert_eq!(ranges.into_iter().map(|r| &b[r]).collect::<Vec<_>>(), msgs);
+        for len in 0..b.len() {
+            assert!(unbundle(&b[..len]).is_none(), "{len} bytes split");
+        }
+        assert!(unbundle(&[b.as_slice(), b"x"].concat()).is_none(), "a byte after the last message");
+        assert!(unbundle(&[0, 0, 0, 0]).is_none(), "no message");
+        assert!(unbundle(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]).is_none(), "a count past the end");
     }
 
     #[test]

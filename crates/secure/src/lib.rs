@@ -474,25 +474,35 @@ pub enum RejectReason {
     /// (`key_view`) had expired there, or was never there (sealed on the
     /// other side of a partition). It is lost; the daemon said so instead
     /// of dropping it. With the sender, `key_view` and `seq` (the sender's
-    /// count under that key) name the message, e.g. to ask for it again.
-    #[error("message {seq} sealed under the key of view {key_view}, which the daemon no longer holds")]
+    /// count of bundles under that key) name it, e.g. to ask for it again;
+    /// it was a bundle of `messages` messages, all lost.
+    #[error(
+        "{messages} message(s), bundle {seq} sealed under the key of view {key_view}, which the daemon no longer holds"
+    )]
     KeyGone {
         /// The view whose key sealed it.
         key_view: ViewId,
-        /// The sender's count under that key.
+        /// The sender's count of bundles under that key.
         seq: u64,
+        /// The messages the bundle carried.
+        messages: u32,
     },
     /// Optimized EVS, certified sessions: the message was delivered in a
     /// view that ended before its key was confirmed, where the sender's
     /// certificate may not have arrived; every member that moves on with
     /// this one reports it alike instead of reading it (the sender too). It
-    /// is lost. `key_view` and `seq` name it as in [`RejectReason::KeyGone`].
-    #[error("message {seq} sealed under the key of view {key_view}, in a view cut short before its key was confirmed")]
+    /// is lost. `key_view`, `seq` and `messages` name it as in
+    /// [`RejectReason::KeyGone`].
+    #[error(
+        "{messages} message(s), bundle {seq} sealed under the key of view {key_view}, in a view cut short before its key was confirmed"
+    )]
     CutShort {
         /// The view whose key its sender sealed it under.
         key_view: ViewId,
-        /// The sender's count under that key.
+        /// The sender's count of bundles under that key.
         seq: u64,
+        /// The messages the bundle carried.
+        messages: u32,
     },
 }
 

@@ -568,7 +568,7 @@ struct State {
     /// members, and the text of every envelope a member sent, by sender,
     /// key view and count (what a notice names).
     view_keys: BTreeMap<ViewId, ViewKey>,
-    sealed: BTreeMap<(MemberId, ViewId, u64), String>,
+    sealed: BTreeMap<(MemberId, ViewId, u64), Vec<String>>,
     /// Virtual time of the reaction or action being handled.
     clock: Micros,
     trace: Sha256,
@@ -835,14 +835,19 @@ impl State {
         let Envelope::Sealed { key_view, writer: Writer::Member(writer), seq, .. } = &env else { return };
         let (key_view, seq) = (*key_view, *seq);
         let name = &self.slots[i].name;
-        let text = self
+        // The texts of its bundle.
+        let texts = self
             .view_keys
             .get(&key_view)
             .and_then(|key| open(key, &GroupName::new(GROUP).expect("a valid name"), &env).ok())
-            .and_then(|inner| crate::evs::decode(&inner).map(|m| String::from_utf8_lossy(m.data).into_owned()));
-        match text {
-            Some(text) if *writer == *name => {
-                self.sealed.insert((name.clone(), key_view, seq), text);
+            .and_then(|inner| {
+                let m = crate::evs::decode(&inner)?;
+                let ranges = crate::evs::unbundle(m.data)?;
+                Some(ranges.into_iter().map(|r| String::from_utf8_lossy(&m.data[r]).into_owned()).collect())
+            });
+        match texts {
+            Some(texts) if *writer == *name => {
+                self.sealed.insert((name.clone(), key_view, seq), texts);
             }
             _ => self
                 .out
@@ -911,19 +916,30 @@ impl State {
                     l.pending.remove(&text);
                 }
             }
-            SecureEvent::Rejected { sender, reason: crate::RejectReason::CutShort { key_view, seq }, .. } => {
+            SecureEvent::Rejected {
+                sender, reason: crate::RejectReason::CutShort { key_view, seq, messages }, ..
+            } => {
                 // Reported alike by every member that moves on (the sender
                 // too), in place of the message.
                 self.out.notices += 1;
-                let Some(text) = self.sealed.get(&(sender.clone(), *key_view, *seq)).cloned() else {
+                let Some(texts) = self.sealed.get(&(sender.clone(), *key_view, *seq)).cloned() else {
                     let what = format!("{name} cut short {sender}'s message {seq} under {key_view}, never sent");
                     return self.out.fail("unknown notice", what);
                 };
-                self.stand_in(i, sender, text);
+                if texts.len() != *messages as usize {
+                    let what =
+                        format!("{name} was told {messages} of {sender}'s messages were lost, {texts:?} were sent");
+                    self.out.fail("miscounted notice", what);
+                }
+                for text in texts {
+                    self.stand_in(i, sender, text);
+                }
             }
-            SecureEvent::Rejected { sender, reason: crate::RejectReason::KeyGone { key_view, seq }, .. } => {
+            SecureEvent::Rejected {
+                sender, reason: crate::RejectReason::KeyGone { key_view, seq, messages }, ..
+            } => {
                 self.out.notices += 1;
-                let Some(text) = self.sealed.get(&(sender.clone(), *key_view, *seq)).cloned() else {
+                let Some(texts) = self.sealed.get(&(sender.clone(), *key_view, *seq)).cloned() else {
                     let what = format!("{name} got a notice of {sender}'s message {seq} under {key_view}, never sent");
                     return self.out.fail("unknown notice", what);
                 };
@@ -939,12 +955,19 @@ impl State {
                         now.saturating_sub(entered) + 1_000_000 >= conclave_integrated::evs::DEFAULT_TIME_OUT;
                     if !keyed_out && !timed_out {
                         let what = format!(
-                            "{name} got a notice for {text:?} under {key_view}, a view it was in {after} views ago"
+                            "{name} got a notice for {texts:?} under {key_view}, a view it was in {after} views ago"
                         );
                         self.out.fail("needless notice", what);
                     }
                 }
-                self.stand_in(i, sender, text);
+                if texts.len() != *messages as usize {
+                    let what =
+                        format!("{name} was told {messages} of {sender}'s messages were lost, {texts:?} were sent");
+                    self.out.fail("miscounted notice", what);
+                }
+                for text in texts {
+                    self.stand_in(i, sender, text);
+                }
             }
             SecureEvent::KeyMismatch { epoch, unconfirmed, .. } => {
                 // Every member here is honest: no confirmation may fail.

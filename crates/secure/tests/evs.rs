@@ -326,3 +326,38 @@ fn data_of_a_view_cut_short_before_its_key_was_confirmed_is_still_read() {
     }
     assert_eq!(net.data_sent(0), 1);
 }
+
+#[test]
+fn a_bundle_that_loses_its_key_is_reported_with_how_many_messages_it_carried() {
+    // Key-out: one key per group, so nothing sealed in Alice and Bob's view
+    // survives Carol's join.
+    let mut net = Net::new(|d| d.with_evs_expiry(1, 60_000_000));
+    net.join(0, Policy::optimized_evs());
+    net.join(1, Policy::optimized_evs());
+    net.settle();
+    // Four go out alone; the next six wait for one of them to come back.
+    for i in 0..10 {
+        net.send(0, &format!("m{i}"));
+    }
+    let mut alone = net.take(Net::conn(0));
+    assert_eq!(alone.len(), 4, "four envelopes on their way at most");
+    net.feed(alone.remove(0));
+    let bundle = net.take(Net::conn(0));
+    assert_eq!(bundle.len(), 1, "the six waiting go out together once one came back");
+    net.join(2, Policy::optimized_evs());
+    for op in alone.into_iter().chain(bundle) {
+        net.feed(op);
+    }
+    net.settle();
+    assert_eq!(net.read(1), ["m0"]);
+    let lost: Vec<u32> = net
+        .rejected(1)
+        .into_iter()
+        .map(|r| match r {
+            RejectReason::KeyGone { messages, .. } => messages,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(lost, [1, 1, 1, 6], "every message is accounted for");
+    assert_eq!(net.data_sent(0), 5);
+}

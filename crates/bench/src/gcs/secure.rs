@@ -144,38 +144,42 @@ pub async fn round(f: &SecureFlood<'_>) -> Result<Outcome> {
                     },
                     None => s.recv().await?,
                 };
+                // How many of this member's own messages the event accounts for.
                 let mine = match event {
                     SecureEvent::Message { sender, .. } => {
                         got += 1;
-                        &sender == s.me()
+                        usize::from(&sender == s.me())
                     }
-                    // Under churn, Optimized EVS may lose a message that
+                    // Under churn, Optimized EVS may lose a bundle that
                     // crossed more views than its daemon keeps keys for
-                    // (key-out), and says so: counted, in its place.
+                    // (key-out), and says so: its messages are counted, in
+                    // their place.
                     SecureEvent::Rejected {
                         sender,
-                        reason: RejectReason::KeyGone { .. } | RejectReason::CutShort { .. },
+                        reason: RejectReason::KeyGone { messages, .. } | RejectReason::CutShort { messages, .. },
                         ..
                     } if churning => {
-                        lost += 1;
-                        &sender == s.me()
+                        lost += messages as usize;
+                        if &sender == s.me() {
+                            messages as usize
+                        } else {
+                            0
+                        }
                     }
                     SecureEvent::View(_) if churning => {
                         views += 1;
-                        false
+                        0
                     }
                     SecureEvent::View(v) => bail!("the view changed during the round: {}", v.epoch),
                     SecureEvent::Rejected { sender, reason, .. } => {
                         bail!("a message from {sender} was rejected: {reason}")
                     }
-                    _ => false,
+                    _ => 0,
                 };
-                if mine {
-                    own_back += 1;
-                    if sent < to_send && sent - own_back < window {
-                        s.send(&group, &payload)?;
-                        sent += 1;
-                    }
+                own_back += mine;
+                while mine > 0 && sent < to_send && sent - own_back < window {
+                    s.send(&group, &payload)?;
+                    sent += 1;
                 }
             }
             let elapsed = start.elapsed();
