@@ -1649,9 +1649,7 @@ impl SessionCore {
                 self.on_data(group, sender, view, payload)?;
             }
         }
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let sends = flush(&self.me, self.signer.as_ref(), group, gs, self.max_payload);
-        self.push_all(sends)
+        self.flush_group(group)
     }
 
     /// A payload from the daemon (wire format in [`crate::payload`]):
@@ -1838,6 +1836,11 @@ impl SessionCore {
     ) -> Result<(), SessionError> {
         let res = self.open_data(group, &sender, view, payload);
         self.report(group, sender, res);
+        self.flush_group(group)
+    }
+
+    /// Sends what waits in `group`, if it may go now (see [`flush`]).
+    fn flush_group(&mut self, group: &GroupName) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let sends = flush(&self.me, self.signer.as_ref(), group, gs, self.max_payload);
         self.push_all(sends)
@@ -1865,9 +1868,7 @@ impl SessionCore {
         }
         let res = self.open_evs(group, &sender, view, payload, false);
         self.report(group, sender, res);
-        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let sends = flush(&self.me, self.signer.as_ref(), group, gs, self.max_payload);
-        self.push_all(sends)
+        self.flush_group(group)
     }
 
     /// Reports what checking a data message from `sender` gave: the message,
@@ -2270,19 +2271,7 @@ fn flush(
     let room = max_payload.saturating_sub(LAYERED_OVERHEAD).min(BUNDLE_BYTES);
     let mut out = Vec::new();
     while gs.in_flight.len() < BUNDLES_IN_FLIGHT && !(gs.resend.is_empty() && gs.queue.is_empty()) {
-        let mut bundle = Vec::new();
-        let mut bytes = 0;
-        loop {
-            // Resent messages first, in their order, then the new ones.
-            let next = gs.resend.front().or_else(|| gs.queue.front());
-            match next {
-                Some(m) if bundle.is_empty() || bytes + BUNDLE_ENTRY_OVERHEAD + m.len() <= room => {
-                    bytes += BUNDLE_ENTRY_OVERHEAD + m.len();
-                    bundle.push(gs.resend.pop_front().or_else(|| gs.queue.pop_front()).expect("front exists"));
-                }
-                _ => break,
-            }
-        }
+        let bundle = take_bundle(&mut gs.resend, &mut gs.queue, room);
         // The frame's tag, then the data message, written once.
         let mut p = vec![crate::payload::tag::DATA];
         keys.seal_into(&mut p, me, view, gs.next_seq, &bundle, gs.policy.sender_signatures.then_some(signer));
@@ -2292,6 +2281,21 @@ fn flush(
         out.push(Transmit::Multicast(group.clone(), p));
     }
     out
+}
+
+/// The next bundle of what waits: messages to send again first, in their
+/// order, then new ones, as many as fit in `room` bytes, and one at least.
+fn take_bundle(resend: &mut VecDeque<Vec<u8>>, queue: &mut VecDeque<Vec<u8>>, room: usize) -> Vec<Vec<u8>> {
+    let mut bundle = Vec::new();
+    let mut bytes = 0;
+    while let Some(m) = resend.front().or_else(|| queue.front()) {
+        if !bundle.is_empty() && bytes + BUNDLE_ENTRY_OVERHEAD + m.len() > room {
+            break;
+        }
+        bytes += BUNDLE_ENTRY_OVERHEAD + m.len();
+        bundle.push(resend.pop_front().or_else(|| queue.pop_front()).expect("front exists"));
+    }
+    bundle
 }
 
 /// [`flush`] for an Optimized EVS group: messages sealed once, in bundles
@@ -2314,15 +2318,7 @@ fn flush_evs(
     let room = max_payload.saturating_sub(EVS_OVERHEAD).min(BUNDLE_BYTES);
     let mut out = Vec::new();
     while gs.evs_in_flight < BUNDLES_IN_FLIGHT && !gs.queue.is_empty() {
-        let mut bundle = Vec::new();
-        let mut bytes = 0;
-        while let Some(m) = gs.queue.front() {
-            if !bundle.is_empty() && bytes + BUNDLE_ENTRY_OVERHEAD + m.len() > room {
-                break;
-            }
-            bytes += BUNDLE_ENTRY_OVERHEAD + m.len();
-            bundle.push(gs.queue.pop_front().expect("front exists"));
-        }
+        let bundle = take_bundle(&mut gs.resend, &mut gs.queue, room);
         let data = crate::evs::bundle(&bundle);
         let seq = match &mut gs.evs_seq {
             Some((v, next)) if *v == view => next,

@@ -921,30 +921,16 @@ impl State {
             } => {
                 // Reported alike by every member that moves on (the sender
                 // too), in place of the message.
-                self.out.notices += 1;
-                let Some(texts) = self.sealed.get(&(sender.clone(), *key_view, *seq)).cloned() else {
-                    let what = format!("{name} cut short {sender}'s message {seq} under {key_view}, never sent");
-                    return self.out.fail("unknown notice", what);
-                };
-                if texts.len() != *messages as usize {
-                    let what =
-                        format!("{name} was told {messages} of {sender}'s messages were lost, {texts:?} were sent");
-                    self.out.fail("miscounted notice", what);
-                }
-                for text in texts {
-                    self.stand_in(i, sender, text);
+                if let Some(texts) = self.lost_bundle(&name, sender, *key_view, *seq, *messages) {
+                    texts.into_iter().for_each(|text| self.stand_in(i, sender, text));
                 }
             }
             SecureEvent::Rejected {
                 sender, reason: crate::RejectReason::KeyGone { key_view, seq, messages }, ..
             } => {
-                self.out.notices += 1;
-                let Some(texts) = self.sealed.get(&(sender.clone(), *key_view, *seq)).cloned() else {
-                    let what = format!("{name} got a notice of {sender}'s message {seq} under {key_view}, never sent");
-                    return self.out.fail("unknown notice", what);
-                };
                 let gone =
                     l.views.iter().position(|(v, _)| v == key_view).map(|at| (l.views.len() - 1 - at, l.views[at].1));
+                let Some(texts) = self.lost_bundle(&name, sender, *key_view, *seq, *messages) else { return };
                 let now = self.clock;
                 if let Some((after, entered)) = gone {
                     // Its daemon installed that view's key while this
@@ -960,14 +946,7 @@ impl State {
                         self.out.fail("needless notice", what);
                     }
                 }
-                if texts.len() != *messages as usize {
-                    let what =
-                        format!("{name} was told {messages} of {sender}'s messages were lost, {texts:?} were sent");
-                    self.out.fail("miscounted notice", what);
-                }
-                for text in texts {
-                    self.stand_in(i, sender, text);
-                }
+                texts.into_iter().for_each(|text| self.stand_in(i, sender, text));
             }
             SecureEvent::KeyMismatch { epoch, unconfirmed, .. } => {
                 // Every member here is honest: no confirmation may fail.
@@ -992,6 +971,31 @@ impl State {
 
     /// A notice (or a message cut short) stands for the message `text` of
     /// `sender` in member `i`'s checks: delivered once, in its place.
+    /// A report (notice or `CutShort`) to `name` that `sender`'s bundle
+    /// `seq` under `key_view`, of `messages` messages, is lost: the texts the
+    /// run saw sealed in it, or `None` (a failure) if no such bundle was
+    /// sent; a count other than the bundle's fails too.
+    fn lost_bundle(
+        &mut self,
+        name: &MemberId,
+        sender: &MemberId,
+        key_view: ViewId,
+        seq: u64,
+        messages: u32,
+    ) -> Option<Vec<String>> {
+        self.out.notices += 1;
+        let Some(texts) = self.sealed.get(&(sender.clone(), key_view, seq)).cloned() else {
+            let what = format!("{name} was told {sender}'s bundle {seq} under {key_view} was lost; it was never sent");
+            self.out.fail("unknown notice", what);
+            return None;
+        };
+        if texts.len() != messages as usize {
+            let what = format!("{name} was told {messages} of {sender}'s messages were lost, {texts:?} were sent");
+            self.out.fail("miscounted notice", what);
+        }
+        Some(texts)
+    }
+
     fn stand_in(&mut self, i: usize, sender: &MemberId, text: String) {
         let name = self.slots[i].name.clone();
         let Some(l) = self.slots[i].live.as_mut() else { return };
