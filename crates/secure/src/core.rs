@@ -97,8 +97,8 @@ pub const MAX_HELD_BYTES: usize = 8 << 20;
 pub const MAX_HELD_BYTES_PER_SENDER: usize = 2 << 20;
 
 /// Most of a member's own data bundles on their way back to it in one group
-/// ([`crate::data`], "Bundles"): what comes meanwhile waits and goes out in
-/// the next bundle. Four keep the daemon busy while a bundle travels.
+/// ([`crate::data`], "Bundles"), when what waited is more than one bundle
+/// takes. Four keep the daemon busy while a bundle travels.
 const BUNDLES_IN_FLIGHT: usize = 4;
 /// Most bytes of messages in one bundle (a single larger message goes
 /// alone): four in flight stay well within what a receiver holds per sender
@@ -697,6 +697,17 @@ impl SessionCore {
             return self.push(Transmit::Multicast(name, payload.into()));
         }
         gs.queue.push_back(data.to_vec());
+        // An idle sender's message goes out at once. One with bundles on
+        // their way sends what it has queued when the next comes back, as one
+        // bundle: sent at once, a message would travel alone and pay a
+        // signature of its own.
+        let idle = match gs.policy.mode {
+            GroupMode::OptimizedEvs => gs.evs_in_flight == 0,
+            _ => gs.in_flight.is_empty(),
+        };
+        if !idle {
+            return Ok(());
+        }
         let sends = flush(&self.me, self.signer.as_ref(), &name, gs, self.max_payload);
         self.push_all(sends)
     }
@@ -1834,9 +1845,16 @@ impl SessionCore {
         view: ViewId,
         payload: Bytes,
     ) -> Result<(), SessionError> {
+        let in_flight = |me: &Self| me.groups.get(group).map(|g| g.in_flight.len());
+        let before = in_flight(self);
         let res = self.open_data(group, &sender, view, payload);
         self.report(group, sender, res);
-        self.flush_group(group)
+        // One of ours came back: what waited for it goes. Nothing else
+        // (least of all a forgery) makes this member send.
+        if in_flight(self) < before {
+            self.flush_group(group)?;
+        }
+        Ok(())
     }
 
     /// Sends what waits in `group`, if it may go now (see [`flush`]).
@@ -1859,16 +1877,20 @@ impl SessionCore {
         if let Some(gs) = self.groups.get_mut(group) {
             gs.captured.push((sender.clone(), payload.clone()));
         }
-        if sender == self.me {
-            // One of ours is back (or a notice in its place): the next
-            // bundle may go.
+        let notice = matches!(Envelope::decode(&payload), Ok(Envelope::Notice { .. }));
+        let res = self.open_evs(group, &sender, view, payload, false);
+        // One of ours is back, read (or a daemon's notice in its place): the
+        // next bundle may go. Nothing else (least of all a payload put in our
+        // name) makes this member send.
+        let back = sender == self.me && (notice || matches!(&res, Ok(events) if !events.is_empty()));
+        self.report(group, sender, res);
+        if back {
             if let Some(gs) = self.groups.get_mut(group) {
                 gs.evs_in_flight = gs.evs_in_flight.saturating_sub(1);
             }
+            self.flush_group(group)?;
         }
-        let res = self.open_evs(group, &sender, view, payload, false);
-        self.report(group, sender, res);
-        self.flush_group(group)
+        Ok(())
     }
 
     /// Reports what checking a data message from `sender` gave: the message,
@@ -2243,12 +2265,13 @@ fn sender_key(
 
 /// Sends what waits, if the group has a key and no older message of ours is
 /// still on its way back (so resent messages keep their place in the order),
-/// in bundles ([`crate::data`]): while fewer than [`BUNDLES_IN_FLIGHT`] of
-/// this member's bundles are on their way back, what waits goes out at once,
-/// as many messages as fit in one bundle; the rest wait for one to come
-/// back. A message sent alone goes out at once; under load, bundles grow
-/// with what the application sends while they travel, and so the signature
-/// per bundle is paid for many messages.
+/// in bundles ([`crate::data`]): as many messages as fit in one bundle, and
+/// more bundles while fewer than [`BUNDLES_IN_FLIGHT`] of this member's are
+/// on their way back. It is called when sending would not wait for anything:
+/// by [`SessionCore::send`] only for an idle sender, and when one of ours
+/// comes back or a key arrives; so under load, bundles grow with what the
+/// application sends while they travel, and the signature per bundle is paid
+/// for many messages.
 fn flush(
     me: &MemberId,
     signer: &dyn Signer,

@@ -15,9 +15,11 @@
 //! clear and authenticated with the header (what the daemon sees of each
 //! message's size anyway, had it gone alone), so that a receiver hands each
 //! message on as a slice of the one buffer it decrypted, with no copy. A
-//! sender that has several messages waiting seals and signs them together ([`crate::core`] sends a bundle when fewer than a
-//! few of its own are on their way back), so the signature's fixed cost is
-//! paid once per bundle, not once per message. Receivers deliver the
+//! sender that has several messages waiting seals and signs them together
+//! ([`crate::core`]: an idle sender's message goes at once; what it sends
+//! while its own are on their way back goes out together when one comes
+//! back), so the signature's fixed cost is paid once per bundle, not once
+//! per message. Receivers deliver the
 //! messages of a bundle one by one, in order; a bundle is accepted or
 //! refused whole.
 //!

@@ -14,8 +14,8 @@
 //!
 //! `data` is a bundle of one or more messages, `u32 count ‖ count × u32
 //! length ‖ the messages one after the other`: as in layered groups
-//! (`crate::data`, "Bundles"), what a sender sends while four of its
-//! envelopes travel goes out together, under one signature. `seq` counts
+//! (`crate::data`, "Bundles"), what a sender sends while its envelopes
+//! travel goes out together when one comes back, under one signature. `seq` counts
 //! envelopes, so a daemon's notice (`KeyGone`) or a `CutShort` report names
 //! a bundle: all its messages are lost together.
 //!
