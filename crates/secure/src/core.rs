@@ -675,7 +675,11 @@ impl SessionCore {
 
     /// Sends `data` to the group, encrypted under the current key. During a
     /// rekey (or before the first secure view) the message waits and goes
-    /// out under the next key; it is not lost.
+    /// out under the next key; it is not lost. While this member's own
+    /// messages are on their way back, it waits for one of them to come back
+    /// ([`SessionCore::handle_deliveries`]) and goes out with the others sent
+    /// meanwhile, in one bundle ([`crate::data`]); an idle member's message
+    /// goes out at once.
     pub fn send(&mut self, now: Instant, group: &str, data: &[u8]) -> Result<(), SessionError> {
         self.now = now;
         let name = GroupName::new(group)?;

@@ -120,7 +120,9 @@ impl Session {
         res
     }
 
-    /// Sends `data` to the group (see [`SessionCore::send`]).
+    /// Sends `data` to the group (see [`SessionCore::send`]: what is sent
+    /// while this member's own messages travel goes out when [`Session::recv`]
+    /// has one of them back).
     pub fn send(&mut self, group: &str, data: &[u8]) -> Result<(), SessionError> {
         let res = self.core.send(Instant::now(), group, data);
         self.flush()?;
