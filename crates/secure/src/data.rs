@@ -95,6 +95,35 @@ pub const BUNDLE_ENTRY_OVERHEAD: usize = 4;
 /// Bytes a bundle adds besides its messages' lengths: their count.
 const BUNDLE_COUNT_LEN: usize = 4;
 
+/// Appends the lengths part of a bundle of `messages` (one or more), `u32
+/// count ‖ count × u32 length`: the layout of data messages here and of
+/// Optimized EVS envelopes' contents ([`crate::evs`]).
+pub(crate) fn write_lengths<M: AsRef<[u8]>>(out: &mut Vec<u8>, messages: &[M]) {
+    out.extend_from_slice(&u32::try_from(messages.len()).expect("a bundle fits the daemon's payload").to_be_bytes());
+    for m in messages {
+        let len = u32::try_from(m.as_ref().len()).expect("messages fit the daemon's payload");
+        out.extend_from_slice(&len.to_be_bytes());
+    }
+}
+
+/// Reads a lengths part ([`write_lengths`]) from the front of `bytes`: the
+/// lengths and the bytes the part took. `None` for no message, or a count
+/// `bytes` cannot hold (refused before anything is allocated for it).
+pub(crate) fn read_lengths(bytes: &[u8]) -> Option<(Vec<usize>, usize)> {
+    let (count, mut rest) = bytes.split_first_chunk::<BUNDLE_COUNT_LEN>()?;
+    let count = u32::from_be_bytes(*count) as usize;
+    if count == 0 || count > rest.len() / BUNDLE_ENTRY_OVERHEAD {
+        return None;
+    }
+    let mut lengths = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (len, r) = rest.split_first_chunk::<BUNDLE_ENTRY_OVERHEAD>()?;
+        lengths.push(u32::from_be_bytes(*len) as usize);
+        rest = r;
+    }
+    Some((lengths, BUNDLE_COUNT_LEN + count * BUNDLE_ENTRY_OVERHEAD))
+}
+
 /// The cleartext header of a data message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DataHeader {
@@ -208,24 +237,10 @@ struct Parts<'a> {
 impl<'a> Parts<'a> {
     fn split(bytes: &'a [u8]) -> Result<Self, DataError> {
         let (header, head, rest) = DataHeader::decode(bytes)?;
-        let (count, mut rest) = rest.split_first_chunk::<BUNDLE_COUNT_LEN>().ok_or(DataError::Malformed)?;
-        let count = u32::from_be_bytes(*count) as usize;
-        // Each length takes 4 bytes: a count the message cannot hold is refused
-        // before anything is allocated for it.
-        if count == 0 || count > rest.len() / BUNDLE_ENTRY_OVERHEAD {
-            return Err(DataError::Malformed);
-        }
-        let mut lengths = Vec::with_capacity(count);
-        let mut total: usize = 0;
-        for _ in 0..count {
-            let (len, r) = rest.split_first_chunk::<4>().ok_or(DataError::Malformed)?;
-            let len = u32::from_be_bytes(*len) as usize;
-            total = total.checked_add(len).ok_or(DataError::Malformed)?;
-            lengths.push(len);
-            rest = r;
-        }
-        let aad = &bytes[..head.len() + BUNDLE_COUNT_LEN + count * BUNDLE_ENTRY_OVERHEAD];
-        let (rest, len) = rest.split_last_chunk::<2>().ok_or(DataError::Malformed)?;
+        let (lengths, part) = read_lengths(rest).ok_or(DataError::Malformed)?;
+        let total = lengths.iter().try_fold(0usize, |t, &n| t.checked_add(n)).ok_or(DataError::Malformed)?;
+        let aad = &bytes[..head.len() + part];
+        let (rest, len) = rest[part..].split_last_chunk::<2>().ok_or(DataError::Malformed)?;
         let len = u16::from_be_bytes(*len) as usize;
         if len > MAX_SIGNATURE || total.checked_add(TAG_LEN).and_then(|t| t.checked_add(len)) != Some(rest.len()) {
             return Err(DataError::Malformed);
@@ -362,12 +377,7 @@ impl EpochKeys {
         out.reserve(64 + BUNDLE_COUNT_LEN + body + TAG_LEN + 2 + 256);
         let start = out.len();
         header.encode(out);
-        let count = u32::try_from(messages.len()).expect("a bundle fits the daemon's payload");
-        out.extend_from_slice(&count.to_be_bytes());
-        for m in messages {
-            let len = u32::try_from(m.as_ref().len()).expect("messages fit the daemon's payload");
-            out.extend_from_slice(&len.to_be_bytes());
-        }
+        write_lengths(out, messages);
         let aad_end = out.len();
         for m in messages {
             out.extend_from_slice(m.as_ref());

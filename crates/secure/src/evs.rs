@@ -65,15 +65,12 @@ pub(crate) fn signed(group: &GroupName, sender: &MemberId, origin: ViewId, seq: 
     t
 }
 
-/// `messages` (one or more) as one bundle: `u32 count ‖ count × u32 length ‖
-/// the messages`.
+/// `messages` (one or more) as one bundle: the lengths part of a data
+/// message's bundle ([`crate::data`]), then the messages.
 pub(crate) fn bundle<M: AsRef<[u8]>>(messages: &[M]) -> Vec<u8> {
-    let body: usize = messages.iter().map(|m| 4 + m.as_ref().len()).sum();
+    let body: usize = messages.iter().map(|m| crate::data::BUNDLE_ENTRY_OVERHEAD + m.as_ref().len()).sum();
     let mut out = Vec::with_capacity(4 + body);
-    out.extend_from_slice(&u32::try_from(messages.len()).expect("a bundle fits a payload").to_be_bytes());
-    for m in messages {
-        out.extend_from_slice(&u32::try_from(m.as_ref().len()).expect("a message fits a payload").to_be_bytes());
-    }
+    crate::data::write_lengths(&mut out, messages);
     for m in messages {
         out.extend_from_slice(m.as_ref());
     }
@@ -83,19 +80,12 @@ pub(crate) fn bundle<M: AsRef<[u8]>>(messages: &[M]) -> Vec<u8> {
 /// Where each message of a bundle lies in `data`; `None` if `data` is not a
 /// bundle of one or more messages with nothing after the last.
 pub(crate) fn unbundle(data: &[u8]) -> Option<Vec<std::ops::Range<usize>>> {
-    let (count, mut rest) = data.split_first_chunk::<4>()?;
-    let count = u32::from_be_bytes(*count) as usize;
-    if count == 0 || count > rest.len() / 4 {
-        return None;
-    }
-    let mut at = 4 + 4 * count;
-    let mut ranges = Vec::with_capacity(count);
-    for _ in 0..count {
-        let (len, r) = rest.split_first_chunk::<4>()?;
-        let end = at.checked_add(u32::from_be_bytes(*len) as usize)?;
+    let (lengths, mut at) = crate::data::read_lengths(data)?;
+    let mut ranges = Vec::with_capacity(lengths.len());
+    for len in lengths {
+        let end = at.checked_add(len)?;
         ranges.push(at..end);
         at = end;
-        rest = r;
     }
     (at == data.len()).then_some(ranges)
 }
