@@ -1,7 +1,7 @@
-//! Key confirmation: after a run installs a key, every member proves to the
-//! others that it holds the same key, before anyone uses it.
+//! Key confirmation: after a run installs a key, every member proves that
+//! it holds the same key, before anyone uses it.
 //!
-//! Each member multicasts, for the new epoch, a MAC *per sender*: HMAC-SHA256
+//! Each member computes, for the new epoch, a MAC *per sender*: HMAC-SHA256
 //! under a confirmation key derived from the new group key (never the data
 //! keys), over the group, the epoch (view, with its daemon incarnation, and
 //! run), the protocol, the member list and the sender's name. Because the
@@ -9,26 +9,38 @@
 //! must hold the key. The message is also signed by the sender's identity
 //! key (like every protocol message).
 //!
-//! A member checks that signature only when the MAC does *not* match its own
-//! key: then it must know whether the sender really holds another key (a
-//! split, reported in the sender's name) or someone else sent junk in its
-//! name (dropped; the real confirmation is awaited). A MAC that matches needs
-//! no signature: only a holder of the key can compute it, and the transcript
-//! binds it to this epoch, so it cannot come from another run, view or
-//! daemon lifetime. The most a key holder gains by confirming in another's
-//! name is to hide from the others that this member's key differs; that
-//! member itself sees every other MAC fail, reports the mismatch and never
-//! uses its key, so no member holds a key that differs from its group's
-//! unnoticed. This keeps confirmation at n MACs and no signature checks per
-//! member (n² signature checks in all were the largest cost of a real
-//! session at a hundred members).
+//! **One collector.** The members do not multicast their confirmations to
+//! each other (n² deliveries and n² MAC checks in all, the largest cost of a
+//! real session beyond its cryptography at a few hundred members): each
+//! sends its confirmation by unicast to the *collector*, the first member of
+//! the key's member list still in the view (with interval rekeying a key
+//! outlives views, and a member re-sends its confirmation when a view takes
+//! the collector it had sent it to). The collector checks every MAC against
+//! its own key and multicasts one signed *verdict*: the members whose MACs
+//! did not match (none when the keys agree), under a MAC of its own, bound to
+//! the same transcript and to the list. Every member checks that one MAC: n
+//! unicasts, one multicast and 2n − 1 MAC checks per run in all.
 //!
-//! Every member checks every other member's MAC against the key it holds
-//! itself. Confirmations travel in agreed order, so all members decide on the
-//! same message (the last confirmation): if every MAC matches, the secure view
-//! is delivered; if any does not — the members hold different keys, or an
-//! insider lied — every member reports the mismatch with the epoch and the
-//! members whose MACs did not match, and the view is rekeyed from scratch
+//! A signature is checked only when a MAC does *not* match: then it must be
+//! known whether the sender really holds another key (a split, reported in
+//! its name) or someone else sent junk in its name (dropped; the real one is
+//! awaited). A MAC that matches needs no signature: only a holder of the key
+//! can compute it, and the transcript binds it to this epoch, so it cannot
+//! come from another run, view or daemon lifetime. The most a key holder
+//! gains by lying (confirming in another's name, or, as collector, leaving a
+//! member out of the verdict's list) is to hide from the others that one
+//! member's key differs; that member itself finds the verdict's MAC (or, as
+//! collector, the others' MACs) not matching its key, reports the mismatch
+//! and never uses its key, so no member holds a key that differs from its
+//! group's unnoticed — as when every member checked every MAC, which gave an
+//! insider the same power.
+//!
+//! The verdict travels in agreed order, so all members decide on the same
+//! message: if its list is empty and its MAC matches, the secure view is
+//! delivered; otherwise — the members hold different keys, or an insider
+//! lied — every member reports the mismatch with the members it knows did
+//! not match (the list, or the collector whose MAC did not match its own
+//! key), and the view is rekeyed from scratch
 //! ([`conclave_gka::Engine::rekey`]). No unconfirmed key ever reaches the
 //! application.
 
@@ -41,16 +53,17 @@ use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
 /// What key confirmation adds to a run whose view has `n` members whose keys
-/// match, as the session performs it: one round, in which every member
-/// multicasts one signed confirmation and checks every other member's MAC
-/// (signatures are checked only for MACs that do not match: none when the
-/// keys agree). `bench counts` prints it beside each protocol's own counts,
-/// which stay comparable with TISSEC's tables.
+/// match, as the session performs it: two rounds, in which every member but
+/// the collector unicasts one signed confirmation to the collector, which
+/// multicasts one signed verdict (signatures are checked only for MACs that
+/// do not match: none when the keys agree). `bench counts` prints it beside
+/// each protocol's own counts, which stay comparable with TISSEC's tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConfirmCost {
     /// Rounds on the critical path.
     pub rounds: u64,
-    /// Multicasts, all members together.
+    /// Messages sent, all members together: the confirmations (unicasts to
+    /// the collector) and the verdict (a multicast).
     pub broadcasts: u64,
     /// Signatures made by one member (the critical path).
     pub sigs_serial: u64,
@@ -60,28 +73,47 @@ pub struct ConfirmCost {
     pub sigs_total: u64,
     /// Signatures checked, all members together.
     pub verifs_total: u64,
-    /// Bytes multicast, all members together (payloads as the daemon carries them).
+    /// Bytes sent, all members together (payloads as the daemon carries them).
     pub bytes: u64,
 }
 
 /// The confirmation cost of a run among `n` members whose signatures are
-/// `signature_len` bytes long.
+/// `signature_len` bytes long. A member alone confirms to itself: nothing
+/// is sent or signed.
 pub fn confirmation_cost(n: usize, signature_len: usize) -> ConfirmCost {
     let n = n as u64;
+    if n <= 1 {
+        return ConfirmCost {
+            rounds: 0,
+            broadcasts: 0,
+            sigs_serial: 0,
+            verifs_serial: 0,
+            sigs_total: 0,
+            verifs_total: 0,
+            bytes: 0,
+        };
+    }
     ConfirmCost {
-        rounds: 1,
+        rounds: 2,
         broadcasts: n,
-        sigs_serial: 1,
+        // A member's confirmation, then the collector's verdict.
+        sigs_serial: 2,
         verifs_serial: 0,
         sigs_total: n,
         verifs_total: 0,
-        bytes: n * confirmation_len(signature_len) as u64,
+        bytes: (n - 1) * confirmation_len(signature_len) as u64 + verdict_len(signature_len, 0) as u64,
     }
 }
 
 /// A confirmation's payload length: `tag ‖ epoch ‖ MAC ‖ signature`.
 pub(crate) fn confirmation_len(signature_len: usize) -> usize {
     1 + conclave_gka::key::EPOCH_LEN + 32 + signature_len
+}
+
+/// A verdict's payload length: `tag ‖ epoch ‖ MAC ‖ u16 length ‖ signature ‖
+/// names`, with `names` bytes of names (each `u8 length ‖ name`).
+pub(crate) fn verdict_len(signature_len: usize, names: usize) -> usize {
+    1 + conclave_gka::key::EPOCH_LEN + 32 + 2 + signature_len + names
 }
 
 /// The confirmation MACs of one member for one epoch: what it sends, and
@@ -125,6 +157,45 @@ impl Confirmer {
     pub fn matches(&self, sender: &MemberId, mac: &[u8; 32]) -> bool {
         self.mac(sender).ct_eq(mac).into()
     }
+
+    /// The MAC of `collector`'s verdict that lists `names` (the verdict's
+    /// names part) as not matching. After the transcript comes the byte
+    /// 0xff, which no member name (UTF-8) contains, so no verdict's MAC is a
+    /// member's confirmation MAC.
+    pub fn verdict_mac(&self, collector: &MemberId, names: &[u8]) -> [u8; 32] {
+        let mut mac = self.keyed.clone();
+        mac.update(b"\xffverdict");
+        put_mac(&mut mac, collector.as_str().as_bytes());
+        mac.update(names);
+        mac.finalize().into_bytes().into()
+    }
+
+    /// Whether a verdict's MAC shows its collector holds this member's key.
+    pub fn verdict_matches(&self, collector: &MemberId, names: &[u8], mac: &[u8; 32]) -> bool {
+        self.verdict_mac(collector, names).ct_eq(mac).into()
+    }
+}
+
+fn put_mac(mac: &mut Hmac<Sha256>, part: &[u8]) {
+    mac.update(&(part.len() as u16).to_be_bytes());
+    mac.update(part);
+}
+
+/// What the collector signs to send a verdict.
+pub(crate) fn verdict_signed(
+    group: &GroupName,
+    collector: &MemberId,
+    epoch: Epoch,
+    mac: &[u8; 32],
+    names: &[u8],
+) -> Vec<u8> {
+    let mut t = b"conclave/secure/v1/verdict-signature\0".to_vec();
+    put(&mut t, group.as_str().as_bytes());
+    put(&mut t, collector.as_str().as_bytes());
+    t.extend_from_slice(&epoch.to_bytes());
+    t.extend_from_slice(mac);
+    t.extend_from_slice(names);
+    t
 }
 
 /// What a member signs to send a confirmation.

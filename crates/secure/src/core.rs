@@ -28,7 +28,7 @@ use conclave_integrated::evs::{self as envelope, Envelope, NoticeReason, Writer}
 use rand_core::CryptoRngCore;
 use sha2::{Digest, Sha256};
 
-use crate::confirm::{confirm_signed, policy_signed, timeout_signed, Confirmer};
+use crate::confirm::{confirm_signed, policy_signed, timeout_signed, verdict_signed, Confirmer};
 use crate::data::{DataError, DataHeader, EpochKeys, BUNDLE_ENTRY_OVERHEAD, TAG_LEN};
 use crate::payload::{
     cert_body, decode_policy, split_cert, split_timeout, timeout_body, timeout_names, timeout_names_part, Frame,
@@ -249,13 +249,29 @@ impl Confirmations {
     }
 }
 
-/// A key installed by the engine, waiting for every member's confirmation.
+/// A key installed by the engine, waiting for the collector's verdict on
+/// every member's confirmation (see [`crate::confirm`]).
 struct Confirming {
     view: SecureView,
     confirmer: Confirmer,
-    /// This member's own confirmation's signature: its own confirmation is
-    /// taken back only byte for byte as sent.
-    own_signature: Vec<u8>,
+    /// This member's own MAC.
+    own_mac: [u8; 32],
+    /// This member's confirmation as sent (`tag ‖ epoch ‖ MAC ‖ signature`).
+    frame: Bytes,
+    /// The collector it was sent to, if it was: with interval rekeying, a
+    /// view that takes that collector makes the member send it again, to
+    /// the next.
+    sent_to: Option<MemberId>,
+    /// Whether this member, as collector, has multicast its verdict.
+    verdict_sent: bool,
+}
+
+impl Confirming {
+    /// The collector: the first of the key's members still in the view
+    /// (with interval rekeying, some may have left; otherwise all are in).
+    fn collector<'a>(&'a self, interval: bool, in_view: &HashSet<MemberId>) -> Option<&'a MemberId> {
+        self.view.members.iter().find(|m| !interval || in_view.contains(*m))
+    }
 }
 
 /// A request for the daemon, as [`SessionCore::poll_transmit`] hands it out.
@@ -790,6 +806,14 @@ impl SessionCore {
             return Vec::new();
         }
         waiting_members(&self.me, gs)
+    }
+
+    /// The epoch of the key this member installed in `group` and is
+    /// confirming (waiting for the collector's verdict), if any: for
+    /// benchmarks, which time when a member holds its key.
+    pub fn confirming_epoch(&self, group: &str) -> Option<Epoch> {
+        let group = GroupName::new(group).ok()?;
+        self.groups.get(&group)?.phase.confirming().map(|c| c.view.epoch)
     }
 
     /// What this member's key agreement engine has spent in `group` since
@@ -1491,13 +1515,19 @@ impl SessionCore {
         }
         let confirmer = Confirmer::new(sv.key.expose_secret(), group, sv.epoch, sv.protocol, &sv.members);
         let mac = confirmer.mac(&self.me);
-        let sig = self.signer.sign(&confirm_signed(group, &self.me, sv.epoch, &mac));
-        let p = Frame::Confirm { epoch: sv.epoch, mac: &mac, signature: &sig }.encode();
+        // A member alone signs nothing: it is its own collector.
+        let alone = sv.members.len() == 1;
+        let sig = if alone { Vec::new() } else { self.signer.sign(&confirm_signed(group, &self.me, sv.epoch, &mac)) };
+        let frame = Frame::Confirm { epoch: sv.epoch, mac: &mac, signature: &sig }.encode().into();
         gs.confirms.of(sv.epoch);
-        gs.phase = Phase::Confirming(Box::new(Confirming { view: sv, confirmer, own_signature: sig }));
-        if self.muted.as_ref() != Some(group) {
-            self.push(Transmit::Multicast(group.clone(), p.into()))?;
-        }
+        gs.phase = Phase::Confirming(Box::new(Confirming {
+            view: sv,
+            confirmer,
+            own_mac: mac,
+            frame,
+            sent_to: None,
+            verdict_sent: false,
+        }));
         self.check_confirmed(group)
     }
 
@@ -1526,15 +1556,9 @@ impl SessionCore {
             return Ok(());
         }
         if sender == self.me {
-            let as_sent = gs.phase.confirming().is_some_and(|c| {
-                c.view.epoch == epoch && c.own_signature == signature && c.confirmer.matches(&self.me, mac)
-            });
-            if !as_sent {
-                tracing::debug!(%group, "a confirmation in this member's name that it did not send; dropped");
-                return Ok(());
-            }
-            gs.confirms.accepted.insert(sender, *mac);
-            return self.check_confirmed(group);
+            // A member never sends its confirmation to itself.
+            tracing::debug!(%group, "a confirmation in this member's name that it did not send; dropped");
+            return Ok(());
         }
         // A MAC that matches this member's key is accepted as it is, without
         // the sender's identity key (see `crate::confirm`): with interval
@@ -1568,21 +1592,35 @@ impl SessionCore {
         self.check_confirmed(group)
     }
 
-    /// Once the key is installed and every member of its view confirmed:
-    /// deliver the secure view if every confirmation matches this member's
-    /// key; otherwise report the mismatch and rekey the view from scratch
-    /// (every member decides on the same, last, confirmation).
+    /// Moves the current run's confirmation on (see [`crate::confirm`]): a
+    /// member sends its confirmation to the collector (again, if a view took
+    /// the one it had sent it to); the collector, once every member's
+    /// confirmation is in, multicasts its verdict, on which every member
+    /// decides ([`Self::on_verdict`]).
     fn check_confirmed(&mut self, group: &GroupName) -> Result<(), SessionError> {
+        let muted = self.muted.as_ref() == Some(group);
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        let Some(c) = gs.phase.confirming() else { return Ok(()) };
         // Interval rekeying: the key's members that have left since will
         // never confirm, and need not.
         let interval = gs.engine.interval();
+        let Phase::Confirming(c) = &mut gs.phase else { return Ok(()) };
+        let Some(collector) = c.collector(interval, &gs.in_view).cloned() else { return Ok(()) };
+        if collector != self.me {
+            if c.sent_to.as_ref() != Some(&collector) && !muted {
+                c.sent_to = Some(collector.clone());
+                let frame = c.frame.clone();
+                self.push(Transmit::Unicast(group.clone(), collector, frame))?;
+            }
+            return Ok(());
+        }
+        if c.verdict_sent || muted {
+            return Ok(());
+        }
+        gs.confirms.accepted.insert(self.me.clone(), c.own_mac);
         // This runs at every confirmation: while fewer confirmations (of
         // distinct senders: `accepted` and `pending` never share one) are in
         // than the key has members, some member's is missing, and the check
-        // costs nothing. Without this, every member paid O(n) per
-        // confirmation, O(n²) per run, for a list it did not need yet.
+        // costs nothing.
         let received = gs.confirms.accepted.len() + gs.confirms.pending.len();
         if !interval && received < c.view.members.len() {
             return Ok(());
@@ -1592,10 +1630,7 @@ impl SessionCore {
         if !awaited.iter().all(|m| gs.confirms.has(m)) {
             return Ok(());
         }
-        let forged = {
-            let Some(c) = gs.phase.confirming() else { return Ok(()) };
-            gs.confirms.settle(&c.confirmer)
-        };
+        let forged = gs.confirms.settle(&c.confirmer);
         for forged in forged {
             self.events.push_back(SecureEvent::Rejected {
                 group: group.clone(),
@@ -1604,18 +1639,81 @@ impl SessionCore {
             });
         }
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
-        if gs.phase.confirming().is_none() {
-            return Ok(());
-        }
+        let Phase::Confirming(c) = &mut gs.phase else { return Ok(()) };
         let accepted = &gs.confirms.accepted;
         if !awaited.iter().all(|m| accepted.contains_key(m)) {
             return Ok(()); // a forged one was dropped: wait for the real one
         }
-        let unconfirmed: Vec<MemberId> =
-            awaited.iter().filter(|m| gs.confirms.unmatched.contains(*m)).cloned().collect();
-        let Phase::Confirming(c) = std::mem::replace(&mut gs.phase, Phase::Agreeing) else {
-            unreachable!("checked above")
+        let unmatched: Vec<MemberId> = awaited.iter().filter(|m| gs.confirms.unmatched.contains(*m)).cloned().collect();
+        if awaited.len() == 1 {
+            // Alone: nobody to tell.
+            return self.decide(group, unmatched);
+        }
+        let names = crate::payload::timeout_names_part(&unmatched);
+        let mac = c.confirmer.verdict_mac(&self.me, &names);
+        let epoch = c.view.epoch;
+        let signature = self.signer.sign(&verdict_signed(group, &self.me, epoch, &mac, &names));
+        c.verdict_sent = true;
+        let p = Frame::Verdict { epoch, mac: &mac, signature: &signature, names: &names }.encode();
+        self.push(Transmit::Multicast(group.clone(), p.into()))
+    }
+
+    /// The collector's verdict on the current run's confirmations. Its MAC
+    /// shows whether the collector holds this member's key; if it does not,
+    /// the signature tells a collector with another key (a split, reported)
+    /// from a forgery in its name (dropped: the real verdict is awaited).
+    fn on_verdict(
+        &mut self,
+        group: &GroupName,
+        sender: MemberId,
+        epoch: Epoch,
+        mac: &[u8; 32],
+        signature: &[u8],
+        names: &[u8],
+    ) -> Result<(), SessionError> {
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+        let interval = gs.engine.interval();
+        let Some(c) = gs.phase.confirming().filter(|c| c.view.epoch == epoch) else {
+            tracing::debug!(%group, %sender, %epoch, "verdict on no run this member confirms; dropped");
+            return Ok(());
         };
+        if c.collector(interval, &gs.in_view) != Some(&sender) {
+            tracing::debug!(%group, %sender, %epoch, "verdict from a member that does not collect; dropped");
+            return Ok(());
+        }
+        let listed = crate::payload::verdict_names(names).unwrap_or_default();
+        if c.confirmer.verdict_matches(&sender, names, mac) {
+            let unconfirmed: Vec<MemberId> =
+                c.view.members.iter().filter(|m| listed.contains(&m.as_str().as_bytes())).cloned().collect();
+            if unconfirmed.len() != listed.len() {
+                // A key holder made it: a list that names others than the
+                // key's members is a lie, taken as a failed confirmation.
+                tracing::warn!(%group, %sender, "verdict lists members the key does not have");
+                return self.decide(group, vec![sender]);
+            }
+            return self.decide(group, unconfirmed);
+        }
+        let valid = sender_key(&self.certified, self.directory.as_ref(), gs, &sender)
+            .is_some_and(|k| k.verify(&verdict_signed(group, &sender, epoch, mac, names), signature).is_ok());
+        if !valid {
+            tracing::debug!(%group, %sender, %epoch, "verdict whose MAC and signature do not hold; dropped");
+            self.events.push_back(SecureEvent::Rejected {
+                group: group.clone(),
+                sender,
+                reason: RejectReason::BadSignature,
+            });
+            return Ok(());
+        }
+        self.decide(group, vec![sender])
+    }
+
+    /// Ends the run's confirmation: delivers the secure view if no member's
+    /// key is known to differ, or reports the mismatch and rekeys the view
+    /// from scratch (every member decides on the same verdict).
+    fn decide(&mut self, group: &GroupName, unconfirmed: Vec<MemberId>) -> Result<(), SessionError> {
+        let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+        let interval = gs.engine.interval();
+        let Phase::Confirming(c) = std::mem::replace(&mut gs.phase, Phase::Agreeing) else { return Ok(()) };
         gs.confirms.clear();
         if unconfirmed.is_empty() {
             return self.deliver_secure_view(group, c.view);
@@ -1624,8 +1722,8 @@ impl SessionCore {
         self.events.push_back(SecureEvent::KeyMismatch { group: group.clone(), epoch: c.view.epoch, unconfirmed });
         gs.early.clear();
         if interval {
-            // Every member saw the same confirmations: all forget the tree,
-            // and the next view rebuilds it with every member a joiner.
+            // Every member saw the same verdict: all forget the tree, and
+            // the next view rebuilds it with every member a joiner.
             gs.engine.stand_aside();
             return Ok(());
         }
@@ -1752,8 +1850,14 @@ impl SessionCore {
                 }
                 self.on_foreign_policy(group, sender, policy)
             }
-            Frame::Confirm { epoch, mac, signature } if !unicast => {
+            Frame::Confirm { epoch, mac, signature } if unicast => {
                 self.on_confirm(&group, sender, epoch, mac, signature)
+            }
+            Frame::Verdict { epoch, mac, signature, names } if !unicast => {
+                if gs.phase.is_aside() || !gs.in_view.contains(&sender) {
+                    return Ok(());
+                }
+                self.on_verdict(&group, sender, epoch, mac, signature, names)
             }
             Frame::Trust { kind, view: made_for, body } => {
                 if made_for != view {
@@ -1776,7 +1880,12 @@ impl SessionCore {
                 self.on_data(&group, sender, view, payload)
             }
             // On the wrong channel (or a three-step or EVS group's, taken above).
-            Frame::Policy { .. } | Frame::Data(_) | Frame::Confirm { .. } | Frame::Plain(_) | Frame::Evs(_) => {
+            Frame::Policy { .. }
+            | Frame::Data(_)
+            | Frame::Confirm { .. }
+            | Frame::Verdict { .. }
+            | Frame::Plain(_)
+            | Frame::Evs(_) => {
                 self.events.push_back(SecureEvent::Rejected { group, sender, reason: RejectReason::Malformed });
                 Ok(())
             }

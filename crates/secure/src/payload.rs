@@ -12,9 +12,10 @@
 //! | 4 | certificate | multicast | `view ‖ u16 length ‖ certificate DER ‖ signature` |
 //! | 5 | timeout | multicast | `view ‖ u16 length ‖ signature ‖ (u8 length ‖ name)*` |
 //! | 6 | refusal | unicast | `view ‖ refusal` |
-//! | 7 | key confirmation | multicast | `epoch ‖ 32-byte MAC ‖ signature` |
+//! | 7 | key confirmation | unicast | `epoch ‖ 32-byte MAC ‖ signature` |
 //! | 8 | three-step data | multicast | `data`, in clear to the daemon (three-step groups only) |
 //! | 9 | Optimized EVS data | multicast | an envelope (`conclave_integrated::evs`) sealing `u8 length ‖ sender ‖ view ‖ u64 seq ‖ u16 length ‖ signature ‖ data` |
+//! | 10 | key confirmation verdict | multicast | `epoch ‖ 32-byte MAC ‖ u16 length ‖ signature ‖ (u8 length ‖ name)*` |
 //!
 //! `view` is a view id in 16 bytes (daemon incarnation, counter: see
 //! [`ViewId`]); `epoch` is 20 ([`Epoch`]: the view id and the run).
@@ -83,8 +84,8 @@ pub mod tag {
     /// The oldest accepted member telling a refused member why (unicast):
     /// `tag ‖ view ‖ refusal`.
     pub const REFUSED: u8 = 6;
-    /// A member proving it holds the key of an epoch (agreed multicast):
-    /// `tag ‖ epoch ‖ MAC ‖ signature` (see the crate doc, "Key confirmation").
+    /// A member proving it holds the key of an epoch, to the collector
+    /// (unicast): `tag ‖ epoch ‖ MAC ‖ signature` (see [`crate::confirm`]).
     pub const CONFIRM: u8 = 7;
     /// A three-step group's data message (agreed multicast): `tag ‖ data`,
     /// in clear between a member and its daemon (TLS or the local socket),
@@ -94,6 +95,11 @@ pub mod tag {
     /// envelope of `conclave_integrated::evs`, which starts with this tag
     /// (the daemons re-encrypt it; see [`crate::evs`]).
     pub const EVS: u8 = conclave_integrated::evs::TAG;
+    /// The collector's verdict on an epoch's confirmations (agreed
+    /// multicast): `tag ‖ epoch ‖ MAC ‖ u16 signature length ‖ signature ‖
+    /// (u8 length ‖ name)*`, the members whose MACs did not match (see
+    /// [`crate::confirm`]).
+    pub const VERDICT: u8 = 10;
     // The last three carry the view they were made for: one sent just after
     // a view change can be delivered in the next view, where it is stale and
     // dropped (its sender sends a fresh one for the new view).
@@ -147,6 +153,9 @@ pub(crate) enum Frame<'a> {
     Trust { kind: TrustKind, view: ViewId, body: &'a [u8] },
     /// A key confirmation for `epoch`.
     Confirm { epoch: Epoch, mac: &'a [u8; 32], signature: &'a [u8] },
+    /// The collector's verdict on `epoch`: the names part lists the members
+    /// whose MACs did not match.
+    Verdict { epoch: Epoch, mac: &'a [u8; 32], signature: &'a [u8], names: &'a [u8] },
     /// A three-step group's data, in clear.
     Plain(&'a [u8]),
     /// An Optimized EVS group's data: the whole payload, tag included (the
@@ -184,6 +193,15 @@ impl<'a> Frame<'a> {
                 }
                 Ok(Frame::Confirm { epoch: Epoch::from_bytes(*epoch), mac, signature })
             }
+            tag::VERDICT => {
+                let (epoch, rest) = rest.split_first_chunk::<EPOCH_LEN>().ok_or(short.clone())?;
+                let (mac, rest) = rest.split_first_chunk::<32>().ok_or(short.clone())?;
+                let (names, signature) = split_timeout(rest).ok_or(short.clone())?;
+                if verdict_names(names).is_none() {
+                    return Err(short);
+                }
+                Ok(Frame::Verdict { epoch: Epoch::from_bytes(*epoch), mac, signature, names })
+            }
             tag::CERT | tag::TIMEOUT | tag::REFUSED => {
                 let kind = match t {
                     tag::CERT => TrustKind::Cert,
@@ -220,6 +238,9 @@ impl Frame<'_> {
             }
             Frame::Confirm { epoch, mac, signature } => {
                 [&[tag::CONFIRM][..], &epoch.to_bytes(), mac, signature].concat()
+            }
+            Frame::Verdict { epoch, mac, signature, names } => {
+                [&[tag::VERDICT][..], &epoch.to_bytes(), mac, &timeout_body(names, signature)].concat()
             }
         }
     }
@@ -322,6 +343,19 @@ pub(crate) fn timeout_names(body: &[u8]) -> impl Iterator<Item = &[u8]> {
     })
 }
 
+/// The member names of a verdict's names part, `(u8 length ‖ name)*`;
+/// `None` if a name is cut short (a verdict is exact: its MAC covers the part).
+pub(crate) fn verdict_names(part: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut rest = part;
+    let mut names = Vec::new();
+    while let Some((&n, r)) = rest.split_first() {
+        let (name, r) = r.split_at_checked(n as usize)?;
+        names.push(name);
+        rest = r;
+    }
+    Some(names)
+}
+
 /// A payload taken apart by [`parse_payload`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ParsedPayload {
@@ -352,6 +386,15 @@ pub enum ParsedPayload {
     Confirm {
         /// The epoch whose key it confirms.
         epoch: Epoch,
+    },
+    /// A collector's verdict ([`tag::VERDICT`]).
+    Verdict {
+        /// The epoch whose confirmations it decides.
+        epoch: Epoch,
+        /// The names it lists as not matching (raw bytes).
+        unmatched: Vec<Vec<u8>>,
+        /// The length of its signature.
+        signature_len: usize,
     },
     /// A three-step group's data ([`tag::PLAIN`]).
     Plain {
@@ -424,6 +467,11 @@ pub fn parse_payload(bytes: &[u8]) -> Result<ParsedPayload, PayloadError> {
         }
         Frame::Policy { view, policy, .. } => ParsedPayload::Policy { view, policy: decode_policy(policy) },
         Frame::Confirm { epoch, .. } => ParsedPayload::Confirm { epoch },
+        Frame::Verdict { epoch, signature, names, .. } => ParsedPayload::Verdict {
+            epoch,
+            unmatched: verdict_names(names).unwrap_or_default().into_iter().map(<[u8]>::to_vec).collect(),
+            signature_len: signature.len(),
+        },
         Frame::Plain(data) => ParsedPayload::Plain { len: data.len() },
         Frame::Evs(bytes) => match conclave_integrated::evs::Envelope::decode(bytes) {
             Ok(conclave_integrated::evs::Envelope::Sealed { key_view, .. }) => {
@@ -461,7 +509,7 @@ mod tests {
     fn framing_lengths() {
         assert_eq!(Frame::parse(&[]).unwrap_err(), PayloadError::Empty);
         assert_eq!(Frame::parse(&[0]).unwrap_err(), PayloadError::UnknownTag(0));
-        assert_eq!(Frame::parse(&[10, 1]).unwrap_err(), PayloadError::UnknownTag(10));
+        assert_eq!(Frame::parse(&[11, 1]).unwrap_err(), PayloadError::UnknownTag(11));
         assert!(matches!(Frame::parse(&[tag::PLAIN, 1]), Ok(Frame::Plain([1]))));
         assert!(Frame::parse(&[tag::KA, 1]).is_err());
         assert!(matches!(Frame::parse(&[tag::KA, 1, 2]), Ok(Frame::KeyAgreement { policy: (1, 2), body: [] })));
@@ -485,6 +533,18 @@ mod tests {
         assert!(Frame::parse(&confirm).is_err(), "unsigned");
         assert!(Frame::parse(&confirm[..40]).is_err());
         assert!(matches!(Frame::parse(&[&confirm[..], &[1]].concat()), Ok(Frame::Confirm { mac: [7, ..], .. })));
+        let verdict = |rest: &[u8]| [&[tag::VERDICT][..], &[0; EPOCH_LEN], &[7; 32], rest].concat();
+        assert!(Frame::parse(&verdict(&[0, 0])).is_err(), "unsigned");
+        assert!(Frame::parse(&verdict(&[0, 2, 5])).is_err(), "signature cut short");
+        assert!(Frame::parse(&verdict(&[0, 1, 5, 2, b'a'])).is_err(), "name cut short");
+        assert!(matches!(
+            Frame::parse(&verdict(&[0, 1, 5])),
+            Ok(Frame::Verdict { mac: [7, ..], signature: [5], names: [], .. })
+        ));
+        assert!(matches!(
+            Frame::parse(&verdict(&[0, 1, 5, 1, b'a', 0])),
+            Ok(Frame::Verdict { signature: [5], names: [1, b'a', 0], .. })
+        ));
     }
 
     /// Every frame kind re-encodes to the bytes it was parsed from, and the
@@ -500,6 +560,7 @@ mod tests {
             [&[tag::TIMEOUT][..], &view, &[0, 1, 9, 1, b'a']].concat(),
             [&[tag::REFUSED][..], &view, &[0]].concat(),
             [&[tag::CONFIRM][..], &[3; EPOCH_LEN], &[7; 32], &[1, 2]].concat(),
+            [&[tag::VERDICT][..], &[3; EPOCH_LEN], &[7; 32], &[0, 2, 1, 2, 1, b'a']].concat(),
             vec![tag::PLAIN, 5, 6],
         ];
         for p in payloads {

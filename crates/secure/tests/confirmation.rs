@@ -249,3 +249,89 @@ fn an_insiders_invalid_element_is_reported_and_the_next_view_recovers() {
         assert_eq!(fingerprints.len(), 1);
     }
 }
+
+/// The verdict that decides a run is this run's, from its collector (the
+/// first member), with a MAC that matches: an earlier run's verdict
+/// replayed, the run's verdict under another member's name, or with its MAC
+/// forged, changes nothing (the forgery is reported); a copy whose
+/// signature is broken but whose MAC matches is the collector's verdict as
+/// it was sent (only a key holder can compute the MAC) and decides the run,
+/// once, like the real one.
+#[test]
+fn a_verdict_replayed_forged_or_from_another_member_confirms_nothing() {
+    use conclave_gcs::core::{Delivery, Op, Service};
+    use conclave_gcs::{GroupName, MemberId};
+    use conclave_gka::key::EPOCH_LEN;
+    use conclave_secure::payload::tag;
+
+    let is_verdict = |op: &Op| matches!(op, Op::Multicast { payload, .. } if payload.first() == Some(&tag::VERDICT));
+    for protocol in ProtocolId::ALL {
+        let names = ["alice", "bob", "carol", "dave"];
+        let mut net = Net::new(&names, 31);
+        let policy = Policy::new(protocol, GroupId::Ristretto255);
+        for i in 0..3 {
+            net.join(i, policy);
+        }
+        let (collector, old_verdict) = net.verdicts_sent.last().cloned().expect("the three members' verdict");
+        assert_eq!(collector, 0, "{protocol}: alice collects");
+        // Dave joins; the new run's verdict is held back.
+        let now = net.now();
+        net.members[3].session.join(now, GROUP, policy).unwrap();
+        let mut held = net.drain_holding(3, &is_verdict);
+        held.extend(net.settle_holding(&is_verdict));
+        let [Op::Multicast { payload: verdict, .. }] = &held[..] else { panic!("{protocol}: one verdict: {held:?}") };
+        let verdict = verdict.to_vec();
+        let epoch = net.members[1].session.confirming_epoch(GROUP).expect("bob confirms the new run");
+        let group = GroupName::new(GROUP).unwrap();
+        let view = net.core.view(&group).unwrap().id;
+        let inject = |net: &mut Net, sender: &str, payload: Vec<u8>| {
+            let sender = MemberId::new(sender).unwrap();
+            let d = Delivery::Message {
+                group: group.clone(),
+                sender,
+                service: Service::Agreed,
+                view,
+                payload: payload.into(),
+            };
+            let now = net.now();
+            let bob = &mut net.members[1].session;
+            bob.handle_delivery(now, d).unwrap();
+            assert_eq!(bob.poll_transmit(), None, "{protocol}: bob sent something");
+            let events: Vec<SecureEvent> = std::iter::from_fn(|| bob.poll_event()).collect();
+            net.members[1].log.extend(events.iter().cloned());
+            events
+        };
+        assert!(inject(&mut net, "alice", old_verdict.to_vec()).is_empty(), "{protocol}: the last run's verdict");
+        assert!(inject(&mut net, "carol", verdict.clone()).is_empty(), "{protocol}: the verdict in carol's name");
+        let mut forged = verdict.clone();
+        forged[1 + EPOCH_LEN] ^= 1;
+        let events = inject(&mut net, "alice", forged);
+        assert!(
+            matches!(&events[..], [SecureEvent::Rejected { reason: RejectReason::BadSignature, sender, .. }] if sender.as_str() == "alice"),
+            "{protocol}: a forged MAC: {events:?}"
+        );
+        assert_eq!(net.members[1].session.confirming_epoch(GROUP), Some(epoch), "{protocol}: still confirming");
+        let mut copy = verdict.clone();
+        let at = 1 + EPOCH_LEN + 32 + 2;
+        copy[at] ^= 1;
+        let events = inject(&mut net, "alice", copy);
+        assert!(
+            matches!(&events[..], [SecureEvent::View(v)] if v.epoch == epoch),
+            "{protocol}: the collector's MAC under a broken signature: {events:?}"
+        );
+        for op in held {
+            net.submit(op);
+        }
+        net.settle();
+        let mut fingerprints = BTreeSet::new();
+        for (i, m) in net.members.iter().enumerate() {
+            let (e, fp, n) = net.last_view(i).expect("a secure view");
+            assert_eq!((e, n), (epoch, 4), "{protocol}: {}", m.name);
+            fingerprints.insert(fp);
+            let views = m.log.iter().filter(|e| matches!(e, SecureEvent::View(v) if v.epoch == epoch)).count();
+            assert_eq!(views, 1, "{protocol}: {} confirmed the run once", m.name);
+            assert!(!m.log.iter().any(|e| matches!(e, SecureEvent::KeyMismatch { .. })), "{protocol}: {}", m.name);
+        }
+        assert_eq!(fingerprints.len(), 1, "{protocol}: {fingerprints:?}");
+    }
+}

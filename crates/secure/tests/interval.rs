@@ -347,42 +347,9 @@ fn rekey_on_leave_rekeys_a_leave_at_once_and_batches_joins() {
     no_rejections(&net);
 }
 
-/// Moves member `i`'s events to its log and its requests to the daemon,
-/// except its key confirmations, which a slow link holds back: returned.
-fn drain_holding_confirmations(net: &mut Net, i: usize) -> Vec<Op> {
-    let conn = net.members[i].conn;
-    let mut held = Vec::new();
-    while let Some(t) = net.members[i].session.poll_transmit() {
-        let op = t.into_op(conn);
-        let confirmation = matches!(&op, Op::Multicast { payload, .. } if payload.first() == Some(&tag::CONFIRM));
-        if confirmation {
-            held.push(op);
-        } else {
-            net.submit(op);
-        }
-    }
-    while let Some(e) = net.members[i].session.poll_event() {
-        net.members[i].log.push(e);
-    }
-    held
-}
-
-/// [`Net::settle`], holding back every key confirmation: returned.
-fn settle_holding_confirmations(net: &mut Net) -> Vec<Op> {
-    let mut held = Vec::new();
-    loop {
-        let mut idle = true;
-        for i in 0..net.members.len() {
-            let Some(d) = net.members[i].inbox.pop_front() else { continue };
-            idle = false;
-            let now = net.now();
-            net.members[i].session.handle_delivery(now, d).unwrap();
-            held.extend(drain_holding_confirmations(net, i));
-        }
-        if idle {
-            return held;
-        }
-    }
+/// A key confirmation (a unicast to the collector).
+fn is_confirmation(op: &Op) -> bool {
+    matches!(op, Op::Unicast { payload, .. } if payload.first() == Some(&tag::CONFIRM))
 }
 
 /// Keys outlive views, and so do their confirmations: a rekey installed in
@@ -409,14 +376,18 @@ fn a_rekey_is_confirmed_in_the_next_view_before_its_certificates() {
         net.advance(due.saturating_duration_since(net.now()) - Duration::from_millis(1));
         assert!(keys(&net, 1).is_empty(), "{algorithm:?}: the tick came early");
         net.members[0].session.handle_timeout(due).unwrap();
-        let mut held = drain_holding_confirmations(&mut net, 0);
-        held.extend(settle_holding_confirmations(&mut net));
-        assert_eq!(held.len(), 2, "{algorithm:?}: both installed the key and confirm it");
+        let mut held = net.drain_holding(0, &is_confirmation);
+        held.extend(net.settle_holding(&is_confirmation));
+        // Alice collects: only bob sends his confirmation, to her.
+        assert_eq!(held.len(), 1, "{algorithm:?}: bob installed the key and confirms it");
+        for m in &net.members[..2] {
+            assert!(m.session.confirming_epoch(vnet::GROUP).is_some(), "{algorithm:?}: {} installed the key", m.name);
+        }
         let now = net.now();
         net.members[2].session.join(now, vnet::GROUP, policy).unwrap();
         net.drain(2);
         let bobs = held.iter().find_map(|op| match op {
-            Op::Multicast { conn, payload, .. } if *conn == net.members[1].conn => Some(payload.clone()),
+            Op::Unicast { conn, payload, .. } if *conn == net.members[1].conn => Some(payload.clone()),
             _ => None,
         });
         for op in held {
@@ -432,7 +403,7 @@ fn a_rekey_is_confirmed_in_the_next_view_before_its_certificates() {
         let group = conclave_gcs::GroupName::new(vnet::GROUP).unwrap();
         let view = net.core.view(&group).unwrap().id;
         let (sender, payload) = (MemberId::new("bob").unwrap(), bobs.unwrap());
-        let d = Delivery::Message { group, sender, service: Service::Agreed, view, payload };
+        let d = Delivery::Unicast { group, sender, view, payload };
         let now = net.now();
         net.members[0].session.handle_delivery(now, d).unwrap();
         assert_eq!(net.members[0].session.poll_transmit(), None, "{algorithm:?}: a replay made alice send");
@@ -508,4 +479,46 @@ fn members_waiting_for_the_next_rekey_are_reported_and_the_rekey_is_metered() {
     assert!(waiting_events(&net, 0).is_empty());
     let m = net.members[0].session.meter(vnet::GROUP).unwrap();
     assert!(m.interval.is_none() && m.costs.exps > 0);
+}
+
+/// Keys outlive views, so a confirmation can outlive its collector: when a
+/// view takes the collector before its verdict, every member sends its
+/// confirmation again, to the next collector (the first of the key's members
+/// still there), whose verdict confirms the key for those who stayed.
+#[test]
+fn a_collector_gone_before_its_verdict_hands_the_confirmation_to_the_next() {
+    for (k, algorithm) in IntervalAlgorithm::ALL.into_iter().enumerate() {
+        let mut net = Net::new(&["alice", "bob", "carol"], 60 + k as u64);
+        let policy = Policy::interval(algorithm, PERIOD);
+        for i in 0..3 {
+            net.join(i, policy);
+        }
+        // The tick rekeys the three; the confirmations to alice, the
+        // collector, are held back on a slow link until she has left.
+        let due = net.members[0].session.poll_timeout().unwrap();
+        net.advance(due.saturating_duration_since(net.now()) - Duration::from_millis(1));
+        net.members[0].session.handle_timeout(due).unwrap();
+        let mut held = net.drain_holding(0, &is_confirmation);
+        held.extend(net.settle_holding(&is_confirmation));
+        assert_eq!(held.len(), 2, "{algorithm:?}: bob and carol confirm to alice");
+        let epoch = net.members[1].session.confirming_epoch(vnet::GROUP).expect("bob installed the rekey");
+        assert_eq!(net.members[2].session.confirming_epoch(vnet::GROUP), Some(epoch), "{algorithm:?}");
+        leave(&mut net, 0);
+        for op in held {
+            net.submit(op); // to alice, who left: the daemon refuses them
+        }
+        net.settle();
+        for i in 1..3 {
+            let (fp, members) = keys(&net, i).last().unwrap().clone();
+            assert_eq!(
+                members,
+                ["alice", "bob", "carol"],
+                "{algorithm:?}: {} confirmed the rekey",
+                net.members[i].name
+            );
+            assert_eq!(keys(&net, 1).last().unwrap().0, fp, "{algorithm:?}");
+            assert_eq!(net.members[i].session.confirming_epoch(vnet::GROUP), None, "{algorithm:?}");
+        }
+        no_rejections(&net);
+    }
 }

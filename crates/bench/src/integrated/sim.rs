@@ -54,7 +54,7 @@ use conclave_gcs::daemon_sim::{DaemonSim, Micros, NetConfig, Reaction};
 use conclave_gcs::{GroupName, MemberId, ViewId};
 use conclave_gka::suite::{generate_signer, SignatureId};
 use conclave_gka::{Costs, Directory, StaticDirectory};
-use conclave_secure::payload::{parse_payload, tag, ParsedPayload};
+use conclave_secure::payload::tag;
 use conclave_secure::{Policy, SecureEvent, SessionCore, Transmit};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -158,23 +158,24 @@ impl State {
         let spent = m.session.meter(group.as_str()).map(|x| x.costs).unwrap_or_default();
         let d = spent - m.spent;
         m.spent = spent;
-        let (mut ops, mut confirmed) = (Vec::new(), Vec::new());
+        // Confirmation signatures: a member's confirmation (to the
+        // collector) and the collector's verdict.
+        let mut ops = Vec::new();
+        let mut confirmation_sigs = 0u64;
         while let Some(t) = m.session.poll_transmit() {
-            if let Transmit::Multicast(_, p) = &t {
-                if p.first() == Some(&tag::CONFIRM) {
-                    if let Ok(ParsedPayload::Confirm { epoch }) = parse_payload(p) {
-                        confirmed.push(epoch.view);
-                    }
-                }
+            match &t {
+                Transmit::Unicast(_, _, p) if p.first() == Some(&tag::CONFIRM) => confirmation_sigs += 1,
+                Transmit::Multicast(_, p) if p.first() == Some(&tag::VERDICT) => confirmation_sigs += 1,
+                _ => {}
             }
             ops.push(t.into_op(m.conn));
         }
-        let confirmations = if self.charge_confirmations { confirmed.len() as u64 } else { 0 };
+        let confirmations = if self.charge_confirmations { confirmation_sigs } else { 0 };
         let cpu = self.costs.cpu(d.exps, d.sigs + confirmations, d.verifs, 0);
         let machine = usize::from(m.conn.daemon.0);
         let done = self.cpu_free[machine].max(now) + cpu;
         self.cpu_free[machine] = done;
-        if let Some(&v) = confirmed.first() {
+        if let Some(v) = m.session.confirming_epoch(group.as_str()).map(|e| e.view) {
             // The key is installed before the confirmation is signed; a
             // member holds it from its first installation (a later
             // confirmation of the same view does not move that).
@@ -185,7 +186,14 @@ impl State {
         }
         while let Some(e) = m.session.poll_event() {
             match e {
-                SecureEvent::View(v) => m.secured = Some((v.epoch.view, v.members.len(), done)),
+                SecureEvent::View(v) => {
+                    // A member alone, or whose verdict came in the delivery
+                    // that installed its key, was never seen confirming.
+                    if m.keyed.is_none_or(|(k, _)| k != v.epoch.view) {
+                        m.keyed = Some((v.epoch.view, done));
+                    }
+                    m.secured = Some((v.epoch.view, v.members.len(), done))
+                }
                 SecureEvent::KeyMismatch { epoch, .. } => {
                     self.failures.push(format!("{}: key confirmation failed in {epoch}", m.session.me()))
                 }

@@ -51,8 +51,13 @@ pub struct Net {
     /// A compromised link: ahead of every key confirmation this member
     /// sends, it sends a forged copy.
     pub forge_confirmations_of: Option<(usize, Forgery)>,
-    /// Every key confirmation multicast: (sender's index, payload length).
+    /// Every key confirmation (unicast to the collector) and verdict
+    /// (multicast): (sender's index, payload length).
     pub confirmations_sent: Vec<(usize, usize)>,
+    /// Multicasts and unicasts the members sent.
+    pub messages_sent: usize,
+    /// Every verdict multicast: (collector's index, payload).
+    pub verdicts_sent: Vec<(usize, bytes::Bytes)>,
     /// The next connection's local number.
     next_local: u64,
     /// A compromised link to this member flips the policy's unsigned
@@ -94,6 +99,8 @@ impl Net {
             now: Duration::ZERO,
             forge_confirmations_of: None,
             confirmations_sent: Vec::new(),
+            messages_sent: 0,
+            verdicts_sent: Vec::new(),
             flip_policy_bit_for: None,
             next_local: 0,
         };
@@ -173,8 +180,11 @@ impl Net {
     }
 
     pub fn submit(&mut self, op: Op) {
-        if let Op::Multicast { conn, group, service, payload } = &op {
-            if payload.first() == Some(&tag::CONFIRM) {
+        if matches!(op, Op::Multicast { .. } | Op::Unicast { .. }) {
+            self.messages_sent += 1;
+        }
+        match &op {
+            Op::Unicast { conn, group, to, payload } if payload.first() == Some(&tag::CONFIRM) => {
                 let i = self.members.iter().position(|m| m.conn == *conn).expect("a member's connection");
                 if let Some((_, forgery)) = self.forge_confirmations_of.filter(|(f, _)| *f == i) {
                     let mut forged = payload.to_vec();
@@ -184,11 +194,17 @@ impl Net {
                         Forgery::Signature => forged.len() - 1,
                     };
                     forged[at] ^= 1;
-                    let (conn, group, service) = (*conn, group.clone(), *service);
-                    self.core_handle(Op::Multicast { conn, group, service, payload: forged.into() });
+                    let (conn, group, to) = (*conn, group.clone(), to.clone());
+                    self.core_handle(Op::Unicast { conn, group, to, payload: forged.into() });
                 }
                 self.confirmations_sent.push((i, payload.len()));
             }
+            Op::Multicast { conn, payload, .. } if payload.first() == Some(&tag::VERDICT) => {
+                let i = self.members.iter().position(|m| m.conn == *conn).expect("a member's connection");
+                self.confirmations_sent.push((i, payload.len()));
+                self.verdicts_sent.push((i, payload.clone()));
+            }
+            _ => {}
         }
         self.core_handle(op);
     }
@@ -276,6 +292,45 @@ impl Net {
             }
             if idle {
                 return;
+            }
+        }
+        panic!("deliveries never ran out");
+    }
+
+    /// Moves member `i`'s events to its log and its requests to the daemon,
+    /// except those `hold` picks (a slow link holds them back): returned.
+    pub fn drain_holding(&mut self, i: usize, hold: &dyn Fn(&Op) -> bool) -> Vec<Op> {
+        let conn = self.members[i].conn;
+        let mut held = Vec::new();
+        while let Some(t) = self.members[i].session.poll_transmit() {
+            let op = t.into_op(conn);
+            if hold(&op) {
+                held.push(op);
+            } else {
+                self.submit(op);
+            }
+        }
+        while let Some(e) = self.members[i].session.poll_event() {
+            self.members[i].log.push(e);
+        }
+        held
+    }
+
+    /// [`Net::settle`], holding back the requests `hold` picks: returned.
+    pub fn settle_holding(&mut self, hold: &dyn Fn(&Op) -> bool) -> Vec<Op> {
+        let mut held = Vec::new();
+        for _ in 0..100_000 {
+            self.now += Duration::from_millis(1);
+            let mut idle = true;
+            for i in 0..self.members.len() {
+                let Some(d) = self.members[i].inbox.pop_front() else { continue };
+                idle = false;
+                let now = self.now();
+                self.members[i].session.handle_delivery(now, d).unwrap();
+                held.extend(self.drain_holding(i, hold));
+            }
+            if idle {
+                return held;
             }
         }
         panic!("deliveries never ran out");
