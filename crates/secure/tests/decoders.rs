@@ -214,6 +214,28 @@ fn confirmation() -> impl Strategy<Value = Valid> {
     )
 }
 
+fn verdict() -> impl Strategy<Value = Valid> {
+    (
+        any::<(u64, u64, u32)>(),
+        any::<[u8; 32]>(),
+        prop::collection::vec(any::<u8>(), 1..80),
+        prop::collection::vec(member_name(), 0..4),
+    )
+        .prop_map(|(e, mac, sig, names)| {
+            let epoch = Epoch::new(ViewId::new(e.0, e.1), e.2);
+            let mut bytes =
+                [&[tag::VERDICT][..], &epoch.to_bytes(), &mac, &(sig.len() as u16).to_be_bytes(), &sig].concat();
+            let mut lengths = vec![(53, 2)];
+            for n in &names {
+                lengths.push((bytes.len(), 1));
+                bytes.push(n.as_str().len() as u8);
+                bytes.extend_from_slice(n.as_str().as_bytes());
+            }
+            let unmatched = names.iter().map(|n| n.as_str().as_bytes().to_vec()).collect();
+            Valid { bytes, expected: ParsedPayload::Verdict { epoch, unmatched, signature_len: sig.len() }, lengths }
+        })
+}
+
 /// A signer for sealing test data messages (parsing does not check it).
 fn test_signer() -> std::sync::Arc<dyn conclave_gka::suite::Signer> {
     use rand_core::SeedableRng;
@@ -225,7 +247,7 @@ fn test_signer() -> std::sync::Arc<dyn conclave_gka::suite::Signer> {
 }
 
 fn valid() -> impl Strategy<Value = Valid> {
-    prop_oneof![key_agreement(), data(), policy_notice(), cert(), timeout(), refusal(), confirmation()]
+    prop_oneof![key_agreement(), data(), policy_notice(), cert(), timeout(), refusal(), confirmation(), verdict()]
 }
 
 #[derive(Clone, Debug)]
@@ -299,7 +321,7 @@ proptest! {
     }
 
     #[test]
-    fn arbitrary_bodies_behind_every_tag_never_panic(t in 0u8..9, body in bytes(400)) {
+    fn arbitrary_bodies_behind_every_tag_never_panic(t in 0u8..12, body in bytes(400)) {
         let mut b = vec![t];
         b.extend_from_slice(&body);
         let _ = check_parse(&b);
