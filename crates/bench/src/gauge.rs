@@ -110,7 +110,11 @@
 //! # Cost model (virtual time)
 //! Group ristretto255, signatures Ed25519. Each input's crypto is charged to
 //! the member's machine's virtual CPU (one per daemon machine, shared by its
-//! members) at this machine's measured costs, from the team's crypto cost
+//! members). With `--costs seal2006` the charges are those of SEAL's Table 2
+//! testbed instead ([`OpCosts::of`] derives each from the TISSEC paper's
+//! measured costs, scaled by clock, and cites it); the engines still compute
+//! in ristretto255, so only the time changes. By default (`--costs
+//! measured`) they are this machine's measured costs, from the team's crypto cost
 //! measurements on the build machine (2 vCPU Xeon, KVM, 2026-11-21,
 //! per-thread CPU time, median): an exponentiation 32.3 µs
 //! (ristretto255 variable-base scalar multiplication, curve25519-dalek
@@ -165,13 +169,94 @@ use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 use serde::Serialize;
 
-/// Virtual CPU per exponentiation, µs: ristretto255 variable-base scalar
-/// multiplication (crypto-costs-measured.md, curve25519-dalek 4.1.3).
-const EXP_US: f64 = 32.3;
-/// Virtual CPU per Ed25519 signature, µs (crypto-costs-measured.md).
-const SIGN_US: f64 = 18.6;
-/// Virtual CPU per Ed25519 verification, µs (crypto-costs-measured.md).
-const VERIFY_US: f64 = 40.8;
+/// Which machine the virtual CPU and network stand for (`--costs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GaugeCosts {
+    /// This machine: ristretto255 and Ed25519 as measured here, a LAN of
+    /// today (`NetConfig::default()`).
+    #[default]
+    Measured,
+    /// SEAL's wired testbed of Table 2 (§6.2: Pentium 4 1.8 GHz, 1024-bit
+    /// Diffie–Hellman, RSA-1024 on every packet, Spread on a 100 Mbps LAN),
+    /// derived from the TISSEC paper's measurements (see [`OpCosts::of`]).
+    Seal2006,
+}
+
+/// Virtual CPU per operation and the network, for one [`GaugeCosts`].
+#[derive(Clone, Debug)]
+pub(crate) struct OpCosts {
+    /// Per exponentiation, µs.
+    pub exp_us: f64,
+    /// Per signature, µs.
+    pub sign_us: f64,
+    /// Per verification, µs.
+    pub verify_us: f64,
+    /// The simulated daemons' network.
+    pub net: NetConfig,
+    /// Where the numbers come from, for the header.
+    pub source: &'static str,
+}
+
+/// Clock of SEAL's Table 2 machines (§6.2, "three Pentium 4/1.8 GHz Linux
+/// machines") over that of the TISSEC testbed (§6.1.1, "666 MHz Pentium
+/// III"), whose per-operation costs are the nearest measured ones. Scaling
+/// by clock assumes a P4 does as much big-number work per cycle as a PIII;
+/// it did less (a slower integer multiplier), so the costs below are if
+/// anything a floor.
+const SEAL_OVER_TISSEC_CLOCK: f64 = 1800.0 / 666.0;
+
+impl GaugeCosts {
+    fn name(self) -> &'static str {
+        match self {
+            GaugeCosts::Measured => "measured",
+            GaugeCosts::Seal2006 => "seal2006",
+        }
+    }
+}
+
+impl OpCosts {
+    pub(crate) fn of(costs: GaugeCosts) -> Self {
+        match costs {
+            // crypto-costs-measured.md: ristretto255 variable-base scalar
+            // multiplication (curve25519-dalek 4.1.3), Ed25519 signing and
+            // verification.
+            GaugeCosts::Measured => OpCosts {
+                exp_us: 32.3,
+                sign_us: 18.6,
+                verify_us: 40.8,
+                net: NetConfig::default(),
+                source: "this machine (crypto-costs-measured.md: ristretto255, Ed25519), a LAN of 80 µs one way",
+            },
+            GaugeCosts::Seal2006 => OpCosts {
+                // TISSEC §6.1.2: a 1024-bit modular exponentiation with a
+                // 160-bit exponent, 5.3 ms on the PIII. SEAL's exponents are
+                // full length: a TGDH node's secret key, used as the exponent
+                // one level up, is an element of the 1024-bit group, and
+                // OpenSSL's DH_generate_key draws a leaf key of
+                // BN_num_bits(p) − 1 bits when no length is set. Square and
+                // multiply costs grow with the exponent's bits: × 1024 / 160.
+                exp_us: 5300.0 * 1024.0 / 160.0 / SEAL_OVER_TISSEC_CLOCK,
+                // TISSEC §6.1.2: RSA-1024 signing 9.6 ms on the PIII.
+                sign_us: 9600.0 / SEAL_OVER_TISSEC_CLOCK,
+                // TISSEC §6.1.2: verification 0.2 ms with public exponent 3
+                // (2 modular multiplications). SEAL's certificates come from
+                // OpenSSL's tools (§4.1), whose genrsa uses 65537 unless told
+                // otherwise: 17 multiplications.
+                verify_us: 200.0 * 17.0 / 2.0 / SEAL_OVER_TISSEC_CLOCK,
+                net: NetConfig {
+                    // TISSEC §6.1.1: sending and delivering one agreed
+                    // multicast took 0.75 ms on its Spread LAN; SEAL gives no
+                    // network figure. Half of it one way between daemons.
+                    latency: 375,
+                    ..NetConfig::default()
+                },
+                source: "SEAL's Table 2 testbed (P4 1.8 GHz, DH-1024 with full-length exponents, RSA-1024 e = 65537), \
+                         from the TISSEC paper's PIII 666 MHz costs scaled by clock; 375 µs one way between daemons",
+            },
+        }
+    }
+}
 
 const SECOND: f64 = 1e6;
 
@@ -259,6 +344,14 @@ pub struct GaugeArgs {
     /// Members that join and leave (each a Gauger).
     #[arg(long, default_value_t = 15)]
     members: usize,
+    /// `--engine sim`: whose CPU and network the virtual time stands for:
+    /// `measured` (this machine's ristretto255 and Ed25519, a LAN of today)
+    /// or `seal2006` (SEAL's Table 2 testbed: Pentium 4 1.8 GHz, 1024-bit
+    /// DH with full-length exponents, RSA-1024, derived from the TISSEC
+    /// paper's measured costs; see docs/gauge.md). The engines still run
+    /// ristretto255 and Ed25519: only the time charged changes.
+    #[arg(long, value_enum, default_value = "measured")]
+    costs: GaugeCosts,
     /// Simulated daemon machines; members go round-robin over them (`--engine
     /// sim`; the daemon engine uses one embedded daemon or the cluster's nodes).
     #[arg(long, default_value_t = 3)]
@@ -357,6 +450,8 @@ pub(crate) struct Setup {
     pub interval: f64,
     pub duration_s: f64,
     pub seed: u64,
+    /// Whose CPU and network the virtual time stands for (`--engine sim`).
+    pub costs: GaugeCosts,
 }
 
 /// One rekey (one installed epoch).
@@ -413,6 +508,9 @@ pub(crate) struct Summary {
     pub constant: f64,
     pub interval: f64,
     pub duration_s: f64,
+    /// Whose CPU and network the simulator's virtual time stands for
+    /// (`measured` on the daemon engine, which runs on this machine).
+    pub costs: GaugeCosts,
     pub rekeys: u64,
     /// `null`: not measured (the daemon engine's baseline).
     pub restarts: Option<u64>,
@@ -600,6 +698,7 @@ struct State {
     /// Rekey messages the leaders sent (ticks and restarts).
     led: u64,
     engine_seeds: ChaCha20Rng,
+    costs: OpCosts,
 }
 
 impl State {
@@ -670,9 +769,9 @@ impl State {
             _ => Vec::new(),
         };
         let (after, after_stats) = (engine.costs(), engine.stats());
-        let cpu_us = (after.exps - before.exps) as f64 * EXP_US
-            + (after.sigs - before.sigs) as f64 * SIGN_US
-            + (after.verifs - before.verifs) as f64 * VERIFY_US;
+        let cpu_us = (after.exps - before.exps) as f64 * self.costs.exp_us
+            + (after.sigs - before.sigs) as f64 * self.costs.sign_us
+            + (after.verifs - before.verifs) as f64 * self.costs.verify_us;
         let cpu = cpu_us.round() as Micros;
         let restarts = after_stats.restarts - before_stats.restarts;
         self.restarts += restarts;
@@ -789,8 +888,9 @@ pub(crate) fn run_once(setup: &Setup, policy: Policy, progress: &mut dyn FnMut(M
     // daemons, the identities and the engines' randomness.
     let mut churn = ChaCha20Rng::seed_from_u64(setup.seed);
     let mut keys = ChaCha20Rng::seed_from_u64(setup.seed ^ 0x6a09_e667_f3bc_c908);
-    let mut sim = DaemonSim::new(setup.machines, NetConfig::default(), setup.seed)
-        .map_err(|e| anyhow::anyhow!("daemons: {e}"))?;
+    let costs = OpCosts::of(setup.costs);
+    let mut sim =
+        DaemonSim::new(setup.machines, costs.net.clone(), setup.seed).map_err(|e| anyhow::anyhow!("daemons: {e}"))?;
     let group = GroupName::new("gauge").expect("a valid group name");
     let mut directory = StaticDirectory::new();
     let mut members = BTreeMap::new();
@@ -828,6 +928,7 @@ pub(crate) fn run_once(setup: &Setup, policy: Policy, progress: &mut dyn FnMut(M
         restarts: 0,
         led: 0,
         engine_seeds: ChaCha20Rng::seed_from_u64(setup.seed ^ 0xbb67_ae85_84ca_a73b),
+        costs,
     };
     let end = (setup.duration_s * SECOND).round() as Micros;
     let interval = ((setup.interval * SECOND).round() as Micros).max(1);
@@ -989,6 +1090,7 @@ pub(crate) fn summarize(
         constant: setup.constant,
         interval: setup.interval,
         duration_s: setup.duration_s,
+        costs: setup.costs,
         rekeys: rekeys.len() as u64,
         restarts: counted.restarts,
         rekey_time_s: mean(&|r| r.time_s),
@@ -1037,6 +1139,9 @@ pub fn run(args: GaugeArgs) -> Result<()> {
     if args.cluster.is_some() && args.engine != GaugeEngine::Daemon {
         bail!("--cluster runs real daemons: give it with --engine daemon");
     }
+    if args.costs != GaugeCosts::Measured && args.engine != GaugeEngine::Sim {
+        bail!("--costs sets the simulator's virtual time: the daemon engine runs in wall-clock time on this machine");
+    }
     let pairs: Vec<(f64, f64)> = if args.paired {
         if args.t_in.len() != args.t_out.len() {
             bail!(
@@ -1060,6 +1165,7 @@ pub fn run(args: GaugeArgs) -> Result<()> {
             interval: args.interval,
             duration_s: duration.0,
             seed: args.seed,
+            costs: args.costs,
         })
         .collect();
     if args.members == 0 || args.interval <= 0.0 {
@@ -1165,7 +1271,7 @@ fn replay_command(a: &GaugeArgs, duration: Span) -> String {
     let list = |v: &[f64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
     let cmd = format!(
         "conclave gauge --engine {} --members {} {placement} --t-in {} --t-out {}{} --constant {} --interval {} \
-         --duration {}s --algorithm {algorithm}{} --baseline {} --seed {}",
+         --duration {}s --algorithm {algorithm}{} --baseline {} --costs {} --seed {}",
         a.engine.name(),
         a.members,
         list(&a.t_in),
@@ -1176,12 +1282,14 @@ fn replay_command(a: &GaugeArgs, duration: Span) -> String {
         duration.0,
         if a.rekey_on_leave { " --rekey-on-leave" } else { "" },
         a.baseline,
+        a.costs.name(),
         a.seed
     );
     cmd.replace("  ", " ")
 }
 
 fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, results: &[RunResult]) -> Result<()> {
+    let costs = OpCosts::of(setup.costs);
     if engine == GaugeEngine::Daemon {
         writeln!(
             out,
@@ -1197,8 +1305,8 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
         out,
         "\nGauger on {} simulated daemons, virtual time: {} members, T_in {} s, T_out {} s, c {} s, interval {} s, \
          {} s of churn, seed {}. Per rekey, averaged over its members, then over rekeys (SEAL §6); blinded keys and \
-         packets are those broadcast in the rekey, which every member sees. Costs: exp {EXP_US} µs, sign {SIGN_US} \
-         µs, verify {VERIFY_US} µs (crypto-costs-measured.md).\n",
+         packets are those broadcast in the rekey, which every member sees. Costs ({}): exp {:.1} µs, sign {:.1} \
+         µs, verify {:.1} µs; {}.\n",
         setup.machines,
         setup.members,
         setup.t_in,
@@ -1206,7 +1314,12 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
         setup.constant,
         setup.interval,
         setup.duration_s,
-        setup.seed
+        setup.seed,
+        setup.costs.name(),
+        costs.exp_us,
+        costs.sign_us,
+        costs.verify_us,
+        costs.source
     )?;
     }
     let mut t = crate::table::new(
@@ -1347,6 +1460,7 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
         "constant",
         "interval",
         "duration_s",
+        "costs",
         "rekeys",
         "restarts",
         "rekey_time_s",
@@ -1371,6 +1485,7 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
             s.constant.to_string(),
             s.interval.to_string(),
             s.duration_s.to_string(),
+            s.costs.name().to_string(),
             s.rekeys.to_string(),
             s.restarts.map_or(String::new(), |v| v.to_string()),
             format!("{:.6}", s.rekey_time_s),
@@ -1529,11 +1644,44 @@ mod tests {
     use super::*;
 
     fn setup(seed: u64) -> Setup {
-        Setup { members: 6, machines: 3, t_in: 4.0, t_out: 4.0, constant: 2.0, interval: 3.0, duration_s: 40.0, seed }
+        Setup {
+            members: 6,
+            machines: 3,
+            t_in: 4.0,
+            t_out: 4.0,
+            constant: 2.0,
+            interval: 3.0,
+            duration_s: 40.0,
+            seed,
+            costs: GaugeCosts::Measured,
+        }
     }
 
     fn run(setup: &Setup, p: Policy) -> RunResult {
         run_once(setup, p, &mut |_| {}).unwrap()
+    }
+
+    /// SEAL's 2006 costs are charged, not this machine's: a rekey of the
+    /// same churn takes hundreds of times longer in virtual time (12.6 ms
+    /// per exponentiation against 32 µs), and the header says whose costs.
+    #[test]
+    fn seal2006_costs_charge_the_2006_testbed() {
+        let c = OpCosts::of(GaugeCosts::Seal2006);
+        assert!((c.exp_us - 12_550.4).abs() < 0.1 && (c.sign_us - 3_552.0).abs() < 1.0, "{c:?}");
+        let p = Policy::Interval(IntervalAlgorithm::Batch);
+        let today = run(&setup(5), p).summary;
+        let then = run(&Setup { costs: GaugeCosts::Seal2006, ..setup(5) }, p).summary;
+        assert!(today.rekeys > 0 && then.rekeys > 0);
+        assert!(
+            then.rekey_time_s > 100.0 * today.rekey_time_s,
+            "{} s against {} s",
+            then.rekey_time_s,
+            today.rekey_time_s
+        );
+        let mut header = Vec::new();
+        write_tables(&mut header, &Setup { costs: GaugeCosts::Seal2006, ..setup(5) }, GaugeEngine::Sim, &[]).unwrap();
+        let header = String::from_utf8(header).unwrap();
+        assert!(header.contains("Costs (seal2006): exp 12550.4 µs"), "{header}");
     }
 
     #[test]
@@ -1669,6 +1817,7 @@ mod tests {
             interval: 15.0,
             duration_s: 7200.0,
             seed: 1,
+            costs: GaugeCosts::Measured,
         };
         assert_eq!(table2_row(&s), Some([0.43, 3.81, 6.70, 5.83]));
         s.t_out = 30.0;

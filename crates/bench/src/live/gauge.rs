@@ -325,7 +325,17 @@ mod tests {
 
     /// A few seconds of churn over the embedded daemon.
     fn setup() -> Setup {
-        Setup { members: 5, machines: 1, t_in: 0.6, t_out: 0.6, constant: 0.4, interval: 0.5, duration_s: 4.0, seed: 3 }
+        Setup {
+            members: 5,
+            machines: 1,
+            t_in: 0.6,
+            t_out: 0.6,
+            constant: 0.4,
+            interval: 0.5,
+            duration_s: 4.0,
+            seed: 3,
+            costs: crate::gauge::GaugeCosts::Measured,
+        }
     }
 
     #[test]
