@@ -169,6 +169,8 @@ use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 use serde::Serialize;
 
+use crate::events::model;
+
 /// Which machine the virtual CPU and network stand for (`--costs`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -200,7 +202,8 @@ pub(crate) struct OpCosts {
 
 /// Clock of SEAL's Table 2 machines (§6.2, "three Pentium 4/1.8 GHz Linux
 /// machines") over that of the TISSEC testbed (§6.1.1, "666 MHz Pentium
-/// III"), whose per-operation costs are the nearest measured ones. Scaling
+/// III"), whose per-operation costs ([`model::PIII_666`]) are the nearest
+/// measured ones. Scaling
 /// by clock assumes a P4 does as much big-number work per cycle as a PIII;
 /// it did less (a slower integer multiplier), so the costs below are if
 /// anything a floor.
@@ -228,32 +231,39 @@ impl OpCosts {
                 net: NetConfig::default(),
                 source: "this machine (crypto-costs-measured.md: ristretto255, Ed25519), a LAN of 80 µs one way",
             },
-            GaugeCosts::Seal2006 => OpCosts {
-                // TISSEC §6.1.2: a 1024-bit modular exponentiation with a
-                // 160-bit exponent, 5.3 ms on the PIII. SEAL's exponents are
-                // full length: a TGDH node's secret key, used as the exponent
-                // one level up, is an element of the 1024-bit group, and
-                // OpenSSL's DH_generate_key draws a leaf key of
-                // BN_num_bits(p) − 1 bits when no length is set. Square and
-                // multiply costs grow with the exponent's bits: × 1024 / 160.
-                exp_us: 5300.0 * 1024.0 / 160.0 / SEAL_OVER_TISSEC_CLOCK,
-                // TISSEC §6.1.2: RSA-1024 signing 9.6 ms on the PIII.
-                sign_us: 9600.0 / SEAL_OVER_TISSEC_CLOCK,
-                // TISSEC §6.1.2: verification 0.2 ms with public exponent 3
-                // (2 modular multiplications). SEAL's certificates come from
-                // OpenSSL's tools (§4.1), whose genrsa uses 65537 unless told
-                // otherwise: 17 multiplications.
-                verify_us: 200.0 * 17.0 / 2.0 / SEAL_OVER_TISSEC_CLOCK,
-                net: NetConfig {
-                    // TISSEC §6.1.1: sending and delivering one agreed
-                    // multicast took 0.75 ms on its Spread LAN; SEAL gives no
-                    // network figure. Half of it one way between daemons.
-                    latency: 375,
-                    ..NetConfig::default()
-                },
-                source: "SEAL's Table 2 testbed (P4 1.8 GHz, DH-1024 with full-length exponents, RSA-1024 e = 65537), \
-                         from the TISSEC paper's PIII 666 MHz costs scaled by clock; 375 µs one way between daemons",
-            },
+            GaugeCosts::Seal2006 => {
+                // The TISSEC testbed's measured costs (§6.1.1, `events::model`).
+                let piii = model::PIII_666;
+                OpCosts {
+                    // A 1024-bit modular exponentiation with a 160-bit
+                    // exponent, 5.3 ms on the PIII. SEAL's exponents are full
+                    // length: a TGDH node's secret key, used as the exponent
+                    // one level up, is an element of the 1024-bit group, and
+                    // OpenSSL's DH_generate_key draws a leaf key of
+                    // BN_num_bits(p) − 1 bits when no length is set. Square
+                    // and multiply costs grow with the exponent's bits:
+                    // × 1024 / 160.
+                    exp_us: piii.exp512 * model::EXP_1024_OVER_512 * 1000.0 * 1024.0 / 160.0
+                        / SEAL_OVER_TISSEC_CLOCK,
+                    // RSA-1024 signing, 9.6 ms on the PIII.
+                    sign_us: piii.sign * 1000.0 / SEAL_OVER_TISSEC_CLOCK,
+                    // Verification 0.2 ms with public exponent 3 (2 modular
+                    // multiplications). SEAL's certificates come from
+                    // OpenSSL's tools (§4.1), whose genrsa uses 65537 unless
+                    // told otherwise: 17 multiplications.
+                    verify_us: piii.verify * 1000.0 * 17.0 / 2.0 / SEAL_OVER_TISSEC_CLOCK,
+                    net: NetConfig {
+                        // One agreed multicast, sent and delivered, took
+                        // 0.75 ms on the TISSEC Spread LAN; SEAL gives no
+                        // network figure. Half of it one way between daemons.
+                        latency: (model::LAN_AGREED_MS * 1000.0 / 2.0).round() as Micros,
+                        ..NetConfig::default()
+                    },
+                    source: "SEAL's Table 2 testbed (P4 1.8 GHz, DH-1024 with full-length exponents, RSA-1024 e = \
+                             65537), from the TISSEC paper's PIII 666 MHz costs scaled by clock; 375 µs one way between \
+                             daemons",
+                }
+            }
         }
     }
 }

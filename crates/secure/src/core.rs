@@ -1677,7 +1677,7 @@ impl SessionCore {
             tracing::debug!(%group, %sender, %epoch, "verdict on no run this member confirms; dropped");
             return Ok(());
         };
-        if c.collector(interval, &gs.in_view) != Some(&sender) {
+        if !gs.in_view.contains(&sender) || c.collector(interval, &gs.in_view) != Some(&sender) {
             tracing::debug!(%group, %sender, %epoch, "verdict from a member that does not collect; dropped");
             return Ok(());
         }
@@ -1854,9 +1854,6 @@ impl SessionCore {
                 self.on_confirm(&group, sender, epoch, mac, signature)
             }
             Frame::Verdict { epoch, mac, signature, names } if !unicast => {
-                if gs.phase.is_aside() || !gs.in_view.contains(&sender) {
-                    return Ok(());
-                }
                 self.on_verdict(&group, sender, epoch, mac, signature, names)
             }
             Frame::Trust { kind, view: made_for, body } => {

@@ -346,14 +346,10 @@ pub(crate) fn timeout_names(body: &[u8]) -> impl Iterator<Item = &[u8]> {
 /// The member names of a verdict's names part, `(u8 length ‖ name)*`;
 /// `None` if a name is cut short (a verdict is exact: its MAC covers the part).
 pub(crate) fn verdict_names(part: &[u8]) -> Option<Vec<&[u8]>> {
-    let mut rest = part;
-    let mut names = Vec::new();
-    while let Some((&n, r)) = rest.split_first() {
-        let (name, r) = r.split_at_checked(n as usize)?;
-        names.push(name);
-        rest = r;
-    }
-    Some(names)
+    // The timeout notice's reader stops at a name cut short: the names it
+    // read, each with its length byte, must be the whole part.
+    let names: Vec<&[u8]> = timeout_names(part).collect();
+    (names.iter().map(|n| 1 + n.len()).sum::<usize>() == part.len()).then_some(names)
 }
 
 /// A payload taken apart by [`parse_payload`].

@@ -225,47 +225,30 @@ impl Net {
 
     /// Moves member `i`'s transmits to the daemon and its events to its log.
     pub fn drain(&mut self, i: usize) {
-        let m = &mut self.members[i];
-        let conn = m.conn;
-        let mut ops = Vec::new();
-        while let Some(t) = m.session.poll_transmit() {
-            ops.push(t.into_op(conn));
-        }
-        while let Some(e) = m.session.poll_event() {
-            m.log.push(e);
-        }
-        for op in ops {
-            self.submit(op);
-        }
+        let held = self.drain_holding(i, &|_| false);
+        debug_assert!(held.is_empty());
     }
 
     /// Delivers everything, round-robin, until nothing is left.
     pub fn settle(&mut self) {
-        for _ in 0..100_000 {
-            self.now += Duration::from_millis(1);
-            let now = self.now();
-            let mut idle = true;
-            for i in 0..self.members.len() {
-                if let Some(mut d) = self.members[i].inbox.pop_front() {
-                    idle = false;
-                    if self.flip_policy_bit_for == Some(i) {
-                        if let Delivery::Message { sender, payload, .. } = &mut d {
-                            if payload.first() == Some(&tag::KA) && *sender != self.members[i].name {
-                                let mut p = payload.to_vec();
-                                p[1] ^= conclave_secure::payload::UNSIGNED_DATA;
-                                *payload = p.into();
-                            }
-                        }
-                    }
-                    self.members[i].session.handle_delivery(now, d).unwrap();
-                    self.drain(i);
+        let held = self.settle_holding(&|_| false);
+        debug_assert!(held.is_empty());
+    }
+
+    /// The next delivery in member `i`'s inbox, as its link hands it over
+    /// (see [`Net::flip_policy_bit_for`]).
+    fn next_delivery(&mut self, i: usize) -> Option<Delivery> {
+        let mut d = self.members[i].inbox.pop_front()?;
+        if self.flip_policy_bit_for == Some(i) {
+            if let Delivery::Message { sender, payload, .. } = &mut d {
+                if payload.first() == Some(&tag::KA) && *sender != self.members[i].name {
+                    let mut p = payload.to_vec();
+                    p[1] ^= conclave_secure::payload::UNSIGNED_DATA;
+                    *payload = p.into();
                 }
             }
-            if idle {
-                return;
-            }
         }
-        panic!("deliveries never ran out");
+        Some(d)
     }
 
     /// As [`Net::settle`], but each member takes its deliveries in batches
@@ -322,10 +305,10 @@ impl Net {
         for _ in 0..100_000 {
             self.now += Duration::from_millis(1);
             let mut idle = true;
+            let now = self.now();
             for i in 0..self.members.len() {
-                let Some(d) = self.members[i].inbox.pop_front() else { continue };
+                let Some(d) = self.next_delivery(i) else { continue };
                 idle = false;
-                let now = self.now();
                 self.members[i].session.handle_delivery(now, d).unwrap();
                 held.extend(self.drain_holding(i, hold));
             }
