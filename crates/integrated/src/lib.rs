@@ -255,7 +255,7 @@ pub struct KeyedDaemon {
     evs: evs::EvsKeys,
     /// Views of Optimized EVS groups installed while the daemons' key was
     /// changing: keyed (as their deliveries are) when it is agreed.
-    evs_waiting: Vec<(GroupName, ViewId)>,
+    evs_waiting: Vec<(GroupName, ViewId, Option<ViewId>)>,
     /// The shell's clock at the last input (microseconds).
     now: u64,
     /// When the EVS key store was last swept for time-outs.
@@ -678,8 +678,14 @@ impl KeyedDaemon {
 
     /// Delivers everything held, keyed.
     fn release(&mut self, out: &mut Vec<Output>) {
-        for (group, view) in std::mem::take(&mut self.evs_waiting) {
-            self.evs_view(group, view);
+        for (group, view, configuration) in std::mem::take(&mut self.evs_waiting) {
+            let ServerKey::Agreed(sv) = &self.key else { break };
+            let key = view_key(&sv.key, &group, view);
+            if configuration == Some(sv.epoch.view) {
+                self.evs.installed(&group, view, key, self.now);
+            } else {
+                self.evs.installed_late(&group, view, key, self.now);
+            }
         }
         for (_, deliveries) in std::mem::take(&mut self.held) {
             for (to, d) in deliveries {
@@ -725,8 +731,12 @@ impl KeyedDaemon {
                 let key = view_key(&sv.key, &group, view);
                 self.evs.installed(&group, view, key, self.now);
             }
-            // Its deliveries wait for the key too; keyed with them.
-            _ => self.evs_waiting.push((group, view)),
+            // Its deliveries wait for the key too; keyed with them, and
+            // marked if that is a later configuration's key.
+            _ => {
+                let configuration = self.core.configuration().map(|(id, _)| id);
+                self.evs_waiting.push((group, view, configuration));
+            }
         }
     }
 
