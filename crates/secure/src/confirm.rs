@@ -35,6 +35,20 @@
 //! group's unnoticed — as when every member checked every MAC, which gave an
 //! insider the same power.
 //!
+//! **Groups the daemons key** (Integrated VS, Optimized EVS) confirm
+//! unsigned: their confirmations and verdicts carry an empty signature, and
+//! a MAC that does not match is believed as it comes. Every member of such a
+//! group takes its key from its daemon and trusts the daemons with it; the
+//! sender of each delivery is the one those daemons stamp, over a backbone
+//! that these modes must trust already (its joins and leaves decide who gets
+//! the keys). A forged mismatch could only come from a daemon, which holds
+//! the key anyway. Signing would cost one signature per member per key —
+//! most of what a member of such a group does when a daemon change re-keys
+//! hundreds of groups — to prove to the other members what their own daemons
+//! vouch for. A member of any other group takes an unsigned confirmation or
+//! verdict whose MAC does not match for a forgery, as any other broken
+//! signature.
+//!
 //! The verdict travels in agreed order, so all members decide on the same
 //! message: if its list is empty and its MAC matches, the secure view is
 //! delivered; otherwise — the members hold different keys, or an insider

@@ -185,12 +185,14 @@ struct Unchecked {
     signature: Vec<u8>,
     /// What the sender signed.
     signed: Vec<u8>,
-    key: Arc<dyn Verifier>,
+    /// The sender's identity key; none in a group the daemons key, whose
+    /// confirmations are unsigned and believed as they come.
+    key: Option<Arc<dyn Verifier>>,
 }
 
 impl Unchecked {
     fn verify(&self) -> bool {
-        self.key.verify(&self.signed, &self.signature).is_ok()
+        self.key.as_ref().is_none_or(|k| k.verify(&self.signed, &self.signature).is_ok())
     }
 }
 
@@ -210,8 +212,10 @@ impl Confirmations {
                 None => to_check.extend(candidates.into_iter().map(|u| (sender.clone(), u))),
             }
         }
-        let items: Vec<(&dyn Verifier, &[u8], &[u8])> =
-            to_check.iter().map(|(_, u)| (u.key.as_ref(), u.signed.as_slice(), u.signature.as_slice())).collect();
+        let items: Vec<(&dyn Verifier, &[u8], &[u8])> = to_check
+            .iter()
+            .filter_map(|(_, u)| Some((u.key.as_deref()?, u.signed.as_slice(), u.signature.as_slice())))
+            .collect();
         let all_valid = items.is_empty() || conclave_gka::suite::verify_batch(&items).is_ok();
         let mut forged = Vec::new();
         for (sender, u) in to_check {
@@ -467,6 +471,12 @@ struct GroupState {
 
 /// Optimized EVS: the key the daemon gave for view `view`, if `keys` (a
 /// group's `evs_keys`) still has it.
+/// Whether the daemons key `mode`'s groups (Integrated VS, Optimized EVS):
+/// then key confirmations and verdicts go unsigned (see `crate::confirm`).
+fn daemon_keyed(mode: GroupMode) -> bool {
+    matches!(mode, GroupMode::Keyed | GroupMode::OptimizedEvs)
+}
+
 fn evs_key(keys: &VecDeque<(ViewId, ViewKey)>, view: ViewId) -> Option<&ViewKey> {
     keys.iter().find(|(v, _)| *v == view).map(|(_, k)| k)
 }
@@ -1515,9 +1525,11 @@ impl SessionCore {
         }
         let confirmer = Confirmer::new(sv.key.expose_secret(), group, sv.epoch, sv.protocol, &sv.members);
         let mac = confirmer.mac(&self.me);
-        // A member alone signs nothing: it is its own collector.
-        let alone = sv.members.len() == 1;
-        let sig = if alone { Vec::new() } else { self.signer.sign(&confirm_signed(group, &self.me, sv.epoch, &mac)) };
+        // A member alone signs nothing: it is its own collector. Nor does a
+        // member of a group the daemons key (see `crate::confirm`).
+        let unsigned = sv.members.len() == 1 || daemon_keyed(gs.policy.mode);
+        let sig =
+            if unsigned { Vec::new() } else { self.signer.sign(&confirm_signed(group, &self.me, sv.epoch, &mac)) };
         let frame = Frame::Confirm { epoch: sv.epoch, mac: &mac, signature: &sig }.encode().into();
         gs.confirms.of(sv.epoch);
         gs.phase = Phase::Confirming(Box::new(Confirming {
@@ -1573,10 +1585,18 @@ impl SessionCore {
             gs.confirms.accepted.insert(sender, *mac);
             return self.check_confirmed(group);
         }
-        let Some(key) = sender_key(&self.certified, self.directory.as_ref(), gs, &sender) else {
-            // Refused, or no identity (yet): its signature cannot be checked.
-            tracing::debug!(%group, %sender, %epoch, "unmatched confirmation from a member with no key here; dropped");
-            return Ok(());
+        // In a group the daemons key, the daemons that stamped the sender
+        // gave every member its key: a MAC that does not match is believed
+        // as it comes (see `crate::confirm`), no signature to check.
+        let key = if daemon_keyed(gs.policy.mode) {
+            None
+        } else {
+            let Some(key) = sender_key(&self.certified, self.directory.as_ref(), gs, &sender) else {
+                // Refused, or no identity (yet): its signature cannot be checked.
+                tracing::debug!(%group, %sender, %epoch, "unmatched confirmation from a member with no key here; dropped");
+                return Ok(());
+            };
+            Some(key)
         };
         let candidates = gs.confirms.pending.entry(sender.clone()).or_default();
         if candidates.iter().any(|u| u.mac == *mac && u.signature == signature) {
@@ -1652,7 +1672,11 @@ impl SessionCore {
         let names = crate::payload::timeout_names_part(&unmatched);
         let mac = c.confirmer.verdict_mac(&self.me, &names);
         let epoch = c.view.epoch;
-        let signature = self.signer.sign(&verdict_signed(group, &self.me, epoch, &mac, &names));
+        let signature = if daemon_keyed(gs.policy.mode) {
+            Vec::new()
+        } else {
+            self.signer.sign(&verdict_signed(group, &self.me, epoch, &mac, &names))
+        };
         c.verdict_sent = true;
         let p = Frame::Verdict { epoch, mac: &mac, signature: &signature, names: &names }.encode();
         self.push(Transmit::Multicast(group.clone(), p.into()))
@@ -1693,8 +1717,11 @@ impl SessionCore {
             }
             return self.decide(group, unconfirmed);
         }
-        let valid = sender_key(&self.certified, self.directory.as_ref(), gs, &sender)
-            .is_some_and(|k| k.verify(&verdict_signed(group, &sender, epoch, mac, names), signature).is_ok());
+        // In a group the daemons key, the verdict's sender is the one they
+        // stamped: a MAC that does not match is the collector's key.
+        let valid = daemon_keyed(gs.policy.mode)
+            || sender_key(&self.certified, self.directory.as_ref(), gs, &sender)
+                .is_some_and(|k| k.verify(&verdict_signed(group, &sender, epoch, mac, names), signature).is_ok());
         if !valid {
             tracing::debug!(%group, %sender, %epoch, "verdict whose MAC and signature do not hold; dropped");
             self.events.push_back(SecureEvent::Rejected {
@@ -2624,7 +2651,9 @@ mod tests {
             if !valid {
                 signature[7] ^= 0x20;
             }
-            confirms.pending.insert(sender.clone(), vec![Unchecked { mac, signature, signed, key: signer.verifier() }]);
+            confirms
+                .pending
+                .insert(sender.clone(), vec![Unchecked { mac, signature, signed, key: Some(signer.verifier()) }]);
         }
         let forged: Vec<String> = confirms.settle(&confirmer).iter().map(|m| m.to_string()).collect();
         assert_eq!(forged, ["m3", "m5"], "a MAC that does not match, under a signature that does not verify");

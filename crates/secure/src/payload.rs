@@ -17,6 +17,9 @@
 //! | 9 | Optimized EVS data | multicast | an envelope (`conclave_integrated::evs`) sealing `u8 length ‖ sender ‖ view ‖ u64 seq ‖ u16 length ‖ signature ‖ data` |
 //! | 10 | key confirmation verdict | multicast | `epoch ‖ 32-byte MAC ‖ u16 length ‖ signature ‖ (u8 length ‖ name)*` |
 //!
+//! Confirmations and verdicts of groups the daemons key carry an empty
+//! signature ([`crate::confirm`]).
+//!
 //! `view` is a view id in 16 bytes (daemon incarnation, counter: see
 //! [`ViewId`]); `epoch` is 20 ([`Epoch`]: the view id and the run).
 //!
@@ -187,16 +190,18 @@ impl<'a> Frame<'a> {
             }
             tag::CONFIRM => {
                 let (epoch, rest) = rest.split_first_chunk::<EPOCH_LEN>().ok_or(short.clone())?;
+                // Unsigned (an empty signature) in groups the daemons key.
                 let (mac, signature) = rest.split_first_chunk::<32>().ok_or(short.clone())?;
-                if signature.is_empty() {
-                    return Err(short);
-                }
                 Ok(Frame::Confirm { epoch: Epoch::from_bytes(*epoch), mac, signature })
             }
             tag::VERDICT => {
                 let (epoch, rest) = rest.split_first_chunk::<EPOCH_LEN>().ok_or(short.clone())?;
                 let (mac, rest) = rest.split_first_chunk::<32>().ok_or(short.clone())?;
-                let (names, signature) = split_timeout(rest).ok_or(short.clone())?;
+                // `u16 length ‖ signature ‖ names`; unsigned (length 0) in
+                // groups the daemons key.
+                let (len, rest) = rest.split_first_chunk::<2>().ok_or(short.clone())?;
+                let (signature, names) =
+                    rest.split_at_checked(u16::from_be_bytes(*len) as usize).ok_or(short.clone())?;
                 if verdict_names(names).is_none() {
                     return Err(short);
                 }
@@ -526,11 +531,12 @@ mod tests {
             assert!(matches!(Frame::parse(&p), Ok(Frame::Trust { view: ViewId { seq: 0x102, .. }, body: [], .. })));
         }
         let confirm = [&[tag::CONFIRM][..], &[0; EPOCH_LEN], &[7; 32]].concat();
-        assert!(Frame::parse(&confirm).is_err(), "unsigned");
+        assert!(matches!(Frame::parse(&confirm), Ok(Frame::Confirm { signature: [], .. })), "unsigned");
         assert!(Frame::parse(&confirm[..40]).is_err());
         assert!(matches!(Frame::parse(&[&confirm[..], &[1]].concat()), Ok(Frame::Confirm { mac: [7, ..], .. })));
         let verdict = |rest: &[u8]| [&[tag::VERDICT][..], &[0; EPOCH_LEN], &[7; 32], rest].concat();
-        assert!(Frame::parse(&verdict(&[0, 0])).is_err(), "unsigned");
+        assert!(matches!(Frame::parse(&verdict(&[0, 0])), Ok(Frame::Verdict { signature: [], names: [], .. })));
+        assert!(Frame::parse(&verdict(&[0])).is_err(), "length cut short");
         assert!(Frame::parse(&verdict(&[0, 2, 5])).is_err(), "signature cut short");
         assert!(Frame::parse(&verdict(&[0, 1, 5, 2, b'a'])).is_err(), "name cut short");
         assert!(matches!(

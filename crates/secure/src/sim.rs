@@ -61,6 +61,13 @@
 //! and at the end every member of the final view holds one key whose members
 //! are exactly the view's, after the leader's ticks have run on.
 //!
+//! With [`SimConfig::mode`] [`GroupMode::Keyed`] (Integrated VS) the
+//! daemons key every view and the checks are the ones above; the attacker
+//! injects on the members' connections as above, but no key confirmations
+//! or verdicts: in the groups the daemons key those are unsigned, their
+//! senders the daemons' word on a link the members trust (see
+//! [`crate::confirm`]), as the group key itself is.
+//!
 //! With [`SimConfig::mode`] [`GroupMode::ThreeStep`] the group is a Three-Step group
 //! ([`Policy::three_step`]): its members hold no key and send in clear to
 //! their own daemon, and the daemons (sealed, keyed daemons whose key also
@@ -114,8 +121,9 @@
 //!   that key and should have re-encrypted. A notice that names no message
 //!   a member sent is a failure too (*unknown notice*).
 //! * The attacker injects what it recorded as in Integrated VS, but no
-//!   notices: a notice is its daemon's word, which the members of an
-//!   integrated group trust, on a link they trust.
+//!   notices (nor key confirmations or verdicts): a notice is its daemon's
+//!   word, which the members of an integrated group trust, on a link they
+//!   trust.
 //!
 //! With [`SimConfig::certified`] (`conclave sim`'s default), every other
 //! seed runs in *certified mode*: every member holds a
@@ -1299,6 +1307,15 @@ impl World {
             crate::payload::Frame::parse(&payload),
             Ok(crate::payload::Frame::Evs(b)) if matches!(conclave_integrated::evs::Envelope::decode(b), Ok(conclave_integrated::evs::Envelope::Notice { .. }))
         ) {
+            return;
+        }
+        // Nor, in a group the daemons key, is a key confirmation or
+        // verdict: its sender is the daemons' word too, and it is unsigned
+        // (see `crate::confirm`).
+        let daemon_keyed = matches!(self.st.cfg.mode, GroupMode::Keyed | GroupMode::OptimizedEvs);
+        if daemon_keyed
+            && matches!(payload.first(), Some(&crate::payload::tag::CONFIRM | &crate::payload::tag::VERDICT))
+        {
             return;
         }
         let name = self.st.slots[i].name.clone();

@@ -305,10 +305,21 @@ fn a_verdict_replayed_forged_or_from_another_member_confirms_nothing() {
         assert!(inject(&mut net, "carol", verdict.clone()).is_empty(), "{protocol}: the verdict in carol's name");
         let mut forged = verdict.clone();
         forged[1 + EPOCH_LEN] ^= 1;
-        let events = inject(&mut net, "alice", forged);
+        let events = inject(&mut net, "alice", forged.clone());
         assert!(
             matches!(&events[..], [SecureEvent::Rejected { reason: RejectReason::BadSignature, sender, .. }] if sender.as_str() == "alice"),
             "{protocol}: a forged MAC: {events:?}"
+        );
+        assert_eq!(net.members[1].session.confirming_epoch(GROUP), Some(epoch), "{protocol}: still confirming");
+        // Unsigned, as in a group the daemons key: in this one it is a
+        // forgery all the same.
+        let at = 1 + EPOCH_LEN + 32;
+        let sig_len = u16::from_be_bytes([verdict[at], verdict[at + 1]]) as usize;
+        let unsigned = [&forged[..at], &[0, 0], &verdict[at + 2 + sig_len..]].concat();
+        let events = inject(&mut net, "alice", unsigned);
+        assert!(
+            matches!(&events[..], [SecureEvent::Rejected { reason: RejectReason::BadSignature, sender, .. }] if sender.as_str() == "alice"),
+            "{protocol}: an unsigned verdict with another MAC: {events:?}"
         );
         assert_eq!(net.members[1].session.confirming_epoch(GROUP), Some(epoch), "{protocol}: still confirming");
         let mut copy = verdict.clone();

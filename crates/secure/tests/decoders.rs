@@ -205,7 +205,7 @@ fn refusal() -> impl Strategy<Value = Valid> {
 }
 
 fn confirmation() -> impl Strategy<Value = Valid> {
-    (any::<(u64, u64, u32)>(), any::<[u8; 32]>(), prop::collection::vec(any::<u8>(), 1..80)).prop_map(
+    (any::<(u64, u64, u32)>(), any::<[u8; 32]>(), prop::collection::vec(any::<u8>(), 0..80)).prop_map(
         |(e, mac, sig)| {
             let epoch = Epoch::new(ViewId::new(e.0, e.1), e.2);
             let bytes = [&[tag::CONFIRM][..], &epoch.to_bytes(), &mac, &sig].concat();
@@ -218,7 +218,7 @@ fn verdict() -> impl Strategy<Value = Valid> {
     (
         any::<(u64, u64, u32)>(),
         any::<[u8; 32]>(),
-        prop::collection::vec(any::<u8>(), 1..80),
+        prop::collection::vec(any::<u8>(), 0..80),
         prop::collection::vec(member_name(), 0..4),
     )
         .prop_map(|(e, mac, sig, names)| {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use conclave_gcs::core::{ConnId, Core, DaemonId, Limits, Machine, Op, Output};
+use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, Limits, Machine, Op, Output, ViewKey};
 use conclave_gcs::MemberId;
 use conclave_gka::suite::ed25519::Ed25519Signer;
 use conclave_gka::suite::Signer;
@@ -38,6 +38,9 @@ struct Net {
     clock: u64,
     now: Instant,
     directory: Arc<StaticDirectory>,
+    /// A member whose keys from the daemon are altered on their way (a
+    /// split among the daemons, as that member sees it).
+    split_off: Option<ConnId>,
 }
 
 impl Net {
@@ -59,6 +62,7 @@ impl Net {
             clock: 1,
             now: Instant::now(),
             directory: Arc::new(directory),
+            split_off: None,
         }
     }
 
@@ -104,7 +108,15 @@ impl Net {
                 Output::Deliver { to, delivery } => {
                     for c in to {
                         let Some(session) = self.sessions.get_mut(&c) else { continue };
-                        session.handle_delivery(self.now, delivery.clone()).unwrap();
+                        let delivery = match &delivery {
+                            Delivery::GroupKey { group, view, key } if self.split_off == Some(c) => {
+                                let mut other = *key.expose_secret();
+                                other[0] ^= 1;
+                                Delivery::GroupKey { group: group.clone(), view: *view, key: ViewKey::new(other) }
+                            }
+                            d => d.clone(),
+                        };
+                        session.handle_delivery(self.now, delivery).unwrap();
                         while let Some(ev) = session.poll_event() {
                             self.events.entry(c).or_default().push(ev);
                         }
@@ -362,4 +374,52 @@ fn a_bundle_that_loses_its_key_is_reported_with_how_many_messages_it_carried() {
         .collect();
     assert_eq!(lost, [9], "every message is accounted for");
     assert_eq!(net.data_sent(0), 2);
+}
+
+/// In the groups the daemons key, key confirmations and verdicts go
+/// unsigned (the daemons that stamp their senders gave every member its
+/// key: see `conclave_secure::confirm`), and a member whose key differs is
+/// still found and reported by every member, not taken for a forgery.
+#[test]
+fn keyed_groups_confirm_unsigned_and_a_member_with_another_key_is_reported() {
+    use conclave_gka::key::EPOCH_LEN;
+    use conclave_secure::payload::tag;
+
+    for policy in [Policy::integrated(), Policy::optimized_evs()] {
+        let mut net = Net::new(|d| d);
+        net.join(0, policy);
+        net.join(1, policy);
+        net.settle();
+        assert!(net.secure_views(0) >= 1 && net.secure_views(1) == 1, "{policy:?}: alice and bob are keyed");
+        let before = [net.secure_views(0), net.secure_views(1), 0];
+        let verdicts: Vec<&Bytes> =
+            net.sent[&Net::conn(0)].iter().filter(|p| p.first() == Some(&tag::VERDICT)).collect();
+        assert!(!verdicts.is_empty(), "{policy:?}: alice collects");
+        let at = 1 + EPOCH_LEN + 32;
+        assert!(verdicts.iter().all(|v| v[at..at + 2] == [0, 0]), "{policy:?}: verdicts unsigned");
+        // Carol's daemon gives her another key.
+        net.split_off = Some(Net::conn(2));
+        net.join(2, policy);
+        net.settle();
+        for (i, before) in before.into_iter().enumerate() {
+            let evs = net.events.get(&Net::conn(i)).map(Vec::as_slice).unwrap_or(&[]);
+            let mismatches: Vec<Vec<&str>> = evs
+                .iter()
+                .filter_map(|e| match e {
+                    SecureEvent::KeyMismatch { unconfirmed, .. } => {
+                        Some(unconfirmed.iter().map(|m| m.as_str()).collect())
+                    }
+                    _ => None,
+                })
+                .collect();
+            // Carol knows only that the collector's key is not hers.
+            let expected = if i == 2 { "alice" } else { "carol" };
+            assert!(
+                !mismatches.is_empty() && mismatches.iter().all(|m| m == &[expected]),
+                "{policy:?}: member {i} reports {expected}: {mismatches:?}"
+            );
+            assert!(net.rejected(i).is_empty(), "member {i}: {:?}", net.rejected(i));
+            assert_eq!(net.secure_views(i), before, "{policy:?}: member {i} shows no split key");
+        }
+    }
 }

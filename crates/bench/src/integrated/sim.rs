@@ -133,6 +133,18 @@ struct State {
     failures: Vec<String>,
 }
 
+/// Whether payload `p` is a signed key confirmation or verdict (see
+/// `conclave_secure::payload`: `tag ‖ epoch ‖ MAC ‖ signature`, and `tag ‖
+/// epoch ‖ MAC ‖ u16 length ‖ signature ‖ names`).
+fn signed_confirmation(p: &[u8]) -> bool {
+    let head = 1 + conclave_gka::key::EPOCH_LEN + 32;
+    match p.first() {
+        Some(&tag::CONFIRM) => p.len() > head,
+        Some(&tag::VERDICT) => p.get(head..head + 2).is_some_and(|len| len != [0, 0]),
+        _ => false,
+    }
+}
+
 impl State {
     fn react(&mut self, now: Micros, conn: ConnId, d: &Delivery) -> Reaction {
         let Some(&i) = self.by_conn.get(&conn) else { return Reaction::default() };
@@ -159,14 +171,13 @@ impl State {
         let d = spent - m.spent;
         m.spent = spent;
         // Confirmation signatures: a member's confirmation (to the
-        // collector) and the collector's verdict.
+        // collector) and the collector's verdict, unless unsigned (groups
+        // the daemons key).
         let mut ops = Vec::new();
         let mut confirmation_sigs = 0u64;
         while let Some(t) = m.session.poll_transmit() {
-            match &t {
-                Transmit::Unicast(_, _, p) if p.first() == Some(&tag::CONFIRM) => confirmation_sigs += 1,
-                Transmit::Multicast(_, p) if p.first() == Some(&tag::VERDICT) => confirmation_sigs += 1,
-                _ => {}
+            if let Transmit::Unicast(_, _, p) | Transmit::Multicast(_, p) = &t {
+                confirmation_sigs += u64::from(signed_confirmation(p));
             }
             ops.push(t.into_op(m.conn));
         }
