@@ -20,9 +20,15 @@
 //!   of the daemon group (after the state exchange that follows every change,
 //!   cascades included), the daemons run TGDH — the same `conclave-gka`
 //!   engine the clients run, with the daemons' own identities — over the
-//!   ordered stream ([`Op::DaemonKa`]), from scratch: every daemon brings a
-//!   fresh contribution, so the key `K_s` of a configuration is new even if
-//!   the same daemons had one before. A daemon alone has its key at once.
+//!   ordered stream ([`Op::DaemonKa`]). Its engine follows the
+//!   configurations as a client's follows its group's views, so a change of
+//!   the daemon group costs what the same change costs a TGDH client group:
+//!   a partition is a leave (one sponsor refreshes its share and broadcasts
+//!   its path: one round), a merge announces each part's tree and refreshes
+//!   one path (two), where agreeing from scratch took a round per level of
+//!   the tree. Each run has a sponsor's fresh share, so the key `K_s` of a
+//!   configuration is new even if the same daemons had one before. A daemon
+//!   alone has its key at once.
 //! * **Group Keys Engine (Integrated VS, paper §4.3.2).** The key of view `v`
 //!   of keyed group `g` is `HMAC-SHA256(K_s, label ‖ len(g) ‖ g ‖ v)` with
 //!   `v` the 16-byte view id ([`view_key`]). The paper's construction is
@@ -173,7 +179,9 @@ impl DaemonTrust for DaemonIdentities {
 /// The kinds of [`Op::DaemonKa`] payloads: the first byte.
 pub(crate) mod ka_kind {
     /// A daemon's credential for a configuration: the configuration id (16
-    /// bytes), then the credential.
+    /// bytes); the configuration whose key agreement its engine last
+    /// followed (a byte 0 for none, or 1 and its id, 16 bytes); then the
+    /// credential.
     pub const CREDENTIAL: u8 = 0;
     /// A message of the key agreement.
     pub const AGREEMENT: u8 = 1;
@@ -188,6 +196,13 @@ pub(crate) mod ka_kind {
     pub const COUNTING: u8 = 4;
 }
 
+/// A daemon admitted to a configuration's key agreement.
+struct Admitted {
+    key: Arc<dyn Verifier>,
+    /// The configuration whose key agreement its engine last followed.
+    came_from: Option<ViewId>,
+}
+
 /// Where the daemons' key stands.
 enum ServerKey {
     /// A change of the daemon group is being worked through: views of keyed
@@ -195,7 +210,7 @@ enum ServerKey {
     Changing,
     /// The daemons of configuration `id` present their credentials; `heard`
     /// holds each one's verdict so far (its key if admitted).
-    Presenting { id: ViewId, daemons: Vec<DaemonId>, heard: BTreeMap<DaemonId, Option<Arc<dyn Verifier>>> },
+    Presenting { id: ViewId, daemons: Vec<DaemonId>, heard: BTreeMap<DaemonId, Option<Admitted>> },
     /// The admitted daemons run the key agreement.
     Agreeing,
     /// The key of the current configuration.
@@ -214,9 +229,11 @@ pub struct KeyedDaemon {
     me: DaemonId,
     /// How this daemon proves itself and checks the others.
     trust: Box<dyn DaemonTrust>,
-    /// The key agreement of the current configuration, among its admitted
-    /// daemons (a new engine for each: it runs from scratch).
+    /// The daemons' key agreement, which follows the configurations (their
+    /// admitted daemons) as a client session's engine follows views.
     engine: Option<Box<dyn Engine>>,
+    /// The configuration the engine last followed.
+    followed: Option<ViewId>,
     rng: Box<dyn CryptoRngCore + Send>,
     key: ServerKey,
     /// Deliveries of keyed groups waiting for the key, by group, in order.
@@ -275,6 +292,7 @@ impl KeyedDaemon {
             me,
             trust: Box::new(trust),
             engine: None,
+            followed: None,
             rng,
             key: ServerKey::Changing,
             held: BTreeMap::new(),
@@ -443,19 +461,34 @@ impl KeyedDaemon {
     fn configuration_installed(&mut self, out: &mut Vec<Output>) {
         let Some((id, daemons)) = self.core.configuration() else { return };
         if daemons == [self.me] {
-            let verifier = self.trust.signer().verifier();
-            self.start_agreement(id, BTreeMap::from([(self.me, verifier)]), out);
+            let me = Admitted { key: self.trust.signer().verifier(), came_from: self.followed };
+            self.start_agreement(id, BTreeMap::from([(self.me, me)]), out);
             return;
         }
         let mut payload = vec![ka_kind::CREDENTIAL];
         payload.extend_from_slice(&id.to_bytes());
+        match self.followed {
+            Some(v) => {
+                payload.push(1);
+                payload.extend_from_slice(&v.to_bytes());
+            }
+            None => payload.push(0),
+        }
         payload.extend_from_slice(&self.trust.credential());
         out.push(Output::Submit(Op::DaemonKa { from: self.me, payload: payload.into() }));
         self.key = ServerKey::Presenting { id, daemons, heard: BTreeMap::new() };
     }
 
-    /// Daemon `from` presented `credential` for configuration `id`.
-    fn credential(&mut self, from: DaemonId, id: ViewId, credential: &[u8], out: &mut Vec<Output>) {
+    /// Daemon `from` presented `credential` for configuration `id`, coming
+    /// from configuration `came_from`.
+    fn credential(
+        &mut self,
+        from: DaemonId,
+        id: ViewId,
+        came_from: Option<ViewId>,
+        credential: &[u8],
+        out: &mut Vec<Output>,
+    ) {
         let ServerKey::Presenting { id: current, daemons, heard } = &mut self.key else { return };
         if id != *current || !daemons.contains(&from) || heard.contains_key(&from) {
             return;
@@ -466,7 +499,7 @@ impl KeyedDaemon {
             self.trust.verify(from, credential)
         };
         let verdict = match verdict {
-            Ok(key) => Some(key),
+            Ok(key) => Some(Admitted { key, came_from }),
             Err(why) => {
                 tracing::warn!(daemon = from.0, %why, "a daemon is not admitted to the daemons' key agreement");
                 None
@@ -477,8 +510,8 @@ impl KeyedDaemon {
             return;
         }
         let id = *current;
-        let admitted: BTreeMap<DaemonId, Arc<dyn Verifier>> =
-            std::mem::take(heard).into_iter().filter_map(|(d, key)| key.map(|k| (d, k))).collect();
+        let admitted: BTreeMap<DaemonId, Admitted> =
+            std::mem::take(heard).into_iter().filter_map(|(d, a)| a.map(|a| (d, a))).collect();
         if !admitted.contains_key(&self.me) {
             tracing::error!(
                 daemon = self.me.0,
@@ -491,33 +524,40 @@ impl KeyedDaemon {
     }
 
     /// Starts the key agreement of configuration `id` among `admitted`.
-    fn start_agreement(&mut self, id: ViewId, admitted: BTreeMap<DaemonId, Arc<dyn Verifier>>, out: &mut Vec<Output>) {
+    ///
+    /// The engine follows the configurations as a client session's engine
+    /// follows its group's views: the admitted daemons are the view, and
+    /// each one's `prev` is the configuration whose agreement its engine
+    /// last followed, as it presented it. Daemons that came from the same
+    /// one moved together (the backbone's virtual synchrony: they ordered
+    /// the same messages of it), so they share its key tree, and TGDH
+    /// agrees the new key as it does for clients: a partition is a leave
+    /// (one sponsor refreshes its share and broadcasts its path), a merge
+    /// announces each part's tree and then refreshes one path. Every key is
+    /// new: at least one sponsor brings a fresh share to every run. A
+    /// daemon that restarted, or that its engine did not follow the
+    /// configurations of, comes as a newcomer with a fresh share.
+    fn start_agreement(&mut self, id: ViewId, admitted: BTreeMap<DaemonId, Admitted>, out: &mut Vec<Output>) {
         let mut directory = StaticDirectory::new();
-        for (&d, key) in &admitted {
-            directory.insert(daemon_member(d), key.clone());
+        for (&d, a) in &admitted {
+            directory.insert(daemon_member(d), a.key.clone());
         }
-        // From scratch, with a new engine: no daemon may bring a tree it
-        // saved from an earlier configuration (the others would not share
-        // it), so the view is agreed as a merge of singletons, every daemon
-        // a newcomer with a fresh contribution.
-        let mut engine = conclave_gka::new_engine(conclave_gka::Config {
-            protocol: ProtocolId::Tgdh,
-            group_id: GroupId::Ristretto255,
-            group: DAEMON_GROUP.to_string(),
-            me: daemon_member(self.me),
-            signer: self.trust.signer(),
-            directory: Arc::new(directory.clone()),
+        let (me, signer) = (daemon_member(self.me), self.trust.signer());
+        let engine = self.engine.get_or_insert_with(|| {
+            conclave_gka::new_engine(conclave_gka::Config {
+                protocol: ProtocolId::Tgdh,
+                group_id: GroupId::Ristretto255,
+                group: DAEMON_GROUP.to_string(),
+                me,
+                signer,
+                directory: Arc::new(directory.clone()),
+            })
         });
-        let members = admitted.keys().map(|&d| ViewMember { id: daemon_member(d), prev: None }).collect();
+        let members = admitted.iter().map(|(&d, a)| ViewMember { id: daemon_member(d), prev: a.came_from }).collect();
         let view = View { id, members, cause: Cause::Network };
-        // (The view's run 0 is started and abandoned at once, the same at
-        // every daemon: only run 1's messages are sent.)
-        let res = engine
-            .observe(&view)
-            .and_then(|()| engine.start(&directory, &mut *self.rng))
-            .and_then(|_| engine.rekey(&mut *self.rng));
+        let res = engine.observe(&view).and_then(|()| engine.start(&directory, &mut *self.rng));
+        self.followed = Some(id);
         self.key = ServerKey::Agreeing;
-        self.engine = Some(engine);
         self.engine_result(res, out);
     }
 
@@ -581,10 +621,21 @@ impl KeyedDaemon {
     /// A daemon key agreement message from `from`, in stream order.
     fn daemon_ka(&mut self, from: DaemonId, payload: &[u8], out: &mut Vec<Output>) {
         match payload.split_first() {
-            Some((&ka_kind::CREDENTIAL, rest)) if rest.len() >= 16 => {
-                let (id, credential) = rest.split_at(16);
+            Some((&ka_kind::CREDENTIAL, rest)) if rest.len() >= 17 => {
+                let (id, rest) = rest.split_at(16);
                 let id = ViewId::from_bytes(id.try_into().expect("16 bytes"));
-                self.credential(from, id, credential, out);
+                let (came_from, credential) = match rest.split_first() {
+                    Some((0, credential)) => (None, credential),
+                    Some((1, rest)) if rest.len() >= 16 => {
+                        let (v, credential) = rest.split_at(16);
+                        (Some(ViewId::from_bytes(v.try_into().expect("16 bytes"))), credential)
+                    }
+                    _ => {
+                        tracing::warn!(daemon = from.0, "a malformed credential message; dropped");
+                        return;
+                    }
+                };
+                self.credential(from, id, came_from, credential, out);
             }
             Some((&ka_kind::RENEW, epoch)) => {
                 // Only a request for the key in use counts: later ones for the
@@ -607,6 +658,12 @@ impl KeyedDaemon {
                 }
             }
             Some((&ka_kind::AGREEMENT, message)) => {
+                // Only while a run of this configuration is under way (or a
+                // renewal of its key): a run of the last one, ordered after
+                // the change, is over.
+                if !matches!(self.key, ServerKey::Agreeing | ServerKey::Agreed(_)) {
+                    return;
+                }
                 let Some(engine) = &mut self.engine else { return };
                 let res = engine.on_message(&daemon_member(from), message, &mut *self.rng);
                 self.engine_result(res, out);
@@ -885,7 +942,6 @@ impl KeyedDaemon {
                 // Views of the new configuration wait for its key, a new one
                 // in any case.
                 self.key = ServerKey::Changing;
-                self.engine = None;
                 if let Some(sealing) = &mut self.sealing {
                     sealing.configuration_changed();
                 }
