@@ -393,7 +393,7 @@ pub fn run(args: IntegratedArgs) -> Result<()> {
                 costs.hmac_us,
                 if s.free_confirmations { "free (--free-confirmations)" } else { "charged" }
             )?;
-            let mut bed = sim::Testbed::new(s.daemons as u16, costs, s.seed);
+            let mut bed = sim::Testbed::new(s.daemons as u16, costs);
             bed.charge_confirmations = !s.free_confirmations;
             if figures[0] {
                 rows.extend(sim_fig5(&bed, &s, &mut step)?);
@@ -944,7 +944,7 @@ mod tests {
     fn json_rows_have_the_issues_keys_and_out_writes_csv_json_and_charts() {
         let a = args("--daemons 3 --sizes 4 --runs 1 --groups 2 --group-size 4 --costs tissec2002");
         let (s, _) = check(&a).unwrap();
-        let bed = sim::Testbed::new(3, model::OpCosts::tissec2002(), 1);
+        let bed = sim::Testbed::new(3, model::OpCosts::tissec2002());
         let mut rows = sim_fig5(&bed, &s, &mut |_| {}).unwrap();
         rows.extend(sim_fig6(&bed, &s, &mut |_| {}).unwrap());
         // Fig. 5: plaintext, layered, integrated per event; Fig. 6: the same per event.

@@ -439,6 +439,12 @@ impl KeyedDaemon {
         self.agreements
     }
 
+    /// Exponentiations this daemon's key agreement engine made so far, over
+    /// every configuration (for benchmarks that charge them).
+    pub fn agreement_exponentiations(&self) -> u64 {
+        self.engine.as_ref().map_or(0, |e| e.costs().exps)
+    }
+
     /// The epoch of the daemons' current key, if agreed.
     pub fn server_epoch(&self) -> Option<conclave_gka::Epoch> {
         match &self.key {

@@ -175,6 +175,46 @@ fn a_change_of_the_daemon_group_rekeys_every_keyed_group_with_one_agreement() {
     assert!(members.iter().all(|&m| key_of(&merged, m, "k7") != key_of(&split, m, "k7")));
 }
 
+/// The daemons' key agreement follows the configurations: after a
+/// partition, the daemons that stay together agree as a TGDH leave (one
+/// broadcast, by the sponsor), and after the heal as a TGDH merge (each
+/// part's sponsor announces its tree), where agreeing from scratch makes
+/// every daemon announce its own and takes a round per level of the tree.
+/// Every key is new all the same.
+#[test]
+fn the_daemons_agree_a_partition_as_a_leave_and_a_heal_as_a_merge() {
+    const AGREEMENT: u8 = 1; // `conclave_integrated`'s kind of a key agreement message
+    let mut sim = keyed_sim(5, 11);
+    sim.run_idle();
+    let members: Vec<ConnId> = (0..5).map(|d| join(&mut sim, d, &format!("m{d}"), &[("k", true)])).collect();
+    sim.run_idle();
+    let messages = |sim: &DaemonSim| {
+        sim.ordered_ops()
+            .filter(|(_, op)| matches!(op, Op::DaemonKa { payload, .. } if payload.first() == Some(&AGREEMENT)))
+            .count()
+    };
+    let key_of = |keys: &Keys, m: ConnId| keys[&m].iter().rev().find(|(g, ..)| g.as_str() == "k").unwrap().2;
+    let joined = keys_by_client(&sim.take_log());
+
+    let before = messages(&sim);
+    sim.reconfigure(&[&[0, 1, 2, 3], &[4]]).unwrap();
+    sim.run_idle();
+    assert_eq!(messages(&sim) - before, 1, "the four that stay together: one sponsor's broadcast");
+    let split = keys_by_client(&sim.take_log());
+    assert!(members.iter().all(|&m| key_of(&split, m) != key_of(&joined, m)), "new keys on both sides");
+    assert_eq!(members[..4].iter().map(|&m| key_of(&split, m)).collect::<BTreeSet<_>>().len(), 1);
+
+    let before = messages(&sim);
+    sim.reconfigure(&[&[0, 1, 2, 3, 4]]).unwrap();
+    sim.run_idle();
+    // The lone daemon's leaf goes beside the four's root, whose new key both
+    // announcements give: nothing more to broadcast.
+    assert_eq!(messages(&sim) - before, 2, "each part's tree announced by its sponsor");
+    let merged = keys_by_client(&sim.take_log());
+    assert_eq!(members.iter().map(|&m| key_of(&merged, m)).collect::<BTreeSet<_>>().len(), 1);
+    assert!(members.iter().all(|&m| key_of(&merged, m) != key_of(&split, m)), "a new key after the merge");
+}
+
 fn keyed_daemon(sim: &DaemonSim, d: u16) -> &KeyedDaemon {
     sim.machine(d).and_then(|m| (m as &dyn std::any::Any).downcast_ref::<KeyedDaemon>()).expect("a keyed daemon")
 }

@@ -1458,8 +1458,16 @@ impl World {
                 clear = Some(format!("daemon {} put a client operation on the backbone in clear: {op:?}", from.0));
                 break;
             }
+            // The daemons' key agreement (`conclave_integrated`'s kinds 0 and
+            // 1: credentials, signed public values) carries no client bytes,
+            // and at thousands of random bytes per run a short text turns up
+            // in it by chance (three-step seed 9967 found "m0:4" in one).
+            let agreement = matches!(op, Op::DaemonKa { payload, .. } if matches!(payload.first(), Some(0 | 1)));
+            if agreement {
+                continue;
+            }
             if let Some(text) = text_in(&conclave_gcs::backbone::op_bytes(op), &self.st.texts) {
-                clear = Some(format!("the backbone carried {text:?} in clear (from daemon {})", from.0));
+                clear = Some(format!("the backbone carried {text:?} in clear (from daemon {}): {op:?}", from.0));
                 break;
             }
         }

@@ -12,15 +12,8 @@
 //!   verification it does with the keys its trust hands out;
 //! * **HMACs**, exactly: one per keyed view, which the daemon delivers as a
 //!   `Delivery::GroupKey` output;
-//! * **exponentiations**, from a calibration: `KeyedDaemon` does not expose
-//!   its engine's meter, so [`Calibration`] runs the same agreement (TGDH over
-//!   ristretto255 among the same daemon names, from scratch as
-//!   `KeyedDaemon::start_agreement` does) in-process once per number of
-//!   daemons, and each daemon is charged its engine's exponentiations, spread
-//!   over the calls in which it sends a message of the agreement or installs
-//!   the key, in the calibration's order. Totals are exact; the split between
-//!   a daemon's calls is the calibration's (its stream order may differ from
-//!   the simulation's).
+//! * **exponentiations**, exactly: the deltas of the daemon's key agreement
+//!   engine's meter ([`KeyedDaemon::agreement_exponentiations`]).
 //!
 //! The daemon's cryptography runs on a CPU of its own (the paper's testbed
 //! machines had two), in order: a call's outputs leave when the CPU has done
@@ -34,18 +27,12 @@ use std::sync::Arc;
 
 use conclave_gcs::core::{Core, DaemonId, Delivery, Limits, Machine, Op, Output};
 use conclave_gcs::daemon_sim::{DaemonSim, NetConfig};
-use conclave_gcs::{Cause, View, ViewId, ViewMember};
 use conclave_gka::suite::{generate_signer, CryptoError, SignatureId, Signer, Verifier};
-use conclave_gka::{GroupId, Output as EngineOutput, ProtocolId, StaticDirectory};
-use conclave_integrated::{daemon_member, DaemonTrust, KeyedDaemon, DAEMON_GROUP};
+use conclave_integrated::{DaemonTrust, KeyedDaemon};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 
 use super::model::OpCosts;
-
-/// The first byte of a daemons' key agreement message in an `Op::DaemonKa`
-/// (`conclave_integrated`'s private `ka_kind::AGREEMENT`).
-const KA_AGREEMENT: u8 = 1;
 
 /// Signatures and verifications made through one daemon's identity.
 #[derive(Default)]
@@ -114,125 +101,11 @@ impl DaemonTrust for CountingTrust {
     }
 }
 
-/// The exponentiations of the daemons' agreement from scratch among k
-/// daemons: for daemon i (its rank among them), what its engine spent in each
-/// of its calls that sent a message or installed the key, in order (the
-/// exponentiations of calls that did neither are added to its next such
-/// call).
-pub struct Calibration {
-    by_size: BTreeMap<usize, Vec<Vec<u64>>>,
-}
-
-impl Calibration {
-    /// Runs the agreement among 1..=`max` daemons once each.
-    pub fn new(max: usize, seed: u64) -> Self {
-        let by_size = (1..=max.max(1)).map(|k| (k, calibrate(k, seed ^ k as u64))).collect();
-        Self { by_size }
-    }
-
-    /// Daemon `rank`'s exponentiations in its `call`-th active call of an
-    /// agreement among `k`; `None` past its last.
-    fn exps(&self, k: usize, rank: usize, call: usize) -> u64 {
-        self.by_size.get(&k).and_then(|d| d.get(rank)).and_then(|c| c.get(call)).copied().unwrap_or(0)
-    }
-
-    /// Daemon `rank`'s exponentiations in the whole agreement among `k`.
-    #[cfg(test)]
-    pub fn total(&self, k: usize, rank: usize) -> u64 {
-        self.by_size.get(&k).and_then(|d| d.get(rank)).map_or(0, |c| c.iter().sum())
-    }
-}
-
-/// One agreement among `k` daemons, in-process, its broadcasts delivered to
-/// every daemon (the sender too, as the stream does) in the order sent.
-fn calibrate(k: usize, seed: u64) -> Vec<Vec<u64>> {
-    let mut rng = ChaCha20Rng::seed_from_u64(seed);
-    let ids: Vec<DaemonId> = (0..k as u16).map(DaemonId).collect();
-    let signers: Vec<Arc<dyn Signer>> =
-        ids.iter().map(|_| generate_signer(SignatureId::Ed25519, &mut rng).expect("Ed25519 keys")).collect();
-    let mut directory = StaticDirectory::new();
-    for (d, s) in ids.iter().zip(&signers) {
-        directory.insert(daemon_member(*d), s.verifier());
-    }
-    let view = View {
-        id: ViewId::new(seed, 1),
-        members: ids.iter().map(|&d| ViewMember { id: daemon_member(d), prev: None }).collect(),
-        cause: Cause::Network,
-    };
-    let mut engines: Vec<_> = ids
-        .iter()
-        .zip(&signers)
-        .map(|(&d, s)| {
-            conclave_gka::new_engine(conclave_gka::Config {
-                protocol: ProtocolId::Tgdh,
-                group_id: GroupId::Ristretto255,
-                group: DAEMON_GROUP.to_string(),
-                me: daemon_member(d),
-                signer: s.clone(),
-                directory: Arc::new(directory.clone()),
-            })
-        })
-        .collect();
-    let mut tally = CalibrationTally { calls: vec![Vec::new(); k], pending: vec![0; k], queue: VecDeque::new() };
-    for (i, e) in engines.iter_mut().enumerate() {
-        let before = e.costs().exps;
-        let outs = e
-            .observe(&view)
-            .and_then(|()| e.start(&directory, &mut rng))
-            .and_then(|_| e.rekey(&mut rng))
-            .expect("the daemons' agreement starts");
-        tally.step(i, e.costs().exps - before, outs);
-    }
-    while let Some((from, bytes)) = tally.queue.pop_front() {
-        let sender = daemon_member(ids[from]);
-        for (i, e) in engines.iter_mut().enumerate() {
-            let before = e.costs().exps;
-            let outs = e.on_message(&sender, &bytes, &mut rng).unwrap_or_default();
-            tally.step(i, e.costs().exps - before, outs);
-        }
-    }
-    tally.calls
-}
-
-/// What [`calibrate`] gathers.
-struct CalibrationTally {
-    calls: Vec<Vec<u64>>,
-    pending: Vec<u64>,
-    queue: VecDeque<(usize, Vec<u8>)>,
-}
-
-impl CalibrationTally {
-    /// Daemon `i`'s engine spent `exps` in a call that output `outs`.
-    fn step(&mut self, i: usize, exps: u64, outs: Vec<EngineOutput>) {
-        self.pending[i] += exps;
-        let mut active = false;
-        for o in outs {
-            match o {
-                EngineOutput::Send { bytes, .. } => {
-                    self.queue.push_back((i, bytes));
-                    active = true;
-                }
-                EngineOutput::Installed(_) => active = true,
-            }
-        }
-        if active {
-            self.calls[i].push(std::mem::take(&mut self.pending[i]));
-        }
-    }
-}
-
 /// A keyed daemon whose cryptography takes CPU time (see the module doc).
 pub struct Metered {
     inner: KeyedDaemon,
-    me: DaemonId,
     tally: Arc<Tally>,
     costs: OpCosts,
-    calibration: Arc<Calibration>,
-    /// Active calls of the agreement under way so far, and whether one is.
-    calls: usize,
-    agreeing: bool,
-    /// The daemons' key epoch last seen.
-    epoch: Option<conclave_gka::Epoch>,
     /// When the daemon's crypto CPU is free, and the outputs waiting for it.
     busy: u64,
     queue: VecDeque<(u64, Vec<Output>)>,
@@ -248,43 +121,15 @@ impl Metered {
     /// Runs one call of the inner daemon at `now` and charges it.
     fn charge(&mut self, now: u64, out: &mut Vec<Output>, call: impl FnOnce(&mut KeyedDaemon, &mut Vec<Output>)) {
         let (sigs0, verifs0) = self.tally.read();
+        let exps0 = self.inner.agreement_exponentiations();
         let mut produced = Vec::new();
         call(&mut self.inner, &mut produced);
         let (sigs1, verifs1) = self.tally.read();
+        let exps = self.inner.agreement_exponentiations().saturating_sub(exps0);
         let hmacs = produced
             .iter()
             .filter(|o| matches!(o, Output::Deliver { delivery: Delivery::GroupKey { .. }, .. }))
             .count() as u64;
-        let sent = produced.iter().any(
-            |o| matches!(o, Output::Submit(Op::DaemonKa { payload, .. }) if payload.first() == Some(&KA_AGREEMENT)),
-        );
-        let epoch = self.inner.server_epoch();
-        let installed = epoch.is_some() && epoch != self.epoch;
-        if installed && !self.agreeing {
-            // Alone in a new configuration: agreed within this one call.
-            self.calls = 0;
-        }
-        if epoch.is_none() && !self.agreeing {
-            // A new configuration: a new agreement from scratch.
-            self.agreeing = true;
-            self.calls = 0;
-        }
-        let mut exps = 0;
-        if sent || installed {
-            let daemons = self.inner.keyed_daemons().or_else(|| self.inner.core().configuration().map(|c| c.1));
-            let daemons = daemons.unwrap_or_default();
-            let k = daemons.len().max(1);
-            let rank = daemons.iter().position(|&d| d == self.me).unwrap_or(0);
-            exps = self.calibration.exps(k, rank, self.calls);
-            self.calls += 1;
-            if installed {
-                // Whatever the calibration has after this call is charged now.
-                let rest: u64 = (self.calls..).map_while(|c| self.calibration.by_size.get(&k)?.get(rank)?.get(c)).sum();
-                exps += rest;
-                self.agreeing = false;
-            }
-        }
-        self.epoch = epoch;
         let cpu = self.costs.cpu(exps, sigs1 - sigs0, verifs1 - verifs0, hmacs);
         if cpu == 0 && self.queue.is_empty() {
             out.extend(produced);
@@ -338,7 +183,7 @@ impl Machine for Metered {
 }
 
 /// `n` simulated keyed daemons, metered with `costs`.
-pub fn keyed_daemons(n: u16, costs: OpCosts, calibration: Arc<Calibration>, seed: u64) -> DaemonSim {
+pub fn keyed_daemons(n: u16, costs: OpCosts, seed: u64) -> DaemonSim {
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
     let signers: Vec<Arc<dyn Signer>> =
         (0..n).map(|_| generate_signer(SignatureId::Ed25519, &mut rng).expect("Ed25519 keys")).collect();
@@ -350,19 +195,7 @@ pub fn keyed_daemons(n: u16, costs: OpCosts, calibration: Arc<Calibration>, seed
         let trust = CountingTrust { me: signers[usize::from(id.0)].clone(), keys: keys.clone(), tally: tally.clone() };
         let rng = Box::new(ChaCha20Rng::seed_from_u64(incarnation ^ salt));
         let inner = KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), trust, rng);
-        let epoch = inner.server_epoch();
-        Box::new(Metered {
-            inner,
-            me: id,
-            tally,
-            costs,
-            calibration: calibration.clone(),
-            calls: 0,
-            agreeing: false,
-            epoch,
-            busy: 0,
-            queue: VecDeque::new(),
-        })
+        Box::new(Metered { inner, tally, costs, busy: 0, queue: VecDeque::new() })
     };
     DaemonSim::with_machines(n, NetConfig::default(), rng.next_u64(), Box::new(make)).expect("a valid network")
 }
@@ -370,19 +203,4 @@ pub fn keyed_daemons(n: u16, costs: OpCosts, calibration: Arc<Calibration>, seed
 /// `n` simulated plain daemons (the layered architecture: no daemons' key).
 pub fn plain_daemons(n: u16, seed: u64) -> DaemonSim {
     DaemonSim::new(n, NetConfig::default(), seed).expect("a valid network")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_daemon_exponentiates_in_an_agreement_of_several() {
-        let c = Calibration::new(4, 1);
-        for k in 2..=4 {
-            for rank in 0..k {
-                assert!(c.total(k, rank) > 0, "{k} daemons, rank {rank}");
-            }
-        }
-    }
 }

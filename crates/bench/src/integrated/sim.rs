@@ -59,7 +59,7 @@ use conclave_secure::{Policy, SecureEvent, SessionCore, Transmit};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 
-use super::metered::{keyed_daemons, plain_daemons, Calibration};
+use super::metered::{keyed_daemons, plain_daemons};
 use super::model::OpCosts;
 use crate::scenario::TimedEvent;
 
@@ -68,7 +68,6 @@ use crate::scenario::TimedEvent;
 pub struct Testbed {
     pub daemons: u16,
     pub costs: OpCosts,
-    pub calibration: Arc<Calibration>,
     /// Whether the members' key confirmations (one signature per member per
     /// key) cost CPU; without, the model is the paper's Secure Spread, which
     /// confirmed no key.
@@ -76,9 +75,8 @@ pub struct Testbed {
 }
 
 impl Testbed {
-    pub fn new(daemons: u16, costs: OpCosts, seed: u64) -> Self {
-        let calibration = Arc::new(Calibration::new(daemons.into(), seed));
-        Self { daemons, costs, calibration, charge_confirmations: true }
+    pub fn new(daemons: u16, costs: OpCosts) -> Self {
+        Self { daemons, costs, charge_confirmations: true }
     }
 }
 
@@ -235,7 +233,7 @@ impl World {
         }
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
         let sim = if policy.mode == GroupMode::Keyed {
-            keyed_daemons(bed.daemons, bed.costs, bed.calibration.clone(), rng.next_u64())
+            keyed_daemons(bed.daemons, bed.costs, rng.next_u64())
         } else {
             plain_daemons(bed.daemons, rng.next_u64())
         };
@@ -488,7 +486,7 @@ mod tests {
     use conclave_gka::{GroupId, ProtocolId};
 
     fn bed(daemons: u16) -> Testbed {
-        Testbed::new(daemons, OpCosts::tissec2002(), 1)
+        Testbed::new(daemons, OpCosts::tissec2002())
     }
 
     #[test]
