@@ -469,14 +469,14 @@ struct GroupState {
     tamper: Option<Tamper>,
 }
 
-/// Optimized EVS: the key the daemon gave for view `view`, if `keys` (a
-/// group's `evs_keys`) still has it.
 /// Whether the daemons key `mode`'s groups (Integrated VS, Optimized EVS):
 /// then key confirmations and verdicts go unsigned (see `crate::confirm`).
 fn daemon_keyed(mode: GroupMode) -> bool {
     matches!(mode, GroupMode::Keyed | GroupMode::OptimizedEvs)
 }
 
+/// Optimized EVS: the key the daemon gave for view `view`, if `keys` (a
+/// group's `evs_keys`) still has it.
 fn evs_key(keys: &VecDeque<(ViewId, ViewKey)>, view: ViewId) -> Option<&ViewKey> {
     keys.iter().find(|(v, _)| *v == view).map(|(_, k)| k)
 }
