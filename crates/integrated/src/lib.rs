@@ -178,10 +178,11 @@ impl DaemonTrust for DaemonIdentities {
 
 /// The kinds of [`Op::DaemonKa`] payloads: the first byte.
 pub(crate) mod ka_kind {
-    /// A daemon's credential for a configuration: the configuration id (16
-    /// bytes); the configuration whose key agreement its engine last
-    /// followed (a byte 0 for none, or 1 and its id, 16 bytes); then the
-    /// credential.
+    /// A daemon's credential for the configuration a change of the daemon
+    /// group leads to, sent when the change begins: the backbone's number
+    /// of the change ([`Op::Daemons`]'s `epoch`, 8 bytes); the configuration
+    /// whose key agreement its engine last followed (a byte 0 for none, or 1
+    /// and its id, 16 bytes); then the credential.
     pub const CREDENTIAL: u8 = 0;
     /// A message of the key agreement.
     pub const AGREEMENT: u8 = 1;
@@ -208,8 +209,9 @@ enum ServerKey {
     /// A change of the daemon group is being worked through: views of keyed
     /// groups wait.
     Changing,
-    /// The daemons of configuration `id` present their credentials; `heard`
-    /// holds each one's verdict so far (its key if admitted).
+    /// The daemons of configuration `id` present their credentials (some
+    /// did during the exchange: [`KeyedDaemon::presented`]); `heard` holds
+    /// each one's verdict so far (its key if admitted).
     Presenting { id: ViewId, daemons: Vec<DaemonId>, heard: BTreeMap<DaemonId, Option<Admitted>> },
     /// The admitted daemons run the key agreement.
     Agreeing,
@@ -234,6 +236,19 @@ pub struct KeyedDaemon {
     engine: Option<Box<dyn Engine>>,
     /// The configuration the engine last followed.
     followed: Option<ViewId>,
+    /// What this daemon presents as the state it comes from: the
+    /// configuration it followed if, when the daemon group last changed,
+    /// it held that configuration's first key and was not renewing it (so
+    /// any daemon that presents the same holds the same key tree); none
+    /// otherwise, and it takes part as a newcomer.
+    came_from: Option<ViewId>,
+    /// The backbone's number of the last change of the daemon group, and
+    /// the credentials presented for it before its configuration was
+    /// installed (the configuration it came from, and the credential): each
+    /// daemon presents its credential when the change begins, so the
+    /// credentials cross the backbone with the state exchange.
+    change: Option<u64>,
+    presented: BTreeMap<DaemonId, (Option<ViewId>, Vec<u8>)>,
     rng: Box<dyn CryptoRngCore + Send>,
     key: ServerKey,
     /// Deliveries of keyed groups waiting for the key, by group, in order.
@@ -293,6 +308,9 @@ impl KeyedDaemon {
             trust: Box::new(trust),
             engine: None,
             followed: None,
+            came_from: None,
+            change: None,
+            presented: BTreeMap::new(),
             rng,
             key: ServerKey::Changing,
             held: BTreeMap::new(),
@@ -462,18 +480,15 @@ impl KeyedDaemon {
         }
     }
 
-    /// The core installed a configuration: its daemons present their
-    /// credentials, or, alone, this daemon agrees with itself at once.
-    fn configuration_installed(&mut self, out: &mut Vec<Output>) {
-        let Some((id, daemons)) = self.core.configuration() else { return };
-        if daemons == [self.me] {
-            let me = Admitted { key: self.trust.signer().verifier(), came_from: self.followed };
-            self.start_agreement(id, BTreeMap::from([(self.me, me)]), out);
-            return;
-        }
+    /// A change of the daemon group (backbone number `change`) begins:
+    /// this daemon presents its credential for the configuration it leads
+    /// to, and the configuration its engine comes from.
+    fn present(&mut self, change: u64, out: &mut Vec<Output>) {
+        self.change = Some(change);
+        self.presented.clear();
         let mut payload = vec![ka_kind::CREDENTIAL];
-        payload.extend_from_slice(&id.to_bytes());
-        match self.followed {
+        payload.extend_from_slice(&change.to_be_bytes());
+        match self.came_from {
             Some(v) => {
                 payload.push(1);
                 payload.extend_from_slice(&v.to_bytes());
@@ -482,21 +497,61 @@ impl KeyedDaemon {
         }
         payload.extend_from_slice(&self.trust.credential());
         out.push(Output::Submit(Op::DaemonKa { from: self.me, payload: payload.into() }));
-        self.key = ServerKey::Presenting { id, daemons, heard: BTreeMap::new() };
     }
 
-    /// Daemon `from` presented `credential` for configuration `id`, coming
-    /// from configuration `came_from`.
-    fn credential(
-        &mut self,
-        from: DaemonId,
-        id: ViewId,
-        came_from: Option<ViewId>,
-        credential: &[u8],
-        out: &mut Vec<Output>,
-    ) {
-        let ServerKey::Presenting { id: current, daemons, heard } = &mut self.key else { return };
-        if id != *current || !daemons.contains(&from) || heard.contains_key(&from) {
+    /// The core installed a configuration: its daemons' credentials (those
+    /// presented during the exchange, then the rest as they come) decide
+    /// who takes part in the key agreement, or, alone, this daemon agrees
+    /// with itself at once.
+    fn configuration_installed(&mut self, out: &mut Vec<Output>) {
+        let Some((id, daemons)) = self.core.configuration() else { return };
+        if daemons == [self.me] {
+            let me = Admitted { key: self.trust.signer().verifier(), came_from: self.came_from };
+            self.start_agreement(id, BTreeMap::from([(self.me, me)]), out);
+            return;
+        }
+        self.key = ServerKey::Presenting { id, daemons, heard: BTreeMap::new() };
+        for (from, (came_from, credential)) in std::mem::take(&mut self.presented) {
+            self.credential(from, came_from, &credential, out);
+        }
+    }
+
+    /// A daemon's credential message (see [`ka_kind::CREDENTIAL`]), in
+    /// stream order, during the exchange or after it.
+    fn credential_message(&mut self, from: DaemonId, body: &[u8], out: &mut Vec<Output>) {
+        let Some((change, rest)) = body.split_first_chunk::<8>() else {
+            tracing::warn!(daemon = from.0, "a malformed credential message; dropped");
+            return;
+        };
+        let (came_from, credential) = match rest.split_first() {
+            Some((0, credential)) => (None, credential),
+            Some((1, rest)) if rest.len() >= 16 => {
+                let (v, credential) = rest.split_at(16);
+                (Some(ViewId::from_bytes(v.try_into().expect("16 bytes"))), credential)
+            }
+            _ => {
+                tracing::warn!(daemon = from.0, "a malformed credential message; dropped");
+                return;
+            }
+        };
+        // Only for the change under way: one presented for an earlier one
+        // (ordered after the next began) answers nothing.
+        if self.change != Some(u64::from_be_bytes(*change)) {
+            return;
+        }
+        if self.core.configuration().is_some() {
+            self.credential(from, came_from, credential, out);
+        } else {
+            // Judged (its size too) when the configuration is installed.
+            self.presented.entry(from).or_insert_with(|| (came_from, credential.to_vec()));
+        }
+    }
+
+    /// Daemon `from` presented `credential` for the configuration being
+    /// installed, coming from configuration `came_from`.
+    fn credential(&mut self, from: DaemonId, came_from: Option<ViewId>, credential: &[u8], out: &mut Vec<Output>) {
+        let ServerKey::Presenting { id: _, daemons, heard } = &mut self.key else { return };
+        if !daemons.contains(&from) || heard.contains_key(&from) {
             return;
         }
         let verdict = if credential.len() > MAX_CREDENTIAL {
@@ -515,7 +570,8 @@ impl KeyedDaemon {
         if heard.len() < daemons.len() {
             return;
         }
-        let id = *current;
+        let ServerKey::Presenting { id, heard, .. } = &mut self.key else { return };
+        let id = *id;
         let admitted: BTreeMap<DaemonId, Admitted> =
             std::mem::take(heard).into_iter().filter_map(|(d, a)| a.map(|a| (d, a))).collect();
         if !admitted.contains_key(&self.me) {
@@ -533,10 +589,11 @@ impl KeyedDaemon {
     ///
     /// The engine follows the configurations as a client session's engine
     /// follows its group's views: the admitted daemons are the view, and
-    /// each one's `prev` is the configuration whose agreement its engine
-    /// last followed, as it presented it. Daemons that came from the same
-    /// one moved together (the backbone's virtual synchrony: they ordered
-    /// the same messages of it), so they share its key tree, and TGDH
+    /// each one's `prev` is the configuration it presented as the one it
+    /// comes from: the last its engine followed, if it held that
+    /// configuration's first key and was not renewing it when the change
+    /// began (none otherwise: a newcomer). Daemons that present the same
+    /// one hold the same key tree, and TGDH
     /// agrees the new key as it does for clients: a partition is a leave
     /// (one sponsor refreshes its share and broadcasts its path), a merge
     /// announces each part's tree and then refreshes one path. Every key is
@@ -627,22 +684,7 @@ impl KeyedDaemon {
     /// A daemon key agreement message from `from`, in stream order.
     fn daemon_ka(&mut self, from: DaemonId, payload: &[u8], out: &mut Vec<Output>) {
         match payload.split_first() {
-            Some((&ka_kind::CREDENTIAL, rest)) if rest.len() >= 17 => {
-                let (id, rest) = rest.split_at(16);
-                let id = ViewId::from_bytes(id.try_into().expect("16 bytes"));
-                let (came_from, credential) = match rest.split_first() {
-                    Some((0, credential)) => (None, credential),
-                    Some((1, rest)) if rest.len() >= 16 => {
-                        let (v, credential) = rest.split_at(16);
-                        (Some(ViewId::from_bytes(v.try_into().expect("16 bytes"))), credential)
-                    }
-                    _ => {
-                        tracing::warn!(daemon = from.0, "a malformed credential message; dropped");
-                        return;
-                    }
-                };
-                self.credential(from, id, came_from, credential, out);
-            }
+            Some((&ka_kind::CREDENTIAL, rest)) => self.credential_message(from, rest, out),
             Some((&ka_kind::RENEW, epoch)) => {
                 // Only a request for the key in use counts: later ones for the
                 // same key, and replays, find another epoch or a renewal under
@@ -920,6 +962,7 @@ impl KeyedDaemon {
     }
 
     fn handle_op(&mut self, op: Op, out: &mut Vec<Output>) {
+        let mut change = None;
         let op = match op {
             Op::DaemonKa { from, payload } if payload.first() == Some(&ka_kind::SEALED) => {
                 // Decided at every daemon alike, exchange or not (see `seal`).
@@ -938,13 +981,24 @@ impl KeyedDaemon {
             }
             Op::DaemonKa { from, payload } => {
                 // Only the current configuration's run takes it: a message
-                // ordered during an exchange is of a run that ended.
-                if self.core.configuration().is_some() {
+                // ordered during an exchange is of a run that ended. Except
+                // credentials: each daemon presents its own when a change
+                // begins.
+                if payload.first() == Some(&ka_kind::CREDENTIAL) {
+                    self.credential_message(from, &payload[1..], out);
+                } else if self.core.configuration().is_some() {
                     self.daemon_ka(from, &payload, out);
                 }
                 return;
             }
-            Op::Daemons { .. } => {
+            Op::Daemons { epoch, .. } => {
+                change = Some(epoch);
+                // Daemons that present the same configuration must hold the
+                // same tree: one that had not installed its first key, or
+                // had begun to renew it, might not (its run may have ended
+                // elsewhere), and comes as a newcomer.
+                let settled = matches!(&self.key, ServerKey::Agreed(sv) if sv.epoch.run == 0) && !self.refreshing;
+                self.came_from = if settled { self.followed } else { None };
                 // Views of the new configuration wait for its key, a new one
                 // in any case.
                 self.key = ServerKey::Changing;
@@ -966,6 +1020,10 @@ impl KeyedDaemon {
         let mut inner = Vec::new();
         self.core.handle(op, &mut inner);
         self.pass(inner, out);
+        if let Some(change) = change {
+            // After this daemon's state: the credential crosses with it.
+            self.present(change, out);
+        }
         if was_exchanging && !self.core.exchanging() {
             self.configuration_installed(out);
         }
