@@ -550,7 +550,7 @@ impl KeyedDaemon {
     /// Daemon `from` presented `credential` for the configuration being
     /// installed, coming from configuration `came_from`.
     fn credential(&mut self, from: DaemonId, came_from: Option<ViewId>, credential: &[u8], out: &mut Vec<Output>) {
-        let ServerKey::Presenting { id: _, daemons, heard } = &mut self.key else { return };
+        let ServerKey::Presenting { id, daemons, heard } = &mut self.key else { return };
         if !daemons.contains(&from) || heard.contains_key(&from) {
             return;
         }
@@ -570,7 +570,6 @@ impl KeyedDaemon {
         if heard.len() < daemons.len() {
             return;
         }
-        let ServerKey::Presenting { id, heard, .. } = &mut self.key else { return };
         let id = *id;
         let admitted: BTreeMap<DaemonId, Admitted> =
             std::mem::take(heard).into_iter().filter_map(|(d, a)| a.map(|a| (d, a))).collect();
@@ -681,10 +680,10 @@ impl KeyedDaemon {
         }
     }
 
-    /// A daemon key agreement message from `from`, in stream order.
+    /// A daemon key agreement message from `from`, in stream order (not a
+    /// credential: [`Self::credential_message`] takes those, exchange or not).
     fn daemon_ka(&mut self, from: DaemonId, payload: &[u8], out: &mut Vec<Output>) {
         match payload.split_first() {
-            Some((&ka_kind::CREDENTIAL, rest)) => self.credential_message(from, rest, out),
             Some((&ka_kind::RENEW, epoch)) => {
                 // Only a request for the key in use counts: later ones for the
                 // same key, and replays, find another epoch or a renewal under

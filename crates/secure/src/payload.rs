@@ -387,6 +387,8 @@ pub enum ParsedPayload {
     Confirm {
         /// The epoch whose key it confirms.
         epoch: Epoch,
+        /// The length of its signature (0: unsigned, in a group the daemons key).
+        signature_len: usize,
     },
     /// A collector's verdict ([`tag::VERDICT`]).
     Verdict {
@@ -467,7 +469,7 @@ pub fn parse_payload(bytes: &[u8]) -> Result<ParsedPayload, PayloadError> {
             ParsedPayload::Data { header, opened }
         }
         Frame::Policy { view, policy, .. } => ParsedPayload::Policy { view, policy: decode_policy(policy) },
-        Frame::Confirm { epoch, .. } => ParsedPayload::Confirm { epoch },
+        Frame::Confirm { epoch, signature, .. } => ParsedPayload::Confirm { epoch, signature_len: signature.len() },
         Frame::Verdict { epoch, signature, names, .. } => ParsedPayload::Verdict {
             epoch,
             unmatched: verdict_names(names).unwrap_or_default().into_iter().map(<[u8]>::to_vec).collect(),

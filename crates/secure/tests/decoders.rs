@@ -209,7 +209,7 @@ fn confirmation() -> impl Strategy<Value = Valid> {
         |(e, mac, sig)| {
             let epoch = Epoch::new(ViewId::new(e.0, e.1), e.2);
             let bytes = [&[tag::CONFIRM][..], &epoch.to_bytes(), &mac, &sig].concat();
-            Valid { bytes, expected: ParsedPayload::Confirm { epoch }, lengths: vec![] }
+            Valid { bytes, expected: ParsedPayload::Confirm { epoch, signature_len: sig.len() }, lengths: vec![] }
         },
     )
 }

@@ -54,7 +54,7 @@ use conclave_gcs::daemon_sim::{DaemonSim, Micros, NetConfig, Reaction};
 use conclave_gcs::{GroupName, MemberId, ViewId};
 use conclave_gka::suite::{generate_signer, SignatureId};
 use conclave_gka::{Costs, Directory, StaticDirectory};
-use conclave_secure::payload::tag;
+use conclave_secure::payload::{parse_payload, tag, ParsedPayload};
 use conclave_secure::{Policy, SecureEvent, SessionCore, Transmit};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -131,16 +131,18 @@ struct State {
     failures: Vec<String>,
 }
 
-/// Whether payload `p` is a signed key confirmation or verdict (see
-/// `conclave_secure::payload`: `tag ‖ epoch ‖ MAC ‖ signature`, and `tag ‖
-/// epoch ‖ MAC ‖ u16 length ‖ signature ‖ names`).
+/// Whether payload `p` is a signed key confirmation or verdict.
 fn signed_confirmation(p: &[u8]) -> bool {
-    let head = 1 + conclave_gka::key::EPOCH_LEN + 32;
-    match p.first() {
-        Some(&tag::CONFIRM) => p.len() > head,
-        Some(&tag::VERDICT) => p.get(head..head + 2).is_some_and(|len| len != [0, 0]),
-        _ => false,
+    // Only these two are parsed: a key agreement message's parse decodes
+    // its elements.
+    if !matches!(p.first(), Some(&tag::CONFIRM | &tag::VERDICT)) {
+        return false;
     }
+    matches!(
+        parse_payload(p),
+        Ok(ParsedPayload::Confirm { signature_len, .. } | ParsedPayload::Verdict { signature_len, .. })
+            if signature_len > 0
+    )
 }
 
 impl State {
