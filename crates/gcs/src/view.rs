@@ -20,6 +20,16 @@ use std::fmt;
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct MemberId(std::sync::Arc<str>);
 
+/// The hasher of the maps and sets keyed by member name, which every member
+/// rebuilds at every view with an entry per member: foldhash, several times
+/// faster than the standard library's SipHash on short names and, like it,
+/// seeded at random for every map, so names cannot be chosen to collide.
+pub type NameHasher = foldhash::fast::RandomState;
+/// A map keyed by member name (see [`NameHasher`]).
+pub type MemberMap<V> = std::collections::HashMap<MemberId, V, NameHasher>;
+/// A set of member names (see [`NameHasher`]).
+pub type MemberSet = std::collections::HashSet<MemberId, NameHasher>;
+
 /// Longest member name accepted anywhere (wire, views, protocol messages).
 pub const MAX_MEMBER_NAME: usize = 255;
 
@@ -45,7 +55,16 @@ pub enum NameError {
 impl MemberId {
     /// Checks and wraps a member name.
     pub fn new(name: impl Into<String>) -> Result<Self, NameError> {
-        check_name(name.into(), MAX_MEMBER_NAME).map(|n| Self(n.into()))
+        let name = name.into();
+        check_name(&name, MAX_MEMBER_NAME)?;
+        Ok(Self(name.into()))
+    }
+
+    /// [`MemberId::new`] from borrowed text: one allocation, where a
+    /// `String` first would take two (decoders read every name of a view).
+    pub fn from_name(name: &str) -> Result<Self, NameError> {
+        check_name(name, MAX_MEMBER_NAME)?;
+        Ok(Self(name.into()))
     }
 
     /// The name as text.
@@ -56,17 +75,24 @@ impl MemberId {
 
 /// Checks the rules every name follows: non-empty, at most `max` bytes,
 /// printable and without whitespace.
-fn check_name(name: String, max: usize) -> Result<String, NameError> {
+fn check_name(name: &str, max: usize) -> Result<(), NameError> {
     if name.is_empty() {
         return Err(NameError::Empty);
     }
     if name.len() > max {
         return Err(NameError::TooLong { len: name.len(), max });
     }
-    if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+    // ASCII (nearly every name) is printable and not whitespace exactly
+    // when graphic; other text goes character by character.
+    let bad = if name.is_ascii() {
+        !name.bytes().all(|b| b.is_ascii_graphic())
+    } else {
+        name.chars().any(|c| c.is_control() || c.is_whitespace())
+    };
+    if bad {
         return Err(NameError::BadCharacter);
     }
-    Ok(name)
+    Ok(())
 }
 
 impl fmt::Debug for MemberId {
@@ -93,7 +119,9 @@ impl GroupName {
     /// Checks and wraps a group name (same rules as member names, with a
     /// limit of [`MAX_GROUP_NAME`] bytes).
     pub fn new(name: impl Into<String>) -> Result<Self, NameError> {
-        check_name(name.into(), MAX_GROUP_NAME).map(Self)
+        let name = name.into();
+        check_name(&name, MAX_GROUP_NAME)?;
+        Ok(Self(name))
     }
 
     /// The name as text.
@@ -222,6 +250,18 @@ impl View {
         self.members.iter().find(|m| &m.id == id)
     }
 
+    /// Each member's position, in one pass, or the first name the list
+    /// holds twice (a view names every member once).
+    pub fn index(&self) -> Result<MemberMap<usize>, MemberId> {
+        let mut positions = MemberMap::with_capacity_and_hasher(self.members.len(), NameHasher::default());
+        for (i, m) in self.members.iter().enumerate() {
+            if positions.insert(m.id.clone(), i).is_some() {
+                return Err(m.id.clone());
+            }
+        }
+        Ok(positions)
+    }
+
     /// The members that came to this view from the view of `id` (a
     /// transitional set: they moved together, so they delivered the same
     /// messages in it). One pass over the list, for callers that would
@@ -237,6 +277,29 @@ impl View {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ascii_names_follow_the_character_rule() {
+        for b in 0u8..128 {
+            let c = b as char;
+            let name = format!("a{c}b");
+            let allowed = !(c.is_control() || c.is_whitespace());
+            assert_eq!(MemberId::from_name(&name).is_ok(), allowed, "byte {b:#x}");
+            assert_eq!(MemberId::new(name).is_ok(), allowed, "byte {b:#x}");
+        }
+        assert!(MemberId::from_name("é\u{2003}").is_err(), "a non-ASCII space");
+        assert!(MemberId::from_name("gruß").is_ok());
+    }
+
+    #[test]
+    fn index_finds_each_position_or_a_name_held_twice() {
+        let m = |id: &str| ViewMember { id: MemberId::new(id).unwrap(), prev: None };
+        let mut view = View { id: ViewId::new(0, 1), members: vec![m("a"), m("b"), m("c")], cause: Cause::Join };
+        let idx = view.index().unwrap();
+        assert_eq!((idx[&m("a").id], idx[&m("c").id], idx.len()), (0, 2, 3));
+        view.members.push(m("b"));
+        assert_eq!(view.index().unwrap_err(), m("b").id);
+    }
 
     #[test]
     fn came_from_is_the_transitional_set_of_a_view() {

@@ -383,7 +383,7 @@ impl Fields {
     }
 
     pub(crate) fn member(&mut self, what: &'static str) -> Result<MemberId, WireError> {
-        MemberId::new(self.str8(what)?).map_err(|err| WireError::Name { what, err })
+        MemberId::from_name(self.str8(what)?).map_err(|err| WireError::Name { what, err })
     }
 
     pub(crate) fn group(&mut self) -> Result<GroupName, WireError> {

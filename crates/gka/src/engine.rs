@@ -45,7 +45,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use conclave_gcs::{MemberId, View, ViewId};
+use conclave_gcs::{MemberId, MemberMap, MemberSet, View, ViewId};
 use rand_core::CryptoRngCore;
 use sha2::{Digest, Sha256};
 
@@ -400,7 +400,7 @@ pub(crate) struct Change {
     /// Members of the view that were in every view this member went through
     /// since the last run began (a run's own members included), whether or
     /// not they installed its key: CKD keeps its channels with them.
-    pub together: BTreeSet<MemberId>,
+    pub together: MemberSet,
 }
 
 /// A protocol, as [`Runner`] drives it.
@@ -570,11 +570,11 @@ struct Session {
     /// The run within `view` (see [`Epoch`]).
     run: u32,
     /// Each member's position in `view`.
-    positions: HashMap<MemberId, usize>,
+    positions: MemberMap<usize>,
     next_seq: u32,
     seen: BTreeSet<(MemberId, u32)>,
     own: BTreeSet<[u8; 32]>,
-    known: BTreeMap<MemberId, Tag>,
+    known: MemberMap<Tag>,
     secure: Option<SecureView>,
     costs: Costs,
     out: Vec<Output>,
@@ -594,9 +594,12 @@ pub(crate) struct Runner<G: Group, P: Protocol<G>> {
     /// The last view observed (the current run's view is it, restricted to
     /// the admitted members).
     observed: Option<View>,
+    /// Each member's position in `observed`, built once per view: the run's
+    /// view takes it when it is the observed view itself.
+    observed_positions: MemberMap<usize>,
     /// Members in every view observed since the last run began (see
     /// [`Change::together`]).
-    together: BTreeSet<MemberId>,
+    together: MemberSet,
     /// Messages whose signatures passed [`Engine::preverify`]: SHA-256 of
     /// the message, and the key it was checked with.
     preverified: HashMap<[u8; 32], Arc<dyn Verifier>>,
@@ -604,12 +607,17 @@ pub(crate) struct Runner<G: Group, P: Protocol<G>> {
     proto: P,
 }
 
+/// What a member knows of whom shares its state before it has any: itself, fresh.
+fn fresh_known(me: &MemberId) -> MemberMap<Tag> {
+    MemberMap::from_iter([(me.clone(), Tag::Fresh)])
+}
+
 /// Most messages remembered as verified by [`Engine::preverify`] (then it starts afresh).
 const MAX_PREVERIFIED: usize = 4096;
 
 impl<G: Group, P: Protocol<G>> Runner<G, P> {
     pub fn new(g: G, group: String, me: MemberId, signer: Arc<dyn Signer>, directory: Arc<dyn Directory>) -> Self {
-        let known = BTreeMap::from([(me.clone(), Tag::Fresh)]);
+        let known = fresh_known(&me);
         Self {
             g,
             me,
@@ -617,14 +625,15 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             run_keys: directory.clone(),
             directory,
             observed: None,
-            together: BTreeSet::new(),
+            observed_positions: MemberMap::default(),
+            together: MemberSet::default(),
             preverified: HashMap::new(),
             st: Session {
                 protocol: P::ID,
                 group,
                 view: None,
                 run: 0,
-                positions: HashMap::new(),
+                positions: MemberMap::default(),
                 next_seq: 0,
                 seen: BTreeSet::new(),
                 own: BTreeSet::new(),
@@ -674,7 +683,8 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             let enc = self.g.encode(&secret);
             let key = GroupKey::derive(&enc, P::ID, &self.st.group, epoch);
             let members: Vec<MemberId> = self.st.view.as_ref().expect("restored above").ids().cloned().collect();
-            self.st.known = members.iter().map(|m| (m.clone(), Tag::Installed(epoch))).collect();
+            self.st.known.clear();
+            self.st.known.extend(members.iter().map(|m| (m.clone(), Tag::Installed(epoch))));
             let sv = SecureView { view_id: epoch.view, epoch, members, protocol: P::ID, key };
             self.st.secure = Some(sv.clone());
             self.st.out.push(Output::Installed(sv));
@@ -702,20 +712,29 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
     }
 
     /// The checks every view given to the engine passes: it contains this
-    /// member (whose entry is returned), once.
-    fn check_view<'v>(&self, view: &'v View) -> Result<&'v conclave_gcs::ViewMember, Error> {
-        let me = view.member(&self.me).ok_or(Error::BadView("view does not contain this member"))?;
-        let mut ids = BTreeSet::new();
-        if !view.ids().all(|m| ids.insert(m)) {
-            return Err(Error::BadView("duplicate member"));
+    /// member (whose position is returned), once. Also returns every
+    /// member's position.
+    fn check_view(&self, view: &View) -> Result<(usize, MemberMap<usize>), Error> {
+        match view.index() {
+            Ok(positions) => {
+                let me = *positions.get(&self.me).ok_or(Error::BadView("view does not contain this member"))?;
+                Ok((me, positions))
+            }
+            Err(_) if !view.contains(&self.me) => Err(Error::BadView("view does not contain this member")),
+            Err(_) => Err(Error::BadView("duplicate member")),
         }
-        Ok(me)
     }
 
     /// Makes `view` (checked) the current view, at `run`.
-    fn enter(&mut self, view: &View, run: u32) {
-        self.st.view = Some(view.clone());
-        self.st.positions = view.ids().enumerate().map(|(i, m)| (m.clone(), i)).collect();
+    fn enter(&mut self, view: View, run: u32) {
+        // The observed view's positions serve its run unless the run's view
+        // leaves members out (admission).
+        self.st.positions = if self.observed.as_ref().is_some_and(|o| o.id == view.id && o.members.len() == view.members.len()) {
+            self.observed_positions.clone()
+        } else {
+            view.ids().enumerate().map(|(i, m)| (m.clone(), i)).collect()
+        };
+        self.st.view = Some(view);
         self.begin_run(run);
     }
 
@@ -751,9 +770,10 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         let mine: Vec<MemberId> = view.ids().filter(|m| self.st.known.get(*m) == Some(&my_tag)).cloned().collect();
         let together = view.ids().filter(|m| self.together.contains(*m)).cloned().collect();
         let change = Change { single: mine.len() == view.members.len(), mine, together };
-        self.together = view.ids().cloned().collect();
+        self.together.clear();
+        self.together.extend(view.ids().cloned());
         self.run_keys = keys;
-        self.enter(&view, run);
+        self.enter(view, run);
         self.with_ctx(rng, |p, cx| p.on_view(cx, &change))
     }
 
@@ -850,19 +870,22 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
     }
 
     fn observe(&mut self, view: &View) -> Result<(), Error> {
-        let me = self.check_view(view)?;
+        let (me, positions) = self.check_view(view)?;
+        let prev = view.members[me].prev;
         let last = self.observed.as_ref().map(|v| v.id);
-        if me.prev.is_none() || me.prev != last {
+        if prev.is_none() || prev != last {
             // A newcomer (or a member whose history we did not see): start over.
             self.proto.reset();
-            self.st.known = BTreeMap::from([(self.me.clone(), Tag::Fresh)]);
-            self.together = BTreeSet::from([self.me.clone()]);
+            self.st.known = fresh_known(&self.me);
+            self.together = MemberSet::from_iter([self.me.clone()]);
         } else {
-            let trans = view.came_from(me.prev);
-            self.st.known.retain(|m, _| trans.contains(m));
-            self.together.retain(|m| trans.contains(m));
+            // Who came from this member's previous view (the transitional set).
+            let moved = |m: &MemberId| positions.get(m).is_some_and(|&i| view.members[i].prev == prev);
+            self.st.known.retain(|m, _| moved(m));
+            self.together.retain(|m| moved(m));
         }
         self.observed = Some(view.clone());
+        self.observed_positions = positions;
         // No run (and no key) until `start`: messages of the abandoned run
         // are refused, and the previous key is forgotten (an interval
         // protocol keeps using it until its next rekey).
@@ -880,8 +903,8 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
 
     fn stand_aside(&mut self) {
         self.proto.reset();
-        self.st.known = BTreeMap::from([(self.me.clone(), Tag::Fresh)]);
-        self.together = BTreeSet::from([self.me.clone()]);
+        self.st.known = fresh_known(&self.me);
+        self.together = MemberSet::from_iter([self.me.clone()]);
         self.st.view = None;
         self.st.secure = None;
     }
@@ -903,7 +926,7 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
             return Err(Error::BadView("a restart of the current view goes to a later run"));
         }
         self.run_keys = Arc::new(admitted.clone());
-        self.enter(&view, run - 1);
+        self.enter(view, run - 1);
         self.rekey(rng)
     }
 
@@ -913,7 +936,7 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
         }
         let n = self.st.view.as_ref().ok_or(Error::BadView("no view yet"))?.members.len();
         self.proto.reset();
-        self.st.known = BTreeMap::from([(self.me.clone(), Tag::Fresh)]);
+        self.st.known = fresh_known(&self.me);
         let run = self.st.run.checked_add(1).ok_or(Error::RunsExhausted)?;
         self.begin_run(run);
         let together = self.st.view.as_ref().map(|v| v.ids().cloned().collect()).unwrap_or_default();

@@ -37,9 +37,9 @@
 //! owner's own path only, its key (secret, zeroized when dropped or replaced).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
-use conclave_gcs::MemberId;
+use conclave_gcs::{MemberId, MemberMap};
 use zeroize::Zeroize;
 
 use crate::codec::{DecodeError, Reader, Writer};
@@ -194,7 +194,7 @@ impl<G: Group> Tree<G> {
 
     /// Every member's leaf, in one pass (where [`Tree::find`] would be called
     /// for many members).
-    pub fn leaf_index(&self) -> HashMap<MemberId, usize> {
+    pub fn leaf_index(&self) -> MemberMap<usize> {
         self.nodes
             .iter()
             .enumerate()

@@ -14,13 +14,13 @@
 //! spawns nothing. The tokio [`crate::Session`] is a thin shell around it;
 //! tests and the simulator drive it directly.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use conclave_gcs::core::{ConnId, Delivery as Event, ErrorCode, GroupMode, Op, Service, ViewKey};
-use conclave_gcs::{GroupName, MemberId, View};
+use conclave_gcs::{GroupName, MemberId, MemberMap, MemberSet, View};
 use conclave_gka::keyed::KeyedEngine;
 use conclave_gka::suite::{Signer, Verifier};
 use conclave_gka::{Config, Directory, Engine, Epoch, Output, ProtocolId, SecureView, StaticDirectory, ViewId};
@@ -273,7 +273,7 @@ struct Confirming {
 impl Confirming {
     /// The collector: the first of the key's members still in the view
     /// (with interval rekeying, some may have left; otherwise all are in).
-    fn collector<'a>(&'a self, interval: bool, in_view: &HashSet<MemberId>) -> Option<&'a MemberId> {
+    fn collector<'a>(&'a self, interval: bool, in_view: &MemberSet) -> Option<&'a MemberId> {
         self.view.members.iter().find(|m| !interval || in_view.contains(*m))
     }
 }
@@ -387,7 +387,7 @@ struct GroupState {
     /// The members of `view`, to look a sender up in O(1): every member
     /// checks every confirmation's sender, n per run, and a scan of the
     /// view's list made that O(n²) per member.
-    in_view: HashSet<MemberId>,
+    in_view: MemberSet,
     /// The views of the group this member was in before the current one,
     /// latest last (at most [`EARLIER_VIEWS`]): a message sent in one of
     /// them crossed a view change. View ids carry no order, so this is how
@@ -452,7 +452,7 @@ struct GroupState {
     /// its key, and a count must not repeat under one key).
     evs_seq: Option<(ViewId, u64)>,
     /// Optimized EVS: what each sender's messages have been so far (replays).
-    evs_seen: HashMap<MemberId, crate::evs::Seen>,
+    evs_seen: MemberMap<crate::evs::Seen>,
     /// Optimized EVS: messages delivered that a daemon had re-encrypted
     /// (they crossed a view change).
     evs_reencrypted: u64,
@@ -662,7 +662,7 @@ impl SessionCore {
                 policy,
                 engine,
                 view: None,
-                in_view: HashSet::new(),
+                in_view: MemberSet::default(),
                 earlier_views: VecDeque::new(),
                 rekey_since: None,
                 phase: Phase::Agreeing,
@@ -687,7 +687,7 @@ impl SessionCore {
                 waiting_reported: Vec::new(),
                 evs_keys: VecDeque::new(),
                 evs_seq: None,
-                evs_seen: HashMap::new(),
+                evs_seen: MemberMap::default(),
                 evs_reencrypted: 0,
                 evs_in_flight: 0,
                 #[cfg(feature = "test-hooks")]

@@ -138,7 +138,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use conclave_gcs::{MemberId, View};
+use conclave_gcs::{MemberId, MemberMap, MemberSet, View};
 use rand_core::CryptoRngCore;
 use zeroize::Zeroize;
 
@@ -427,7 +427,7 @@ struct Phase<G: Group> {
     /// Of this member's list, how many blinded keys SEAL's per-input
     /// sending would have sent so far (`IntervalStats::reactive_packets_sent`).
     reactive: usize,
-    leaf: HashMap<MemberId, usize>,
+    leaf: MemberMap<usize>,
     secret: Option<G::Element>,
 }
 
@@ -511,7 +511,7 @@ pub struct Seal<G: Group> {
     /// T' as keyed in the last view, if it was: the base of this view's.
     last_sub: Option<Tree<G>>,
     /// Members of the view that were in the last one with this member.
-    together: BTreeSet<MemberId>,
+    together: MemberSet,
     /// The leader's rekey message is on its way.
     ticked: bool,
     stats: IntervalStats,
@@ -1049,7 +1049,7 @@ impl<G: Group> Protocol<G> for Seal<G> {
             rekey: None,
             queue: None,
             last_sub: None,
-            together: BTreeSet::new(),
+            together: MemberSet::default(),
             ticked: false,
             stats: IntervalStats::default(),
         }

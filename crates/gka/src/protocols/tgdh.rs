@@ -72,9 +72,9 @@
 //! A blinded-key broadcast must come from the sponsor of the lowest unknown
 //! node on its path, and may only fill unknown nodes it can compute.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
-use conclave_gcs::MemberId;
+use conclave_gcs::{MemberId, MemberMap};
 use zeroize::Zeroize;
 
 use super::{get_elem, put_elem, MAX_MEMBERS};
@@ -121,7 +121,7 @@ struct Rounds<G: Group> {
     tree: Tree<G>,
     /// Each member's leaf in `tree`, whose shape is fixed for the rounds
     /// (looked up at every message; [`Tree::find`] would scan the tree).
-    leaf: HashMap<MemberId, usize>,
+    leaf: MemberMap<usize>,
     /// Ready nodes this member has broadcast the blinded keys of.
     sent: BTreeSet<usize>,
 }
