@@ -682,9 +682,16 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         if let Some(secret) = install {
             let enc = self.g.encode(&secret);
             let key = GroupKey::derive(&enc, P::ID, &self.st.group, epoch);
-            let members: Vec<MemberId> = self.st.view.as_ref().expect("restored above").ids().cloned().collect();
-            self.st.known.clear();
-            self.st.known.extend(members.iter().map(|m| (m.clone(), Tag::Installed(epoch))));
+            let view = self.st.view.as_ref().expect("restored above");
+            let members: Vec<MemberId> = view.ids().cloned().collect();
+            // `known` holds members of the observed view only: as many as
+            // the run's members, of the whole observed view, are they.
+            if self.is_observed(view) && self.st.known.len() == members.len() {
+                self.st.known.values_mut().for_each(|t| *t = Tag::Installed(epoch));
+            } else {
+                self.st.known.clear();
+                self.st.known.extend(members.iter().map(|m| (m.clone(), Tag::Installed(epoch))));
+            }
             let sv = SecureView { view_id: epoch.view, epoch, members, protocol: P::ID, key };
             self.st.secure = Some(sv.clone());
             self.st.out.push(Output::Installed(sv));
@@ -725,11 +732,17 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         }
     }
 
+    /// Whether `view` is the observed view itself, not restricted to fewer
+    /// members (a restriction keeps the id and the order).
+    fn is_observed(&self, view: &View) -> bool {
+        self.observed.as_ref().is_some_and(|o| o.id == view.id && o.members.len() == view.members.len())
+    }
+
     /// Makes `view` (checked) the current view, at `run`.
     fn enter(&mut self, view: View, run: u32) {
         // The observed view's positions serve its run unless the run's view
         // leaves members out (admission).
-        self.st.positions = if self.observed.as_ref().is_some_and(|o| o.id == view.id && o.members.len() == view.members.len()) {
+        self.st.positions = if self.is_observed(&view) {
             self.observed_positions.clone()
         } else {
             view.ids().enumerate().map(|(i, m)| (m.clone(), i)).collect()
@@ -767,11 +780,26 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         rng: &mut dyn CryptoRngCore,
     ) -> Result<Vec<Output>, Error> {
         let my_tag = self.st.known[&self.me];
-        let mine: Vec<MemberId> = view.ids().filter(|m| self.st.known.get(*m) == Some(&my_tag)).cloned().collect();
-        let together = view.ids().filter(|m| self.together.contains(*m)).cloned().collect();
-        let change = Change { single: mine.len() == view.members.len(), mine, together };
-        self.together.clear();
-        self.together.extend(view.ids().cloned());
+        // `known` and `together` hold members of the observed view only
+        // (`observe` keeps those): for a run of the whole observed view, as
+        // many entries as members means every member, with no lookups. That
+        // is every leave and every rekey of a group that stays together.
+        let whole = self.is_observed(&view);
+        let n = view.members.len();
+        let mine: Vec<MemberId> = if whole && self.st.known.len() == n && self.st.known.values().all(|t| *t == my_tag) {
+            view.ids().cloned().collect()
+        } else {
+            view.ids().filter(|m| self.st.known.get(*m) == Some(&my_tag)).cloned().collect()
+        };
+        let together = if whole && self.together.len() == n {
+            self.together.clone()
+        } else {
+            let together = view.ids().filter(|m| self.together.contains(*m)).cloned().collect();
+            self.together.clear();
+            self.together.extend(view.ids().cloned());
+            together
+        };
+        let change = Change { single: mine.len() == n, mine, together };
         self.run_keys = keys;
         self.enter(view, run);
         self.with_ctx(rng, |p, cx| p.on_view(cx, &change))

@@ -290,11 +290,46 @@ impl<G: Group> Tree<G> {
         self.prune_leaves(|v| self.nodes[v].member.as_ref().is_some_and(&keep))
     }
 
+    /// [`Tree::prune`] to the members of a view of `n`, which `position`
+    /// finds (their places in the view). Also returns, for each place, its
+    /// member's leaf in the pruned tree, or `None` if the tree has no leaf
+    /// for it: the index a run looks senders up in, made from the lookups
+    /// the prune makes anyway (a view of n members costs n lookups, not n
+    /// more insertions).
+    pub fn prune_to_view(
+        &self,
+        n: usize,
+        position: impl Fn(&MemberId) -> Option<usize>,
+    ) -> Option<(Self, Vec<usize>, Vec<Option<usize>>)> {
+        let mut place: Vec<(usize, usize)> = Vec::with_capacity(n);
+        let (t, (sponsors, new_index)) = self.prune_leaves_noting(|v| {
+            let p = self.nodes[v].member.as_ref().and_then(&position);
+            if let Some(p) = p {
+                place.push((v, p));
+            }
+            p.is_some()
+        })?;
+        let mut leaf = vec![None; n];
+        for (v, p) in place {
+            leaf[p] = Some(v);
+        }
+        for l in leaf.iter_mut().flatten() {
+            *l = new_index[*l];
+        }
+        Some((t, sponsors, leaf))
+    }
+
     /// [`Tree::prune`] by leaf index: keeps the leaves `keep` accepts (and
     /// that have a member). Also drops the nodes no longer reachable from
     /// the root (see [`Tree::graft`]): the result is a compact arena.
-    pub fn prune_leaves(&self, keep: impl Fn(usize) -> bool) -> Option<(Self, Vec<usize>)> {
-        let mut out: Vec<Node<G>> = Vec::new();
+    pub fn prune_leaves(&self, keep: impl FnMut(usize) -> bool) -> Option<(Self, Vec<usize>)> {
+        self.prune_leaves_noting(keep).map(|(t, (sponsors, _))| (t, sponsors))
+    }
+
+    /// [`Tree::prune_leaves`], also returning each old leaf's index in the
+    /// pruned tree (the index itself for leaves not kept: look up kept ones).
+    fn prune_leaves_noting(&self, mut keep: impl FnMut(usize) -> bool) -> Option<(Self, (Vec<usize>, Vec<usize>))> {
+        let mut out: Vec<Node<G>> = Vec::with_capacity(self.nodes.len());
         // For each old node: its new index and whether its new parent must be invalidated.
         let mut res: Vec<Option<(usize, bool)>> = vec![None; self.nodes.len()];
         let mut survivors = Vec::new();
@@ -330,7 +365,8 @@ impl<G: Group> Tree<G> {
         let mut t = Self { nodes: out, root };
         let sponsors = survivors.into_iter().map(|s| t.rightmost(s)).collect();
         t.nodes[root].parent = None;
-        Some((t, sponsors))
+        let new_index = res.iter().enumerate().map(|(v, r)| r.map_or(v, |(i, _)| i)).collect();
+        Some((t, (sponsors, new_index)))
     }
 
     /// Who refreshes after a prune that returned `removal_sponsors`: the

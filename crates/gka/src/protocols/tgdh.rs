@@ -74,7 +74,7 @@
 
 use std::collections::BTreeSet;
 
-use conclave_gcs::{MemberId, MemberMap};
+use conclave_gcs::MemberId;
 use zeroize::Zeroize;
 
 use super::{get_elem, put_elem, MAX_MEMBERS};
@@ -119,16 +119,28 @@ struct Collect<G: Group> {
 
 struct Rounds<G: Group> {
     tree: Tree<G>,
-    /// Each member's leaf in `tree`, whose shape is fixed for the rounds
-    /// (looked up at every message; [`Tree::find`] would scan the tree).
-    leaf: MemberMap<usize>,
+    /// Each member's leaf in `tree`, by its place in the view: the shape is
+    /// fixed for the rounds (looked up at every message; [`Tree::find`]
+    /// would scan the tree).
+    leaf: Vec<usize>,
     /// Ready nodes this member has broadcast the blinded keys of.
     sent: BTreeSet<usize>,
 }
 
 impl<G: Group> Rounds<G> {
-    fn new(tree: Tree<G>) -> Self {
-        Self { leaf: tree.leaf_index(), tree, sent: BTreeSet::new() }
+    /// Rounds on `tree`, which must hold every member of the view once.
+    fn new(cx: &Ctx<'_, G>, tree: Tree<G>, leaf: Vec<Option<usize>>) -> Result<Self, Error> {
+        let leaf: Vec<usize> = leaf.into_iter().collect::<Option<_>>().ok_or(Error::Internal("TGDH key tree lacks a member of the view"))?;
+        // Every member has a leaf; as many leaves as members: one each.
+        if tree.leaves().len() != cx.view.members.len() {
+            return Err(Error::Internal("TGDH key tree holds a member twice"));
+        }
+        Ok(Self { tree, leaf, sent: BTreeSet::new() })
+    }
+
+    /// The leaf of member `m` of the view.
+    fn leaf_of(&self, cx: &Ctx<'_, G>, m: &MemberId) -> Option<usize> {
+        cx.position(m).map(|p| self.leaf[p])
     }
 }
 
@@ -137,21 +149,17 @@ impl<G: Group> Tgdh<G> {
     /// departed, let the shallowest-rightmost removal sponsor refresh.
     fn start_rekey(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
         let saved = self.saved.as_ref().ok_or(Error::Internal("TGDH rekey without a key tree"))?;
-        let (mut t, sponsors) = saved.prune(|m| cx.contains(m)).ok_or(Error::Internal("empty TGDH tree"))?;
-        // The pruned tree's leaves are members of the view, each once in its
-        // leaf index: the tree holds every member of the view iff the index
-        // has as many. (The index is the rounds' own: the shape is fixed from
-        // here; the saved tree's index is not built just for this check.)
-        let leaf = t.leaf_index();
-        if leaf.len() != cx.view.members.len() {
-            return Err(Error::Internal("TGDH key tree lacks a member of the view"));
-        }
+        let n = cx.view.members.len();
+        let (t, sponsors, leaf) =
+            saved.prune_to_view(n, |m| cx.position(m)).ok_or(Error::Internal("empty TGDH tree"))?;
+        let mut rd = Rounds::new(cx, t, leaf)?;
+        let t = &mut rd.tree;
         let refresher = t.refresher(sponsors);
         t.invalidate_path(refresher);
         if t.member(refresher) == Some(cx.me) {
             t.nodes[refresher].key = Some(cx.random());
         }
-        self.run = Run::Rounds(Rounds { tree: t, leaf, sent: BTreeSet::new() });
+        self.run = Run::Rounds(rd);
         self.advance(cx)
     }
 
@@ -256,7 +264,13 @@ impl<G: Group> Tgdh<G> {
         trees.push(co.mine);
         let first = |t: &Tree<G>| t.members().iter().filter_map(|m| cx.position(m)).min();
         let acc = Tree::merge(trees, first).ok_or(Error::Internal("TGDH merge of nothing"))?;
-        self.run = Run::Rounds(Rounds::new(acc));
+        let mut leaf = vec![None; cx.view.members.len()];
+        for v in acc.leaves() {
+            if let Some(p) = acc.member(v).and_then(|m| cx.position(m)) {
+                leaf[p] = Some(v);
+            }
+        }
+        self.run = Run::Rounds(Rounds::new(cx, acc, leaf)?);
         self.advance(cx)
     }
 
@@ -266,9 +280,9 @@ impl<G: Group> Tgdh<G> {
         let Run::Rounds(rd) = &mut self.run else {
             return Err(Misbehaved::OutsideItsRun { round }.by(from));
         };
-        let t = &mut rd.tree;
         // The rounds' tree holds every member of the view.
-        let s = *rd.leaf.get(from).ok_or(Error::Internal("TGDH blinded keys from a member not in the tree"))?;
+        let s = rd.leaf_of(cx, from).ok_or(Error::Internal("TGDH blinded keys from a member not in the tree"))?;
+        let t = &mut rd.tree;
         let path = t.path(s);
         let top = path.len() - 1;
         // A member whose path is complete is the sponsor of nothing.
@@ -299,8 +313,8 @@ impl<G: Group> Tgdh<G> {
     /// when every non-root blinded key is known.
     fn advance(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
         let Run::Rounds(rd) = &mut self.run else { return Ok(()) };
+        let me = rd.leaf_of(cx, cx.me).ok_or(Error::Internal("TGDH tree lacks this member"))?;
         let t = &mut rd.tree;
-        let me = *rd.leaf.get(cx.me).ok_or(Error::Internal("TGDH tree lacks this member"))?;
         t.climb(cx, me, false);
         let path = t.path(me);
         let top = path.len() - 1;
