@@ -37,9 +37,8 @@
 //! owner's own path only, its key (secret, zeroized when dropped or replaced).
 
 use std::cmp::Reverse;
-use std::collections::BTreeSet;
 
-use conclave_gcs::{MemberId, MemberMap};
+use conclave_gcs::{MemberId, MemberMap, MemberSet};
 use zeroize::Zeroize;
 
 use crate::codec::{DecodeError, Reader, Writer};
@@ -449,6 +448,7 @@ impl<G: Group> Tree<G> {
     /// Appends `other`'s nodes (as a detached subtree) and returns its root.
     fn append(&mut self, other: &Self) -> usize {
         let off = self.nodes.len();
+        self.nodes.reserve(other.nodes.len());
         for n in &other.nodes {
             let mut c = n.clone();
             c.parent = c.parent.map(|p| p + off);
@@ -695,7 +695,7 @@ impl<G: Group> Tree<G> {
         let mut nodes: Vec<Node<G>> = Vec::with_capacity(total);
         let mut filled: Vec<u8> = Vec::with_capacity(total);
         let mut open: Vec<usize> = Vec::new(); // internal nodes still missing a child
-        let mut names = BTreeSet::new();
+        let mut names = MemberSet::with_capacity_and_hasher(leaves, Default::default());
         for i in 0..total {
             if i > 0 && open.is_empty() {
                 return Err(DecodeError::Bad("TGDH tree shape").into());

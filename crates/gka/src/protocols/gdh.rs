@@ -49,7 +49,7 @@
 
 use std::collections::BTreeMap;
 
-use conclave_gcs::MemberId;
+use conclave_gcs::{MemberId, MemberMap, View};
 use zeroize::Zeroize;
 
 use super::{get_elem, get_member, put_elem, put_member, MAX_MEMBERS};
@@ -77,9 +77,53 @@ struct Saved<G: Group> {
     /// list arrives, all of them only as the controller of a later refresh.
     /// Decoding every element of every list was O(n) point decompressions
     /// (MODP: subgroup checks, each an exponentiation) per member and run.
-    partials: BTreeMap<MemberId, Vec<u8>>,
+    partials: Partials,
     /// The group secret K.
     key: G::Element,
+}
+
+/// The partial keys of the last list, as it carried them: its members (the
+/// view's own names, shared, in view order) and their encoded elements, one
+/// after another. Kept in list order, not in a map keyed by name: a member
+/// stores every list and uses one element of it, so n insertions per member
+/// and run would be most of a large group's leave.
+#[derive(Default)]
+struct Partials {
+    members: Vec<MemberId>,
+    elems: Vec<u8>,
+}
+
+impl Partials {
+    /// The element of the `i`-th member of the list.
+    fn elem(&self, i: usize) -> &[u8] {
+        let len = self.elems.len() / self.members.len();
+        &self.elems[i * len..(i + 1) * len]
+    }
+
+    /// The element of `m`, if the list has it.
+    fn get(&self, m: &MemberId) -> Option<&[u8]> {
+        self.members.iter().position(|x| x == m).map(|i| self.elem(i))
+    }
+
+    /// For each member of `view`, the place of its element in the list, if
+    /// every one has one. Views keep their members' order, so one walk along
+    /// the list finds them; a map of the list's names serves any other order.
+    fn places(&self, view: &View) -> Option<Vec<usize>> {
+        let mut places = Vec::with_capacity(self.members.len());
+        let mut j = 0;
+        for m in view.ids() {
+            while j < self.members.len() && &self.members[j] != m {
+                j += 1;
+            }
+            if j == self.members.len() {
+                let index: MemberMap<usize> = self.members.iter().cloned().zip(0..).collect();
+                return view.ids().map(|m| index.get(m).copied()).collect();
+            }
+            places.push(j);
+            j += 1;
+        }
+        Some(places)
+    }
 }
 
 impl<G: Group> Drop for Saved<G> {
@@ -184,11 +228,14 @@ impl<G: Group> Gdh<G> {
         (0..n).map(|_| Ok((get_member(r)?, get_elem(r, g)?))).collect()
     }
 
-    /// Reads a list of partial keys without decoding the elements (each has
-    /// the element length; [`Group::decode`] validates it where it is used).
-    fn get_raw_list<'a>(r: &mut Reader<'a>, g: &G) -> Result<Vec<(MemberId, &'a [u8])>, Error> {
+    /// Reads a list of partial keys without decoding the names or the
+    /// elements (each has the element length; [`Group::decode`] validates it
+    /// where it is used): the names are checked against the view's.
+    fn get_raw_list<'a>(r: &mut Reader<'a>, g: &G) -> Result<Vec<(&'a [u8], &'a [u8])>, Error> {
         let n = r.count(MAX_MEMBERS, 2 + g.element_len(), "partial key list")?;
-        (0..n).map(|_| Ok((get_member(r)?, r.bytes(g.element_len(), "group element")?))).collect()
+        (0..n)
+            .map(|_| Ok((r.short_bytes(255, "member name")?, r.bytes(g.element_len(), "group element")?)))
+            .collect()
     }
 
     fn on_view_inner(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
@@ -198,15 +245,16 @@ impl<G: Group> Gdh<G> {
             let r = cx.random();
             let key = cx.exp_g(&r);
             cx.install(&key);
-            self.saved = Some(Saved { r, partials: BTreeMap::new(), key });
+            self.saved = Some(Saved { r, partials: Partials::default(), key });
             return Ok(());
         }
         if change.single {
             // Leave, partition or rekey: everybody holds the same list.
             let saved = self.saved.as_ref().ok_or_else(|| internal("GDH refresh without a secure state"))?;
-            if !cx.view.ids().all(|m| saved.partials.contains_key(m)) {
-                return Err(internal("GDH refresh: a member has no stored partial key"));
-            }
+            let places = saved
+                .partials
+                .places(cx.view)
+                .ok_or_else(|| internal("GDH refresh: a member has no stored partial key"))?;
             let controller = cx.view.members[n - 1].id.clone();
             let contrib = if controller == me {
                 let fresh = cx.random();
@@ -215,8 +263,8 @@ impl<G: Group> Gdh<G> {
                 inv.zeroize();
                 let mut w = Writer::new();
                 w.count(n);
-                for m in cx.view.ids() {
-                    let s = &saved.partials[m];
+                for (m, &place) in cx.view.ids().zip(&places) {
+                    let s = saved.partials.elem(place);
                     put_member(&mut w, m);
                     if *m == me {
                         w.raw(s);
@@ -443,7 +491,9 @@ impl<G: Group> Gdh<G> {
             // The controller lists after every factor-out token, mine too.
             return Err(Misbehaved::NotItsTurn { round }.by(from));
         }
-        if list.len() != cx.view.members.len() || !list.iter().zip(cx.view.ids()).all(|((m, _), v)| m == v) {
+        if list.len() != cx.view.members.len()
+            || !list.iter().zip(cx.view.ids()).all(|((m, _), v)| *m == v.as_str().as_bytes())
+        {
             return Err(Misbehaved::WrongShape { round }.by(from));
         }
         let c = run.contrib.clone().ok_or_else(|| internal("GDH: no contribution"))?;
@@ -451,7 +501,7 @@ impl<G: Group> Gdh<G> {
         let mine = cx.g.decode(list[pos].1)?;
         let key = cx.exp(&mine, &c);
         cx.install(&key);
-        let partials = list.into_iter().map(|(m, e)| (m, e.to_vec())).collect();
+        let partials = Partials { members: cx.view.ids().cloned().collect(), elems: list.iter().flat_map(|(_, e)| *e).copied().collect() };
         self.saved = Some(Saved { r: c, partials, key });
         self.run = Run::idle();
         Ok(())
@@ -951,5 +1001,28 @@ mod validation {
         body.pop();
         let e = net.reject("b", "c", None, ROUND_LIST, body);
         assert!(matches!(e, Error::Decode(_)), "{e:?}");
+    }
+}
+
+#[cfg(test)]
+mod partials_tests {
+    use super::Partials;
+    use conclave_gcs::{Cause, MemberId, View, ViewId, ViewMember};
+
+    fn view(names: &[&str]) -> View {
+        let members = names.iter().map(|n| ViewMember { id: MemberId::new(*n).unwrap(), prev: None }).collect();
+        View { id: ViewId::new(0, 1), members, cause: Cause::Leave }
+    }
+
+    #[test]
+    fn stored_partials_are_found_in_view_order_and_in_any_other() {
+        let members: Vec<MemberId> = ["a", "b", "c", "d"].iter().map(|n| MemberId::new(*n).unwrap()).collect();
+        let p = Partials { members: members.clone(), elems: (0u8..8).collect() };
+        assert_eq!(p.places(&view(&["a", "c", "d"])), Some(vec![0, 2, 3]), "a leave: one walk");
+        assert_eq!(p.places(&view(&["d", "a"])), Some(vec![3, 0]), "another order: by name");
+        assert_eq!(p.places(&view(&["a", "e"])), None, "a member with no partial key");
+        assert_eq!(p.elem(2), &[4, 5]);
+        assert_eq!(p.get(&members[3]), Some(&[6u8, 7][..]));
+        assert_eq!(Partials::default().places(&view(&["a", "b"])), None);
     }
 }

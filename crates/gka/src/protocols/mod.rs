@@ -65,7 +65,7 @@ pub(crate) fn put_member(w: &mut Writer, m: &MemberId) {
 pub(crate) fn get_member(r: &mut Reader<'_>) -> Result<MemberId, Error> {
     let b = r.short_bytes(255, "member name")?;
     let s = std::str::from_utf8(b).map_err(|_| DecodeError::Bad("member name"))?;
-    MemberId::new(s).map_err(|_| Error::Decode(DecodeError::Bad("member name")))
+    MemberId::from_name(s).map_err(|_| Error::Decode(DecodeError::Bad("member name")))
 }
 
 #[cfg(test)]

@@ -74,7 +74,7 @@
 
 use std::collections::BTreeSet;
 
-use conclave_gcs::MemberId;
+use conclave_gcs::{MemberId, MemberSet};
 use zeroize::Zeroize;
 
 use super::{get_elem, put_elem, MAX_MEMBERS};
@@ -110,11 +110,11 @@ struct Collect<G: Group> {
     /// This member's subgroup's tree, with this member's keys.
     mine: Tree<G>,
     /// The members of this member's subgroup.
-    mine_members: BTreeSet<MemberId>,
+    mine_members: MemberSet,
     /// The other subgroups' announced trees.
     others: Vec<Tree<G>>,
     /// Members of the trees announced so far.
-    covered: BTreeSet<MemberId>,
+    covered: MemberSet,
 }
 
 struct Rounds<G: Group> {
@@ -166,7 +166,7 @@ impl<G: Group> Tgdh<G> {
     /// A merge: prune to the own subgroup; its sponsor refreshes and
     /// announces the subgroup's tree.
     fn start_merge(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
-        let mine: BTreeSet<MemberId> = change.mine.iter().cloned().collect();
+        let mine: MemberSet = change.mine.iter().cloned().collect();
         let mut t = match &self.saved {
             Some(s)
                 if {
@@ -193,7 +193,7 @@ impl<G: Group> Tgdh<G> {
             ann.encode(&mut w, cx.g);
             cx.broadcast(ROUND_TREE, w.buf);
         }
-        self.run = Run::Collect(Collect { mine: t, mine_members: mine, others: Vec::new(), covered: BTreeSet::new() });
+        self.run = Run::Collect(Collect { mine: t, mine_members: mine, others: Vec::new(), covered: MemberSet::default() });
         Ok(())
     }
 
@@ -411,7 +411,7 @@ impl<G: Group> Protocol<G> for Tgdh<G> {
 #[cfg(test)]
 mod tests {
     use conclave_gcs::sim::Flush;
-    use conclave_gcs::MemberId;
+    use conclave_gcs::{MemberId, MemberSet};
 
     use super::{ROUND_KEYS, ROUND_TREE};
     use crate::codec::Writer;

@@ -12,10 +12,12 @@
 //! successful decodings are kept, and bytes not seen before are decoded and
 //! validated for real. Elements are public values (blinded keys, partial
 //! keys), never secrets. Engines meter exponentiations, not decodings, so the
-//! cost meter is unchanged. The map is ordered (no hasher with hidden
-//! randomness) and bounded: once full it starts afresh.
+//! cost meter is unchanged. The map is bounded (once full it starts afresh)
+//! and hashed with foldhash, seeded at random, which is cheaper than
+//! ordering keys by comparison on every lookup; only lookups are made, so the
+//! seed changes no outcome.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use rand_core::CryptoRngCore;
@@ -31,7 +33,7 @@ pub(crate) const ENGINE_CAPACITY: usize = 4096;
 pub(crate) struct Memo<G: Group> {
     inner: G,
     capacity: usize,
-    decoded: Arc<Mutex<BTreeMap<Vec<u8>, G::Element>>>,
+    decoded: Arc<Mutex<HashMap<Vec<u8>, G::Element, foldhash::fast::RandomState>>>,
 }
 
 impl<G: Group> Memo<G> {
