@@ -301,7 +301,7 @@ impl<G: Group> Tree<G> {
         position: impl Fn(&MemberId) -> Option<usize>,
     ) -> Option<(Self, Vec<usize>, Vec<Option<usize>>)> {
         let mut place: Vec<(usize, usize)> = Vec::with_capacity(n);
-        let (t, (sponsors, new_index)) = self.prune_leaves_noting(|v| {
+        let (t, sponsors, new_index) = self.prune_leaves_noting(|v| {
             let p = self.nodes[v].member.as_ref().and_then(&position);
             if let Some(p) = p {
                 place.push((v, p));
@@ -322,12 +322,12 @@ impl<G: Group> Tree<G> {
     /// that have a member). Also drops the nodes no longer reachable from
     /// the root (see [`Tree::graft`]): the result is a compact arena.
     pub fn prune_leaves(&self, keep: impl FnMut(usize) -> bool) -> Option<(Self, Vec<usize>)> {
-        self.prune_leaves_noting(keep).map(|(t, (sponsors, _))| (t, sponsors))
+        self.prune_leaves_noting(keep).map(|(t, sponsors, _)| (t, sponsors))
     }
 
     /// [`Tree::prune_leaves`], also returning each old leaf's index in the
     /// pruned tree (the index itself for leaves not kept: look up kept ones).
-    fn prune_leaves_noting(&self, mut keep: impl FnMut(usize) -> bool) -> Option<(Self, (Vec<usize>, Vec<usize>))> {
+    fn prune_leaves_noting(&self, mut keep: impl FnMut(usize) -> bool) -> Option<(Self, Vec<usize>, Vec<usize>)> {
         let mut out: Vec<Node<G>> = Vec::with_capacity(self.nodes.len());
         // For each old node: its new index and whether its new parent must be invalidated.
         let mut res: Vec<Option<(usize, bool)>> = vec![None; self.nodes.len()];
@@ -365,7 +365,7 @@ impl<G: Group> Tree<G> {
         let sponsors = survivors.into_iter().map(|s| t.rightmost(s)).collect();
         t.nodes[root].parent = None;
         let new_index = res.iter().enumerate().map(|(v, r)| r.map_or(v, |(i, _)| i)).collect();
-        Some((t, (sponsors, new_index)))
+        Some((t, sponsors, new_index))
     }
 
     /// Who refreshes after a prune that returned `removal_sponsors`: the

@@ -82,6 +82,9 @@ struct Saved<G: Group> {
     key: G::Element,
 }
 
+/// A list of partial keys as it came: (name, encoded element) pairs.
+type RawList<'a> = Vec<(&'a [u8], &'a [u8])>;
+
 /// The partial keys of the last list, as it carried them: its members (the
 /// view's own names, shared, in view order) and their encoded elements, one
 /// after another. Kept in list order, not in a map keyed by name: a member
@@ -231,11 +234,9 @@ impl<G: Group> Gdh<G> {
     /// Reads a list of partial keys without decoding the names or the
     /// elements (each has the element length; [`Group::decode`] validates it
     /// where it is used): the names are checked against the view's.
-    fn get_raw_list<'a>(r: &mut Reader<'a>, g: &G) -> Result<Vec<(&'a [u8], &'a [u8])>, Error> {
+    fn get_raw_list<'a>(r: &mut Reader<'a>, g: &G) -> Result<RawList<'a>, Error> {
         let n = r.count(MAX_MEMBERS, 2 + g.element_len(), "partial key list")?;
-        (0..n)
-            .map(|_| Ok((r.short_bytes(255, "member name")?, r.bytes(g.element_len(), "group element")?)))
-            .collect()
+        (0..n).map(|_| Ok((r.short_bytes(255, "member name")?, r.bytes(g.element_len(), "group element")?))).collect()
     }
 
     fn on_view_inner(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
@@ -501,7 +502,10 @@ impl<G: Group> Gdh<G> {
         let mine = cx.g.decode(list[pos].1)?;
         let key = cx.exp(&mine, &c);
         cx.install(&key);
-        let partials = Partials { members: cx.view.ids().cloned().collect(), elems: list.iter().flat_map(|(_, e)| *e).copied().collect() };
+        let partials = Partials {
+            members: cx.view.ids().cloned().collect(),
+            elems: list.iter().flat_map(|(_, e)| *e).copied().collect(),
+        };
         self.saved = Some(Saved { r: c, partials, key });
         self.run = Run::idle();
         Ok(())

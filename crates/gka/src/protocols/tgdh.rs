@@ -130,7 +130,10 @@ struct Rounds<G: Group> {
 impl<G: Group> Rounds<G> {
     /// Rounds on `tree`, which must hold every member of the view once.
     fn new(cx: &Ctx<'_, G>, tree: Tree<G>, leaf: Vec<Option<usize>>) -> Result<Self, Error> {
-        let leaf: Vec<usize> = leaf.into_iter().collect::<Option<_>>().ok_or(Error::Internal("TGDH key tree lacks a member of the view"))?;
+        let leaf: Vec<usize> = leaf
+            .into_iter()
+            .collect::<Option<_>>()
+            .ok_or(Error::Internal("TGDH key tree lacks a member of the view"))?;
         // Every member has a leaf; as many leaves as members: one each.
         if tree.leaves().len() != cx.view.members.len() {
             return Err(Error::Internal("TGDH key tree holds a member twice"));
@@ -193,7 +196,8 @@ impl<G: Group> Tgdh<G> {
             ann.encode(&mut w, cx.g);
             cx.broadcast(ROUND_TREE, w.buf);
         }
-        self.run = Run::Collect(Collect { mine: t, mine_members: mine, others: Vec::new(), covered: MemberSet::default() });
+        self.run =
+            Run::Collect(Collect { mine: t, mine_members: mine, others: Vec::new(), covered: MemberSet::default() });
         Ok(())
     }
 
@@ -411,7 +415,7 @@ impl<G: Group> Protocol<G> for Tgdh<G> {
 #[cfg(test)]
 mod tests {
     use conclave_gcs::sim::Flush;
-    use conclave_gcs::{MemberId, MemberSet};
+    use conclave_gcs::MemberId;
 
     use super::{ROUND_KEYS, ROUND_TREE};
     use crate::codec::Writer;

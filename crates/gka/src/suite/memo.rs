@@ -28,12 +28,15 @@ use super::{CryptoError, Group, GroupId};
 /// 2048 members, about 1 MB with ristretto255.
 pub(crate) const ENGINE_CAPACITY: usize = 4096;
 
+/// Decoded elements by their encodings.
+type Decoded<E> = HashMap<Vec<u8>, E, foldhash::fast::RandomState>;
+
 /// `G`, remembering up to `capacity` decoded elements. Clones share the memory.
 #[derive(Clone)]
 pub(crate) struct Memo<G: Group> {
     inner: G,
     capacity: usize,
-    decoded: Arc<Mutex<HashMap<Vec<u8>, G::Element, foldhash::fast::RandomState>>>,
+    decoded: Arc<Mutex<Decoded<G::Element>>>,
 }
 
 impl<G: Group> Memo<G> {
