@@ -141,6 +141,18 @@ pub(crate) struct Tree<G: Group> {
     pub root: usize,
 }
 
+/// A tree pruned to a view's members ([`Tree::prune_to_view`]).
+pub struct PrunedToView<G: Group> {
+    /// The pruned tree.
+    pub tree: Tree<G>,
+    /// The sponsor of each removal point (see [`Tree::prune`]).
+    pub sponsors: Vec<usize>,
+    /// Each place's member's leaf in `tree`, or `None` if it has none.
+    pub leaf: Vec<Option<usize>>,
+    /// How many leaves `tree` has.
+    pub leaves: usize,
+}
+
 impl<G: Group> Tree<G> {
     /// A tree of one leaf.
     pub fn leaf(member: MemberId, key: Option<G::Scalar>, bk: Option<G::Element>) -> Self {
@@ -290,18 +302,12 @@ impl<G: Group> Tree<G> {
     }
 
     /// [`Tree::prune`] to the members of a view of `n`, which `position`
-    /// finds (their places in the view). Also returns, for each place, its
-    /// member's leaf in the pruned tree, or `None` if the tree has no leaf
-    /// for it: the index a run looks senders up in, made from the lookups
-    /// the prune makes anyway (a view of n members costs n lookups, not n
-    /// more insertions).
-    pub fn prune_to_view(
-        &self,
-        n: usize,
-        position: impl Fn(&MemberId) -> Option<usize>,
-    ) -> Option<(Self, Vec<usize>, Vec<Option<usize>>)> {
+    /// finds (their places in the view), with the index a run looks senders
+    /// up in, made from the lookups the prune makes anyway (a view of n
+    /// members costs n lookups, not n more insertions).
+    pub fn prune_to_view(&self, n: usize, position: impl Fn(&MemberId) -> Option<usize>) -> Option<PrunedToView<G>> {
         let mut place: Vec<(usize, usize)> = Vec::with_capacity(n);
-        let (t, sponsors, new_index) = self.prune_leaves_noting(|v| {
+        let (t, sponsors, moved_to) = self.prune_leaves_noting(|v| {
             let p = self.nodes[v].member.as_ref().and_then(&position);
             if let Some(p) = p {
                 place.push((v, p));
@@ -309,13 +315,10 @@ impl<G: Group> Tree<G> {
             p.is_some()
         })?;
         let mut leaf = vec![None; n];
-        for (v, p) in place {
-            leaf[p] = Some(v);
+        for &(v, p) in &place {
+            leaf[p] = moved_to[v];
         }
-        for l in leaf.iter_mut().flatten() {
-            *l = new_index[*l];
-        }
-        Some((t, sponsors, leaf))
+        Some(PrunedToView { tree: t, sponsors, leaf, leaves: place.len() })
     }
 
     /// [`Tree::prune`] by leaf index: keeps the leaves `keep` accepts (and
@@ -325,9 +328,12 @@ impl<G: Group> Tree<G> {
         self.prune_leaves_noting(keep).map(|(t, sponsors, _)| (t, sponsors))
     }
 
-    /// [`Tree::prune_leaves`], also returning each old leaf's index in the
-    /// pruned tree (the index itself for leaves not kept: look up kept ones).
-    fn prune_leaves_noting(&self, mut keep: impl FnMut(usize) -> bool) -> Option<(Self, Vec<usize>, Vec<usize>)> {
+    /// [`Tree::prune_leaves`], also returning where each old node went in the
+    /// pruned tree (a kept leaf: its own node; `None`: nothing of it kept).
+    fn prune_leaves_noting(
+        &self,
+        mut keep: impl FnMut(usize) -> bool,
+    ) -> Option<(Self, Vec<usize>, Vec<Option<usize>>)> {
         let mut out: Vec<Node<G>> = Vec::with_capacity(self.nodes.len());
         // For each old node: its new index and whether its new parent must be invalidated.
         let mut res: Vec<Option<(usize, bool)>> = vec![None; self.nodes.len()];
@@ -364,8 +370,8 @@ impl<G: Group> Tree<G> {
         let mut t = Self { nodes: out, root };
         let sponsors = survivors.into_iter().map(|s| t.rightmost(s)).collect();
         t.nodes[root].parent = None;
-        let new_index = res.iter().enumerate().map(|(v, r)| r.map_or(v, |(i, _)| i)).collect();
-        Some((t, sponsors, new_index))
+        let moved_to = res.iter().map(|r| r.map(|(i, _)| i)).collect();
+        Some((t, sponsors, moved_to))
     }
 
     /// Who refreshes after a prune that returned `removal_sponsors`: the

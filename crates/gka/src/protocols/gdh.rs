@@ -49,6 +49,7 @@
 
 use std::collections::BTreeMap;
 
+use conclave_gcs::view::MAX_MEMBER_NAME;
 use conclave_gcs::{MemberId, MemberMap, View};
 use zeroize::Zeroize;
 
@@ -112,7 +113,7 @@ impl Partials {
     /// every one has one. Views keep their members' order, so one walk along
     /// the list finds them; a map of the list's names serves any other order.
     fn places(&self, view: &View) -> Option<Vec<usize>> {
-        let mut places = Vec::with_capacity(self.members.len());
+        let mut places = Vec::with_capacity(view.members.len());
         let mut j = 0;
         for m in view.ids() {
             while j < self.members.len() && &self.members[j] != m {
@@ -236,7 +237,9 @@ impl<G: Group> Gdh<G> {
     /// where it is used): the names are checked against the view's.
     fn get_raw_list<'a>(r: &mut Reader<'a>, g: &G) -> Result<RawList<'a>, Error> {
         let n = r.count(MAX_MEMBERS, 2 + g.element_len(), "partial key list")?;
-        (0..n).map(|_| Ok((r.short_bytes(255, "member name")?, r.bytes(g.element_len(), "group element")?))).collect()
+        (0..n)
+            .map(|_| Ok((r.short_bytes(MAX_MEMBER_NAME, "member name")?, r.bytes(g.element_len(), "group element")?)))
+            .collect()
     }
 
     fn on_view_inner(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {

@@ -128,14 +128,15 @@ struct Rounds<G: Group> {
 }
 
 impl<G: Group> Rounds<G> {
-    /// Rounds on `tree`, which must hold every member of the view once.
-    fn new(cx: &Ctx<'_, G>, tree: Tree<G>, leaf: Vec<Option<usize>>) -> Result<Self, Error> {
+    /// Rounds on `tree`, of `leaves` leaves, which must hold every member of
+    /// the view once (`leaf`: each member's leaf, by its place in the view).
+    fn new(cx: &Ctx<'_, G>, tree: Tree<G>, leaf: Vec<Option<usize>>, leaves: usize) -> Result<Self, Error> {
         let leaf: Vec<usize> = leaf
             .into_iter()
             .collect::<Option<_>>()
             .ok_or(Error::Internal("TGDH key tree lacks a member of the view"))?;
         // Every member has a leaf; as many leaves as members: one each.
-        if tree.leaves().len() != cx.view.members.len() {
+        if leaves != cx.view.members.len() {
             return Err(Error::Internal("TGDH key tree holds a member twice"));
         }
         Ok(Self { tree, leaf, sent: BTreeSet::new() })
@@ -153,9 +154,9 @@ impl<G: Group> Tgdh<G> {
     fn start_rekey(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
         let saved = self.saved.as_ref().ok_or(Error::Internal("TGDH rekey without a key tree"))?;
         let n = cx.view.members.len();
-        let (t, sponsors, leaf) =
-            saved.prune_to_view(n, |m| cx.position(m)).ok_or(Error::Internal("empty TGDH tree"))?;
-        let mut rd = Rounds::new(cx, t, leaf)?;
+        let pruned = saved.prune_to_view(n, |m| cx.position(m)).ok_or(Error::Internal("empty TGDH tree"))?;
+        let sponsors = pruned.sponsors;
+        let mut rd = Rounds::new(cx, pruned.tree, pruned.leaf, pruned.leaves)?;
         let t = &mut rd.tree;
         let refresher = t.refresher(sponsors);
         t.invalidate_path(refresher);
@@ -268,13 +269,14 @@ impl<G: Group> Tgdh<G> {
         trees.push(co.mine);
         let first = |t: &Tree<G>| t.members().iter().filter_map(|m| cx.position(m)).min();
         let acc = Tree::merge(trees, first).ok_or(Error::Internal("TGDH merge of nothing"))?;
+        let leaves = acc.leaves();
         let mut leaf = vec![None; cx.view.members.len()];
-        for v in acc.leaves() {
+        for &v in &leaves {
             if let Some(p) = acc.member(v).and_then(|m| cx.position(m)) {
                 leaf[p] = Some(v);
             }
         }
-        self.run = Run::Rounds(Rounds::new(cx, acc, leaf)?);
+        self.run = Run::Rounds(Rounds::new(cx, acc, leaf, leaves.len())?);
         self.advance(cx)
     }
 
