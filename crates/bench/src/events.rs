@@ -39,7 +39,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use conclave_gcs::sim::{Delivery, Flush};
 use conclave_gcs::MemberId;
@@ -68,7 +68,11 @@ pub enum CostsFrom {
 /// Options of `conclave bench events`.
 #[derive(Args)]
 pub struct EventsArgs {
-    /// Protocols (comma-separated).
+    /// Protocols (comma-separated). With --engine daemon also the groups the
+    /// daemons key (the integrated architecture): `integrated-vs` and
+    /// `optimized-evs`, timed beside the membership line (no member key
+    /// agreement, so no bound); on the simulated daemons they are
+    /// `conclave bench integrated --figures 5`'s.
     #[arg(long, value_delimiter = ',', default_value = "gdh,ckd,tgdh,str,bd")]
     protocols: Vec<String>,
     /// Events (comma-separated).
@@ -637,7 +641,7 @@ fn point_line(p: &Point, done: usize, total: usize) -> String {
 /// membership line's mean at the same event and size, in ms, i.e. what key
 /// agreement adds on top of the membership service (Fig. 16). Nothing
 /// without membership points.
-fn write_over_membership(out: &mut impl Write, points: &[Point], protocols: &[ProtocolId]) -> std::io::Result<()> {
+fn write_over_membership(out: &mut impl Write, points: &[Point], lines_of: &[String]) -> std::io::Result<()> {
     let lines: Vec<&Point> = points.iter().filter(|p| p.protocol == MEMBERSHIP).collect();
     if lines.is_empty() {
         return Ok(());
@@ -648,13 +652,56 @@ fn write_over_membership(out: &mut impl Write, points: &[Point], protocols: &[Pr
          clients, same event), ms."
     )?;
     let mut header = vec!["event".to_string(), "n".to_string(), MEMBERSHIP.to_string()];
-    header.extend(protocols.iter().map(|p| p.name().to_string()));
+    header.extend(lines_of.iter().cloned());
     let mut t = crate::table::new(header, 1);
     for m in lines {
         let mut cells = vec![event_name(m.event), m.n.to_string(), format!("{:.2}", m.mean_ms)];
-        for proto in protocols {
-            let p = points.iter().find(|p| p.event == m.event && p.n == m.n && p.protocol == proto.name());
+        for line in lines_of {
+            let p = points.iter().find(|p| p.event == m.event && p.n == m.n && p.protocol == *line);
             cells.push(p.map_or_else(|| "-".to_string(), |p| format!("{:+.2}", p.mean_ms - m.mean_ms)));
+        }
+        t.add_row(cells);
+    }
+    writeln!(out, "{t}")
+}
+
+/// The groups the daemons key, by their `--protocols` names (see [`Policy`]'s
+/// names): the daemon engine times them beside the protocols.
+const KEYED_MODES: [&str; 2] = ["integrated-vs", "optimized-evs"];
+
+/// After the daemon engine's tables: each group the daemons key against the
+/// membership line, as a ratio of means (issue 14: a join or leave in such a
+/// group costs the membership change plus one HMAC per member, and the
+/// target is within 1.2×). Nothing without membership points or keyed lines.
+fn write_keyed_over_membership(out: &mut impl Write, points: &[Point], keyed: &[String]) -> std::io::Result<()> {
+    let lines: Vec<&Point> = points.iter().filter(|p| p.protocol == MEMBERSHIP).collect();
+    if lines.is_empty() || keyed.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "\nKeyed by the daemons against membership: each mode's mean ÷ the membership line's mean (same event and \
+         size; the target is 1.2×), and its CPU Σ ÷ the membership line's."
+    )?;
+    let mut header = vec!["event".to_string(), "n".to_string(), MEMBERSHIP.to_string()];
+    for mode in keyed {
+        header.extend([mode.clone(), "÷ membership".into(), "cpu ÷ membership".into()]);
+    }
+    let mut t = crate::table::new(header, 1);
+    for m in lines {
+        let mut cells = vec![event_name(m.event), m.n.to_string(), format!("{:.2}", m.mean_ms)];
+        for mode in keyed {
+            match points.iter().find(|p| p.event == m.event && p.n == m.n && p.protocol == *mode) {
+                Some(p) => cells.extend([
+                    format!("{:.2}", p.mean_ms),
+                    format!("{:.2}", p.mean_ms / m.mean_ms),
+                    match (p.cpu_ms, m.cpu_ms) {
+                        (Some(c), Some(mc)) if mc > 0.0 => format!("{:.2}", c / mc),
+                        _ => "-".into(),
+                    },
+                ]),
+                None => cells.extend(["-".to_string(), "-".into(), "-".into()]),
+            }
         }
         t.add_row(cells);
     }
@@ -663,7 +710,20 @@ fn write_over_membership(out: &mut impl Write, points: &[Point], protocols: &[Pr
 
 /// Runs the benchmark.
 pub fn run(args: EventsArgs) -> Result<()> {
-    let protocols = conclave_testkit::names::protocols(&args.protocols)?;
+    let (keyed, layered): (Vec<String>, Vec<String>) =
+        args.protocols.iter().cloned().partition(|p| KEYED_MODES.contains(&p.as_str()));
+    let protocols = conclave_testkit::names::protocols(&layered)
+        .context("--protocols: also integrated-vs or optimized-evs with --engine daemon")?;
+    if protocols.is_empty() && keyed.is_empty() {
+        bail!("--protocols names no protocol");
+    }
+    if !keyed.is_empty() && args.engine != EngineKind::Daemon {
+        bail!(
+            "{} is keyed by the daemons: time it on real daemons with --engine daemon, or on the simulated daemons \
+             with `conclave bench integrated --figures 5`",
+            keyed[0]
+        );
+    }
     let group = conclave_testkit::names::group(&args.suite)?;
     let scheme = conclave_testkit::names::signature(&args.signature)?;
     if args.runs == 0 {
@@ -706,7 +766,7 @@ pub fn run(args: EventsArgs) -> Result<()> {
         // no modelled membership or per-message costs, and the bound gets the
         // WAN's one-way delays only with --wan (from its placement).
         let model = CostModel { multicast: 0.0, receive: 0.0, membership_2: 0.0, ..model };
-        let points = daemon_points(&args, &protocols, &sizes, group, scheme, &model, &mut out)?;
+        let points = daemon_points(&args, &protocols, &keyed, &sizes, group, scheme, &model, &mut out)?;
         return finish(&args, &protocols, &peer_sizes, points, &model, &mut out);
     }
     writeln!(
@@ -832,6 +892,7 @@ fn write_sides(out: &mut impl Write, rows: &[SidesRow], args: &EventsArgs) -> Re
 fn daemon_points(
     args: &EventsArgs,
     protocols: &[ProtocolId],
+    keyed: &[String],
     sizes: &[usize],
     group: GroupId,
     scheme: SignatureId,
@@ -866,7 +927,16 @@ fn daemon_points(
              share of every protocol's time (Fig. 16); no bound."
         )?;
     }
-    let lines = protocols.len() + usize::from(membership);
+    if !keyed.is_empty() {
+        writeln!(
+            out,
+            "{}: groups the daemons key (the integrated architecture): every member takes the view's key from its \
+             daemon and confirms it unsigned through the collector; no member key agreement, so no bound: compared \
+             with the membership line.",
+            keyed.join(", ")
+        )?;
+    }
+    let lines = protocols.len() + keyed.len() + usize::from(membership);
     let total = args.events.len() * lines * sizes.len();
     let progress = progress_bar(total as u64);
     let mut points = Vec::new();
@@ -901,10 +971,25 @@ fn daemon_points(
                 points.push(p);
             }
         }
+        for mode in keyed {
+            for &n in sizes {
+                progress.set_message(format!("{mode} {} n={n} (daemon)", event_name(event)));
+                let policy: Policy = mode.parse().map_err(|e| anyhow!("{e}"))?;
+                let samples = target.time(policy, scheme, event, n, args.runs, args.seed)?;
+                let mut p = Point::of(mode, event, n, samples.iter().map(|s| s.ms).collect(), None);
+                p.cpu_ms = mean_cpu(&samples);
+                progress.inc(1);
+                progress.suspend(|| eprintln!("{}", point_line(&p, points.len() + 1, total)));
+                points.push(p);
+            }
+        }
     }
     progress.finish_and_clear();
     write_points(out, &points)?;
-    write_over_membership(out, &points, protocols)?;
+    let mut names: Vec<String> = protocols.iter().map(|p| p.name().to_string()).collect();
+    names.extend(keyed.iter().cloned());
+    write_over_membership(out, &points, &names)?;
+    write_keyed_over_membership(out, &points, keyed)?;
     write_cliques(out, &points)?;
     Ok(points)
 }
