@@ -931,8 +931,8 @@ fn daemon_points(
         writeln!(
             out,
             "{}: groups the daemons key (the integrated architecture): every member takes the view's key from its \
-             daemon and confirms it unsigned through the collector; no member key agreement, so no bound: compared \
-             with the membership line.",
+             daemon, one HMAC of the daemons' key, which the daemons confirmed among themselves; no member key \
+             agreement or confirmation, so no bound: compared with the membership line.",
             keyed.join(", ")
         )?;
     }

@@ -79,8 +79,9 @@ pub struct IntegratedArgs {
     /// (the 2002 testbed: 667 MHz Pentium III, 512-bit DH, RSA-1024).
     #[arg(long, value_enum, default_value = "measured")]
     costs: CostsFrom,
-    /// Sim: the members' key confirmations (one signature per member per new key, in every mode) cost nothing,
-    /// as in the paper's Secure Spread, which confirmed no key.
+    /// Sim: the layered members' key confirmations (one signature per member per new key) cost nothing, as in
+    /// the paper's Secure Spread, which confirmed no key. Integrated members confirm nothing (their daemons
+    /// confirm the daemons' key among themselves, charged to the daemons).
     #[arg(long)]
     free_confirmations: bool,
     /// Sim: simulated daemons (the paper's testbed had 13); a partition splits them in half.

@@ -1088,6 +1088,11 @@ impl Core {
         self.exchange.is_none().then(|| (self.configuration, self.daemons.iter().copied().collect()))
     }
 
+    /// The id of [`Core::configuration`], without its daemons (no allocation).
+    pub fn configuration_id(&self) -> Option<ViewId> {
+        self.exchange.is_none().then_some(self.configuration)
+    }
+
     /// This daemon's incarnation, as given to [`Core::new`]: a shell that
     /// numbers its client operations ([`Op::Numbered`]) puts it in their ids.
     pub fn incarnation(&self) -> u64 {

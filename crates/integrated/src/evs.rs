@@ -362,12 +362,6 @@ struct StoredKey {
     last_used: u64,
     /// This daemon's count of re-encryptions under it.
     daemon_seq: u64,
-    /// Keyed under the daemons' key of a later configuration than the one
-    /// that installed the view (the view waited here for a key, and its own
-    /// configuration's never came): the daemons that had that key gave the
-    /// view another one, so what they sealed under it is not readable here
-    /// and is a key this daemon does not hold, not an alteration.
-    late: bool,
 }
 
 /// A daemon's keys of Optimized EVS groups' views, with their expiry (see
@@ -406,25 +400,11 @@ impl EvsKeys {
     /// View `view` of `group` was installed, with key `key`: it is the
     /// group's newest. Key-out drops the oldest beyond the limit.
     pub fn installed(&mut self, group: &GroupName, view: ViewId, key: ViewKey, now: u64) {
-        self.install(group, view, key, now, false);
-    }
-
-    /// As [`Self::installed`], for a view keyed under the daemons' key of a
-    /// later configuration than the one that installed it: a message sealed
-    /// under this view's key that does not open under it is reported as a
-    /// key this daemon does not hold ([`NoticeReason::KeyGone`]), since the
-    /// daemons that held the view's own configuration's key keyed it
-    /// differently.
-    pub fn installed_late(&mut self, group: &GroupName, view: ViewId, key: ViewKey, now: u64) {
-        self.install(group, view, key, now, true);
-    }
-
-    fn install(&mut self, group: &GroupName, view: ViewId, key: ViewKey, now: u64, late: bool) {
         let keys = self.groups.entry(group.clone()).or_default();
         if let Some(newest) = keys.back_mut() {
             newest.last_used = now;
         }
-        keys.push_back(StoredKey { view, key, last_used: now, daemon_seq: 0, late });
+        keys.push_back(StoredKey { view, key, last_used: now, daemon_seq: 0 });
         while keys.len() > self.key_out {
             keys.pop_front();
             self.stats.keyed_out += 1;
@@ -479,10 +459,6 @@ impl EvsKeys {
             return notice(delivered_in, NoticeReason::KeyGone, key_view, seq, messages).into();
         };
         let Ok(inner) = open(&keys[from].key, group, &envelope) else {
-            if keys[from].late {
-                self.stats.key_gone += 1;
-                return notice(delivered_in, NoticeReason::KeyGone, key_view, seq, messages).into();
-            }
             self.stats.unreadable += 1;
             return notice(delivered_in, NoticeReason::Unreadable, key_view, seq, messages).into();
         };
@@ -617,22 +593,6 @@ mod tests {
         // A group that is gone takes its keys along.
         store.expire(1_800, |_| false);
         assert!(store.is_empty());
-    }
-
-    #[test]
-    fn what_does_not_open_under_a_key_given_late_is_a_key_not_held_here() {
-        let mut store = EvsKeys::new(DaemonId(0), 8, 1_000);
-        store.installed_late(&group(), view(1), key(1), 0);
-        store.installed(&group(), view(2), key(2), 0);
-        // Sealed under view 1's key as the daemons that had its own
-        // configuration's key gave it.
-        let other = Bytes::from(seal(&key(9), &group(), view(1), &alice(), 0, 1, b"sealed elsewhere"));
-        let fixed = store.fix(&group(), view(2), other, 0);
-        assert!(matches!(Envelope::decode(&fixed), Ok(Envelope::Notice { reason: NoticeReason::KeyGone, .. })));
-        // Under the key given here it is re-encrypted as usual.
-        let here = Bytes::from(seal(&key(1), &group(), view(1), &alice(), 1, 1, b"sealed here"));
-        let fixed = store.fix(&group(), view(2), here, 0);
-        assert!(matches!(Envelope::decode(&fixed), Ok(Envelope::Sealed { key_view, .. }) if key_view == view(2)));
     }
 
     #[test]

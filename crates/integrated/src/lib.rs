@@ -40,6 +40,15 @@
 //!   two views share a key. The key is delivered to each member of the view
 //!   on its own connection just before the view ([`Delivery::GroupKey`]),
 //!   never to anyone else.
+//! * **Key confirmation among the daemons** ([`confirm`]): a key the
+//!   daemons' engine installs keys nothing until every daemon of its run has
+//!   confirmed, over the stream, that it holds the same one (a MAC under a
+//!   key derived from it, signed); a split is found by every daemon at the
+//!   same point of the stream and agreed again from scratch (once per
+//!   configuration: a second one holds keyed views until the daemon group
+//!   changes). So every member of every keyed group gets the same key for the
+//!   same view, and the members confirm nothing themselves: one round among
+//!   the daemons per key of theirs, not one per view of every keyed group.
 //! * **Until it has agreed, no view that needs it is delivered** (§4.3.1):
 //!   from a change of the daemon group until the new `K_s`, the deliveries of
 //!   each keyed group are held from its first view on, in order, and released
@@ -68,6 +77,7 @@
 //!   view's key; the daemons keep each such group's recent view keys, and
 //!   drop them by key-out and time-out ([`KeyedDaemon::with_evs_expiry`]).
 
+mod confirm;
 pub mod evs;
 pub mod seal;
 
@@ -195,6 +205,10 @@ pub(crate) mod ka_kind {
     /// traffic from here on counts under that key: the epoch
     /// ([`conclave_gka::EPOCH_LEN`] bytes). See [`KeyedDaemon::with_data_limit`].
     pub const COUNTING: u8 = 4;
+    /// A daemon's confirmation of the key its run installed (see
+    /// [`crate::confirm`]): the epoch ([`conclave_gka::EPOCH_LEN`] bytes),
+    /// a MAC (32) and the daemon's signature.
+    pub const CONFIRM: u8 = 5;
 }
 
 /// A daemon admitted to a configuration's key agreement.
@@ -203,6 +217,10 @@ struct Admitted {
     /// The configuration whose key agreement its engine last followed.
     came_from: Option<ViewId>,
 }
+
+/// A delivery of a keyed group waiting for the daemons' key: to whom, what,
+/// and the configuration it was made in (`None`: during an exchange).
+type Held = (Vec<ConnId>, Delivery, Option<ViewId>);
 
 /// Where the daemons' key stands.
 enum ServerKey {
@@ -213,7 +231,8 @@ enum ServerKey {
     /// did during the exchange: [`KeyedDaemon::presented`]); `heard` holds
     /// each one's verdict so far (its key if admitted).
     Presenting { id: ViewId, daemons: Vec<DaemonId>, heard: BTreeMap<DaemonId, Option<Admitted>> },
-    /// The admitted daemons run the key agreement.
+    /// The admitted daemons run the key agreement, then confirm its key
+    /// ([`KeyedDaemon::confirming`]).
     Agreeing,
     /// The key of the current configuration.
     Agreed(SecureView),
@@ -251,8 +270,25 @@ pub struct KeyedDaemon {
     presented: BTreeMap<DaemonId, (Option<ViewId>, Vec<u8>)>,
     rng: Box<dyn CryptoRngCore + Send>,
     key: ServerKey,
+    /// The daemons admitted to the current configuration's key agreement,
+    /// with their verifying keys.
+    admitted: BTreeMap<DaemonId, Arc<dyn Verifier>>,
+    /// A key of the daemons installed by this daemon's engine, being
+    /// confirmed among the daemons of its run before it keys anything (see
+    /// [`confirm`]): after a change of the daemon group (the key is
+    /// [`ServerKey::Agreeing`] meanwhile) or a renewal (the one before still
+    /// keys views meanwhile).
+    confirming: Option<(confirm::Confirming, SecureView)>,
+    /// Confirmations ordered before this daemon confirms their run.
+    early: confirm::Early,
+    /// The current configuration's key was agreed again from scratch after
+    /// its daemons were found holding different keys: a second split stops
+    /// keyed views until the next configuration instead of looping.
+    split_rekeyed: bool,
     /// Deliveries of keyed groups waiting for the key, by group, in order.
-    held: BTreeMap<GroupName, VecDeque<(Vec<ConnId>, Delivery)>>,
+    /// Each with the configuration it was made in: a view is keyed only
+    /// under that configuration's key (see [`KeyedDaemon::deliver_keyed`]).
+    held: BTreeMap<GroupName, VecDeque<Held>>,
     /// Key agreements completed (for tests and benchmarks).
     agreements: u64,
     /// Data-out: the most payload bytes keyed groups may send under one
@@ -313,6 +349,10 @@ impl KeyedDaemon {
             presented: BTreeMap::new(),
             rng,
             key: ServerKey::Changing,
+            admitted: BTreeMap::new(),
+            confirming: None,
+            early: confirm::Early::default(),
+            split_rekeyed: false,
             held: BTreeMap::new(),
             agreements: 0,
             data_limit: None,
@@ -620,6 +660,10 @@ impl KeyedDaemon {
         let res = engine.observe(&view).and_then(|()| engine.start(&directory, &mut *self.rng));
         self.followed = Some(id);
         self.key = ServerKey::Agreeing;
+        self.admitted = admitted.into_iter().map(|(d, a)| (d, a.key)).collect();
+        self.confirming = None;
+        self.early.clear();
+        self.split_rekeyed = false;
         self.engine_result(res, out);
     }
 
@@ -645,38 +689,105 @@ impl KeyedDaemon {
                     // TGDH only broadcasts; the stream has no unicast.
                     tracing::warn!(%to, "daemons' key agreement asked for a unicast; dropped");
                 }
-                EngineOutput::Installed(sv) => {
-                    tracing::debug!(epoch = ?sv.epoch, daemons = sv.members.len(), "daemons agreed a key");
-                    if let Some(sealing) = &mut self.sealing {
-                        sealing.key_agreed(sv.epoch, sv.key.expose_secret(), out);
-                    }
-                    let epoch = sv.epoch;
-                    self.key = ServerKey::Agreed(sv);
-                    self.agreements += 1;
-                    self.data_under_key = 0;
-                    self.counting.clear();
-                    self.allowance = std::mem::take(&mut self.counted_by);
-                    if self.data_limit.is_some() {
-                        // After anything this daemon passed on under the
-                        // last key (its sealed operations waiting for this
-                        // one included): from here its clients' keyed
-                        // traffic counts under this key.
-                        let mut payload = vec![ka_kind::COUNTING];
-                        payload.extend_from_slice(&epoch.to_bytes());
-                        out.push(Output::Submit(Op::DaemonKa { from: self.me, payload: payload.into() }));
-                    }
-                    self.lifetime_starts = true;
-                    self.renew_at = None;
-                    self.release(out);
-                    if std::mem::take(&mut self.refreshing) {
-                        // The artificial view change: every keyed group's next
-                        // view takes its key from the new one.
-                        let mut inner = Vec::new();
-                        self.core.refresh_keyed(&mut inner);
-                        self.pass(inner, out);
-                    }
-                }
+                EngineOutput::Installed(sv) => self.installed(sv, out),
             }
+        }
+    }
+
+    /// The engine installed a key: confirmed among the daemons of its run
+    /// before it keys anything (at once for a daemon alone).
+    fn installed(&mut self, sv: SecureView, out: &mut Vec<Output>) {
+        tracing::debug!(epoch = ?sv.epoch, daemons = sv.members.len(), "daemons agreed a key; confirming it");
+        if self.admitted.len() <= 1 {
+            return self.confirmed(sv, out);
+        }
+        let signer = self.trust.signer();
+        let (confirming, body) = confirm::Confirming::start(
+            sv.epoch,
+            sv.key.expose_secret(),
+            self.admitted.clone(),
+            self.me,
+            signer.as_ref(),
+        );
+        self.confirming = Some((confirming, sv));
+        let mut payload = Vec::with_capacity(1 + body.len());
+        payload.push(ka_kind::CONFIRM);
+        payload.extend_from_slice(&body);
+        out.push(Output::Submit(Op::DaemonKa { from: self.me, payload: payload.into() }));
+        for (from, body) in self.early.take() {
+            self.confirmation(from, &body, out);
+        }
+    }
+
+    /// Daemon `from`'s confirmation of a key of the daemons, in stream order.
+    fn confirmation(&mut self, from: DaemonId, body: &[u8], out: &mut Vec<Output>) {
+        let epoch = confirm::decode(body).map(|(epoch, ..)| epoch);
+        let Some((confirming, _)) = self.confirming.as_mut().filter(|(c, _)| epoch == Some(c.epoch())) else {
+            // Not (yet) confirming its run here: kept for the next key, a few
+            // per daemon of the configuration.
+            if self.admitted.contains_key(&from) {
+                self.early.keep(from, body);
+            }
+            return;
+        };
+        match confirming.on_confirm(from, body) {
+            confirm::Tally::Waiting => {}
+            confirm::Tally::Confirmed => {
+                let (_, sv) = self.confirming.take().expect("confirming");
+                self.confirmed(sv, out);
+            }
+            confirm::Tally::Split(holders) => {
+                // Every daemon of the run sees at least one such MAC, at this
+                // same point of the stream: all agree again from scratch.
+                self.confirming = None;
+                self.early.clear();
+                if std::mem::replace(&mut self.split_rekeyed, true) {
+                    tracing::error!(
+                        ?holders,
+                        "the daemons hold different keys again: keyed groups get no views until the daemon group changes"
+                    );
+                    self.key = ServerKey::Refused;
+                    self.refreshing = false;
+                    return;
+                }
+                tracing::warn!(?holders, "the daemons hold different keys: agreeing again from scratch");
+                let Some(engine) = &mut self.engine else { return };
+                let res = engine.rekey(&mut *self.rng);
+                self.engine_result(res, out);
+            }
+        }
+    }
+
+    /// A key of the daemons is confirmed: it keys views from now on.
+    fn confirmed(&mut self, sv: SecureView, out: &mut Vec<Output>) {
+        tracing::debug!(epoch = ?sv.epoch, daemons = sv.members.len(), "daemons confirmed their key");
+        if let Some(sealing) = &mut self.sealing {
+            sealing.key_agreed(sv.epoch, sv.key.expose_secret(), out);
+        }
+        let epoch = sv.epoch;
+        self.key = ServerKey::Agreed(sv);
+        self.agreements += 1;
+        self.data_under_key = 0;
+        self.counting.clear();
+        self.allowance = std::mem::take(&mut self.counted_by);
+        if self.data_limit.is_some() {
+            // After anything this daemon passed on under the
+            // last key (its sealed operations waiting for this
+            // one included): from here its clients' keyed
+            // traffic counts under this key.
+            let mut payload = vec![ka_kind::COUNTING];
+            payload.extend_from_slice(&epoch.to_bytes());
+            out.push(Output::Submit(Op::DaemonKa { from: self.me, payload: payload.into() }));
+        }
+        self.lifetime_starts = true;
+        self.renew_at = None;
+        self.release(out);
+        if std::mem::take(&mut self.refreshing) {
+            // The artificial view change: every keyed group's next
+            // view takes its key from the new one.
+            let mut inner = Vec::new();
+            self.core.refresh_keyed(&mut inner);
+            self.pass(inner, out);
         }
     }
 
@@ -704,6 +815,7 @@ impl KeyedDaemon {
                     }
                 }
             }
+            Some((&ka_kind::CONFIRM, body)) => self.confirmation(from, body, out),
             Some((&ka_kind::AGREEMENT, message)) => {
                 // Only while a run of this configuration is under way (or a
                 // renewal of its key): a run of the last one, ordered after
@@ -784,29 +896,42 @@ impl KeyedDaemon {
     fn release(&mut self, out: &mut Vec<Output>) {
         for (group, view, configuration) in std::mem::take(&mut self.evs_waiting) {
             let ServerKey::Agreed(sv) = &self.key else { break };
-            let key = view_key(&sv.key, &group, view);
+            // A view of a configuration whose key never came here has no key
+            // here (see `deliver_keyed`): what is delivered in it is a notice.
             if configuration == Some(sv.epoch.view) {
+                let key = view_key(&sv.key, &group, view);
                 self.evs.installed(&group, view, key, self.now);
-            } else {
-                self.evs.installed_late(&group, view, key, self.now);
             }
         }
         for (_, deliveries) in std::mem::take(&mut self.held) {
-            for (to, d) in deliveries {
-                self.deliver_keyed(to, d, out);
+            for (to, d, configuration) in deliveries {
+                self.deliver_keyed(to, d, configuration, out);
             }
         }
     }
 
-    /// Delivers `d` to `to`: a view after its key; an Optimized EVS group's
-    /// message fixed for the view it is delivered in.
-    fn deliver_keyed(&mut self, to: Vec<ConnId>, d: Delivery, out: &mut Vec<Output>) {
+    /// Delivers `d`, made in `configuration`, to `to`: a view after its key;
+    /// an Optimized EVS group's message fixed for the view it is delivered in.
+    ///
+    /// A view is keyed only under the key of the configuration it was made
+    /// in. One that waited here for that key while the configuration ended
+    /// (this daemon had not seen every daemon's confirmation of it, and
+    /// others may have, and keyed the view under it) goes without a key: its
+    /// members here install no key for it, rather than another key than
+    /// their group's, and the change of the daemon group brings every group
+    /// a new view.
+    fn deliver_keyed(&mut self, to: Vec<ConnId>, d: Delivery, configuration: Option<ViewId>, out: &mut Vec<Output>) {
         let d = match d {
             Delivery::View { group, view } => {
-                if let ServerKey::Agreed(sv) = &self.key {
-                    let key = view_key(&sv.key, &group, view.id);
-                    let delivery = Delivery::GroupKey { group: group.clone(), view: view.id, key };
-                    out.push(Output::Deliver { to: to.clone(), delivery });
+                match &self.key {
+                    ServerKey::Agreed(sv) if configuration == Some(sv.epoch.view) => {
+                        let key = view_key(&sv.key, &group, view.id);
+                        let delivery = Delivery::GroupKey { group: group.clone(), view: view.id, key };
+                        out.push(Output::Deliver { to: to.clone(), delivery });
+                    }
+                    _ => {
+                        tracing::debug!(%group, view = %view.id, "a view of an ended configuration goes without a key")
+                    }
                 }
                 Delivery::View { group, view }
             }
@@ -881,10 +1006,11 @@ impl KeyedDaemon {
         let waiting = self.held.get(&group).is_some_and(|h| !h.is_empty());
         let keyed = self.core.keyed(&group);
         let keyed_view = keyed && matches!(delivery, Delivery::View { .. });
+        let configuration = self.core.configuration_id();
         if waiting || (keyed_view && !matches!(self.key, ServerKey::Agreed(_))) {
-            self.held.entry(group).or_default().push_back((to, delivery));
+            self.held.entry(group).or_default().push_back((to, delivery, configuration));
         } else if keyed {
-            self.deliver_keyed(to, delivery, out);
+            self.deliver_keyed(to, delivery, configuration, out);
         } else {
             out.push(Output::Deliver { to, delivery });
         }
@@ -1001,6 +1127,8 @@ impl KeyedDaemon {
                 // Views of the new configuration wait for its key, a new one
                 // in any case.
                 self.key = ServerKey::Changing;
+                self.confirming = None;
+                self.early.clear();
                 if let Some(sealing) = &mut self.sealing {
                     sealing.configuration_changed();
                 }

@@ -8,7 +8,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, GroupMode, Limits, Machine, Op};
+use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, GroupMode, Limits, Machine, Op, Output};
 use conclave_gcs::daemon_sim::{DaemonSim, Delivered, NetConfig};
 use conclave_gcs::{GroupName, MemberId, ViewId};
 use conclave_gka::suite::ed25519::Ed25519Signer;
@@ -213,6 +213,138 @@ fn the_daemons_agree_a_partition_as_a_leave_and_a_heal_as_a_merge() {
     let merged = keys_by_client(&sim.take_log());
     assert_eq!(members.iter().map(|&m| key_of(&merged, m)).collect::<BTreeSet<_>>().len(), 1);
     assert!(members.iter().all(|&m| key_of(&merged, m) != key_of(&split, m)), "a new key after the merge");
+}
+
+/// A daemon that holds another key of the daemons than the others: the
+/// confirmations it sends carry a MAC of another key, signed by it, and
+/// those it receives from the others carry, as it sees them, MACs of a key
+/// not its own, signed by them (a split of the daemons' key agreement,
+/// which only a fault makes: the test re-signs with the daemons' keys).
+struct OtherKey {
+    inner: KeyedDaemon,
+}
+
+impl OtherKey {
+    /// `conclave_integrated`'s kind of a key confirmation of the daemons:
+    /// `kind ‖ epoch (20 bytes) ‖ MAC (32) ‖ signature` (docs/wire.md).
+    const CONFIRM: u8 = 5;
+
+    /// `payload`, if a confirmation, with another MAC signed by `from`.
+    fn other_key(from: DaemonId, payload: &mut bytes::Bytes) {
+        if payload.first() != Some(&Self::CONFIRM) {
+            return;
+        }
+        let epoch = payload[1..21].to_vec();
+        let mac = [0x5a ^ from.0 as u8; 32];
+        let mut signed = b"conclave/integrated/v1/daemon-confirm-signed".to_vec();
+        signed.extend_from_slice(&epoch);
+        signed.extend_from_slice(&mac);
+        signed.extend_from_slice(&from.0.to_be_bytes());
+        let mut altered = vec![Self::CONFIRM];
+        altered.extend_from_slice(&epoch);
+        altered.extend_from_slice(&mac);
+        altered.extend_from_slice(&common::daemon_signer(from.0).sign(&signed));
+        *payload = altered.into();
+    }
+
+    fn alter(out: &mut [Output]) {
+        for o in out {
+            if let Output::Submit(Op::DaemonKa { from, payload }) = o {
+                Self::other_key(*from, payload);
+            }
+        }
+    }
+}
+
+impl Machine for OtherKey {
+    fn handle(&mut self, mut op: Op, now: u64, out: &mut Vec<Output>) {
+        let me = self.inner.core().me();
+        if let Op::DaemonKa { from, payload } = &mut op {
+            if *from != me {
+                Self::other_key(*from, payload);
+            }
+        }
+        let at = out.len();
+        self.inner.handle(op, now, out);
+        Self::alter(&mut out[at..]);
+    }
+
+    fn poll_timeout(&self) -> Option<u64> {
+        self.inner.poll_timeout()
+    }
+
+    fn handle_timeout(&mut self, now: u64, out: &mut Vec<Output>) {
+        let at = out.len();
+        self.inner.handle_timeout(now, out);
+        Self::alter(&mut out[at..]);
+    }
+
+    fn submit(&mut self, op: Op, now: u64, out: &mut Vec<Output>) {
+        let at = out.len();
+        self.inner.submit(op, now, out);
+        Self::alter(&mut out[at..]);
+    }
+
+    fn routes_submissions(&self) -> bool {
+        self.inner.routes_submissions()
+    }
+
+    fn handle_joins(&mut self, ops: Vec<Op>, now: u64, out: &mut Vec<Output>) {
+        let at = out.len();
+        self.inner.handle_joins(ops, now, out);
+        Self::alter(&mut out[at..]);
+    }
+
+    fn core(&self) -> &Core {
+        self.inner.core()
+    }
+}
+
+/// The daemons confirm their key among themselves before it keys any view
+/// (the members of keyed groups confirm nothing): a daemon whose
+/// confirmation shows another key, signed by it, is found by every daemon
+/// at the same point of the stream; they agree again from scratch once,
+/// and when it shows another key again, no keyed group gets a view until
+/// the daemon group changes. Without that daemon the others key their
+/// groups again, one key for all. A plain group is not held meanwhile.
+#[test]
+fn daemons_with_different_keys_key_no_view_until_the_daemon_group_changes() {
+    const CONFIRM: u8 = 5;
+    let mut sim = common::keyed_sim_machines(3, NetConfig::default(), 5, |id, daemon| {
+        if id == DaemonId(2) {
+            Box::new(OtherKey { inner: daemon })
+        } else {
+            Box::new(daemon)
+        }
+    });
+    sim.run_idle();
+    let confirmations = |sim: &DaemonSim| {
+        sim.ordered_ops()
+            .filter(|(_, op)| matches!(op, Op::DaemonKa { payload, .. } if payload.first() == Some(&CONFIRM)))
+            .count()
+    };
+    assert_eq!(confirmations(&sim), 6, "three daemons confirm, find the split, agree again and confirm again");
+    assert_eq!(keyed_daemon(&sim, 0).keyed_daemons(), None, "no key of the daemons keys views");
+    let members: Vec<ConnId> =
+        (0..3).map(|d| join(&mut sim, d, &format!("m{d}"), &[("k", true), ("plain", false)])).collect();
+    sim.run_idle();
+    let log = sim.take_log();
+    let views_of = |log: &[Delivered], g: &str| {
+        log.iter().filter(|d| matches!(&d.delivery, Delivery::View { group, .. } if group.as_str() == g)).count()
+    };
+    assert_eq!(views_of(&log, "k"), 0, "keyed views wait");
+    assert!(!log.iter().any(|d| matches!(d.delivery, Delivery::GroupKey { .. })), "no key is given");
+    assert!(views_of(&log, "plain") > 0, "a plain group is not held");
+
+    sim.reconfigure(&[&[0, 1], &[2]]).unwrap();
+    sim.run_idle();
+    let keys = keys_by_client(&sim.take_log());
+    let key_of = |m: ConnId| keys[&m].iter().rev().find(|(g, ..)| g.as_str() == "k").and_then(|(.., k)| *k);
+    assert_eq!(keyed_daemon(&sim, 0).keyed_daemons(), Some(vec![DaemonId(0), DaemonId(1)]));
+    assert!(
+        key_of(members[0]).is_some() && key_of(members[0]) == key_of(members[1]),
+        "0 and 1 key their members alike"
+    );
 }
 
 fn keyed_daemon(sim: &DaemonSim, d: u16) -> &KeyedDaemon {

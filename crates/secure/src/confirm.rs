@@ -36,18 +36,16 @@
 //! insider the same power.
 //!
 //! **Groups the daemons key** (Integrated VS, Optimized EVS) confirm
-//! unsigned: their confirmations and verdicts carry an empty signature, and
-//! a MAC that does not match is believed as it comes. Every member of such a
-//! group takes its key from its daemon and trusts the daemons with it; the
-//! sender of each delivery is the one those daemons stamp, over a backbone
-//! that these modes must trust already (its joins and leaves decide who gets
-//! the keys). A forged mismatch could only come from a daemon, which holds
-//! the key anyway. Signing would cost one signature per member per key —
-//! most of what a member of such a group does when a daemon change re-keys
-//! hundreds of groups — to prove to the other members what their own daemons
-//! vouch for. A member of any other group takes an unsigned confirmation or
-//! verdict whose MAC does not match for a forgery, as any other broken
-//! signature.
+//! nothing here. Every view's key is one HMAC of the daemons' key `K_s`
+//! over the group and the view id, which every daemon takes from the one
+//! ordered stream, and the daemons confirm `K_s` among themselves before it
+//! keys any view (`conclave_integrated`'s `confirm` module, the same scheme
+//! among the daemons): so every member gets the same key for the same view
+//! from its own daemon, which these modes trust with the key anyway. One
+//! confirmation round among the daemons per key of theirs replaces one per
+//! view of every keyed group. A confirmation or verdict is always signed
+//! (only a member alone, which sends none, makes an empty signature); one
+//! whose MAC does not match and whose signature is empty is a forgery.
 //!
 //! The verdict travels in agreed order, so all members decide on the same
 //! message: if its list is empty and its MAC matches, the secure view is

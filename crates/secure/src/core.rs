@@ -185,14 +185,13 @@ struct Unchecked {
     signature: Vec<u8>,
     /// What the sender signed.
     signed: Vec<u8>,
-    /// The sender's identity key; none in a group the daemons key, whose
-    /// confirmations are unsigned and believed as they come.
-    key: Option<Arc<dyn Verifier>>,
+    /// The sender's identity key.
+    key: Arc<dyn Verifier>,
 }
 
 impl Unchecked {
     fn verify(&self) -> bool {
-        self.key.as_ref().is_none_or(|k| k.verify(&self.signed, &self.signature).is_ok())
+        self.key.verify(&self.signed, &self.signature).is_ok()
     }
 }
 
@@ -212,10 +211,8 @@ impl Confirmations {
                 None => to_check.extend(candidates.into_iter().map(|u| (sender.clone(), u))),
             }
         }
-        let items: Vec<(&dyn Verifier, &[u8], &[u8])> = to_check
-            .iter()
-            .filter_map(|(_, u)| Some((u.key.as_deref()?, u.signed.as_slice(), u.signature.as_slice())))
-            .collect();
+        let items: Vec<(&dyn Verifier, &[u8], &[u8])> =
+            to_check.iter().map(|(_, u)| (u.key.as_ref(), u.signed.as_slice(), u.signature.as_slice())).collect();
         let all_valid = items.is_empty() || conclave_gka::suite::verify_batch(&items).is_ok();
         let mut forged = Vec::new();
         for (sender, u) in to_check {
@@ -470,7 +467,9 @@ struct GroupState {
 }
 
 /// Whether the daemons key `mode`'s groups (Integrated VS, Optimized EVS):
-/// then key confirmations and verdicts go unsigned (see `crate::confirm`).
+/// then the members confirm nothing, as the daemons confirm among
+/// themselves the key every view's key is derived from (see
+/// `crate::confirm`).
 fn daemon_keyed(mode: GroupMode) -> bool {
     matches!(mode, GroupMode::Keyed | GroupMode::OptimizedEvs)
 }
@@ -1523,11 +1522,16 @@ impl SessionCore {
             tracing::debug!(%group, "key for a superseded run dropped");
             return Ok(());
         }
+        if daemon_keyed(gs.policy.mode) {
+            // The daemons confirmed the key they derived this one from
+            // among themselves (see `conclave_integrated`'s `confirm`): the
+            // view's key is the same at every member.
+            return self.deliver_secure_view(group, sv);
+        }
         let confirmer = Confirmer::new(sv.key.expose_secret(), group, sv.epoch, sv.protocol, &sv.members);
         let mac = confirmer.mac(&self.me);
-        // A member alone signs nothing: it is its own collector. Nor does a
-        // member of a group the daemons key (see `crate::confirm`).
-        let unsigned = sv.members.len() == 1 || daemon_keyed(gs.policy.mode);
+        // A member alone signs nothing: it is its own collector.
+        let unsigned = sv.members.len() == 1;
         let sig =
             if unsigned { Vec::new() } else { self.signer.sign(&confirm_signed(group, &self.me, sv.epoch, &mac)) };
         let frame = Frame::Confirm { epoch: sv.epoch, mac: &mac, signature: &sig }.encode().into();
@@ -1585,18 +1589,10 @@ impl SessionCore {
             gs.confirms.accepted.insert(sender, *mac);
             return self.check_confirmed(group);
         }
-        // In a group the daemons key, the daemons that stamped the sender
-        // gave every member its key: a MAC that does not match is believed
-        // as it comes (see `crate::confirm`), no signature to check.
-        let key = if daemon_keyed(gs.policy.mode) {
-            None
-        } else {
-            let Some(key) = sender_key(&self.certified, self.directory.as_ref(), gs, &sender) else {
-                // Refused, or no identity (yet): its signature cannot be checked.
-                tracing::debug!(%group, %sender, %epoch, "unmatched confirmation from a member with no key here; dropped");
-                return Ok(());
-            };
-            Some(key)
+        let Some(key) = sender_key(&self.certified, self.directory.as_ref(), gs, &sender) else {
+            // Refused, or no identity (yet): its signature cannot be checked.
+            tracing::debug!(%group, %sender, %epoch, "unmatched confirmation from a member with no key here; dropped");
+            return Ok(());
         };
         let candidates = gs.confirms.pending.entry(sender.clone()).or_default();
         if candidates.iter().any(|u| u.mac == *mac && u.signature == signature) {
@@ -1672,11 +1668,7 @@ impl SessionCore {
         let names = crate::payload::timeout_names_part(&unmatched);
         let mac = c.confirmer.verdict_mac(&self.me, &names);
         let epoch = c.view.epoch;
-        let signature = if daemon_keyed(gs.policy.mode) {
-            Vec::new()
-        } else {
-            self.signer.sign(&verdict_signed(group, &self.me, epoch, &mac, &names))
-        };
+        let signature = self.signer.sign(&verdict_signed(group, &self.me, epoch, &mac, &names));
         c.verdict_sent = true;
         let p = Frame::Verdict { epoch, mac: &mac, signature: &signature, names: &names }.encode();
         self.push(Transmit::Multicast(group.clone(), p.into()))
@@ -1717,11 +1709,8 @@ impl SessionCore {
             }
             return self.decide(group, unconfirmed);
         }
-        // In a group the daemons key, the verdict's sender is the one they
-        // stamped: a MAC that does not match is the collector's key.
-        let valid = daemon_keyed(gs.policy.mode)
-            || sender_key(&self.certified, self.directory.as_ref(), gs, &sender)
-                .is_some_and(|k| k.verify(&verdict_signed(group, &sender, epoch, mac, names), signature).is_ok());
+        let valid = sender_key(&self.certified, self.directory.as_ref(), gs, &sender)
+            .is_some_and(|k| k.verify(&verdict_signed(group, &sender, epoch, mac, names), signature).is_ok());
         if !valid {
             tracing::debug!(%group, %sender, %epoch, "verdict whose MAC and signature do not hold; dropped");
             self.events.push_back(SecureEvent::Rejected {
@@ -2651,9 +2640,7 @@ mod tests {
             if !valid {
                 signature[7] ^= 0x20;
             }
-            confirms
-                .pending
-                .insert(sender.clone(), vec![Unchecked { mac, signature, signed, key: Some(signer.verifier()) }]);
+            confirms.pending.insert(sender.clone(), vec![Unchecked { mac, signature, signed, key: signer.verifier() }]);
         }
         let forged: Vec<String> = confirms.settle(&confirmer).iter().map(|m| m.to_string()).collect();
         assert_eq!(forged, ["m3", "m5"], "a MAC that does not match, under a signature that does not verify");

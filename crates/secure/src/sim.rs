@@ -63,10 +63,9 @@
 //!
 //! With [`SimConfig::mode`] [`GroupMode::Keyed`] (Integrated VS) the
 //! daemons key every view and the checks are the ones above; the attacker
-//! injects on the members' connections as above, but no key confirmations
-//! or verdicts: in the groups the daemons key those are unsigned, their
-//! senders the daemons' word on a link the members trust (see
-//! [`crate::confirm`]), as the group key itself is.
+//! injects on the members' connections as above. Its members send no key
+//! confirmations: the daemons confirm among themselves the key every
+//! view's key is derived from (see `conclave_integrated`).
 //!
 //! With [`SimConfig::mode`] [`GroupMode::ThreeStep`] the group is a Three-Step group
 //! ([`Policy::three_step`]): its members hold no key and send in clear to
@@ -1307,15 +1306,6 @@ impl World {
             crate::payload::Frame::parse(&payload),
             Ok(crate::payload::Frame::Evs(b)) if matches!(conclave_integrated::evs::Envelope::decode(b), Ok(conclave_integrated::evs::Envelope::Notice { .. }))
         ) {
-            return;
-        }
-        // Nor, in a group the daemons key, is a key confirmation or
-        // verdict: its sender is the daemons' word too, and it is unsigned
-        // (see `crate::confirm`).
-        let daemon_keyed = matches!(self.st.cfg.mode, GroupMode::Keyed | GroupMode::OptimizedEvs);
-        if daemon_keyed
-            && matches!(payload.first(), Some(&crate::payload::tag::CONFIRM | &crate::payload::tag::VERDICT))
-        {
             return;
         }
         let name = self.st.slots[i].name.clone();

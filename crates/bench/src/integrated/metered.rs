@@ -8,10 +8,12 @@
 //! costs and holds the daemon's outputs until its CPU is done with it:
 //!
 //! * **signatures and verifications**, exactly: the daemon's identity
-//!   ([`Counting`]) counts every signature its key agreement makes and every
-//!   verification it does with the keys its trust hands out;
-//! * **HMACs**, exactly: one per keyed view, which the daemon delivers as a
-//!   `Delivery::GroupKey` output;
+//!   ([`Counting`]) counts every signature its key agreement and its key
+//!   confirmation make and every verification it does with the keys its
+//!   trust hands out;
+//! * **HMACs**: one per keyed view, which the daemon delivers as a
+//!   `Delivery::GroupKey` output (not the few of each key confirmation among
+//!   the daemons: one to derive its key, and one per daemon's MAC);
 //! * **exponentiations**, exactly: the deltas of the daemon's key agreement
 //!   engine's meter ([`KeyedDaemon::agreement_exponentiations`]).
 //!

@@ -21,9 +21,8 @@
 //! the reactions before it. A daemon's cryptography is charged to the daemon
 //! ([`super::metered`]). Nothing else a session does is charged (data keys
 //! are derived with HKDF, far below an exponentiation). With
-//! `--free-confirmations` the key confirmations' signatures cost nothing:
-//! the paper's Secure Spread confirmed no key, and at many groups per
-//! machine those signatures are most of what an integrated member does.
+//! `--free-confirmations` the layered members' key confirmation signatures
+//! cost nothing: the paper's Secure Spread confirmed no key.
 //!
 //! # What is timed
 //! From the event — a join or leave request, or the daemons' installation of
@@ -37,9 +36,13 @@
 //!   reaction in which it sends its key confirmation, on its machine's CPU,
 //!   up to the confirmation's signature). This is the paper's measure, and
 //!   the target;
-//! * **confirmed**: shows the new secure view: every member's key
-//!   confirmation has come back (Conclave's sessions confirm every key, the
-//!   integrated ones too; the paper's Secure Spread did not).
+//! * **confirmed**: shows the new secure view. A layered member shows it
+//!   when every member's key confirmation has come back (Conclave's layered
+//!   sessions confirm every key; the paper's Secure Spread did not); an
+//!   integrated member when it holds the key, since the daemons confirmed
+//!   the daemons' key it is derived from among themselves before keying any
+//!   view with it (`conclave_integrated`, one signature per daemon per key,
+//!   charged to the daemons like their key agreement).
 //!
 //! Session timers are not run (no honest run here needs one); a member that
 //! ends up without the key of its latest view fails the point.

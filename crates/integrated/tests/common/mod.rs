@@ -14,12 +14,26 @@ use rand_core::SeedableRng;
 /// `n` simulated keyed daemons on `net`, daemon `d` signing with a key
 /// from seed `d + 1` and trusting every other's; each set up by `tweak`.
 pub fn keyed_sim(n: u16, net: NetConfig, seed: u64, tweak: impl Fn(KeyedDaemon) -> KeyedDaemon + 'static) -> DaemonSim {
-    let signer = |d: u16| -> Arc<dyn Signer> { Arc::new(Ed25519Signer::from_seed(&[d as u8 + 1; 32])) };
-    let keys: Vec<_> = (0..n).map(|d| (DaemonId(d), signer(d).verifier())).collect();
+    keyed_sim_machines(n, net, seed, move |_, daemon| Box::new(tweak(daemon)))
+}
+
+/// Daemon `d`'s signing key in [`keyed_sim`].
+pub fn daemon_signer(d: u16) -> Arc<dyn Signer> {
+    Arc::new(Ed25519Signer::from_seed(&[d as u8 + 1; 32]))
+}
+
+/// As [`keyed_sim`], each daemon made into a machine by `wrap`.
+pub fn keyed_sim_machines(
+    n: u16,
+    net: NetConfig,
+    seed: u64,
+    wrap: impl Fn(DaemonId, KeyedDaemon) -> Box<dyn Machine> + 'static,
+) -> DaemonSim {
+    let keys: Vec<_> = (0..n).map(|d| (DaemonId(d), daemon_signer(d).verifier())).collect();
     let make = move |id: DaemonId, incarnation: u64| -> Box<dyn Machine> {
-        let identities = DaemonIdentities::new(signer(id.0), keys.clone());
+        let identities = DaemonIdentities::new(daemon_signer(id.0), keys.clone());
         let rng = Box::new(ChaCha20Rng::seed_from_u64(incarnation));
-        Box::new(tweak(KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng)))
+        wrap(id, KeyedDaemon::new(Core::new(id, Limits::default(), incarnation), identities, rng))
     };
     DaemonSim::with_machines(n, net, seed, Box::new(make)).unwrap()
 }
