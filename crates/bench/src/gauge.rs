@@ -1060,7 +1060,7 @@ fn finish(st: State, setup: &Setup, policy: Policy) -> RunResult {
         .map(|m| {
             let view = m.view.as_ref().map(|v| v.ids().cloned().collect()).unwrap_or_default();
             let key =
-                m.engine.as_ref().and_then(|e| e.secure_view()).map(|sv| (sv.key.fingerprint(), sv.members.clone()));
+                m.engine.as_ref().and_then(|e| e.secure_view()).map(|sv| (sv.key.fingerprint(), sv.members.to_vec()));
             (m.name.clone(), view, key)
         })
         .collect();

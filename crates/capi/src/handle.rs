@@ -437,7 +437,7 @@ async fn drive(
                     Ok(ev) => {
                         match &ev {
                             SecureEvent::View(v) => {
-                                groups.insert(v.group.as_str().to_owned(), Some(v.members.clone()));
+                                groups.insert(v.group.as_str().to_owned(), Some(v.members.to_vec()));
                             }
                             SecureEvent::Left { group } => {
                                 groups.remove(group.as_str());

@@ -147,6 +147,8 @@ pub struct ClientReceiver {
     reader: Reader,
     buf: BytesMut,
     frames: FrameReader,
+    /// The member names read lately, if on ([`ClientReceiver::cache_names`]).
+    names: Option<conclave_gcs::NameCache>,
 }
 
 impl Client {
@@ -184,7 +186,12 @@ impl Client {
         let name = MemberId::new(name)?;
         let mut c = Client {
             sender: ClientSender { writer: Arc::new(Mutex::new(writer)), max_payload: wire::DEFAULT_MAX_PAYLOAD },
-            receiver: ClientReceiver { reader, buf: BytesMut::new(), frames: FrameReader::new(MAX_EVENT_FRAME) },
+            receiver: ClientReceiver {
+                reader,
+                buf: BytesMut::new(),
+                frames: FrameReader::new(MAX_EVENT_FRAME),
+                names: None,
+            },
         };
         c.sender.send(&Request::Hello { name: name.clone() }).await?;
         match c.recv().await? {
@@ -326,11 +333,23 @@ impl ClientSender {
 }
 
 impl ClientReceiver {
+    /// Reads member names through a [`conclave_gcs::NameCache`] from now
+    /// on: a name read before (every view repeats most of the last one's,
+    /// and messages their senders') is a reference count instead of an
+    /// allocation and, later, a free. It pays where the names are used
+    /// again after decoding — a secure session keeps every view and its
+    /// engine and key hold its members — and costs a little where each is
+    /// read once and dropped (a cached name is cold in memory when it is
+    /// compared; a fresh one is hot): off by default.
+    pub fn cache_names(&mut self) {
+        self.names.get_or_insert_with(conclave_gcs::NameCache::default);
+    }
+
     /// The next event. Cancel-safe: nothing is lost if the future is dropped.
     pub async fn recv(&mut self) -> Result<Event, ClientError> {
         loop {
             if let Some(frame) = self.frames.next_frame(&mut self.buf)? {
-                return Ok(wire::decode_delivery(frame)?);
+                return Ok(wire::decode_delivery_with(frame, self.names.as_mut())?);
             }
             wire::make_room(&mut self.buf);
             if self.reader.read_buf(&mut self.buf).await? == 0 {
@@ -348,7 +367,7 @@ impl ClientReceiver {
         use std::task::{Context, Poll, Waker};
         loop {
             if let Some(frame) = self.frames.next_frame(&mut self.buf)? {
-                return Ok(Some(wire::decode_delivery(frame)?));
+                return Ok(Some(wire::decode_delivery_with(frame, self.names.as_mut())?));
             }
             // One poll of a read: ready only with bytes already received.
             // Dropping a pending read loses nothing (it has read nothing).

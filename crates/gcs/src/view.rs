@@ -73,6 +73,40 @@ impl MemberId {
     }
 }
 
+impl std::borrow::Borrow<str> for MemberId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The names a decoder has read lately, so that the same name read again —
+/// every name of every view, the sender of every message — is a reference
+/// count, not an allocation (and its checks) and, later, a free. At most
+/// [`NameCache::MAX`] names; then it starts afresh.
+#[derive(Default)]
+pub struct NameCache {
+    names: MemberSet,
+}
+
+impl NameCache {
+    /// Most names held.
+    pub const MAX: usize = 4096;
+
+    /// `name` as a member name: the one held if it was read before, else
+    /// checked ([`MemberId::from_name`]) and held.
+    pub fn name(&mut self, name: &str) -> Result<MemberId, NameError> {
+        if let Some(m) = self.names.get(name) {
+            return Ok(m.clone());
+        }
+        let m = MemberId::from_name(name)?;
+        if self.names.len() >= Self::MAX {
+            self.names.clear();
+        }
+        self.names.insert(m.clone());
+        Ok(m)
+    }
+}
+
 /// Checks the rules every name follows: non-empty, at most `max` bytes,
 /// printable and without whitespace.
 fn check_name(name: &str, max: usize) -> Result<(), NameError> {
@@ -276,6 +310,23 @@ impl View {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_name_read_again_is_the_one_held_and_a_bad_one_is_refused() {
+        let mut names = NameCache::default();
+        let a = names.name("alice").unwrap();
+        let again = names.name("alice").unwrap();
+        assert!(std::sync::Arc::ptr_eq(&a.0, &again.0), "held, not allocated again");
+        assert_eq!(names.name("bad name"), Err(NameError::BadCharacter));
+        assert_eq!(names.name(""), Err(NameError::Empty));
+        // Bounded: past the limit it starts afresh.
+        for i in 0..NameCache::MAX + 1 {
+            names.name(&format!("m{i}")).unwrap();
+        }
+        assert!(names.names.len() <= NameCache::MAX);
+        let fresh = names.name("alice").unwrap();
+        assert!(!std::sync::Arc::ptr_eq(&a.0, &fresh.0) && a == fresh);
+    }
+
     use super::*;
 
     #[test]

@@ -14,7 +14,7 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::core::{Delivery, ErrorCode, GroupMode, Service, ViewKey};
-use crate::view::{Cause, GroupName, MemberId, NameError, View, ViewId, ViewMember};
+use crate::view::{Cause, GroupName, MemberId, NameCache, NameError, View, ViewId, ViewMember};
 
 /// The wire version this module speaks. A client announces it in `Hello`, the
 /// daemon confirms it in `Welcome`.
@@ -383,7 +383,21 @@ impl Fields {
     }
 
     pub(crate) fn member(&mut self, what: &'static str) -> Result<MemberId, WireError> {
-        MemberId::from_name(self.str8(what)?).map_err(|err| WireError::Name { what, err })
+        self.member_in(what, None)
+    }
+
+    /// [`Self::member`], through `names` if given.
+    pub(crate) fn member_in(
+        &mut self,
+        what: &'static str,
+        names: Option<&mut NameCache>,
+    ) -> Result<MemberId, WireError> {
+        let name = self.str8(what)?;
+        match names {
+            Some(names) => names.name(name),
+            None => MemberId::from_name(name),
+        }
+        .map_err(|err| WireError::Name { what, err })
     }
 
     pub(crate) fn group(&mut self) -> Result<GroupName, WireError> {
@@ -446,7 +460,7 @@ impl Fields {
         }
     }
 
-    fn view(&mut self) -> Result<View, WireError> {
+    fn view(&mut self, mut names: Option<&mut NameCache>) -> Result<View, WireError> {
         let id = self.view_id("view id")?;
         let cause = self.cause()?;
         let count = self.u32("member count")? as usize;
@@ -454,7 +468,7 @@ impl Fields {
         // further than the frame can back it.
         let mut members = Vec::with_capacity(count.min(self.rest_len() / 3));
         for _ in 0..count {
-            let id = self.member("member name")?;
+            let id = self.member_in("member name", names.as_deref_mut())?;
             let prev = if self.flag("previous view flag")? { Some(self.view_id("previous view")?) } else { None };
             members.push(ViewMember { id, prev });
         }
@@ -677,25 +691,31 @@ fn cut(s: &str, max: usize) -> &str {
 
 /// Decodes one daemon frame (as returned by [`FrameReader::next_frame`]).
 pub fn decode_delivery(frame: Bytes) -> Result<Delivery, WireError> {
+    decode_delivery_with(frame, None)
+}
+
+/// [`decode_delivery`], reading member names through `names` (a client
+/// reads the same names view after view: see [`NameCache`]).
+pub fn decode_delivery_with(frame: Bytes, names: Option<&mut NameCache>) -> Result<Delivery, WireError> {
     let (kind, mut f) = fields(frame)?;
     let d = match kind {
         WELCOME => {
             f.version()?;
             Delivery::Welcome { member: f.member("member name")? }
         }
-        VIEW => Delivery::View { group: f.group()?, view: f.view()? },
+        VIEW => Delivery::View { group: f.group()?, view: f.view(names)? },
         VIEW_CHANGE_BEGINS => Delivery::ViewChangeBegins { group: f.group()? },
         LEFT => Delivery::Left { group: f.group()? },
         MESSAGE => Delivery::Message {
             group: f.group()?,
-            sender: f.member("sender")?,
+            sender: f.member_in("sender", names)?,
             service: f.service()?,
             view: f.view_id("view id")?,
             payload: f.payload(),
         },
         UNICAST_MESSAGE => Delivery::Unicast {
             group: f.group()?,
-            sender: f.member("sender")?,
+            sender: f.member_in("sender", names)?,
             view: f.view_id("view id")?,
             payload: f.payload(),
         },

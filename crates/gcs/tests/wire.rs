@@ -5,8 +5,8 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use conclave_gcs::core::{Delivery, ErrorCode, GroupMode, Service};
 use conclave_gcs::wire::{
-    decode_delivery, decode_request, decode_status_reply, encode_delivery, encode_request, encode_status_reply,
-    ConnectionStatus, FrameReader, GroupStatus, Request, Status, StatusReply, WireError,
+    decode_delivery, decode_delivery_with, decode_request, decode_status_reply, encode_delivery, encode_request,
+    encode_status_reply, ConnectionStatus, FrameReader, GroupStatus, Request, Status, StatusReply, WireError,
 };
 use conclave_gcs::{Cause, GroupName, MemberId, View, ViewId, ViewMember};
 use proptest::prelude::*;
@@ -172,7 +172,13 @@ proptest! {
     fn deliveries_round_trip(d in delivery()) {
         let mut buf = BytesMut::new();
         encode_delivery(&d, &mut buf);
-        prop_assert_eq!(decode_delivery(only_frame(buf)).unwrap(), d);
+        let frame = only_frame(buf);
+        // Through a cache of names, twice: the same delivery each time.
+        let mut names = conclave_gcs::NameCache::default();
+        for _ in 0..2 {
+            prop_assert_eq!(&decode_delivery_with(frame.clone(), Some(&mut names)).unwrap(), &d);
+        }
+        prop_assert_eq!(decode_delivery(frame).unwrap(), d);
     }
 
     #[test]
@@ -209,6 +215,8 @@ proptest! {
             encode_request(&req, &mut buf);
             prop_assert_eq!(&buf[4..], &frame[..], "canonical encoding");
         }
+        let mut names = conclave_gcs::NameCache::default();
+        prop_assert_eq!(decode_delivery_with(frame.clone(), Some(&mut names)), decode_delivery(frame.clone()));
         if let Ok(d) = decode_delivery(frame.clone()) {
             let mut buf = BytesMut::new();
             encode_delivery(&d, &mut buf);

@@ -42,7 +42,7 @@
 //! view again as a merge of singletons, under the next [`Epoch`]. Messages
 //! carry their run, so nothing of an earlier run is accepted in a later one.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use conclave_gcs::{MemberId, MemberMap, MemberSet, View, ViewId};
@@ -62,10 +62,12 @@ pub trait Directory: Send + Sync {
     fn verifier(&self, member: &MemberId) -> Option<Arc<dyn Verifier>>;
 }
 
-/// A fixed directory: a map from member to key.
+/// A fixed directory: a map from member to key (hashed: every member looks
+/// up every member of every view in it, and a group's directory has a few
+/// hundred names).
 #[derive(Default, Clone)]
 pub struct StaticDirectory {
-    keys: BTreeMap<MemberId, Arc<dyn Verifier>>,
+    keys: MemberMap<Arc<dyn Verifier>>,
 }
 
 impl StaticDirectory {
@@ -683,7 +685,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             let enc = self.g.encode(&secret);
             let key = GroupKey::derive(&enc, P::ID, &self.st.group, epoch);
             let view = self.st.view.as_ref().expect("restored above");
-            let members: Vec<MemberId> = view.ids().cloned().collect();
+            let members: Arc<[MemberId]> = view.ids().cloned().collect();
             // `known` holds members of the observed view only: as many as
             // the run's members, of the whole observed view, are they.
             if self.is_observed(view) && self.st.known.len() == members.len() {

@@ -332,7 +332,7 @@ impl Harness {
                 let sv = m.engine.secure_view().ok_or_else(|| {
                     format!("{id} has no key for {} (members {:?})", view.id, view.ids().collect::<Vec<_>>())
                 })?;
-                if sv.view_id != view.id || sv.members != view.ids().cloned().collect::<Vec<_>>() {
+                if sv.view_id != view.id || !sv.members.iter().eq(view.ids()) {
                     return Err(format!("{id} holds a secure view that is not its view {}", view.id));
                 }
                 match &key {

@@ -119,8 +119,10 @@ pub struct SecureView {
     /// The key's epoch (that view, and the run in it: unique, and the same
     /// at every member).
     pub epoch: Epoch,
-    /// Members, in view order.
-    pub members: Vec<MemberId>,
+    /// Members, in view order (shared: the engine, the session and the
+    /// application each hold the list of a view of hundreds, and copying it
+    /// touches every name).
+    pub members: std::sync::Arc<[MemberId]>,
     /// Which protocol agreed the key.
     pub protocol: ProtocolId,
     /// The application key.

@@ -30,8 +30,17 @@ use crate::ProtocolId;
 pub struct KeyedEngine {
     me: MemberId,
     group: String,
+    /// Taken as fixed: a member it trusted in one view is not looked up
+    /// again in the next (see [`KeyedEngine::trusted`]).
     directory: Arc<dyn Directory>,
-    view: Option<View>,
+    /// The current view: its id and members (shared with its key's
+    /// [`SecureView`]).
+    view: Option<(ViewId, Arc<[MemberId]>)>,
+    /// The last view every member of which `directory` trusts: a member of
+    /// the next view that comes from it (its `prev`) was checked there.
+    /// Only the others are looked up, so a view costs lookups for what
+    /// changed, not for the hundreds who stayed.
+    trusted: Option<ViewId>,
     /// The key the daemons gave for a view, until that view comes.
     offered: Option<(ViewId, zeroize::Zeroizing<[u8; 32]>)>,
     installed: Option<SecureView>,
@@ -42,24 +51,19 @@ impl KeyedEngine {
     /// trusting the members `directory` knows (see [`Engine::start`] for
     /// certified groups).
     pub fn new(me: MemberId, group: String, directory: Arc<dyn Directory>) -> Self {
-        Self { me, group, directory, view: None, offered: None, installed: None }
+        Self { me, group, directory, view: None, trusted: None, offered: None, installed: None }
     }
 
-    /// Installs the current view's key if every member is `trusted`.
-    fn install(&mut self, trusted: &dyn Directory) -> Result<Vec<Output>, Error> {
-        let Some(view) = &self.view else { return Err(Error::BadView("no view yet")) };
-        if view.ids().any(|m| trusted.verifier(m).is_none()) {
-            // Someone this member does not trust holds the key too.
-            self.installed = None;
-            return Ok(Vec::new());
-        }
+    /// Installs the current view's key, which its members are trusted with.
+    fn install(&mut self) -> Result<Vec<Output>, Error> {
+        let Some((id, members)) = &self.view else { return Err(Error::BadView("no view yet")) };
         match &self.offered {
-            Some((id, key)) if *id == view.id => {
-                let epoch = Epoch::new(view.id, 0);
+            Some((offered, key)) if offered == id => {
+                let epoch = Epoch::new(*id, 0);
                 let sv = SecureView {
-                    view_id: view.id,
+                    view_id: *id,
                     epoch,
-                    members: view.ids().cloned().collect(),
+                    members: members.clone(),
                     protocol: ProtocolId::Tgdh,
                     key: GroupKey::derive(key.as_ref(), ProtocolId::Tgdh, &self.group, epoch),
                 };
@@ -68,6 +72,18 @@ impl KeyedEngine {
             }
             _ => Err(Error::BadView("the daemons gave no key for this view")),
         }
+    }
+
+    /// Installs the current view's key if every member is in `admitted`
+    /// (certified groups); otherwise someone this member does not trust
+    /// holds the key too, and nothing is installed.
+    fn install_if_admitted(&mut self, admitted: &StaticDirectory) -> Result<Vec<Output>, Error> {
+        let Some((_, members)) = &self.view else { return Err(Error::BadView("no view yet")) };
+        if !members.iter().all(|m| admitted.contains(m)) {
+            self.installed = None;
+            return Ok(Vec::new());
+        }
+        self.install()
     }
 }
 
@@ -83,21 +99,31 @@ impl Engine for KeyedEngine {
 
     fn on_view(&mut self, view: &View, _rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
         self.observe(view)?;
-        let directory = self.directory.clone();
-        self.install(directory.as_ref())
+        let checked = self.trusted.take();
+        let trusted = view
+            .members
+            .iter()
+            .filter(|m| checked.is_none_or(|c| m.prev != Some(c)))
+            .all(|m| self.directory.verifier(&m.id).is_some());
+        if !trusted {
+            // Someone this member does not trust holds the key too.
+            return Ok(Vec::new());
+        }
+        self.trusted = Some(view.id);
+        self.install()
     }
 
     fn observe(&mut self, view: &View) -> Result<(), Error> {
         if !view.contains(&self.me) {
             return Err(Error::BadView("this member is not in the view"));
         }
-        self.view = Some(view.clone());
+        self.view = Some((view.id, view.ids().cloned().collect()));
         self.installed = None;
         Ok(())
     }
 
     fn start(&mut self, admitted: &StaticDirectory, _rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
-        self.install(admitted)
+        self.install_if_admitted(admitted)
     }
 
     fn stand_aside(&mut self) {
@@ -117,11 +143,11 @@ impl Engine for KeyedEngine {
         _run: u32,
         _rng: &mut dyn CryptoRngCore,
     ) -> Result<Vec<Output>, Error> {
-        self.install(admitted)
+        self.install_if_admitted(admitted)
     }
 
     fn current_epoch(&self) -> Option<Epoch> {
-        self.view.as_ref().map(|v| Epoch::new(v.id, 0))
+        self.view.as_ref().map(|(id, _)| Epoch::new(*id, 0))
     }
 
     fn tick(&mut self, _rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
@@ -207,6 +233,51 @@ mod tests {
         a.observe(&v).unwrap();
         assert!(a.start(&trusting(&["a", "b"]), &mut OsRng).unwrap().is_empty());
         assert_eq!(a.restart(&trusting(&["a", "b", "mallory"]), 1, &mut OsRng).unwrap().len(), 1);
+    }
+
+    /// `view(seq, names)` whose members in `stayed` come from view `from`.
+    fn next_view(seq: u64, names: &[&str], stayed: &[&str], from: u64) -> View {
+        let mut v = view(seq, names);
+        for m in &mut v.members {
+            if stayed.contains(&m.id.as_str()) {
+                m.prev = Some(ViewId::new(7, from));
+            }
+        }
+        v
+    }
+
+    /// A directory that counts its lookups.
+    struct Counted(StaticDirectory, std::sync::atomic::AtomicUsize);
+
+    impl Directory for Counted {
+        fn verifier(&self, member: &MemberId) -> Option<Arc<dyn crate::suite::Verifier>> {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.0.verifier(member)
+        }
+    }
+
+    #[test]
+    fn only_members_new_since_a_trusted_view_are_looked_up() {
+        let directory = Arc::new(Counted(trusting(&["a", "b", "c"]), 0.into()));
+        let lookups = || directory.1.load(std::sync::atomic::Ordering::Relaxed);
+        let mut a = KeyedEngine::new(MemberId::new("a").unwrap(), "g".into(), directory.clone());
+        let mut step = |v: &View| {
+            a.daemon_key(v.id, &[v.id.seq as u8; 32]).unwrap();
+            a.on_view(v, &mut OsRng).unwrap().len()
+        };
+        assert_eq!(step(&view(1, &["a", "b"])), 1);
+        assert_eq!(lookups(), 2, "the first view: everyone");
+        assert_eq!(step(&next_view(2, &["a", "b", "c"], &["a", "b"], 1)), 1);
+        assert_eq!(lookups(), 3, "then the newcomer only");
+        // Mallory comes with b, who stayed: no key; the view after is
+        // checked whole, since the one before was not trusted.
+        assert_eq!(step(&next_view(3, &["a", "b", "mallory"], &["a", "b"], 2)), 0, "mallory holds the key too");
+        assert_eq!(lookups(), 4);
+        assert_eq!(step(&next_view(4, &["a", "b"], &["a", "b"], 3)), 1);
+        assert_eq!(lookups(), 6);
+        // A member that claims a view it was not in as its last is one more
+        // newcomer to look up, not one taken as trusted.
+        assert_eq!(step(&next_view(5, &["a", "b", "mallory"], &["a", "b", "mallory"], 3)), 0);
     }
 
     #[test]

@@ -394,7 +394,7 @@ struct GroupState {
     rekey_since: Option<Instant>,
     /// Where the group's key stands in the current view.
     phase: Phase,
-    members: Vec<MemberId>,
+    members: Arc<[MemberId]>,
     next_seq: u64,
     /// Plaintexts waiting for a key, in send order.
     queue: VecDeque<Vec<u8>>,
@@ -665,7 +665,7 @@ impl SessionCore {
                 earlier_views: VecDeque::new(),
                 rekey_since: None,
                 phase: Phase::Agreeing,
-                members: Vec::new(),
+                members: Arc::new([]),
                 next_seq: 0,
                 queue: VecDeque::new(),
                 in_flight: VecDeque::new(),
@@ -800,7 +800,7 @@ impl SessionCore {
     /// while a rekey runs).
     pub fn secure_members(&self, group: &str) -> Option<&[MemberId]> {
         let gs = self.groups.get(&GroupName::new(group).ok()?)?;
-        gs.phase.keys().map(|_| gs.members.as_slice())
+        gs.phase.keys().map(|_| &gs.members[..])
     }
 
     /// Interval rekeying: the members of the group's current view that wait
@@ -1080,13 +1080,17 @@ impl SessionCore {
         gs.confirms.clear();
         gs.next_from.clear();
         gs.rekey_since.get_or_insert(self.now);
-        let previous = gs.enter_view(view.clone());
         tracing::debug!(%group, view = %view.id, n = view.members.len(), "view; rekeying");
         gs.new_view_admission();
         if self.certified.is_none() {
-            let res = gs.engine.on_view(&view, &mut *self.rng);
+            // The engine reads the view where the group keeps it: no copy of
+            // a list of hundreds per view.
+            gs.enter_view(view);
+            let view = gs.view.as_ref().expect("just entered");
+            let res = gs.engine.on_view(view, &mut *self.rng);
             return self.engine_result(&group, None, res);
         }
+        let previous = gs.enter_view(view.clone());
         self.admit(group, previous, view)
     }
 

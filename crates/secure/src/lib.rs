@@ -154,6 +154,7 @@ mod session;
 pub mod sim;
 pub mod trust;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use crate::core::{
@@ -407,8 +408,8 @@ pub struct Meter {
 pub struct SecureViewInfo {
     /// The group.
     pub group: GroupName,
-    /// Members, oldest first.
-    pub members: Vec<MemberId>,
+    /// Members, oldest first (shared with the session).
+    pub members: Arc<[MemberId]>,
     /// The key's epoch: the daemon view it was agreed in and the run in it.
     pub epoch: Epoch,
     /// The protocol that agreed the key.

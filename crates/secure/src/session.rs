@@ -65,7 +65,9 @@ async fn writer(tx: ClientSender, mut rx: mpsc::UnboundedReceiver<Transmit>) {
 
 impl Session {
     fn over(client: Client, core: SessionCore) -> Session {
-        let (tx, rx) = client.split();
+        let (tx, mut rx) = client.split();
+        // The session keeps each view, and its engine and keys its members.
+        rx.cache_names();
         let (out, out_rx) = mpsc::unbounded_channel();
         tokio::spawn(writer(tx, out_rx));
         Session { core, out, rx }

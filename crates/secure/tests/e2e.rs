@@ -128,9 +128,9 @@ fn check_logs(all: &[&Member]) {
                     }
                     current = Some(v.epoch);
                     fingerprints.entry(v.epoch).or_default().insert(v.fingerprint.clone());
-                    let prev = views.insert(v.epoch, v.members.clone());
+                    let prev = views.insert(v.epoch, v.members.to_vec());
                     if let Some(p) = prev {
-                        assert_eq!(p, v.members, "members of epoch {} differ", v.epoch);
+                        assert_eq!(p[..], v.members[..], "members of epoch {} differ", v.epoch);
                     }
                 }
                 SecureEvent::Message { epoch, data, .. } => {

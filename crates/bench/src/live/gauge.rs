@@ -278,7 +278,7 @@ fn on_report(
             let (c0, c1) = (m.last.costs, meter.costs);
             let (s0, s1) = (m.last.interval.unwrap_or_default(), meter.interval.unwrap_or_default());
             m.last = meter;
-            m.key = Some((v.fingerprint.clone(), v.members.clone()));
+            m.key = Some((v.fingerprint.clone(), v.members.to_vec()));
             let acc = rekeys.entry(v.epoch).or_insert_with(|| Acc { start_s: f64::MAX, ..Acc::default() });
             let start = r.at.checked_sub(v.rekey_time).unwrap_or(t0).saturating_duration_since(t0);
             acc.start_s = acc.start_s.min(start.as_secs_f64());

@@ -147,7 +147,7 @@ impl Member {
         self.events()
             .into_iter()
             .filter_map(|e| match e {
-                SecureEvent::View(v) => Some((v.epoch, v.members)),
+                SecureEvent::View(v) => Some((v.epoch, v.members.to_vec())),
                 _ => None,
             })
             .collect()
