@@ -483,8 +483,10 @@ fn evs_key(keys: &VecDeque<(ViewId, ViewKey)>, view: ViewId) -> Option<&ViewKey>
 impl GroupState {
     /// Enters the daemon's next view of the group; returns the one left.
     fn enter_view(&mut self, view: View) -> Option<View> {
-        self.in_view.clear();
-        self.in_view.extend(view.ids().cloned());
+        match &self.view {
+            Some(old) => update_members(&mut self.in_view, old, &view),
+            None => self.in_view.extend(view.ids().cloned()),
+        }
         // Optimized EVS: replay records of members gone from the view go
         // (one that comes back starts from new origins).
         let in_view = &self.in_view;
@@ -509,6 +511,37 @@ impl GroupState {
         self.admission = Admission::Decided;
         self.run = 0;
     }
+}
+
+/// Makes `set`, the members of view `old`, those of view `new`, touching
+/// only what changed when the two list their common members in the same
+/// order (views do; with names read through a cache their names are the
+/// same allocations, compared by address). Walking both lists, a member of
+/// `old` not matched in order is removed and a member of `new` not matched
+/// is added, removals first: whatever the order, the set ends as `new`'s.
+fn update_members(set: &mut MemberSet, old: &View, new: &View) {
+    let same = |a: &MemberId, b: &MemberId| a.same_allocation(b) || a == b;
+    let (mut removed, mut added) = (Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    while i < old.members.len() && j < new.members.len() {
+        let (o, n) = (&old.members[i], &new.members[j]);
+        if same(&o.id, &n.id) {
+            i += 1;
+            j += 1;
+        } else if n.prev != Some(old.id) {
+            added.push(&n.id);
+            j += 1;
+        } else {
+            removed.push(&o.id);
+            i += 1;
+        }
+    }
+    removed.extend(old.members[i..].iter().map(|m| &m.id));
+    added.extend(new.members[j..].iter().map(|m| &m.id));
+    for m in removed {
+        set.remove(m);
+    }
+    set.extend(added.into_iter().cloned());
 }
 
 /// A key agreement message as [`Engine::preverify`] takes it: sender, the
@@ -2601,6 +2634,43 @@ fn tampered(gs: &mut GroupState, signer: &dyn Signer, bytes: Vec<u8>) -> Vec<u8>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// Whatever two views hold and in whatever order, the set updated
+        /// from one to the other is the second's members; names shared by
+        /// both are the same allocations or equal copies.
+        #[test]
+        fn a_views_member_set_follows_any_change(
+            old in proptest::collection::vec(0u8..24, 0..16),
+            new in proptest::collection::vec((0u8..24, proptest::bool::ANY, proptest::bool::ANY), 0..16),
+        ) {
+            let names: Vec<MemberId> = (0..24).map(|i| MemberId::new(format!("m{i}")).unwrap()).collect();
+            let mut seen = std::collections::BTreeSet::new();
+            let old: Vec<u8> = old.into_iter().filter(|i| seen.insert(*i)).collect();
+            let mut seen = std::collections::BTreeSet::new();
+            let new: Vec<(u8, bool, bool)> = new.into_iter().filter(|(i, ..)| seen.insert(*i)).collect();
+            let old_view = View {
+                id: ViewId::new(1, 1),
+                members: old.iter().map(|&i| conclave_gcs::ViewMember { id: names[i as usize].clone(), prev: None }).collect(),
+                cause: conclave_gcs::Cause::Join,
+            };
+            let new_view = View {
+                id: ViewId::new(1, 2),
+                members: new
+                    .iter()
+                    .map(|&(i, stayed, copy)| conclave_gcs::ViewMember {
+                        id: if copy { MemberId::new(format!("m{i}")).unwrap() } else { names[i as usize].clone() },
+                        prev: stayed.then_some(old_view.id),
+                    })
+                    .collect(),
+                cause: conclave_gcs::Cause::Join,
+            };
+            let mut set: MemberSet = old_view.ids().cloned().collect();
+            update_members(&mut set, &old_view, &new_view);
+            let expected: MemberSet = new_view.ids().cloned().collect();
+            proptest::prop_assert_eq!(set, expected);
+        }
+    }
 
     #[test]
     fn held_messages_are_bounded_in_bytes_per_sender_and_in_total() {
