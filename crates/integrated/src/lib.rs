@@ -422,9 +422,8 @@ impl KeyedDaemon {
     /// under that one instead). So a key protects at most twice the limit
     /// plus two messages, plus the traffic of one key agreement among the
     /// daemons and of one client link. Without new traffic the renewals
-    /// stop as long as what one member has to send again after a renewal,
-    /// with the view's key confirmations (about 150 bytes per member), fits
-    /// under the limit plus the allowance; a member with more than that to
+    /// stop as long as what one member has to send again after a renewal
+    /// fits under the limit plus the allowance; a member with more than that to
     /// send again, slower than the daemons agree a key, can still be
     /// refreshed again and again (the daemons cannot tell a message made for
     /// the old view from one made for the new: both are sealed by the
