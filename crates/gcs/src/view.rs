@@ -71,12 +71,6 @@ impl MemberId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
-
-    /// Whether both are one allocation (then they are equal; equal names
-    /// read apart are two).
-    pub fn same_allocation(&self, other: &MemberId) -> bool {
-        std::sync::Arc::ptr_eq(&self.0, &other.0)
-    }
 }
 
 impl std::borrow::Borrow<str> for MemberId {

@@ -516,16 +516,16 @@ impl GroupState {
 /// Makes `set`, the members of view `old`, those of view `new`, touching
 /// only what changed when the two list their common members in the same
 /// order (views do; with names read through a cache their names are the
-/// same allocations, compared by address). Walking both lists, a member of
+/// same allocations, which `==` on a `MemberId` — an `Arc<str>` — compares
+/// by address before it reads the text). Walking both lists, a member of
 /// `old` not matched in order is removed and a member of `new` not matched
 /// is added, removals first: whatever the order, the set ends as `new`'s.
 fn update_members(set: &mut MemberSet, old: &View, new: &View) {
-    let same = |a: &MemberId, b: &MemberId| a.same_allocation(b) || a == b;
     let (mut removed, mut added) = (Vec::new(), Vec::new());
     let (mut i, mut j) = (0, 0);
     while i < old.members.len() && j < new.members.len() {
         let (o, n) = (&old.members[i], &new.members[j]);
-        if same(&o.id, &n.id) {
+        if o.id == n.id {
             i += 1;
             j += 1;
         } else if n.prev != Some(old.id) {
