@@ -225,10 +225,15 @@ impl Target {
                 daemon.shutdown().await;
                 r
             };
-            tokio::select! {
+            let r = tokio::select! {
                 r = done => r,
-                _ = interrupted(&mut stop) => bail!("interrupted"),
+                _ = interrupted(&mut stop) => Err(anyhow!("interrupted")),
+            };
+            if let (Err(_), Some(c)) = (&r, &self.cluster) {
+                // What the daemons and Corosync last said, for the report.
+                eprintln!("cluster logs, last lines of each:\n{}", c.log_tails(30));
             }
+            r
         })
     }
 }
@@ -602,12 +607,30 @@ impl<K: Kind> Group<K> {
                 let last = shown.iter().map(|(_, _, at, _)| *at).max().expect("not empty");
                 return Ok((last, agreed.clone()));
             }
-            let (who, at, seen) =
-                self.next(deadline).await.with_context(|| format!("waiting for views of {size} members"))?;
+            let (who, at, seen) = match self.next(deadline).await {
+                Ok(next) => next,
+                Err(e) => {
+                    let shown = self.shown(who);
+                    return Err(e.context(format!("waiting for views of {size} members ({shown})")));
+                }
+            };
             if let Seen::View { size, agreed, rekey } = seen {
                 self.latest.insert(who, (size, agreed, at, rekey));
             }
         }
+    }
+
+    /// What each of `who` showed last since the last command, in words: on a
+    /// timeout, who is missing and who shows a view of another size.
+    fn shown(&self, who: &[usize]) -> String {
+        let each: Vec<String> = who
+            .iter()
+            .map(|m| match self.latest.get(m) {
+                Some((size, agreed, ..)) => format!("member {m}: {size} members, {} {agreed}", K::AGREED),
+                None => format!("member {m}: no view"),
+            })
+            .collect();
+        each.join("; ")
     }
 
     /// The longest time from a daemon's view to the key among the views
@@ -883,6 +906,11 @@ mod cluster {
             self.nodes.nodes.iter().map(|n| n.socket.clone()).collect()
         }
 
+        /// The last `lines` lines of every node's daemon and Corosync log.
+        pub fn log_tails(&self, lines: usize) -> String {
+            self.nodes.log_tails(lines)
+        }
+
         /// See [`Target::placement`].
         pub fn placement(&self) -> Placement {
             Placement { machines: self.nodes.nodes.len(), wan: self.wan, second_side_from: Some(self.second[0]) }
@@ -957,6 +985,10 @@ mod cluster {
             match *self {}
         }
 
+        pub fn log_tails(&self, _: usize) -> String {
+            match *self {}
+        }
+
         pub(super) async fn partition_and_merge<K: Kind>(&self, _: &mut [Group<K>], _: usize) -> Result<Healed> {
             match *self {}
         }
@@ -1019,6 +1051,21 @@ mod tests {
             let e = group.settled(&[0, 1], 2).await.unwrap_err();
             assert!(e.to_string().contains("different view ids for one view of 2"), "{e:#}");
             Ok(())
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn a_wait_that_fails_says_what_each_member_showed() {
+        crate::block_on(async {
+            let mut group = plain_group_seeing(&[(0, 8, 2), (2, 7, 1)]);
+            let e = group.settled(&[0, 1, 2], 2).await.unwrap_err();
+            let text = format!("{e:#}");
+            assert!(text.contains("every member stopped"), "{text}");
+            assert!(text.contains("member 0: 2 members, view id v8.0000"), "{text}");
+            assert!(text.contains("member 1: no view"), "{text}");
+            assert!(text.contains("member 2: 1 members, view id v7.0000"), "{text}");
+            anyhow::Ok(())
         })
         .unwrap();
     }

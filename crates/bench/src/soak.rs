@@ -1222,7 +1222,7 @@ fn request(req: &Request) -> BytesMut {
 }
 
 fn hello(name: &str) -> Result<BytesMut> {
-    Ok(request(&Request::Hello { name: MemberId::new(name)? }))
+    Ok(request(&Request::Hello { name: MemberId::new(name)?, view_changes: false }))
 }
 
 async fn send_raw(s: &mut (impl AsyncWrite + Unpin), b: &[u8]) -> Result<()> {

@@ -40,6 +40,11 @@ pub fn level() -> LevelFilter {
     }
 }
 
+/// Whether a log was asked for: `RUST_LOG` set (and not empty), or -v.
+pub fn asked_for() -> bool {
+    std::env::var("RUST_LOG").is_ok_and(|s| !s.trim().is_empty()) || VERBOSITY.load(Ordering::SeqCst) > 0
+}
+
 /// Whether to colour the log: only when stderr is a terminal and `NO_COLOR`
 /// is unset or empty (<https://no-color.org>).
 pub fn colour() -> bool {

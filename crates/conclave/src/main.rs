@@ -38,7 +38,7 @@ use clap::{ArgAction, CommandFactory, Parser, Subcommand};
 #[command(after_help = "Shell completions: `conclave completions bash` (or zsh, fish, elvish, powershell) prints a \
 script to load in your shell; `conclave man` prints the manual page (`conclave man | man -l -`).")]
 struct Cli {
-    /// Log more: -v debug, -vv trace (for the commands that log: the daemon). RUST_LOG, when set, takes precedence
+    /// Log more: -v debug, -vv trace (the daemon logs at info by default; the benchmarks log only with -v or RUST_LOG). RUST_LOG, when set, takes precedence
     /// [default: info].
     #[arg(short, long, action = ArgAction::Count, global = true, conflicts_with = "quiet")]
     verbose: u8,
@@ -119,6 +119,12 @@ fn main() {
 }
 
 fn run(command: Command) -> Result<()> {
+    // The benchmarks run sessions and daemons in this process: their log is
+    // written only when asked for (`RUST_LOG` or -v), not over the progress.
+    #[cfg(feature = "bench")]
+    if matches!(command, Command::Bench(_) | Command::Gauge(_)) && logging::asked_for() {
+        logging::init(logging::LogFormat::Text)?;
+    }
     match command {
         #[cfg(feature = "bench")]
         Command::Bench(which) => conclave_bench::run(which),

@@ -149,6 +149,9 @@ pub struct ClientReceiver {
     frames: FrameReader,
     /// The member names read lately, if on ([`ClientReceiver::cache_names`]).
     names: Option<conclave_gcs::NameCache>,
+    /// The last view of each group, which the daemon sends the next one as
+    /// changes to (the client's Hello asks for that).
+    views: wire::ViewMemory,
 }
 
 impl Client {
@@ -191,9 +194,10 @@ impl Client {
                 buf: BytesMut::new(),
                 frames: FrameReader::new(MAX_EVENT_FRAME),
                 names: None,
+                views: wire::ViewMemory::default(),
             },
         };
-        c.sender.send(&Request::Hello { name: name.clone() }).await?;
+        c.sender.send(&Request::Hello { name: name.clone(), view_changes: true }).await?;
         match c.recv().await? {
             Event::Welcome { member } if member == name => Ok(c),
             Event::Error { code, text } => Err(ClientError::Refused { code, text }),
@@ -349,7 +353,7 @@ impl ClientReceiver {
     pub async fn recv(&mut self) -> Result<Event, ClientError> {
         loop {
             if let Some(frame) = self.frames.next_frame(&mut self.buf)? {
-                return Ok(wire::decode_delivery_with(frame, self.names.as_mut())?);
+                return Ok(wire::decode_delivery_tracked(frame, self.names.as_mut(), &mut self.views)?);
             }
             wire::make_room(&mut self.buf);
             if self.reader.read_buf(&mut self.buf).await? == 0 {
@@ -367,7 +371,7 @@ impl ClientReceiver {
         use std::task::{Context, Poll, Waker};
         loop {
             if let Some(frame) = self.frames.next_frame(&mut self.buf)? {
-                return Ok(Some(wire::decode_delivery_with(frame, self.names.as_mut())?));
+                return Ok(Some(wire::decode_delivery_tracked(frame, self.names.as_mut(), &mut self.views)?));
             }
             // One poll of a read: ready only with bytes already received.
             // Dropping a pending read loses nothing (it has read nothing).

@@ -69,14 +69,14 @@ use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use conclave_gcs::core::{ConnId, Core, DaemonId, Delivery, ErrorCode, GroupMode, Limits, Machine, Op, Output};
 use conclave_gcs::wire::{self, ConnectionStatus, FrameReader, GroupStatus, Request, Status, StatusReply, WireError};
-use conclave_gcs::{GroupName, MemberId};
+use conclave_gcs::{GroupName, MemberId, View, ViewId};
 use conclave_gka::suite::ed25519::Ed25519Signer;
 use conclave_integrated::{DaemonIdentities, DaemonTrust, KeyedDaemon};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -399,6 +399,11 @@ struct ConnHandle {
     certified: Option<Certified>,
     /// Who the client is, for the status and the access rules.
     info: Arc<ConnInfo>,
+    /// The last view written to the client of each of its groups, if it
+    /// reads views as changes ([`ConnInfo::view_changes`]): the next view
+    /// of a group goes as changes to it when it is the daemon's last view
+    /// of the group ([`deliver_view`]).
+    views: HashMap<GroupName, ViewId>,
 }
 
 /// What the daemon knows of a connection's peer.
@@ -409,6 +414,8 @@ struct ConnInfo {
     since: Instant,
     /// What the access rules see; its name is bound at Hello.
     principal: Mutex<Principal>,
+    /// The client's Hello asked for views as changes (`wire::ViewMemory`).
+    view_changes: AtomicBool,
 }
 
 /// Closes a connection after one last error frame, dropping what is queued.
@@ -1390,6 +1397,8 @@ async fn sequence(
     let mut gone = Vec::new();
     let mut batch = Vec::with_capacity(BATCH);
     let mut held = HeldJoins::default();
+    // The last view delivered here of each group (see `deliver_view`).
+    let mut last_views: HashMap<GroupName, View> = HashMap::new();
     // The machine's clock: microseconds since the sequencer started.
     let origin = tokio::time::Instant::now();
     let micros = |at: tokio::time::Instant| at.saturating_duration_since(origin).as_micros() as u64;
@@ -1465,7 +1474,17 @@ async fn sequence(
         let mut table = conns.lock().expect("connection table");
         for o in out.drain(..) {
             match o {
+                Output::Deliver { to, delivery: Delivery::View { group, view } } => {
+                    deliver_view(&mut table, &mut last_views, to, group, view, &client_submit);
+                }
                 Output::Deliver { to, delivery } => {
+                    if let Delivery::Left { group } = &delivery {
+                        for c in &to {
+                            if let Some(handle) = table.get_mut(c) {
+                                handle.views.remove(group);
+                            }
+                        }
+                    }
                     let fatal = matches!(delivery, Delivery::Error { code, .. } if code.is_fatal());
                     let bytes = frame(&delivery);
                     for c in to {
@@ -1482,6 +1501,12 @@ async fn sequence(
             // Dropping the handle closes the queue: the writer sends what is
             // queued and closes the connection.
             table.remove(&c);
+        }
+        // A group with no members here keeps its last view until the next
+        // sweep: at most as many as the groups the core holds, and a few.
+        if last_views.len() > 2 * core.core().groups().count() + 64 {
+            let groups: HashSet<&GroupName> = core.core().groups().collect();
+            last_views.retain(|g, _| groups.contains(g));
         }
     }
     // A backbone sends its failure before it closes the stream.
@@ -1515,6 +1540,47 @@ fn resubmit(submit: &mpsc::Sender<Op>, op: Op) {
     tokio::spawn(async move {
         let _ = submit.send(op).await;
     });
+}
+
+/// Delivers view `view` of `group` to `to`: as changes to the daemon's last
+/// view of the group (`last_views`) to each client that reads views as
+/// changes and was written that view last, whole to the others; each frame
+/// is encoded once, if anyone gets it. The view becomes the group's last.
+fn deliver_view(
+    table: &mut HashMap<ConnId, ConnHandle>,
+    last_views: &mut HashMap<GroupName, View>,
+    to: Vec<ConnId>,
+    group: GroupName,
+    view: View,
+    submit: &mpsc::Sender<Op>,
+) {
+    let base = last_views.get(&group);
+    let (mut whole, mut changes) = (None::<Bytes>, None::<Bytes>);
+    for c in to {
+        let Some(handle) = table.get_mut(&c) else { continue };
+        let bytes = if handle.info.view_changes.load(Ordering::Acquire) {
+            let last = handle.views.insert(group.clone(), view.id);
+            match base.filter(|b| last == Some(b.id)) {
+                Some(base) => Some(
+                    changes
+                        .get_or_insert_with(|| {
+                            let mut b = BytesMut::new();
+                            wire::encode_view_changes(&group, &view, base, &mut b);
+                            b.freeze()
+                        })
+                        .clone(),
+                ),
+                None => None,
+            }
+        } else {
+            None
+        };
+        let bytes = bytes.unwrap_or_else(|| {
+            whole.get_or_insert_with(|| frame(&Delivery::View { group: group.clone(), view: view.clone() })).clone()
+        });
+        deliver(table, c, bytes, false, submit);
+    }
+    last_views.insert(group, view);
 }
 
 fn deliver(table: &mut HashMap<ConnId, ConnHandle>, c: ConnId, bytes: Bytes, fatal: bool, submit: &mpsc::Sender<Op>) {
@@ -1563,7 +1629,12 @@ where
         Peer::Certified(c) => Some(c.clone()),
         Peer::Local { .. } | Peer::Remote { .. } => None,
     };
-    let info = Arc::new(ConnInfo { peer: what, since: Instant::now(), principal: Mutex::new(peer.principal()) });
+    let info = Arc::new(ConnInfo {
+        peer: what,
+        since: Instant::now(),
+        principal: Mutex::new(peer.principal()),
+        view_changes: AtomicBool::new(false),
+    });
     {
         let mut table = shared.conns.lock().expect("connection table");
         // A handshake that ran under trust replaced since is checked again.
@@ -1585,7 +1656,15 @@ where
         let budget = shared.config.queue_bytes;
         table.insert(
             conn,
-            ConnHandle { queue, kill: kill.clone(), queued: queued.clone(), budget, certified, info: info.clone() },
+            ConnHandle {
+                queue,
+                kill: kill.clone(),
+                queued: queued.clone(),
+                budget,
+                certified,
+                info: info.clone(),
+                views: HashMap::new(),
+            },
         );
     }
     // The connection is closed once both halves are dropped: each holds the slot.
@@ -1644,7 +1723,7 @@ async fn read_loop<R: AsyncRead>(
                     code: ErrorCode::AlreadyConnected,
                     text: "ask for the daemon's status on a connection of its own, in place of Hello".to_owned(),
                 },
-                Ok(Some(req)) => match to_op(conn, req, cfg.max_payload) {
+                Ok(Some(req)) => match to_op(conn, hello_flags(req, said_hello, info), cfg.max_payload) {
                     Some(op) => check_request(check_transport(op, peer), info, shared),
                     None => return,
                 },
@@ -1835,10 +1914,21 @@ async fn status_reply(conn: ConnId, peer: &Peer, shared: &Shared) -> StatusReply
     })
 }
 
+/// Notes what a first Hello asks of the connection (views as changes), before
+/// its first view; passes `req` on.
+fn hello_flags(req: Request, said_hello: bool, info: &ConnInfo) -> Request {
+    if let Request::Hello { view_changes, .. } = &req {
+        if !said_hello {
+            info.view_changes.store(*view_changes, Ordering::Release);
+        }
+    }
+    req
+}
+
 /// The operation a request asks for; `None` for Bye.
 fn to_op(conn: ConnId, req: Request, max_payload: usize) -> Option<Op> {
     Some(match req {
-        Request::Hello { name } => Op::Connect { conn, name },
+        Request::Hello { name, .. } => Op::Connect { conn, name },
         Request::Join { group, open, mode } => Op::Join { conn, group, open, mode },
         Request::Leave { group } => Op::Leave { conn, group },
         Request::Multicast { payload, .. } | Request::Unicast { payload, .. } if payload.len() > max_payload => {

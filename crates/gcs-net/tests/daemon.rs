@@ -66,7 +66,7 @@ async fn read_all(mut s: impl AsyncRead + Unpin) -> Vec<Event> {
 }
 
 fn hello(name: &str) -> BytesMut {
-    frame(&Request::Hello { name: MemberId::new(name).unwrap() })
+    frame(&Request::Hello { name: MemberId::new(name).unwrap(), view_changes: false })
 }
 
 fn code(e: &Event) -> Option<ErrorCode> {
@@ -1034,4 +1034,98 @@ async fn a_three_step_join_over_plain_tcp_is_refused() {
         Event::Error { code: ErrorCode::ModeMismatch, .. } => {}
         other => panic!("{other:?}"),
     }
+}
+
+/// Reads raw frames from `s` (one that said Hello) until a view of `group`
+/// with `n` members: each frame's kind and length, and every view, read as
+/// a client that keeps its last views would.
+async fn raw_views_until(
+    s: &mut tokio::net::UnixStream,
+    views: &mut wire::ViewMemory,
+    buf: &mut BytesMut,
+    group: &str,
+    n: usize,
+) -> Vec<(u8, usize, View)> {
+    let mut frames = FrameReader::new(1 << 20);
+    let mut got = Vec::new();
+    within("a raw client's views", async {
+        loop {
+            while let Some(f) = frames.next_frame(buf).unwrap() {
+                let (kind, len) = (f[0], f.len());
+                if let conclave_gcs::core::Delivery::View { group: g, view } =
+                    wire::decode_delivery_tracked(f, None, views).unwrap()
+                {
+                    let done = g.as_str() == group && view.members.len() == n;
+                    got.push((kind, len, view));
+                    if done {
+                        return;
+                    }
+                }
+            }
+            assert!(s.read_buf(buf).await.unwrap() > 0, "the daemon closed the connection");
+        }
+    })
+    .await;
+    got
+}
+
+/// A client whose Hello asks for view changes gets every view after its
+/// first as changes to the one before, in far fewer bytes than the whole
+/// view, and reads the same views as a client that asked for whole views;
+/// that one gets whole views only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_views_as_changes_reads_the_same_views_in_fewer_bytes() {
+    let s = start(|_| {}).await;
+    let mut raw = Vec::new();
+    for (name, changes) in [("tracker", true), ("plain", false)] {
+        let mut r = s.raw().await;
+        r.write_all(&frame(&Request::Hello { name: MemberId::new(name).unwrap(), view_changes: changes }))
+            .await
+            .unwrap();
+        r.write_all(&frame(&Request::Join {
+            group: GroupName::new("g").unwrap(),
+            open: false,
+            mode: conclave_gcs::core::GroupMode::Members,
+        }))
+        .await
+        .unwrap();
+        raw.push(r);
+    }
+    // Thirty more members join one by one, then one of them leaves.
+    let mut others = Vec::new();
+    for i in 0..30 {
+        let c = s.unix(&format!("member-with-a-long-name-{i:02}")).await;
+        c.join("g").await.unwrap();
+        others.push(c);
+    }
+    // The daemon may install joins that come together as one view: the
+    // leave waits for the view of all.
+    until_view(&mut others[29], "g", 32).await;
+    others[10].leave("g").await.unwrap();
+    let mut seen = Vec::new();
+    for r in &mut raw {
+        let (mut views, mut buf) = (wire::ViewMemory::default(), BytesMut::new());
+        let mut got = raw_views_until(r, &mut views, &mut buf, "g", 32).await;
+        got.extend(raw_views_until(r, &mut views, &mut buf, "g", 31).await);
+        seen.push(got);
+    }
+    let (tracker, plain) = (&seen[0], &seen[1]);
+    // The tracker joined first: its first view is its own, whole; every view
+    // after it comes as changes.
+    let kinds: Vec<u8> = tracker.iter().map(|t| t.0).collect();
+    assert!(kinds[0] == 0x82 && kinds[1..].iter().all(|&k| k == 0x8a), "{kinds:x?}");
+    assert!(plain.iter().all(|(kind, ..)| *kind == 0x82), "whole views only for a client that did not ask");
+    let shared = &tracker[tracker.len() - plain.len()..];
+    let views = |got: &[(u8, usize, View)]| got.iter().map(|(_, _, v)| v.clone()).collect::<Vec<_>>();
+    assert_eq!(views(shared), views(plain), "the same views, member for member");
+    // Joins that came together may make a view of mostly new members, spelled
+    // out: about the whole view's bytes. The leave changes one member of 32.
+    for ((_, changes, view), (_, whole, _)) in shared.iter().zip(plain) {
+        assert!(*changes <= whole + 64, "{} members: {changes} bytes as changes, {whole} whole", view.members.len());
+    }
+    let ((_, changes, _), (_, whole, _)) = (tracker.last().unwrap(), plain.last().unwrap());
+    assert!(changes * 10 < *whole, "the leave: {changes} bytes as changes, {whole} whole");
+    let leave = &tracker.last().unwrap().2;
+    assert_eq!(leave.cause, Cause::Leave);
+    assert!(!leave.contains(&MemberId::new("member-with-a-long-name-10").unwrap()));
 }

@@ -178,7 +178,7 @@ async fn the_status_is_refused_to_clients_that_are_not_operators_and_shows_them_
     let mut sock = tokio::net::UnixStream::connect(s.daemon.unix_path().unwrap()).await.unwrap();
     let mut out = bytes::BytesMut::new();
     let carol = MemberId::new("carol").unwrap();
-    wire::encode_request(&Request::Hello { name: carol.clone() }, &mut out);
+    wire::encode_request(&Request::Hello { name: carol.clone(), view_changes: false }, &mut out);
     wire::encode_request(&Request::Status, &mut out);
     wire::encode_request(
         &Request::Join {

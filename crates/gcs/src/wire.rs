@@ -9,7 +9,10 @@
 //! buffered, and [`decode_request`] / [`decode_delivery`] parse one frame.
 //! Decoders reject every malformed input with a [`WireError`] — they never
 //! panic — and the encoding is canonical: bytes that decode re-encode to
-//! themselves.
+//! themselves (but for a view given as changes, which decodes to the whole
+//! view: [`decode_delivery_tracked`]).
+
+use std::collections::HashMap;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -18,7 +21,7 @@ use crate::view::{Cause, GroupName, MemberId, NameCache, NameError, View, ViewId
 
 /// The wire version this module speaks. A client announces it in `Hello`, the
 /// daemon confirms it in `Welcome`.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 
 /// Default limit on the payload of one message: 1 MiB.
 pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
@@ -73,6 +76,7 @@ const UNICAST_MESSAGE: u8 = 0x86;
 const ERROR: u8 = 0x87;
 const GROUP_KEY: u8 = 0x88;
 const STATUS_REPORT: u8 = 0x89;
+const VIEW_CHANGES: u8 = 0x8a;
 
 /// What a client asks its daemon.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -82,6 +86,11 @@ pub enum Request {
     Hello {
         /// The name the client asks for.
         name: MemberId,
+        /// The client reads views given as changes to the last view it got
+        /// of the group ([`ViewMemory`]): a view of n members then costs
+        /// the daemon and the client what changed, not n names. A flags
+        /// byte after the name (since version 3).
+        view_changes: bool,
     },
     /// Join a group, creating it if needed.
     Join {
@@ -251,6 +260,15 @@ pub enum WireError {
     /// The peer speaks another version.
     #[error("wire version {0} is not supported (this is version {VERSION})")]
     UnsupportedVersion(u16),
+    /// A view given as changes to a view the client does not hold as the
+    /// last one of its group.
+    #[error("a view of {group} given as changes to view {base}, which is not the last view this client got of it")]
+    NoBaseView {
+        /// The group.
+        group: GroupName,
+        /// The view the changes are to.
+        base: ViewId,
+    },
 }
 
 impl WireError {
@@ -475,6 +493,49 @@ impl Fields {
         Ok(View { id, members, cause })
     }
 
+    /// A view given as changes to the last view of its group in `views`
+    /// (see [`encode_view_changes`]): kept runs must go forward through
+    /// that view without overlapping, so the view has at most as many kept
+    /// members as it and as many added ones as the frame spells out.
+    fn view_changes(&mut self, mut names: Option<&mut NameCache>, views: &ViewMemory) -> Result<Delivery, WireError> {
+        let group = self.group()?;
+        let id = self.view_id("view id")?;
+        let cause = self.cause()?;
+        let base_id = self.view_id("base view")?;
+        let base = match views.views.get(&group) {
+            Some(base) if base.id == base_id => base,
+            _ => return Err(WireError::NoBaseView { group, base: base_id }),
+        };
+        let count = self.u32("segment count")? as usize;
+        // A segment takes at least three bytes; a kept run at most adds
+        // what is left of the base view.
+        let mut members = Vec::with_capacity(base.members.len() + (self.rest_len() / 3).min(count));
+        let mut next = 0;
+        for _ in 0..count {
+            match self.u8("segment tag")? {
+                KEPT => {
+                    let start = self.u32("kept run start")? as usize;
+                    let len = self.u32("kept run length")? as usize;
+                    let end = start.checked_add(len).filter(|&e| len > 0 && start >= next && e <= base.members.len());
+                    let Some(end) = end else {
+                        return Err(WireError::BadValue { what: "kept run", value: start as u64 });
+                    };
+                    let prev = Some(base_id);
+                    members.extend(base.members[start..end].iter().map(|m| ViewMember { id: m.id.clone(), prev }));
+                    next = end;
+                }
+                ADDED => {
+                    let id = self.member_in("member name", names.as_deref_mut())?;
+                    let prev =
+                        if self.flag("previous view flag")? { Some(self.view_id("previous view")?) } else { None };
+                    members.push(ViewMember { id, prev });
+                }
+                v => return Err(WireError::BadValue { what: "segment tag", value: v.into() }),
+            }
+        }
+        Ok(Delivery::View { group, view: View { id, members, cause } })
+    }
+
     pub(crate) fn rest_len(&self) -> usize {
         self.frame.len() - self.pos
     }
@@ -506,7 +567,9 @@ pub fn decode_request(frame: Bytes) -> Result<Request, WireError> {
     let req = match kind {
         HELLO => {
             f.version()?;
-            Request::Hello { name: f.member("member name")? }
+            let name = f.member("member name")?;
+            let view_changes = f.flag("hello flags")?;
+            Request::Hello { name, view_changes }
         }
         JOIN => {
             let group = f.group()?;
@@ -735,6 +798,98 @@ pub fn decode_delivery_with(frame: Bytes, names: Option<&mut NameCache>) -> Resu
     f.finish(d)
 }
 
+/// The last view a client got of each of its groups, which the next view
+/// of the group may come as changes to (a client that said Hello with
+/// `view_changes`: [`decode_delivery_tracked`]). One view per group the
+/// client is in: a group's is dropped when the client leaves it.
+#[derive(Default)]
+pub struct ViewMemory {
+    views: HashMap<GroupName, View>,
+}
+
+impl ViewMemory {
+    /// The last view held of `group`.
+    pub fn view(&self, group: &GroupName) -> Option<&View> {
+        self.views.get(group)
+    }
+}
+
+/// [`decode_delivery_with`] for a client that reads views as changes: a
+/// whole view or one given as changes to the last view of its group in
+/// `views` comes out as [`Delivery::View`] and becomes the group's last
+/// view there; [`Delivery::Left`] drops the group's. Changes to a view that
+/// is not the group's last are [`WireError::NoBaseView`].
+pub fn decode_delivery_tracked(
+    frame: Bytes,
+    names: Option<&mut NameCache>,
+    views: &mut ViewMemory,
+) -> Result<Delivery, WireError> {
+    let d = match frame.first() {
+        Some(&VIEW_CHANGES) => {
+            let (_, mut f) = fields(frame)?;
+            let view = f.view_changes(names, views)?;
+            f.finish(view)?
+        }
+        _ => decode_delivery_with(frame, names)?,
+    };
+    match &d {
+        Delivery::View { group, view } => {
+            views.views.insert(group.clone(), view.clone());
+        }
+        Delivery::Left { group } => {
+            views.views.remove(group);
+        }
+        _ => {}
+    }
+    Ok(d)
+}
+
+/// Segment tags of a view given as changes.
+const KEPT: u8 = 0;
+const ADDED: u8 = 1;
+
+/// Encodes view `view` of `group` as changes to `base`, the last view of the
+/// group its recipients got: runs of `base`'s members that stay, in order,
+/// having come from `base` (`prev` is `base`), and every other member
+/// written out. O(n) for n members, once per view, whoever receives it.
+pub fn encode_view_changes(group: &GroupName, view: &View, base: &View, out: &mut BytesMut) {
+    let place: HashMap<&str, usize, foldhash::fast::RandomState> =
+        base.members.iter().enumerate().map(|(i, m)| (m.id.as_str(), i)).collect();
+    // (start, len) of a kept run, or the index of an added member in `view`.
+    let mut segments: Vec<Result<(usize, usize), usize>> = Vec::new();
+    let mut next = 0; // kept runs go forward through `base`
+    for (i, m) in view.members.iter().enumerate() {
+        let kept = (m.prev == Some(base.id)).then(|| place.get(m.id.as_str()).copied()).flatten();
+        match kept {
+            Some(j) if j >= next => {
+                match segments.last_mut() {
+                    Some(Ok((start, len))) if *start + *len == j => *len += 1,
+                    _ => segments.push(Ok((j, 1))),
+                }
+                next = j + 1;
+            }
+            _ => segments.push(Err(i)),
+        }
+    }
+    let mut w = FrameWriter::new(out, VIEW_CHANGES);
+    w.str8(group.as_str()).view_head(view).bytes(&base.id.to_bytes());
+    let count = u32::try_from(segments.len()).expect("views have fewer than 2^32 members");
+    w.bytes(&count.to_be_bytes());
+    for seg in segments {
+        match seg {
+            Ok((start, len)) => {
+                w.bytes(&[KEPT]);
+                w.bytes(&(start as u32).to_be_bytes()).bytes(&(len as u32).to_be_bytes());
+            }
+            Err(i) => {
+                w.bytes(&[ADDED]);
+                w.member(&view.members[i]);
+            }
+        }
+    }
+    w.finish();
+}
+
 /// Writes one frame: the length prefix is patched in when the fields are done.
 struct FrameWriter<'a> {
     out: &'a mut BytesMut,
@@ -774,6 +929,30 @@ impl<'a> FrameWriter<'a> {
     }
 
     fn view(&mut self, v: &View) -> &mut Self {
+        self.view_head(v);
+        let count = u32::try_from(v.members.len()).expect("views have fewer than 2^32 members");
+        self.out.put_u32(count);
+        for m in &v.members {
+            self.member(m);
+        }
+        self
+    }
+
+    /// A view member: its name, and the view it came from if any.
+    fn member(&mut self, m: &ViewMember) -> &mut Self {
+        self.str8(m.id.as_str());
+        match m.prev {
+            Some(p) => {
+                self.out.put_u8(1);
+                self.out.put_slice(&p.to_bytes());
+            }
+            None => self.out.put_u8(0),
+        }
+        self
+    }
+
+    /// A view's id and cause.
+    fn view_head(&mut self, v: &View) -> &mut Self {
         self.out.put_slice(&v.id.to_bytes());
         self.out.put_u8(match v.cause {
             Cause::Join => 1,
@@ -782,18 +961,6 @@ impl<'a> FrameWriter<'a> {
             Cause::Network => 4,
             Cause::Refresh => 5,
         });
-        let count = u32::try_from(v.members.len()).expect("views have fewer than 2^32 members");
-        self.out.put_u32(count);
-        for m in &v.members {
-            self.str8(m.id.as_str());
-            match m.prev {
-                Some(p) => {
-                    self.out.put_u8(1);
-                    self.out.put_slice(&p.to_bytes());
-                }
-                None => self.out.put_u8(0),
-            }
-        }
         self
     }
 
@@ -824,9 +991,11 @@ pub(crate) fn group_options(open: bool, mode: GroupMode) -> u8 {
 /// Appends `req` as one frame to `out`.
 pub fn encode_request(req: &Request, out: &mut BytesMut) {
     match req {
-        Request::Hello { name } => {
-            FrameWriter::new(out, HELLO).bytes(&VERSION.to_be_bytes()).str8(name.as_str()).finish()
-        }
+        Request::Hello { name, view_changes } => FrameWriter::new(out, HELLO)
+            .bytes(&VERSION.to_be_bytes())
+            .str8(name.as_str())
+            .bytes(&[u8::from(*view_changes)])
+            .finish(),
         Request::Join { group, open, mode } => {
             FrameWriter::new(out, JOIN).str8(group.as_str()).bytes(&[group_options(*open, *mode)]).finish()
         }

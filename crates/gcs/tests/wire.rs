@@ -5,8 +5,9 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use conclave_gcs::core::{Delivery, ErrorCode, GroupMode, Service};
 use conclave_gcs::wire::{
-    decode_delivery, decode_delivery_with, decode_request, decode_status_reply, encode_delivery, encode_request,
-    encode_status_reply, ConnectionStatus, FrameReader, GroupStatus, Request, Status, StatusReply, WireError,
+    decode_delivery, decode_delivery_tracked, decode_delivery_with, decode_request, decode_status_reply,
+    encode_delivery, encode_request, encode_status_reply, encode_view_changes, ConnectionStatus, FrameReader,
+    GroupStatus, Request, Status, StatusReply, ViewMemory, WireError,
 };
 use conclave_gcs::{Cause, GroupName, MemberId, View, ViewId, ViewMember};
 use proptest::prelude::*;
@@ -48,7 +49,7 @@ fn mode() -> impl Strategy<Value = GroupMode> {
 
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
-        member().prop_map(|name| Request::Hello { name }),
+        (member(), any::<bool>()).prop_map(|(name, view_changes)| Request::Hello { name, view_changes }),
         (group(), any::<bool>(), mode()).prop_map(|(group, open, mode)| Request::Join { group, open, mode }),
         group().prop_map(|group| Request::Leave { group }),
         (group(), service(), payload()).prop_map(|(group, service, payload)| Request::Multicast {
@@ -181,6 +182,96 @@ proptest! {
         prop_assert_eq!(decode_delivery(frame).unwrap(), d);
     }
 
+    /// A view given as changes to the last one decodes to the view itself,
+    /// whatever stayed (in order or not, from the base view or not), left
+    /// or came; the memory then holds it.
+    #[test]
+    fn views_as_changes_decode_to_the_view(
+        g in group(),
+        base in view(),
+        fates in prop::collection::vec(0u8..4, 8),
+        added in prop::collection::vec((member(), prop::option::of(view_id()), any::<prop::sample::Index>()), 0..4),
+        id in view_id(),
+        swap in any::<Option<(prop::sample::Index, prop::sample::Index)>>(),
+    ) {
+        let mut base = base;
+        let mut seen = std::collections::BTreeSet::new();
+        base.members.retain(|m| seen.insert(m.id.clone()));
+        let mut members = Vec::new();
+        for (m, fate) in base.members.iter().zip(fates) {
+            match fate {
+                0 => {}
+                1 => members.push(ViewMember { id: m.id.clone(), prev: m.prev }),
+                _ => members.push(ViewMember { id: m.id.clone(), prev: Some(base.id) }),
+            }
+        }
+        for (m, prev, at) in added {
+            if seen.insert(m.clone()) {
+                let at = at.index(members.len() + 1);
+                members.insert(at, ViewMember { id: m, prev });
+            }
+        }
+        if let (Some((a, b)), false) = (swap, members.is_empty()) {
+            let (a, b) = (a.index(members.len()), b.index(members.len()));
+            members.swap(a, b);
+        }
+        let next = View { id, members, cause: Cause::Join };
+        let mut memory = ViewMemory::default();
+        let mut whole = BytesMut::new();
+        encode_delivery(&Delivery::View { group: g.clone(), view: base.clone() }, &mut whole);
+        decode_delivery_tracked(only_frame(whole), None, &mut memory).unwrap();
+        let mut changes = BytesMut::new();
+        encode_view_changes(&g, &next, &base, &mut changes);
+        let frame = only_frame(changes);
+        let mut names = conclave_gcs::NameCache::default();
+        let d = decode_delivery_tracked(frame.clone(), Some(&mut names), &mut memory).unwrap();
+        prop_assert_eq!(d, Delivery::View { group: g.clone(), view: next.clone() });
+        prop_assert_eq!(memory.view(&g), Some(&next));
+        // The same changes again: their base is no longer the last view.
+        prop_assert_eq!(
+            decode_delivery_tracked(frame, None, &mut memory),
+            Err(WireError::NoBaseView { group: g, base: base.id })
+        );
+    }
+
+    /// Changes with a byte changed or cut short: a view or an error, never a
+    /// panic; and after Left, or for another group, no base.
+    #[test]
+    fn mutated_view_changes_decode_to_a_view_or_an_error(
+        g in group(),
+        base in view(),
+        next in view(),
+        at in any::<usize>(),
+        x in any::<u8>(),
+        cut in any::<usize>(),
+    ) {
+        let mut changes = BytesMut::new();
+        encode_view_changes(&g, &next, &base, &mut changes);
+        let f = only_frame(changes);
+        let mut v = f.to_vec();
+        let i = at % v.len();
+        v[i] ^= x | 1;
+        let remember = || {
+            let mut memory = ViewMemory::default();
+            let mut whole = BytesMut::new();
+            encode_delivery(&Delivery::View { group: g.clone(), view: base.clone() }, &mut whole);
+            decode_delivery_tracked(only_frame(whole), None, &mut memory).unwrap();
+            memory
+        };
+        for bytes in [v, f[..cut % f.len()].to_vec()] {
+            if let Ok(Delivery::View { view, .. }) = decode_delivery_tracked(Bytes::from(bytes), None, &mut remember()) {
+                prop_assert!(view.members.len() <= base.members.len() + f.len());
+            }
+        }
+        let mut memory = remember();
+        let mut left = BytesMut::new();
+        encode_delivery(&Delivery::Left { group: g.clone() }, &mut left);
+        decode_delivery_tracked(only_frame(left), None, &mut memory).unwrap();
+        prop_assert_eq!(memory.view(&g), None);
+        let after_left = decode_delivery_tracked(f, None, &mut memory);
+        prop_assert!(matches!(after_left, Err(WireError::NoBaseView { .. })), "{:?}", after_left);
+    }
+
     #[test]
     fn status_replies_round_trip(r in status_reply()) {
         let mut buf = BytesMut::new();
@@ -305,10 +396,13 @@ fn malformed_frames_get_typed_errors() {
     assert_eq!(f(&[0x7f]), Err(WireError::UnknownKind(0x7f)));
     assert_eq!(f(&[0x06, 0]), Err(WireError::Trailing(1)));
     assert_eq!(f(&[0x01, 0, 9, 1, b'a']), Err(WireError::UnsupportedVersion(9)));
-    assert_eq!(f(&[0x01, 0, 2, 5, b'a']), Err(WireError::Truncated("member name")));
-    assert!(matches!(f(&[0x01, 0, 2, 1, b' ']), Err(WireError::Name { what: "member name", .. })));
-    assert_eq!(f(&[0x01, 0, 2, 1, 0xff]), Err(WireError::Utf8("member name")));
+    assert_eq!(f(&[0x01, 0, 3, 5, b'a']), Err(WireError::Truncated("member name")));
+    assert!(matches!(f(&[0x01, 0, 3, 1, b' ']), Err(WireError::Name { what: "member name", .. })));
+    assert_eq!(f(&[0x01, 0, 3, 1, 0xff]), Err(WireError::Utf8("member name")));
     assert_eq!(f(&[0x01, 0, 1, 1, b'a']), Err(WireError::UnsupportedVersion(1)), "version 1 had 8-byte view ids");
+    assert_eq!(f(&[0x01, 0, 2, 1, b'a']), Err(WireError::UnsupportedVersion(2)), "version 2 had no Hello flags");
+    assert_eq!(f(&[0x01, 0, 3, 1, b'a']), Err(WireError::Truncated("hello flags")));
+    assert_eq!(f(&[0x01, 0, 3, 1, b'a', 2]), Err(WireError::BadValue { what: "hello flags", value: 2 }));
     assert!(matches!(f(&[0x03, 0]), Err(WireError::Name { what: "group name", .. })));
     assert!(f(&[0x02, 1, b'g', 6]).is_ok(), "the fourth mode, optimized EVS");
     assert_eq!(f(&[0x02, 1, b'g', 8]), Err(WireError::BadValue { what: "group options", value: 8 }));
@@ -347,9 +441,9 @@ fn a_status_report_cannot_claim_more_than_its_frame_holds() {
     v.extend_from_slice(&u32::MAX.to_be_bytes());
     assert_eq!(decode_status_reply(Bytes::from(v)), Err(WireError::Truncated("group name")));
     // A Status request carries the version, like Hello.
-    assert_eq!(decode_request(Bytes::from_static(&[0x07, 0, 2])), Ok(Request::Status));
-    assert_eq!(decode_request(Bytes::from_static(&[0x07, 0, 3])), Err(WireError::UnsupportedVersion(3)));
-    assert_eq!(decode_request(Bytes::from_static(&[0x07, 0, 2, 0])), Err(WireError::Trailing(1)));
+    assert_eq!(decode_request(Bytes::from_static(&[0x07, 0, 3])), Ok(Request::Status));
+    assert_eq!(decode_request(Bytes::from_static(&[0x07, 0, 2])), Err(WireError::UnsupportedVersion(2)));
+    assert_eq!(decode_request(Bytes::from_static(&[0x07, 0, 3, 0])), Err(WireError::Trailing(1)));
     // A reply that is neither a report nor an error is refused.
     assert_eq!(decode_status_reply(Bytes::from_static(&[0x84, 1, b'g'])), Err(WireError::UnknownKind(0x84)));
 }
