@@ -1399,6 +1399,7 @@ async fn sequence(
     let mut held = HeldJoins::default();
     // The last view delivered here of each group (see `deliver_view`).
     let mut last_views: HashMap<GroupName, View> = HashMap::new();
+    let mut sweep_views_at = 64;
     // The machine's clock: microseconds since the sequencer started.
     let origin = tokio::time::Instant::now();
     let micros = |at: tokio::time::Instant| at.saturating_duration_since(origin).as_micros() as u64;
@@ -1503,10 +1504,12 @@ async fn sequence(
             table.remove(&c);
         }
         // A group with no members here keeps its last view until the next
-        // sweep: at most as many as the groups the core holds, and a few.
-        if last_views.len() > 2 * core.core().groups().count() + 64 {
+        // sweep, which comes when the views held have doubled since the
+        // last: at most twice the groups the core holds, and a few.
+        if last_views.len() > sweep_views_at {
             let groups: HashSet<&GroupName> = core.core().groups().collect();
             last_views.retain(|g, _| groups.contains(g));
+            sweep_views_at = 2 * last_views.len().max(32);
         }
     }
     // A backbone sends its failure before it closes the stream.
@@ -1560,18 +1563,15 @@ fn deliver_view(
         let Some(handle) = table.get_mut(&c) else { continue };
         let bytes = if handle.info.view_changes.load(Ordering::Acquire) {
             let last = handle.views.insert(group.clone(), view.id);
-            match base.filter(|b| last == Some(b.id)) {
-                Some(base) => Some(
-                    changes
-                        .get_or_insert_with(|| {
-                            let mut b = BytesMut::new();
-                            wire::encode_view_changes(&group, &view, base, &mut b);
-                            b.freeze()
-                        })
-                        .clone(),
-                ),
-                None => None,
-            }
+            base.filter(|b| last == Some(b.id)).map(|base| {
+                changes
+                    .get_or_insert_with(|| {
+                        let mut b = BytesMut::new();
+                        wire::encode_view_changes(&group, &view, base, &mut b);
+                        b.freeze()
+                    })
+                    .clone()
+            })
         } else {
             None
         };
