@@ -1576,7 +1576,13 @@ fn deliver_view(
             None
         };
         let bytes = bytes.unwrap_or_else(|| {
-            whole.get_or_insert_with(|| frame(&Delivery::View { group: group.clone(), view: view.clone() })).clone()
+            whole
+                .get_or_insert_with(|| {
+                    let mut b = BytesMut::new();
+                    wire::encode_view(&group, &view, &mut b);
+                    b.freeze()
+                })
+                .clone()
         });
         deliver(table, c, bytes, false, submit);
     }

@@ -844,6 +844,12 @@ pub fn decode_delivery_tracked(
     Ok(d)
 }
 
+/// Encodes view `view` of `group` whole, as [`encode_delivery`] encodes
+/// [`Delivery::View`] (without a delivery to build first).
+pub fn encode_view(group: &GroupName, view: &View, out: &mut BytesMut) {
+    FrameWriter::new(out, VIEW).str8(group.as_str()).view(view).finish()
+}
+
 /// Segment tags of a view given as changes.
 const KEPT: u8 = 0;
 const ADDED: u8 = 1;
@@ -1018,7 +1024,7 @@ pub fn encode_delivery(d: &Delivery, out: &mut BytesMut) {
         Delivery::Welcome { member } => {
             FrameWriter::new(out, WELCOME).bytes(&VERSION.to_be_bytes()).str8(member.as_str()).finish()
         }
-        Delivery::View { group, view } => FrameWriter::new(out, VIEW).str8(group.as_str()).view(view).finish(),
+        Delivery::View { group, view } => encode_view(group, view, out),
         Delivery::ViewChangeBegins { group } => FrameWriter::new(out, VIEW_CHANGE_BEGINS).str8(group.as_str()).finish(),
         Delivery::Left { group } => FrameWriter::new(out, LEFT).str8(group.as_str()).finish(),
         Delivery::Message { group, sender, service, view, payload } => FrameWriter::new(out, MESSAGE)

@@ -515,9 +515,10 @@ impl GroupState {
 
 /// Makes `set`, the members of view `old`, those of view `new`, touching
 /// only what changed when the two list their common members in the same
-/// order (views do; with names read through a cache their names are the
-/// same allocations, which `==` on a `MemberId` — an `Arc<str>` — compares
-/// by address before it reads the text). Walking both lists, a member of
+/// order (views do; a view read as changes to the last one shares the
+/// last one's names, as names read through a cache do: the same
+/// allocations, which `==` on a `MemberId` — an `Arc<str>` — compares by
+/// address before it reads the text). Walking both lists, a member of
 /// `old` not matched in order is removed and a member of `new` not matched
 /// is added, removals first: whatever the order, the set ends as `new`'s.
 fn update_members(set: &mut MemberSet, old: &View, new: &View) {
