@@ -728,7 +728,7 @@ mod tests {
     use crate::suite::ristretto::Ristretto255;
     use crate::suite::Group;
     use crate::tree::tests::id;
-    use crate::tree::{KeyOps, Node, Tree};
+    use crate::tree::{Bk, KeyOps, Node, Tree};
 
     type R = Ristretto255;
     type Elem = <R as Group>::Element;
@@ -807,7 +807,7 @@ mod tests {
     fn keyed(mut t: Tree<R>, rng: &mut ChaCha20Rng) -> Tree<R> {
         t.fill_keys(&mut Ristretto255, rng);
         let k = t.nodes[t.root].key.unwrap();
-        t.nodes[t.root].bk = Some(Ristretto255.exp_generator(&k));
+        t.nodes[t.root].bk = Some(Bk::computed(&Ristretto255, Ristretto255.exp_generator(&k)));
         t
     }
 
@@ -903,15 +903,15 @@ mod tests {
                         continue;
                     }
                     let bk = if let Some(b) = &t.nodes[v].bk {
-                        *b
+                        b.clone()
                     } else if v == t.root {
                         let Some(s) = &secrets[i] else { break };
-                        ops.exp_g(&g.hash_to_scalar(domains::TGDH_NODE, s))
+                        Bk::computed(&g, ops.exp_g(&g.hash_to_scalar(domains::TGDH_NODE, s)))
                     } else {
                         let Some(k) = &t.nodes[v].key else { break };
-                        ops.exp_g(k)
+                        Bk::computed(&g, ops.exp_g(k))
                     };
-                    t.nodes[v].bk = Some(bk);
+                    t.nodes[v].bk = Some(bk.clone());
                     done[i].insert(v);
                     packet.push((v, bk));
                 }
@@ -930,17 +930,17 @@ mod tests {
                 for t in own.iter_mut() {
                     match &t.nodes[v].bk {
                         Some(x) => assert!(x == &bk, "a blinded key contradicts one held"),
-                        None => t.nodes[v].bk = Some(bk),
+                        None => t.nodes[v].bk = Some(bk.clone()),
                     }
                 }
-                sent.push((v, bk));
+                sent.push((v, bk.elem));
             }
         }
         for (v, bk) in &sent {
             let want = if *v == truth.root {
                 g.exp_generator(&g.hash_to_scalar(domains::TGDH_NODE, secret.as_ref().unwrap()))
             } else {
-                truth.nodes[*v].bk.unwrap()
+                truth.nodes[*v].bk.clone().unwrap().elem
             };
             assert!(bk == &want, "node {v}'s blinded key is not the pooled one");
         }
@@ -956,7 +956,10 @@ mod tests {
             }
             let mut ops = Meter { exps: 0 };
             let mine = ops.exp_g(&g.hash_to_scalar(domains::TGDH_NODE, &s));
-            assert!(own[i].nodes[world.root].bk == Some(mine), "{l}: the root's blinded key is not confirmed");
+            assert!(
+                own[i].nodes[world.root].bk.as_ref().map(|b| &b.elem) == Some(&mine),
+                "{l}: the root's blinded key is not confirmed"
+            );
             per[i].exps += ops.exps;
         }
         let packets = per.iter().map(|c| c.packets_sent).sum();
@@ -1327,7 +1330,7 @@ mod tests {
 
     fn decode(t: &Tree<R>) -> Tree<R> {
         let mut w = Writer::new();
-        t.encode(&mut w, &Ristretto255);
+        t.encode(&mut w);
         let mut r = Reader::new(&w.buf);
         Tree::decode(&mut r, &Ristretto255).unwrap()
     }

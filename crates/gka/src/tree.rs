@@ -38,13 +38,15 @@
 
 use std::cmp::Reverse;
 
+use std::sync::Arc;
+
 use conclave_gcs::{MemberId, MemberMap, MemberSet};
 use zeroize::Zeroize;
 
 use crate::codec::{DecodeError, Reader, Writer};
 use crate::domains;
 use crate::engine::{Ctx, Error};
-use crate::protocols::{get_elem, get_member, put_elem, put_member, MAX_MEMBERS};
+use crate::protocols::{get_member, put_member, MAX_MEMBERS};
 use crate::suite::Group;
 
 /// The group operations tree computations spend, so that the caller can
@@ -96,6 +98,45 @@ fn node_key<G: Group>(ops: &mut impl KeyOps<G>, k: &G::Scalar, b: &G::Element) -
 const TAG_LEAF: u8 = 1;
 const TAG_BK: u8 = 2;
 
+/// A blinded key with its encoding, made once: the bytes it arrived as, or
+/// encoded when it was computed. Trees compare blinded keys by these bytes
+/// (a memcmp, where comparing group elements costs field multiplications;
+/// every group's encoding is canonical, so equal bytes are equal elements)
+/// and write them without encoding again (an inversion per point).
+pub(crate) struct Bk<G: Group> {
+    /// The element.
+    pub elem: G::Element,
+    /// Its encoding.
+    enc: G::Encoding,
+}
+
+impl<G: Group> Bk<G> {
+    /// A blinded key this member computed.
+    pub fn computed(g: &G, elem: G::Element) -> Arc<Self> {
+        let enc = g.encoding(&elem);
+        Arc::new(Self { elem, enc })
+    }
+
+    /// Reads and validates a blinded key.
+    pub fn read(r: &mut Reader<'_>, g: &G) -> Result<Arc<Self>, Error> {
+        let bytes = r.bytes(g.element_len(), "group element")?;
+        let elem = g.decode(bytes)?;
+        let enc = g.encoding_of(bytes).ok_or(DecodeError::Bad("group element length"))?;
+        Ok(Arc::new(Self { elem, enc }))
+    }
+
+    /// Writes it.
+    pub fn write(&self, w: &mut Writer) {
+        w.raw(self.enc.as_ref());
+    }
+}
+
+impl<G: Group> PartialEq for Bk<G> {
+    fn eq(&self, other: &Self) -> bool {
+        self.enc == other.enc
+    }
+}
+
 /// One node of a key tree.
 #[derive(Clone)]
 pub(crate) struct Node<G: Group> {
@@ -106,7 +147,8 @@ pub(crate) struct Node<G: Group> {
     /// The member, for leaves.
     pub member: Option<MemberId>,
     /// The blinded key g^k, when known.
-    pub bk: Option<G::Element>,
+    /// (Shared: a run's copy of the tree shares the saved tree's.)
+    pub bk: Option<Arc<Bk<G>>>,
     /// The key k (leaf: the member's contribution), on the owner's path only.
     pub key: Option<G::Scalar>,
 }
@@ -120,7 +162,7 @@ impl<G: Group> Drop for Node<G> {
 }
 
 impl<G: Group> Node<G> {
-    fn leaf(member: MemberId, key: Option<G::Scalar>, bk: Option<G::Element>) -> Self {
+    fn leaf(member: MemberId, key: Option<G::Scalar>, bk: Option<Arc<Bk<G>>>) -> Self {
         Self { parent: None, kids: None, member: Some(member), bk, key }
     }
 
@@ -155,7 +197,7 @@ pub struct PrunedToView<G: Group> {
 
 impl<G: Group> Tree<G> {
     /// A tree of one leaf.
-    pub fn leaf(member: MemberId, key: Option<G::Scalar>, bk: Option<G::Element>) -> Self {
+    pub fn leaf(member: MemberId, key: Option<G::Scalar>, bk: Option<Arc<Bk<G>>>) -> Self {
         Self { nodes: vec![Node::leaf(member, key, bk)], root: 0 }
     }
 
@@ -191,6 +233,19 @@ impl<G: Group> Tree<G> {
     /// The leaves, left to right.
     pub fn leaves(&self) -> Vec<usize> {
         self.preorder(self.root).into_iter().filter(|&v| self.is_leaf(v)).collect()
+    }
+
+    /// How many leaves the tree has (a walk that allocates nothing).
+    pub fn leaf_count(&self) -> usize {
+        let mut count = 0;
+        let mut stack = vec![self.root];
+        while let Some(u) = stack.pop() {
+            match self.nodes[u].kids {
+                Some([l, r]) => stack.extend([r, l]),
+                None => count += 1,
+            }
+        }
+        count
     }
 
     /// The members, left to right.
@@ -412,7 +467,7 @@ impl<G: Group> Tree<G> {
             }
             let Some(s) = self.sibling(c) else { break };
             let key = match (&self.nodes[c].key, &self.nodes[s].bk) {
-                (Some(k), Some(b)) => node_key(ops, k, b),
+                (Some(k), Some(b)) => node_key(ops, k, &b.elem),
                 _ => break,
             };
             self.nodes[p].key = Some(key);
@@ -421,8 +476,15 @@ impl<G: Group> Tree<G> {
 
     /// The blinded keys g^k of the nodes of `nodes` in turn, as long as their
     /// keys are known.
-    pub fn blind(&self, ops: &mut impl KeyOps<G>, nodes: &[usize]) -> Vec<G::Element> {
-        nodes.iter().map_while(|&u| self.nodes[u].key.as_ref()).map(|k| ops.exp_g(k)).collect()
+    pub fn blind(&self, ops: &mut impl KeyOps<G>, nodes: &[usize]) -> Vec<Arc<Bk<G>>> {
+        nodes
+            .iter()
+            .map_while(|&u| self.nodes[u].key.as_ref())
+            .map(|k| {
+                let e = ops.exp_g(k);
+                Bk::computed(ops.group(), e)
+            })
+            .collect()
     }
 
     /// The group secret, computed by the member at `leaf` from the key of
@@ -433,7 +495,7 @@ impl<G: Group> Tree<G> {
         let c = *path.get(path.len().checked_sub(2)?)?;
         let s = self.sibling(c)?;
         match (&self.nodes[c].key, &self.nodes[s].bk) {
-            (Some(k), Some(b)) => Some(ops.exp(b, k)),
+            (Some(k), Some(b)) => Some(ops.exp(&b.elem, k)),
             _ => None,
         }
     }
@@ -442,11 +504,20 @@ impl<G: Group> Tree<G> {
     /// (e.g. the view position of a tree's first member), each inserted into
     /// the accumulated tree in turn (see [`Tree::insert_all`]). `None` for no
     /// tree.
-    pub fn merge<K: Ord>(mut trees: Vec<Self>, first: impl Fn(&Self) -> K) -> Option<Self> {
-        trees.sort_by_cached_key(|t| (Reverse(t.leaves().len()), first(t)));
-        let mut trees = trees.into_iter();
+    pub fn merge<K: Ord>(trees: Vec<Self>, first: impl Fn(&Self) -> K) -> Option<Self> {
+        // `first` (O(leaves) for the caller) is asked only of trees whose
+        // leaf count another tree shares: a join's large tree is not walked.
+        let counts: Vec<usize> = trees.iter().map(Self::leaf_count).collect();
+        let mut sorted = counts.clone();
+        sorted.sort_unstable();
+        let shared = |c: usize| sorted.partition_point(|&d| d <= c) - sorted.partition_point(|&d| d < c) > 1;
+        let mut keyed: Vec<_> =
+            trees.into_iter().zip(counts).map(|(t, c)| ((Reverse(c), shared(c).then(|| first(&t))), t)).collect();
+        keyed.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut trees = keyed.into_iter().map(|(_, t)| t);
         let mut acc = trees.next()?;
         let rest: Vec<Self> = trees.collect();
+        acc.nodes.reserve(rest.iter().map(|t| t.nodes.len() + 1).sum());
         acc.insert_all(&rest);
         Some(acc)
     }
@@ -628,7 +699,7 @@ impl<G: Group> Tree<G> {
                 let key = match self.nodes[v].kids {
                     None => ops.group().random_scalar(rng),
                     Some([l, r]) => match (&self.nodes[l].key, &self.nodes[r].bk) {
-                        (Some(k), Some(b)) => node_key(ops, k, b),
+                        (Some(k), Some(b)) => node_key(ops, k, &b.elem),
                         _ => unreachable!("children filled first"),
                     },
                 };
@@ -636,7 +707,7 @@ impl<G: Group> Tree<G> {
             }
             if v != self.root && self.nodes[v].bk.is_none() {
                 let bk = self.nodes[v].key.as_ref().map(|k| ops.exp_g(k));
-                self.nodes[v].bk = bk;
+                self.nodes[v].bk = bk.map(|e| Bk::computed(ops.group(), e));
             }
         }
     }
@@ -667,13 +738,13 @@ impl<G: Group> Tree<G> {
     /// Every blinded key known.
     #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))] // test hooks only
     pub fn bks(&self) -> impl Iterator<Item = &G::Element> {
-        self.nodes.iter().filter_map(|n| n.bk.as_ref())
+        self.nodes.iter().filter_map(|n| n.bk.as_ref().map(|b| &b.elem))
     }
 
     /// Writes the shape, the members and the known blinded keys (never keys):
     /// the leaf count, then the nodes in preorder, each a tag byte, a member
     /// name for leaves and the blinded key if known.
-    pub fn encode(&self, w: &mut Writer, g: &G) {
+    pub fn encode(&self, w: &mut Writer) {
         let order = self.preorder(self.root);
         w.count(order.len().div_ceil(2));
         for v in order {
@@ -684,7 +755,7 @@ impl<G: Group> Tree<G> {
                 put_member(w, m);
             }
             if let Some(bk) = &n.bk {
-                put_elem(w, g, bk);
+                bk.write(w);
             }
         }
     }
@@ -719,7 +790,7 @@ impl<G: Group> Tree<G> {
             } else {
                 None
             };
-            let bk = if tag & TAG_BK != 0 { Some(get_elem(r, g)?) } else { None };
+            let bk = if tag & TAG_BK != 0 { Some(Bk::read(r, g)?) } else { None };
             let parent = open.last().copied();
             let kids = member.is_none().then_some([usize::MAX; 2]);
             nodes.push(Node { parent, kids, member, bk, key: None });
@@ -754,7 +825,7 @@ pub(crate) mod tests {
     use rand_chacha::ChaCha20Rng;
     use rand_core::{RngCore, SeedableRng};
 
-    use super::{node_key, Node, Tree};
+    use super::{node_key, Bk, Node, Tree};
     use crate::codec::{Reader, Writer};
     use crate::engine::Error;
     use crate::suite::ristretto::Ristretto255;
@@ -913,7 +984,7 @@ pub(crate) mod tests {
         let mut rng = ChaCha20Rng::seed_from_u64(7);
         for (i, n) in t.nodes.iter_mut().enumerate() {
             if i % 3 != 0 {
-                n.bk = Some(g.exp_generator(&g.random_scalar(&mut rng)));
+                n.bk = Some(Bk::computed(&g, g.exp_generator(&g.random_scalar(&mut rng))));
             }
         }
         t
@@ -922,14 +993,14 @@ pub(crate) mod tests {
     pub(crate) fn full_bks(mut t: Tree<Ristretto255>) -> Tree<Ristretto255> {
         let g = Ristretto255;
         for (i, n) in t.nodes.iter_mut().enumerate() {
-            n.bk = Some(g.exp_generator(&g.scalar_from_u64(i as u64 + 2)));
+            n.bk = Some(Bk::computed(&g, g.exp_generator(&g.scalar_from_u64(i as u64 + 2))));
         }
         t
     }
 
     pub(crate) fn encode(t: &Tree<Ristretto255>) -> Vec<u8> {
         let mut w = Writer::new();
-        t.encode(&mut w, &Ristretto255);
+        t.encode(&mut w);
         w.buf
     }
 
@@ -1004,12 +1075,12 @@ pub(crate) mod tests {
             let key = match t.nodes[v].kids {
                 None => g.random_scalar(&mut rng),
                 Some([l, r]) => {
-                    let (k, b) = (t.nodes[l].key.unwrap(), t.nodes[r].bk.unwrap());
-                    node_key(&mut g.clone(), &k, &b)
+                    let (k, b) = (t.nodes[l].key.unwrap(), t.nodes[r].bk.clone().unwrap());
+                    node_key(&mut g.clone(), &k, &b.elem)
                 }
             };
             if v != t.root {
-                t.nodes[v].bk = Some(g.exp_generator(&key));
+                t.nodes[v].bk = Some(Bk::computed(&g, g.exp_generator(&key)));
             }
             t.nodes[v].key = Some(key);
         }

@@ -142,7 +142,7 @@ use conclave_gcs::{MemberId, MemberMap, MemberSet, View};
 use rand_core::CryptoRngCore;
 use zeroize::Zeroize;
 
-use super::{get_elem, get_member, put_elem, put_member, MAX_MEMBERS};
+use super::{get_elem, get_member, put_member, MAX_MEMBERS};
 use crate::codec::{DecodeError, Reader, Writer};
 use crate::domains;
 use crate::engine::{Change, Ctx, Directory, Engine, Error, Misbehaved, Output, Protocol, Runner};
@@ -150,7 +150,7 @@ use crate::interval::{queue_merge, Algorithm, Batch, Packet, Rekeyed};
 use crate::key::{Epoch, SecureView};
 use crate::meter::Costs;
 use crate::suite::{Group, Signer};
-use crate::tree::Tree;
+use crate::tree::{Bk, Tree};
 use crate::ProtocolId;
 
 /// The leader's rekey message: algorithm, batch, tree for the joiners.
@@ -288,14 +288,14 @@ const SUB_IN_RUN: u8 = 0;
 const SUB_READY: u8 = 1;
 
 impl<G: Group> RekeyMsg<G> {
-    fn encode(&self, g: &G) -> Vec<u8> {
+    fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
         w.u8(self.algorithm);
         w.u8(self.subtree);
         for list in [&self.batch.joins, &self.batch.leaves] {
             put_members(&mut w, list);
         }
-        put_tree(&mut w, g, self.tree.as_ref());
+        put_tree(&mut w, self.tree.as_ref());
         w.buf
     }
 
@@ -325,11 +325,11 @@ struct QueueMsg<G: Group> {
 }
 
 impl<G: Group> QueueMsg<G> {
-    fn encode(&self, g: &G) -> Vec<u8> {
+    fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
         put_members(&mut w, &self.joins);
         put_members(&mut w, &self.leaves);
-        put_tree(&mut w, g, self.base.as_ref());
+        put_tree(&mut w, self.base.as_ref());
         w.buf
     }
 
@@ -370,14 +370,14 @@ fn get_members(r: &mut Reader<'_>) -> Result<Vec<MemberId>, Error> {
     (0..n).map(|_| get_member(r)).collect()
 }
 
-fn put_tree<G: Group>(w: &mut Writer, g: &G, t: Option<&Tree<G>>) {
+fn put_tree<G: Group>(w: &mut Writer, t: Option<&Tree<G>>) {
     match t {
         None => {
             w.u8(0);
         }
         Some(t) => {
             w.u8(1);
-            t.encode(w, g);
+            t.encode(w);
         }
     }
 }
@@ -546,7 +546,7 @@ impl<G: Group> Seal<G> {
         let tree = if batch.joins.is_empty() { None } else { self.saved.as_ref().map(|t| t.public()) };
         let subtree = if ready { SUB_READY } else { SUB_IN_RUN };
         let msg = RekeyMsg { algorithm: self.algorithm.code(), subtree, batch, tree };
-        cx.broadcast(ROUND_REKEY, msg.encode(cx.g));
+        cx.broadcast(ROUND_REKEY, msg.encode());
         self.ticked = true;
         self.stats.rekeys_led += 1;
         Ok(())
@@ -574,7 +574,7 @@ impl<G: Group> Seal<G> {
                 base: self.last_sub.as_ref().map(|t| t.public()),
             }
         };
-        cx.broadcast(ROUND_QUEUE, msg.encode(cx.g));
+        cx.broadcast(ROUND_QUEUE, msg.encode());
         self.stats.queues_led += 1;
     }
 
@@ -634,7 +634,8 @@ impl<G: Group> Seal<G> {
             let v = t.root;
             if t.nodes[v].member.as_ref() == Some(cx.me) && (t.nodes[v].key.is_none() || t.nodes[v].bk.is_none()) {
                 let k = cx.random();
-                t.nodes[v].bk = Some(cx.exp_g(&k));
+                let bk = cx.exp_g(&k);
+                t.nodes[v].bk = Some(Bk::computed(cx.g, bk));
                 t.nodes[v].key = Some(k);
             }
             self.queue = Some(Queue { members: set, phase: None, done: Some(t) });
@@ -856,7 +857,7 @@ fn confirm<G: Group>(cx: &mut Ctx<'_, G>, ph: &Phase<G>, leader: &MemberId) -> R
     let mut k = cx.g.hash_to_scalar(domains::TGDH_NODE, secret);
     let mine = cx.exp_g(&k);
     k.zeroize();
-    if &mine != held {
+    if mine != held.elem {
         return Err(blame);
     }
     Ok(())
@@ -889,7 +890,7 @@ fn accept_bkey<G: Group>(cx: &Ctx<'_, G>, ph: &mut Phase<G>, from: &MemberId, bo
     }
     let mut bks = Vec::with_capacity(k);
     for _ in 0..k {
-        bks.push(get_elem(&mut r, cx.g)?);
+        bks.push(Bk::read(&mut r, cx.g)?);
     }
     r.finish()?;
     let t = &mut ph.r.tree;
@@ -915,7 +916,7 @@ fn step<G: Group>(cx: &mut Ctx<'_, G>, ph: &mut Phase<G>, stats: &mut IntervalSt
                 let r = t.nodes[me].key.clone().ok_or(Error::Internal("lone member without a key"))?;
                 let bk = cx.exp_g(&r);
                 ph.secret = Some(cx.exp(&bk, &r));
-                t.nodes[me].bk = Some(bk);
+                t.nodes[me].bk = Some(Bk::computed(cx.g, bk));
             }
         } else {
             ph.r.tree.climb(cx, me, false);
@@ -982,7 +983,8 @@ fn draw_fresh<G: Group>(cx: &mut Ctx<'_, G>, ph: &mut Phase<G>) {
         t.nodes[me].key = Some(cx.random());
     } else if t.nodes[me].key.is_none() {
         let k = cx.random();
-        t.nodes[me].bk = Some(cx.exp_g(&k));
+        let bk = cx.exp_g(&k);
+        t.nodes[me].bk = Some(Bk::computed(cx.g, bk));
         t.nodes[me].key = Some(k);
     }
 }
@@ -1008,11 +1010,12 @@ fn send_ready<G: Group>(cx: &mut Ctx<'_, G>, ph: &mut Phase<G>, stats: &mut Inte
                 let mut k = cx.g.hash_to_scalar(domains::TGDH_NODE, s);
                 let b = cx.exp_g(&k);
                 k.zeroize();
-                b
+                Bk::computed(cx.g, b)
             } else {
                 // (A kept T''s root has its key and no secret.)
                 let k = n.key.clone().ok_or(Error::Internal("node without a key"))?;
-                cx.exp_g(&k)
+                let b = cx.exp_g(&k);
+                Bk::computed(cx.g, b)
             };
             bks.push(bk);
         }
@@ -1020,7 +1023,7 @@ fn send_ready<G: Group>(cx: &mut Ctx<'_, G>, ph: &mut Phase<G>, stats: &mut Inte
         w.u8(ph.kind as u8);
         w.count(bks.len());
         for bk in &bks {
-            put_elem(&mut w, cx.g, bk);
+            bk.write(&mut w);
         }
         for (&v, bk) in nodes.iter().zip(bks) {
             ph.r.tree.nodes[v].bk = Some(bk);
@@ -1807,7 +1810,7 @@ mod tests {
         let leader = net.leader();
         let batch = net.engines[leader].runner.protocol_ref().own_batch(&view_of(&net));
         let tree = net.engines[leader].runner.protocol_ref().saved.as_ref().map(|t| t.public());
-        let body = super::RekeyMsg { algorithm: 3, subtree: super::SUB_READY, batch, tree }.encode(&Ristretto255);
+        let body = super::RekeyMsg { algorithm: 3, subtree: super::SUB_READY, batch, tree }.encode();
         let forged = net.forge(leader, 0, 1, ROUND_REKEY, body);
         let epoch = net.engines[7].current_epoch();
         for &i in net.view.clone().iter().filter(|&&i| i != leader) {
@@ -1844,7 +1847,7 @@ mod tests {
         }
         // A T' that leaves out a joiner: refused by those who share the leader's tree.
         let lie = super::QueueMsg::<Ristretto255> { joins: vec![net.names[3].clone()], leaves: vec![], base: None };
-        let lying = net.forge(0, 0, 0, ROUND_QUEUE, lie.encode(&Ristretto255));
+        let lying = net.forge(0, 0, 0, ROUND_QUEUE, lie.encode());
         for i in [1usize, 2] {
             let err = net.engines[i].on_message(&net.names[0], &lying, &mut net.rng).unwrap_err();
             assert!(matches!(err, Error::Misbehaved { what: Misbehaved::Inconsistent { .. }, .. }), "{err}");
@@ -1859,8 +1862,9 @@ mod tests {
 
     #[test]
     fn a_broadcast_blinded_group_key_that_is_not_a_members_own_is_reported_and_its_key_not_installed() {
-        use super::{get_elem, put_elem, MAX_MEMBERS};
+        use super::{get_elem, MAX_MEMBERS};
         use crate::codec::{Reader, Writer};
+        use crate::protocols::put_elem;
         use crate::suite::Group;
         for a in IntervalAlgorithm::ALL {
             let mut net = Net::new(a, 8, 14);
@@ -1978,7 +1982,7 @@ mod tests {
         let body = |net: &Net, b: &Batch| {
             let p = net.engines[0].runner.protocol_ref();
             super::RekeyMsg { algorithm: 2, subtree: 0, batch: b.clone(), tree: p.saved.as_ref().map(|t| t.public()) }
-                .encode(&Ristretto255)
+                .encode()
         };
         let check = |net: &mut Net, from: usize, bytes: &[u8], what: &dyn Fn(&Error) -> bool| {
             // (The sender itself refuses what it did not send as a bad

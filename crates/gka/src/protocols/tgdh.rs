@@ -10,7 +10,10 @@
 //! secret. Every member keeps the whole shape, every blinded key, and the
 //! keys on its own path; that tree, as it was when the last key was
 //! installed, is the member's persistent state. Each run
-//! works on a copy, so a run interrupted by a new view is simply dropped.
+//! works on a copy, so a run interrupted by a new view is simply dropped; the
+//! copy shares the saved tree's blinded keys, each held with its encoding, so
+//! copying a tree, comparing an announced tree with one's own and sending one
+//! costs no group operation.
 //!
 //! # Sponsors and rounds
 //! A membership event invalidates the blinded keys (and keys) on some paths
@@ -77,11 +80,11 @@ use std::collections::BTreeSet;
 use conclave_gcs::{MemberId, MemberSet};
 use zeroize::Zeroize;
 
-use super::{get_elem, put_elem, MAX_MEMBERS};
+use super::{get_elem, MAX_MEMBERS};
 use crate::codec::{DecodeError, Reader, Writer};
 use crate::engine::{Change, Ctx, Error, Misbehaved, Protocol};
 use crate::suite::Group;
-use crate::tree::Tree;
+use crate::tree::{Bk, Tree};
 use crate::ProtocolId;
 
 /// A subgroup's tree, announced by its sponsor at a merge.
@@ -171,15 +174,11 @@ impl<G: Group> Tgdh<G> {
     /// announces the subgroup's tree.
     fn start_merge(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
         let mine: MemberSet = change.mine.iter().cloned().collect();
-        let mut t = match &self.saved {
-            Some(s)
-                if {
-                    let leaves = s.leaf_index();
-                    mine.iter().all(|m| leaves.contains_key(m))
-                } =>
-            {
-                s.prune(|m| mine.contains(m)).ok_or(Error::Internal("empty TGDH tree"))?.0
-            }
+        // The saved tree pruned to the subgroup holds all of it exactly when
+        // it has as many leaves (a tree holds each member once).
+        let pruned = self.saved.as_ref().and_then(|s| s.prune(|m| mine.contains(m))).map(|(t, _)| t);
+        let mut t = match pruned {
+            Some(t) if t.leaf_count() == mine.len() => t,
             _ if change.mine.len() == 1 && &change.mine[0] == cx.me => Tree::leaf(cx.me.clone(), None, None),
             _ => return Err(Error::Internal("TGDH key tree lacks a member of the subgroup")),
         };
@@ -194,7 +193,7 @@ impl<G: Group> Tgdh<G> {
                 ann.nodes[*u].bk = Some(bk);
             }
             let mut w = Writer::new();
-            ann.encode(&mut w, cx.g);
+            ann.encode(&mut w);
             cx.broadcast(ROUND_TREE, w.buf);
         }
         self.run =
@@ -306,7 +305,7 @@ impl<G: Group> Tgdh<G> {
         }
         let mut bks = Vec::with_capacity(k);
         for _ in 0..k {
-            bks.push(get_elem(&mut r, cx.g)?);
+            bks.push(Bk::read(&mut r, cx.g)?);
         }
         r.finish()?;
         for (j, bk) in bks.into_iter().enumerate() {
@@ -334,7 +333,7 @@ impl<G: Group> Tgdh<G> {
                 let mut w = Writer::new();
                 w.count(bks.len());
                 for bk in &bks {
-                    put_elem(&mut w, cx.g, bk);
+                    bk.write(&mut w);
                 }
                 cx.broadcast(ROUND_KEYS, w.buf);
             }
@@ -420,13 +419,14 @@ mod tests {
     use conclave_gcs::MemberId;
 
     use super::{ROUND_KEYS, ROUND_TREE};
-    use crate::codec::Writer;
+    use crate::codec::{Reader, Writer};
     use crate::engine::Misbehaved;
     use crate::harness::{EventCost, Harness};
     use crate::protocols::testnet::Net;
     use crate::suite::ristretto::Ristretto255;
     use crate::suite::Group;
     use crate::tree::tests::{encode, full_bks, id, singletons};
+    use crate::tree::Bk;
     use crate::tree::Tree;
     use crate::{GroupId, ProtocolId, SignatureId};
 
@@ -620,7 +620,7 @@ mod tests {
 
     fn leaf_tree(m: usize, bk: bool) -> Vec<u8> {
         let g = Ristretto255;
-        let bk = bk.then(|| g.exp_generator(&g.scalar_from_u64(5)));
+        let bk = bk.then(|| Bk::computed(&g, g.exp_generator(&g.scalar_from_u64(5))));
         encode(&Tree::leaf(id(m), None, bk))
     }
 
@@ -731,6 +731,18 @@ mod tests {
         claim.insert(&Tree::leaf(id(5), None, None));
         let claim = encode(&full_bks(claim));
         assert_eq!(net.reject(m[1], m[5], None, tree, claim), by(5, Misbehaved::Inconsistent { round: tree }));
+        // The old group's sponsor announces its tree with another blinded key
+        // off its path: its own subgroup's members hold the true one.
+        let honest = net.queue.iter().find(|p| p.round == tree && p.from != id(5)).unwrap().clone();
+        let sponsor: usize = honest.from.as_str()[1..].parse().unwrap();
+        let mut t = Tree::decode(&mut Reader::new(&honest.body()), &Ristretto255).unwrap();
+        let first = t.leaves()[0];
+        assert!(!t.path(t.rightmost(t.root)).contains(&first));
+        t.nodes[first].bk =
+            Some(Bk::computed(&Ristretto255, Ristretto255.exp_generator(&Ristretto255.scalar_from_u64(7))));
+        let at = (sponsor + 1) % 4;
+        let lie = Misbehaved::Inconsistent { round: tree };
+        assert_eq!(net.reject(m[at], m[sponsor], None, tree, encode(&t)), by(sponsor, lie));
         net.run();
         net.agreed();
     }

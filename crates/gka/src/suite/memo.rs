@@ -49,6 +49,7 @@ impl<G: Group> Memo<G> {
 impl<G: Group> Group for Memo<G> {
     type Element = G::Element;
     type Scalar = G::Scalar;
+    type Encoding = G::Encoding;
 
     fn id(&self) -> GroupId {
         self.inner.id()
@@ -100,6 +101,12 @@ impl<G: Group> Group for Memo<G> {
         }
         decoded.insert(bytes.to_vec(), e.clone());
         Ok(e)
+    }
+    fn encoding(&self, e: &G::Element) -> G::Encoding {
+        self.inner.encoding(e)
+    }
+    fn encoding_of(&self, bytes: &[u8]) -> Option<G::Encoding> {
+        self.inner.encoding_of(bytes)
     }
     fn element_len(&self) -> usize {
         self.inner.element_len()

@@ -52,6 +52,10 @@ pub trait Group: Clone + Send + Sync + 'static {
     type Element: Clone + PartialEq + Send + Sync + Zeroize + 'static;
     /// An exponent modulo the group order.
     type Scalar: Clone + Send + Sync + Zeroize + 'static;
+    /// [`Group::encode`]'s output held by value (inline where the length is
+    /// fixed at compile time), kept beside elements that are compared or
+    /// sent often.
+    type Encoding: AsRef<[u8]> + Clone + PartialEq + Send + Sync + 'static;
 
     /// Which group this is.
     fn id(&self) -> GroupId;
@@ -82,6 +86,11 @@ pub trait Group: Clone + Send + Sync + 'static {
     /// Decodes and validates an element received from the network: canonical,
     /// in the prime-order subgroup, not the identity.
     fn decode(&self, bytes: &[u8]) -> Result<Self::Element, CryptoError>;
+    /// [`Group::encode`], as an [`Group::Encoding`].
+    fn encoding(&self, e: &Self::Element) -> Self::Encoding;
+    /// Bytes [`Group::decode`] accepted, as an [`Group::Encoding`]; `None` if
+    /// they are not [`Group::element_len`] long.
+    fn encoding_of(&self, bytes: &[u8]) -> Option<Self::Encoding>;
     /// Length of [`Group::encode`]'s output.
     fn element_len(&self) -> usize;
     /// Canonical encoding of an exponent (for tests that model an attacker).

@@ -291,6 +291,7 @@ impl fmt::Debug for ModpScalar {
 impl Group for Modp {
     type Element = ModpElement;
     type Scalar = ModpScalar;
+    type Encoding = Box<[u8]>;
 
     fn id(&self) -> GroupId {
         self.id
@@ -408,6 +409,14 @@ impl Group for Modp {
             return Err(CryptoError::InvalidElement);
         }
         Ok(self.element(x))
+    }
+
+    fn encoding(&self, e: &ModpElement) -> Box<[u8]> {
+        self.encode(e).into()
+    }
+
+    fn encoding_of(&self, bytes: &[u8]) -> Option<Box<[u8]>> {
+        (bytes.len() == self.params.p_len).then(|| bytes.into())
     }
 
     fn element_len(&self) -> usize {

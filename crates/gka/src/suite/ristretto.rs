@@ -21,6 +21,7 @@ pub struct Ristretto255;
 
 impl Group for Ristretto255 {
     type Element = RistrettoPoint;
+    type Encoding = [u8; 32];
     type Scalar = Scalar;
 
     fn id(&self) -> GroupId {
@@ -105,6 +106,14 @@ impl Group for Ristretto255 {
             return Err(CryptoError::InvalidElement);
         }
         Ok(p)
+    }
+
+    fn encoding(&self, e: &RistrettoPoint) -> [u8; 32] {
+        e.compress().to_bytes()
+    }
+
+    fn encoding_of(&self, bytes: &[u8]) -> Option<[u8; 32]> {
+        bytes.try_into().ok()
     }
 
     fn element_len(&self) -> usize {
