@@ -760,6 +760,56 @@ impl<G: Group> Tree<G> {
         }
     }
 
+    /// Reads a tree announced as this one but for the blinded keys of the
+    /// nodes of `path` ([`Tree::encode`]'s format): the same shape and members,
+    /// and off `path` the same blinded keys, compared by their bytes (nothing
+    /// decoded or allocated there). Returns the blinded keys announced for
+    /// `path`'s nodes, in its order (`None` where none is announced), or
+    /// `Ok(None)` as soon as the announcement is not this tree so. A member
+    /// reads its own subgroup's announcement at a merge this way: it holds all
+    /// of it but the sponsor's path.
+    #[allow(clippy::type_complexity)]
+    pub fn read_as_own(
+        &self,
+        r: &mut Reader<'_>,
+        g: &G,
+        path: &[usize],
+    ) -> Result<Option<Vec<Option<Arc<Bk<G>>>>>, Error> {
+        let leaves = r.count(MAX_MEMBERS, 3, "TGDH tree leaves")?;
+        if leaves != self.leaf_count() {
+            return Ok(None);
+        }
+        let mut out = vec![None; path.len()];
+        // A preorder sequence of leaf and internal tags fixes the shape.
+        for v in self.preorder(self.root) {
+            let tag = r.u8("TGDH node tag")?;
+            if tag > TAG_LEAF | TAG_BK {
+                return Err(DecodeError::Bad("TGDH node tag").into());
+            }
+            let n = &self.nodes[v];
+            if (tag & TAG_LEAF != 0) != n.kids.is_none() {
+                return Ok(None);
+            }
+            if tag & TAG_LEAF != 0 {
+                let name = r.short_bytes(255, "member name")?;
+                if n.member.as_ref().map(|m| m.as_str().as_bytes()) != Some(name) {
+                    return Ok(None);
+                }
+            }
+            let announced = tag & TAG_BK != 0;
+            if let Some(i) = path.iter().position(|&u| u == v) {
+                out[i] = if announced { Some(Bk::read(r, g)?) } else { None };
+            } else if announced != n.bk.is_some() {
+                return Ok(None);
+            } else if let Some(bk) = &n.bk {
+                if r.bytes(g.element_len(), "group element")? != bk.enc.as_ref() {
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(Some(out))
+    }
+
     /// Reads [`Tree::encode`]'s output: at most [`MAX_MEMBERS`] leaves, a
     /// well-formed binary tree, every member at most once, every element valid.
     pub fn decode(r: &mut Reader<'_>, g: &G) -> Result<Self, Error> {
@@ -1040,6 +1090,49 @@ pub(crate) mod tests {
             let mut b = bytes.clone();
             b[i] ^= 0x41;
             let _ = decode(&b);
+        }
+    }
+
+    #[test]
+    fn an_announcement_read_as_own_differs_only_on_the_path() {
+        let g = Ristretto255;
+        let t = full_bks(singletons(13));
+        let s = t.rightmost(t.root);
+        let path = t.path(s);
+        // What a member holds: the tree without the sponsor's path.
+        let mut mine = t.clone();
+        mine.invalidate_path(s);
+        let read = |bytes: &[u8]| {
+            let mut r = Reader::new(bytes);
+            let out = mine.read_as_own(&mut r, &g, &path);
+            out.map(|o| o.filter(|_| r.remaining() == 0))
+        };
+        let bytes = encode(&t);
+        let bks = read(&bytes).unwrap().expect("the same tree");
+        assert!(path.iter().zip(&bks).all(|(&u, b)| b.is_some() && *b == t.nodes[u].bk));
+        // Another blinded key off the path, another member, another shape.
+        let off = t.leaves()[0];
+        assert!(!path.contains(&off));
+        let mut other = t.clone();
+        other.nodes[off].bk = Some(Bk::computed(&g, g.exp_generator(&g.scalar_from_u64(99))));
+        assert!(read(&encode(&other)).unwrap().is_none());
+        let mut renamed = t.clone();
+        renamed.nodes[off].member = Some(id(99));
+        assert!(read(&encode(&renamed)).unwrap().is_none());
+        let mut grown = t.clone();
+        grown.insert(&Tree::leaf(id(20), None, None));
+        assert!(read(&encode(&full_bks(grown))).unwrap().is_none());
+        let mut unknown = t.clone();
+        unknown.nodes[off].bk = None;
+        assert!(read(&encode(&unknown)).unwrap().is_none());
+        // Cut or flipped input is an error or a mismatch, never a panic.
+        for cut in 0..bytes.len() {
+            assert!(!matches!(read(&bytes[..cut]), Ok(Some(_))), "cut at {cut}");
+        }
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x41;
+            let _ = read(&b);
         }
     }
 

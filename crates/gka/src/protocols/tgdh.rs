@@ -114,10 +114,19 @@ struct Collect<G: Group> {
     mine: Tree<G>,
     /// The members of this member's subgroup.
     mine_members: MemberSet,
+    /// Whether this member's subgroup has announced its tree.
+    mine_announced: bool,
     /// The other subgroups' announced trees.
     others: Vec<Tree<G>>,
-    /// Members of the trees announced so far.
+    /// Members of the other subgroups' trees announced so far.
     covered: MemberSet,
+}
+
+impl<G: Group> Collect<G> {
+    /// How many members of the view the trees announced so far hold.
+    fn covered(&self) -> usize {
+        self.covered.len() + if self.mine_announced { self.mine_members.len() } else { 0 }
+    }
 }
 
 struct Rounds<G: Group> {
@@ -196,8 +205,13 @@ impl<G: Group> Tgdh<G> {
             ann.encode(&mut w);
             cx.broadcast(ROUND_TREE, w.buf);
         }
-        self.run =
-            Run::Collect(Collect { mine: t, mine_members: mine, others: Vec::new(), covered: MemberSet::default() });
+        self.run = Run::Collect(Collect {
+            mine: t,
+            mine_members: mine,
+            mine_announced: false,
+            others: Vec::new(),
+            covered: MemberSet::default(),
+        });
         Ok(())
     }
 
@@ -208,6 +222,74 @@ impl<G: Group> Tgdh<G> {
         let Run::Collect(co) = &mut self.run else {
             return bad(Misbehaved::OutsideItsRun { round });
         };
+        if co.mine_members.contains(from) {
+            Self::on_own_tree(co, cx, from, body)?;
+        } else {
+            Self::on_other_tree(co, cx, from, body)?;
+        }
+        if co.covered() < cx.view.members.len() {
+            return Ok(());
+        }
+        // Every subgroup has announced: merge.
+        let Run::Collect(co) = std::mem::replace(&mut self.run, Run::Idle) else {
+            return Err(Error::Internal("TGDH merge state lost"));
+        };
+        let mut trees = co.others;
+        trees.push(co.mine);
+        let first = |t: &Tree<G>| t.members().iter().filter_map(|m| cx.position(m)).min();
+        let acc = Tree::merge(trees, first).ok_or(Error::Internal("TGDH merge of nothing"))?;
+        let leaves = acc.leaves();
+        let mut leaf = vec![None; cx.view.members.len()];
+        for &v in &leaves {
+            if let Some(p) = acc.member(v).and_then(|m| cx.position(m)) {
+                leaf[p] = Some(v);
+            }
+        }
+        self.run = Run::Rounds(Rounds::new(cx, acc, leaf, leaves.len())?);
+        self.advance(cx)
+    }
+
+    /// The announcement of this member's own subgroup: its own tree but for
+    /// the sponsor's new path, read against that tree (no decoding off the
+    /// path).
+    fn on_own_tree(co: &mut Collect<G>, cx: &Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
+        let round = ROUND_TREE;
+        let bad = |what: Misbehaved| Err(what.by(from));
+        if co.mine_announced {
+            return bad(Misbehaved::AlreadyAnnounced { round });
+        }
+        let t = &mut co.mine;
+        let s = t.rightmost(t.root);
+        if t.member(s) != Some(from) {
+            return bad(Misbehaved::NotSponsor { round });
+        }
+        let spath = t.path(s);
+        let mut r = Reader::new(body);
+        let Some(bks) = t.read_as_own(&mut r, cx.g, &spath)? else {
+            return bad(Misbehaved::Inconsistent { round });
+        };
+        r.finish()?;
+        // On the sponsor's path, a blinded key exactly where both children's
+        // are known (off the path they are this member's own).
+        let known = |v: usize| match spath.iter().position(|&u| u == v) {
+            Some(i) => bks[i].is_some(),
+            None => t.has_bk(v),
+        };
+        let ready = |v: usize| t.nodes[v].kids.is_none_or(|[l, r]| known(l) && known(r));
+        if !known(s) || spath[1..].iter().any(|&u| known(u) != ready(u)) {
+            return bad(Misbehaved::WrongShape { round });
+        }
+        for (&u, bk) in spath.iter().zip(bks) {
+            t.nodes[u].bk = bk;
+        }
+        co.mine_announced = true;
+        Ok(())
+    }
+
+    /// Another subgroup's announced tree, decoded whole.
+    fn on_other_tree(co: &mut Collect<G>, cx: &Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
+        let round = ROUND_TREE;
+        let bad = |what: Misbehaved| Err(what.by(from));
         let mut r = Reader::new(body);
         let b = Tree::decode(&mut r, cx.g)?;
         r.finish()?;
@@ -236,47 +318,12 @@ impl<G: Group> Tgdh<G> {
         if !b.has_bk(s) || spath[1..].iter().any(|&u| b.has_bk(u) != b.ready(u)) {
             return bad(Misbehaved::WrongShape { round });
         }
-        if co.mine_members.contains(from) {
-            // Our own subgroup's: our tree, but for the sponsor's new path.
-            let Some(pairs) = co.mine.correspondence(&b) else {
-                return bad(Misbehaved::Inconsistent { round });
-            };
-            let on_path: BTreeSet<usize> = spath.into_iter().collect();
-            if pairs.iter().any(|&(x, y)| !on_path.contains(&y) && co.mine.nodes[x].bk != b.nodes[y].bk) {
-                return bad(Misbehaved::Inconsistent { round });
-            }
-            for (x, y) in pairs {
-                if on_path.contains(&y) {
-                    co.mine.nodes[x].bk = b.nodes[y].bk.clone();
-                }
-            }
-        } else {
-            if members.iter().any(|m| co.mine_members.contains(m)) {
-                return bad(Misbehaved::Inconsistent { round });
-            }
-            co.others.push(b);
+        if members.iter().any(|m| co.mine_members.contains(m)) {
+            return bad(Misbehaved::Inconsistent { round });
         }
+        co.others.push(b);
         co.covered.extend(members);
-        if co.covered.len() < cx.view.members.len() {
-            return Ok(());
-        }
-        // Every subgroup has announced: merge.
-        let Run::Collect(co) = std::mem::replace(&mut self.run, Run::Idle) else {
-            return Err(Error::Internal("TGDH merge state lost"));
-        };
-        let mut trees = co.others;
-        trees.push(co.mine);
-        let first = |t: &Tree<G>| t.members().iter().filter_map(|m| cx.position(m)).min();
-        let acc = Tree::merge(trees, first).ok_or(Error::Internal("TGDH merge of nothing"))?;
-        let leaves = acc.leaves();
-        let mut leaf = vec![None; cx.view.members.len()];
-        for &v in &leaves {
-            if let Some(p) = acc.member(v).and_then(|m| cx.position(m)) {
-                leaf[p] = Some(v);
-            }
-        }
-        self.run = Run::Rounds(Rounds::new(cx, acc, leaf, leaves.len())?);
-        self.advance(cx)
+        Ok(())
     }
 
     /// A sponsor's new blinded keys.
