@@ -235,7 +235,8 @@ impl<G: Group> Tree<G> {
         self.preorder(self.root).into_iter().filter(|&v| self.is_leaf(v)).collect()
     }
 
-    /// How many leaves the tree has (a walk that allocates nothing).
+    /// How many leaves the tree has ([`Tree::leaves`]' walk without
+    /// collecting the leaves).
     pub fn leaf_count(&self) -> usize {
         let mut count = 0;
         let mut stack = vec![self.root];

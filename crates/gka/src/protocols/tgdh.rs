@@ -473,8 +473,7 @@ mod tests {
     use crate::suite::ristretto::Ristretto255;
     use crate::suite::Group;
     use crate::tree::tests::{encode, full_bks, id, singletons};
-    use crate::tree::Bk;
-    use crate::tree::Tree;
+    use crate::tree::{Bk, Tree};
     use crate::{GroupId, ProtocolId, SignatureId};
 
     // ---- Costs against Tables I and II ------------------------------------
