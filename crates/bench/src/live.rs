@@ -505,6 +505,13 @@ struct Group<K: Kind> {
     gone: BTreeSet<usize>,
 }
 
+/// `fut`'s result, or an error once [`WAIT`] has passed: a daemon that never
+/// answers a Hello (its daemon group wedged, say) ends the point with an
+/// error that names the member, not with the caller's outer time limit.
+async fn within_wait<T>(fut: impl std::future::Future<Output = T>) -> Result<T> {
+    tokio::time::timeout(WAIT, fut).await.map_err(|_| anyhow!("no Welcome within {WAIT:?}"))
+}
+
 impl Group<Secure> {
     /// `tag` names the point: members and group of earlier points may still
     /// be disconnecting, so names are never reused. Member i connects to
@@ -532,9 +539,11 @@ impl Group<Secure> {
         let mut cmds = Vec::new();
         for (member, (name, signer)) in signers.into_iter().enumerate() {
             let socket: &Path = &sockets[member % sockets.len()];
-            let session = Session::connect_unix(socket, &name, signer, directory.clone())
+            let connecting = Session::connect_unix(socket, &name, signer, directory.clone());
+            let session = within_wait(connecting)
                 .await
-                .with_context(|| format!("connecting member {member} to {}", socket.display()))?;
+                .and_then(|r| Ok(r?))
+                .with_context(|| format!("connecting member {member} ({name}) to {}", socket.display()))?;
             let tx = scripted::spawn(session, group.clone(), member, report_tx.clone());
             cmds.push(tx);
         }
@@ -551,9 +560,11 @@ impl Group<Plain> {
         let mut cmds = Vec::new();
         for member in 0..n {
             let socket: &Path = &sockets[member % sockets.len()];
-            let client = Client::connect_unix(socket, &format!("b{tag}-{member}"))
+            let name = format!("b{tag}-{member}");
+            let client = within_wait(Client::connect_unix(socket, &name))
                 .await
-                .with_context(|| format!("connecting client {member} to {}", socket.display()))?;
+                .and_then(|r| Ok(r?))
+                .with_context(|| format!("connecting client {member} ({name}) to {}", socket.display()))?;
             cmds.push(spawn_plain(client, group.clone(), member, report_tx.clone()));
         }
         Ok(Self::new(Plain, cmds, reports))

@@ -1465,7 +1465,14 @@ async fn sequence(
             if op.conn().is_some_and(|c| held.holds(c)) {
                 held.flush(&mut *core, &rules, &conns, now, &mut out);
             }
+            let exchanging = core.core().exchanging();
             core.handle(op, now, &mut out);
+            if exchanging && !core.core().exchanging() {
+                // The other half of the "daemon group" line: when it is
+                // missing, a state has not come in and the daemon holds its
+                // clients' operations.
+                tracing::info!("daemon states exchanged, views installed");
+            }
         }
         if let Some(groups) = &rules.groups {
             let mut groups = groups.write().expect("group set");
