@@ -208,6 +208,17 @@ pub struct Gdh<G: Group> {
 }
 
 /// A broken invariant of this engine (see [`Error::Internal`]).
+/// The members of `view` (its ids, in view order) that are not in `sub`, a
+/// subsequence of it (as `Change::mine` is of its view): one walk of
+/// both, not a search of `sub` for every member, which at a join into n
+/// members was n² name comparisons for every member.
+fn not_in<'a>(view: impl Iterator<Item = &'a MemberId>, sub: &[MemberId]) -> Vec<MemberId> {
+    let mut sub = sub.iter().peekable();
+    let rest: Vec<MemberId> = view.filter(|m| sub.next_if(|s| s == m).is_none()).cloned().collect();
+    debug_assert!(sub.next().is_none(), "not a subsequence of the view");
+    rest
+}
+
 fn internal(what: &'static str) -> Error {
     Error::Internal(what)
 }
@@ -305,7 +316,7 @@ impl<G: Group> Gdh<G> {
             // A new member: wait for the token.
             return Ok(());
         }
-        let chain: Vec<MemberId> = cx.view.ids().filter(|m| !change.mine.contains(m)).cloned().collect();
+        let chain = not_in(cx.view.ids(), &change.mine);
         let last = chain.last().cloned().ok_or_else(|| internal("GDH merge without new members"))?;
         let contrib = if me == first {
             let fresh = cx.random();
@@ -361,7 +372,9 @@ impl<G: Group> Gdh<G> {
                 _ => return bad(Misbehaved::WrongShape { round }),
             }
         }
-        if !self.run.mine.iter().all(|m| chain.contains(m)) {
+        // Both in view order (the chain's is checked above): one walk.
+        let mut rest = chain.iter();
+        if !self.run.mine.iter().all(|m| rest.any(|c| c == m)) {
             // My subgroup is new as a whole: all of it is in the chain.
             return bad(Misbehaved::Inconsistent { round });
         }
