@@ -99,7 +99,7 @@ const TAG_LEAF: u8 = 1;
 const TAG_BK: u8 = 2;
 
 /// A blinded key with its encoding, made once: the bytes it arrived as, or
-/// encoded when it was computed. Trees compare blinded keys by these bytes
+/// encoded when it was computed. Trees (TGDH's, STR's chains) compare blinded keys by these bytes
 /// (a memcmp, where comparing group elements costs field multiplications;
 /// every group's encoding is canonical, so equal bytes are equal elements)
 /// and write them without encoding again (an inversion per point).
@@ -128,6 +128,11 @@ impl<G: Group> Bk<G> {
     /// Writes it.
     pub fn write(&self, w: &mut Writer) {
         w.raw(self.enc.as_ref());
+    }
+
+    /// Its encoding.
+    pub fn bytes(&self) -> &[u8] {
+        self.enc.as_ref()
     }
 }
 

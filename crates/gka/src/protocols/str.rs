@@ -54,16 +54,17 @@
 //! announcing it.
 
 use std::cmp::Reverse;
-use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use conclave_gcs::MemberId;
 use zeroize::Zeroize;
 
-use super::{get_elem, get_member, put_elem, put_member, MAX_MEMBERS};
+use super::{get_elem, get_member, put_member, MAX_MEMBERS};
 use crate::codec::{DecodeError, Reader, Writer};
 use crate::domains::STR_NODE;
 use crate::engine::{Change, Ctx, Error, Misbehaved, Protocol};
 use crate::suite::Group;
+use crate::tree::Bk;
 use crate::ProtocolId;
 
 /// Leave/partition: the sponsor's new leaf blinded key and blinded keys.
@@ -82,10 +83,11 @@ const ROUND_FINAL: u8 = 3;
 #[derive(Clone)]
 struct Tree<G: Group> {
     members: Vec<MemberId>,
-    /// Leaf blinded keys.
-    br: Vec<G::Element>,
+    /// Leaf blinded keys, with their encodings (shared by the copies of a
+    /// tree: a copy copies no point, and blinded keys compare by bytes).
+    br: Vec<Arc<Bk<G>>>,
     /// Internal blinded keys (`bk[0] = br[0]`).
-    bk: Vec<Option<G::Element>>,
+    bk: Vec<Option<Arc<Bk<G>>>>,
     /// This member's leaf.
     pos: usize,
     /// This member's leaf exponent.
@@ -110,7 +112,7 @@ impl<G: Group> Drop for Tree<G> {
 
 impl<G: Group> Tree<G> {
     /// A one-leaf tree.
-    fn leaf(me: &MemberId, r: G::Scalar, br: G::Element) -> Self {
+    fn leaf(me: &MemberId, r: G::Scalar, br: Arc<Bk<G>>) -> Self {
         Self {
             members: vec![me.clone()],
             bk: vec![Some(br.clone())],
@@ -126,18 +128,26 @@ impl<G: Group> Tree<G> {
         self.members.len()
     }
 
-    /// The chain restricted to `keep` (which must contain this member), and
-    /// its sponsor's position: just below the lowest removed leaf, the bottom
-    /// if that was the bottom, the top if nothing is removed. Blinded keys
-    /// below the sponsor and this member's keys below it stay valid.
-    fn prune(&self, keep: &[MemberId]) -> Option<(Self, usize)> {
-        let keep: BTreeSet<&MemberId> = keep.iter().collect();
-        let kept: Vec<usize> = (0..self.len()).filter(|&i| keep.contains(&self.members[i])).collect();
-        if kept.len() != keep.len() || !kept.contains(&self.pos) {
+    /// The chain restricted to the `count` members that `keep` says (which
+    /// must include this member), and its sponsor's position: just below the
+    /// lowest removed leaf, the bottom if that was the bottom, the top if
+    /// nothing is removed. Blinded keys below the sponsor and this member's
+    /// keys below it stay valid.
+    fn prune(&self, keep: impl Fn(&MemberId) -> bool, count: usize) -> Option<(Self, usize)> {
+        let mut kept: Vec<usize> = Vec::with_capacity(count);
+        let mut lowest_removed = None;
+        for (i, m) in self.members.iter().enumerate() {
+            if keep(m) {
+                kept.push(i);
+            } else if lowest_removed.is_none() {
+                lowest_removed = Some(i);
+            }
+        }
+        if kept.len() != count || !kept.contains(&self.pos) {
             return None;
         }
         let n = kept.len();
-        let sponsor = match (0..self.len()).find(|i| !keep.contains(&self.members[*i])) {
+        let sponsor = match lowest_removed {
             None => n - 1,
             Some(0) => 0,
             Some(l) => l - 1,
@@ -167,7 +177,7 @@ impl<G: Group> Tree<G> {
     /// Gives this member (the sponsor) a fresh leaf exponent.
     fn refresh(&mut self, cx: &mut Ctx<'_, G>) {
         let mut r = cx.random();
-        self.br[self.pos] = cx.exp_g(&r);
+        self.br[self.pos] = Bk::computed(cx.g, cx.exp_g(&r));
         std::mem::swap(&mut self.r, &mut r);
         r.zeroize();
         for k in self.keys[self.pos..].iter_mut() {
@@ -195,16 +205,16 @@ impl<G: Group> Tree<G> {
                     (self.r.clone(), None)
                 } else {
                     let base = self.bk[j - 1].clone().ok_or(MISSING)?;
-                    let s = cx.exp(&base, &self.r);
+                    let s = cx.exp(&base.elem, &self.r);
                     (cx.g.hash_to_scalar(STR_NODE, &s), Some(s))
                 }
             } else {
                 let prev = self.keys[j - 1].as_ref().ok_or(MISSING)?;
-                let s = cx.exp(&self.br[j], prev);
+                let s = cx.exp(&self.br[j].elem, prev);
                 (cx.g.hash_to_scalar(STR_NODE, &s), Some(s))
             };
             if j < bk_below {
-                self.bk[j] = Some(if j == 0 { self.br[0].clone() } else { cx.exp_g(&k) });
+                self.bk[j] = Some(if j == 0 { self.br[0].clone() } else { Bk::computed(cx.g, cx.exp_g(&k)) });
             }
             self.keys[j] = Some(k);
             match secret {
@@ -234,9 +244,9 @@ impl<G: Group> Tree<G> {
 #[derive(Clone)]
 struct Chain<G: Group> {
     members: Vec<MemberId>,
-    br: Vec<G::Element>,
+    br: Vec<Arc<Bk<G>>>,
     /// Blinded keys of nodes 1 … len-1 (node 0's is `br[0]`).
-    bk: Vec<G::Element>,
+    bk: Vec<Arc<Bk<G>>>,
 }
 
 impl<G: Group> Chain<G> {
@@ -249,37 +259,80 @@ impl<G: Group> Chain<G> {
         let (mut members, mut br) = (Vec::with_capacity(len), Vec::with_capacity(len));
         for _ in 0..len {
             members.push(get_member(&mut r)?);
-            br.push(get_elem(&mut r, g)?);
+            br.push(Bk::read(&mut r, g)?);
         }
-        let bk = (1..len).map(|_| get_elem(&mut r, g)).collect::<Result<Vec<_>, _>>()?;
+        let bk = (1..len).map(|_| Bk::read(&mut r, g)).collect::<Result<Vec<_>, _>>()?;
         r.finish()?;
         Ok(Self { members, br, bk })
     }
 
-    fn encode(g: &G, t: &Tree<G>) -> Result<Vec<u8>, Error> {
+    /// Reads this member's own subgroup's chain, announced by its sponsor at
+    /// position `s` of `sub` (the member's own chain, pruned to the
+    /// subgroup), against `sub`: the same members and, off what the sponsor
+    /// renews (its leaf, and the nodes from its own up), the same
+    /// blinded-key bytes, which are then shared, not decoded. At a join into
+    /// n members the sponsor is the top one: two blinded keys decoded of 2n - 1.
+    /// `None` if the chain differs from `sub` there.
+    fn read_as_own(g: &G, body: &[u8], sub: &Tree<G>, s: usize) -> Result<Option<Self>, Error> {
+        let mut r = Reader::new(body);
+        let len = r.count(MAX_MEMBERS, 2 + g.element_len(), "STR chain length")?;
+        if len != sub.len() {
+            return Ok(None);
+        }
+        let mut br = Vec::with_capacity(len);
+        for j in 0..len {
+            if r.short_bytes(255, "member name")? != sub.members[j].as_str().as_bytes() {
+                return Ok(None);
+            }
+            if j == s {
+                br.push(Bk::read(&mut r, g)?);
+            } else {
+                if r.bytes(g.element_len(), "group element")? != sub.br[j].bytes() {
+                    return Ok(None);
+                }
+                br.push(sub.br[j].clone());
+            }
+        }
+        let mut bk = Vec::with_capacity(len.saturating_sub(1));
+        for j in 1..len {
+            if j < s {
+                let Some(held) = &sub.bk[j] else { return Err(Error::Internal("STR: blinded key below the sponsor missing")) };
+                if r.bytes(g.element_len(), "group element")? != held.bytes() {
+                    return Ok(None);
+                }
+                bk.push(held.clone());
+            } else {
+                bk.push(Bk::read(&mut r, g)?);
+            }
+        }
+        r.finish()?;
+        Ok(Some(Self { members: sub.members.clone(), br, bk }))
+    }
+
+    fn encode(t: &Tree<G>) -> Result<Vec<u8>, Error> {
         let mut w = Writer::new();
         w.count(t.len());
         for (m, br) in t.members.iter().zip(&t.br) {
             put_member(&mut w, m);
-            put_elem(&mut w, g, br);
+            br.write(&mut w);
         }
         for bk in &t.bk[1..] {
-            put_elem(&mut w, g, bk.as_ref().ok_or(Error::Internal("STR: chain not computed"))?);
+            bk.as_ref().ok_or(Error::Internal("STR: chain not computed"))?.write(&mut w);
         }
         Ok(w.buf)
     }
 }
 
 /// Reads a counted list of blinded keys.
-fn get_bks<G: Group>(r: &mut Reader<'_>, g: &G) -> Result<Vec<G::Element>, Error> {
+fn get_bks<G: Group>(r: &mut Reader<'_>, g: &G) -> Result<Vec<Arc<Bk<G>>>, Error> {
     let n = r.count(MAX_MEMBERS, g.element_len(), "STR blinded keys")?;
-    (0..n).map(|_| get_elem(r, g)).collect()
+    (0..n).map(|_| Bk::read(r, g)).collect()
 }
 
-fn put_bks<G: Group>(w: &mut Writer, g: &G, bks: &[Option<G::Element>]) -> Result<(), Error> {
+fn put_bks<G: Group>(w: &mut Writer, bks: &[Option<Arc<Bk<G>>>]) -> Result<(), Error> {
     w.count(bks.len());
     for bk in bks {
-        put_elem(w, g, bk.as_ref().ok_or(Error::Internal("STR: blinded key not computed"))?);
+        bk.as_ref().ok_or(Error::Internal("STR: blinded key not computed"))?.write(w);
     }
     Ok(())
 }
@@ -292,8 +345,12 @@ struct Merge<G: Group> {
     sub_sponsor: usize,
     /// The chains announced so far (disjoint).
     chains: Vec<Chain<G>>,
-    /// The members of `chains` (checked at every chain message).
-    announced: BTreeSet<MemberId>,
+    /// By view position: the members of `chains` (checked at every chain
+    /// message), and how many.
+    announced: Vec<bool>,
+    covered: usize,
+    /// By view position: the members of `sub`.
+    in_sub: Vec<bool>,
     /// Once every chain is in: the stacked tree and the bottom chain's length.
     stacked: Option<(Tree<G>, usize)>,
 }
@@ -329,14 +386,17 @@ impl<G: Group> Str<G> {
 
     fn start_leave(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
         let old = self.tree.as_ref().ok_or(Error::BadView("STR: no tree to shrink"))?;
-        let (mut tree, sponsor) = old.prune(&change.mine).ok_or(Error::BadView("STR: view does not fit the tree"))?;
+        // Every member of the view shares the tree.
+        let (mut tree, sponsor) = old
+            .prune(|m| cx.contains(m), change.mine.len())
+            .ok_or(Error::BadView("STR: view does not fit the tree"))?;
         let n = tree.len();
         if tree.pos == sponsor {
             tree.refresh(cx);
             tree.secret = tree.climb(cx, n - 1, n - 1)?;
             let mut w = Writer::new();
-            put_elem(&mut w, cx.g, &tree.br[sponsor]);
-            put_bks(&mut w, cx.g, &tree.bk[sponsor.max(1)..n - 1])?;
+            tree.br[sponsor].write(&mut w);
+            put_bks(&mut w, &tree.bk[sponsor.max(1)..n - 1])?;
             cx.broadcast(ROUND_LEAVE, w.buf);
         }
         self.run = Run::Leave { tree, sponsor };
@@ -344,14 +404,23 @@ impl<G: Group> Str<G> {
     }
 
     fn start_merge(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
+        let n = cx.view.members.len();
+        // `change.mine` is in view order: one walk marks it.
+        let mut mine = change.mine.iter().peekable();
+        let in_sub: Vec<bool> = cx.view.ids().map(|m| mine.next_if(|x| *x == m).is_some()).collect();
+        if mine.next().is_some() {
+            return Err(Error::Internal("STR: subgroup not in view order"));
+        }
         let (mut sub, sub_sponsor, refreshed) = match &self.tree {
             Some(t) => {
-                let (sub, s) = t.prune(&change.mine).ok_or(Error::BadView("STR: subgroup does not fit the tree"))?;
+                let keep = |m: &MemberId| cx.position(m).is_some_and(|p| in_sub[p]);
+                let (sub, s) =
+                    t.prune(keep, change.mine.len()).ok_or(Error::BadView("STR: subgroup does not fit the tree"))?;
                 (sub, s, false)
             }
             None => {
                 let r = cx.random();
-                let br = cx.exp_g(&r);
+                let br = Bk::computed(cx.g, cx.exp_g(&r));
                 (Tree::leaf(cx.me, r, br), 0, true)
             }
         };
@@ -364,13 +433,15 @@ impl<G: Group> Str<G> {
             if let Some(s) = s.as_mut() {
                 s.zeroize();
             }
-            cx.broadcast(ROUND_CHAIN, Chain::encode(cx.g, &sub)?);
+            cx.broadcast(ROUND_CHAIN, Chain::encode(&sub)?);
         }
         self.run = Run::Merge(Box::new(Merge {
             sub,
             sub_sponsor,
             chains: Vec::new(),
-            announced: BTreeSet::new(),
+            announced: vec![false; n],
+            covered: 0,
+            in_sub,
             stacked: None,
         }));
         Ok(())
@@ -386,19 +457,21 @@ impl<G: Group> Str<G> {
             return Err(Misbehaved::NotSponsor { round }.by(from));
         }
         let mut r = Reader::new(body);
-        let br = get_elem(&mut r, cx.g)?;
+        let br = Bk::read(&mut r, cx.g)?;
         let bks = get_bks(&mut r, cx.g)?;
         r.finish()?;
         let first = s.max(1);
         if bks.len() != (n - 1).saturating_sub(first) {
             return Err(Misbehaved::WrongShape { round }.by(from));
         }
-        let mut tree = tree.clone();
-        if from == cx.me {
-            if tree.br[s] != br || tree.secret.is_none() {
-                return Err(Error::Internal("STR: own leave message does not match"));
-            }
-        } else {
+        if from == cx.me && (tree.br[s] != br || tree.secret.is_none()) {
+            return Err(Error::Internal("STR: own leave message does not match"));
+        }
+        // Every check is done: the run's tree becomes the installed one.
+        let Run::Leave { mut tree, .. } = std::mem::replace(&mut self.run, Run::Idle) else {
+            return Err(Error::Internal("STR: the leave run went away"));
+        };
+        if from != cx.me {
             tree.br[s] = br;
             if s == 0 {
                 tree.bk[0] = Some(tree.br[0].clone());
@@ -420,52 +493,74 @@ impl<G: Group> Str<G> {
             // The announced chains cover the view already.
             return Err(Misbehaved::AlreadyAnnounced { round }.by(from));
         }
-        let chain = Chain::<G>::decode(cx.g, body)?;
         let n = cx.view.members.len();
-        // Distinct members of the view, not announced yet, the sender among them.
-        let covered = m.announced.len();
-        let mut fresh: BTreeSet<&MemberId> = BTreeSet::new();
-        if chain.members.len() > n
-            || !chain.members.iter().all(|x| cx.contains(x) && fresh.insert(x))
-            || !chain.members.contains(from)
-        {
-            return Err(Misbehaved::WrongShape { round }.by(from));
-        }
-        if chain.members.len() > n - covered || chain.members.iter().any(|x| m.announced.contains(x)) {
-            return Err(Misbehaved::AlreadyAnnounced { round }.by(from));
-        }
-        let mut sub = m.sub.clone();
-        if sub.members.contains(from) {
-            // Our own subgroup: must come from its sponsor and agree with our tree.
+        // Our own subgroup's chain is read against our tree (see
+        // `Chain::read_as_own`); it must come from the subgroup's sponsor.
+        let own = cx.position(from).is_some_and(|p| m.in_sub[p]);
+        let chain = if own {
             let s = m.sub_sponsor;
-            if from != &sub.members[s] {
+            if from != &m.sub.members[s] {
                 return Err(Misbehaved::NotSponsor { round }.by(from));
             }
-            if chain.members != sub.members
-                || (0..sub.len()).any(|j| j != s && chain.br[j] != sub.br[j])
-                || (1..s).any(|j| sub.bk[j].as_ref() != Some(&chain.bk[j - 1]))
-            {
-                return Err(Misbehaved::Inconsistent { round }.by(from));
+            match Chain::read_as_own(cx.g, body, &m.sub, s)? {
+                Some(chain) => chain,
+                None => return Err(Misbehaved::Inconsistent { round }.by(from)),
             }
-            if from == cx.me && chain.br[s] != sub.br[s] {
+        } else {
+            Chain::<G>::decode(cx.g, body)?
+        };
+        // Distinct members of the view, not announced yet, the sender among
+        // them (our own subgroup's chain has exactly its members).
+        let covered = m.covered;
+        let positions: Vec<usize> = if own {
+            (0..n).filter(|&p| m.in_sub[p]).collect()
+        } else {
+            let mut positions = Vec::with_capacity(chain.members.len());
+            let mut fresh = vec![false; n];
+            for x in &chain.members {
+                match cx.position(x) {
+                    Some(p) if !fresh[p] => {
+                        fresh[p] = true;
+                        positions.push(p);
+                    }
+                    _ => return Err(Misbehaved::WrongShape { round }.by(from)),
+                }
+            }
+            if cx.position(from).is_none_or(|p| !fresh[p]) {
+                return Err(Misbehaved::WrongShape { round }.by(from));
+            }
+            positions
+        };
+        if chain.members.len() > n - covered || positions.iter().any(|&p| m.announced[p]) {
+            return Err(Misbehaved::AlreadyAnnounced { round }.by(from));
+        }
+        if own {
+            let s = m.sub_sponsor;
+            if from == cx.me && chain.br[s] != m.sub.br[s] {
                 return Err(Error::Internal("STR: own chain does not match"));
             }
+        } else if positions.iter().any(|&p| m.in_sub[p]) {
+            return Err(Misbehaved::Inconsistent { round }.by(from));
+        }
+        // Every check is done.
+        if own {
+            let (s, sub) = (m.sub_sponsor, &mut m.sub);
             sub.br[s] = chain.br[s].clone();
             sub.bk[0] = Some(sub.br[0].clone());
             for (bk, new) in sub.bk[1..].iter_mut().zip(&chain.bk) {
                 *bk = Some(new.clone());
             }
-        } else if chain.members.iter().any(|x| sub.members.contains(x)) {
-            return Err(Misbehaved::Inconsistent { round }.by(from));
         }
         let stacked = if covered + chain.members.len() == n {
             let all: Vec<&Chain<G>> = m.chains.iter().chain([&chain]).collect();
-            Some(Self::stack(cx, &all, &sub)?)
+            Some(Self::stack(cx, &all, &m.sub)?)
         } else {
             None
         };
-        m.sub = sub;
-        m.announced.extend(chain.members.iter().cloned());
+        for p in positions {
+            m.announced[p] = true;
+        }
+        m.covered += chain.members.len();
         m.chains.push(chain);
         m.stacked = stacked;
         Ok(())
@@ -482,9 +577,9 @@ impl<G: Group> Str<G> {
         let bottom = order[0];
         let b = bottom.members.len();
         let members: Vec<MemberId> = order.iter().flat_map(|c| c.members.iter().cloned()).collect();
-        let br: Vec<G::Element> = order.iter().flat_map(|c| c.br.iter().cloned()).collect();
+        let br: Vec<Arc<Bk<G>>> = order.iter().flat_map(|c| c.br.iter().cloned()).collect();
         // The bottom chain keeps its internal nodes; the rest are computed in round 2.
-        let mut bk: Vec<Option<G::Element>> = Vec::with_capacity(n);
+        let mut bk: Vec<Option<Arc<Bk<G>>>> = Vec::with_capacity(n);
         bk.push(Some(br[0].clone()));
         bk.extend(bottom.bk.iter().cloned().map(Some));
         bk.resize(n, None);
@@ -498,7 +593,7 @@ impl<G: Group> Str<G> {
         if pos + 1 == b {
             tree.secret = tree.climb(cx, n - 1, n - 1)?;
             let mut w = Writer::new();
-            put_bks(&mut w, cx.g, &tree.bk[b..n - 1])?;
+            put_bks(&mut w, &tree.bk[b..n - 1])?;
             cx.broadcast(ROUND_FINAL, w.buf);
         } else if in_bottom {
             if let Some(mut s) = tree.climb(cx, b - 1, 0)? {
@@ -528,12 +623,18 @@ impl<G: Group> Str<G> {
         if bks.len() != n - 1 - b {
             return Err(Misbehaved::WrongShape { round }.by(from));
         }
-        let mut tree = tree.clone();
-        if from == cx.me {
-            if tree.secret.is_none() || bks.iter().zip(&tree.bk[b..]).any(|(x, y)| y.as_ref() != Some(x)) {
-                return Err(Error::Internal("STR: own final message does not match"));
-            }
-        } else {
+        if from == cx.me && (tree.secret.is_none() || bks.iter().zip(&tree.bk[b..]).any(|(x, y)| y.as_ref() != Some(x)))
+        {
+            return Err(Error::Internal("STR: own final message does not match"));
+        }
+        // Every check is done: the stacked tree becomes the installed one.
+        let Run::Merge(m) = std::mem::replace(&mut self.run, Run::Idle) else {
+            return Err(Error::Internal("STR: the merge run went away"));
+        };
+        let Some((mut tree, _)) = m.stacked else {
+            return Err(Error::Internal("STR: the stacked tree went away"));
+        };
+        if from != cx.me {
             for (j, bk) in bks.into_iter().enumerate() {
                 tree.bk[b + j] = Some(bk);
             }
@@ -560,7 +661,7 @@ impl<G: Group> Protocol<G> for Str<G> {
         if cx.view.members.len() == 1 {
             let r = cx.random();
             let br = cx.exp_g(&r);
-            let mut tree = Tree::leaf(cx.me, r, br.clone());
+            let mut tree = Tree::leaf(cx.me, r, Bk::computed(cx.g, br.clone()));
             tree.secret = Some(br);
             return self.commit(cx, tree);
         }
@@ -605,16 +706,16 @@ impl<G: Group> Protocol<G> for Str<G> {
         let out = match round {
             ROUND_LEAVE => {
                 let mut v = vec![get_elem(&mut r, g)?];
-                v.extend(get_bks(&mut r, g)?);
+                v.extend(get_bks(&mut r, g)?.iter().map(|b| b.elem.clone()));
                 r.finish()?;
                 v
             }
             ROUND_CHAIN => {
                 let c = Chain::<G>::decode(g, body)?;
-                c.br.into_iter().chain(c.bk).collect()
+                c.br.iter().chain(&c.bk).map(|b| b.elem.clone()).collect()
             }
             ROUND_FINAL => {
-                let v = get_bks(&mut r, g)?;
+                let v = get_bks(&mut r, g)?.iter().map(|b| b.elem.clone()).collect();
                 r.finish()?;
                 v
             }
@@ -963,6 +1064,20 @@ mod tests {
         wrong[4..4 + el].copy_from_slice(&e_chain[4..4 + el]);
         let inconsistent = Misbehaved::Inconsistent { round: ROUND_CHAIN };
         assert_eq!(net.reject("a", "d", None, ROUND_CHAIN, wrong), inconsistent.by(&id("d")));
+        // ... with node 1's blinded key (below the sponsor, d at the top:
+        // read against ours, not decoded) replaced by a valid element.
+        let node1 = 2 + 3 * (2 + el);
+        let mut wrong = d_chain.clone();
+        wrong[node1..node1 + el].copy_from_slice(&e_chain[4..4 + el]);
+        assert_eq!(net.reject("a", "d", None, ROUND_CHAIN, wrong), inconsistent.by(&id("d")));
+        // ... or with another name in c's place.
+        let mut wrong = d_chain.clone();
+        assert_eq!(wrong[2 + 2 + el + 1], b'c');
+        wrong[2 + 2 + el + 1] = b'x';
+        assert_eq!(net.reject("a", "d", None, ROUND_CHAIN, wrong), inconsistent.by(&id("d")));
+        // ... or cut short.
+        let cut = d_chain[..d_chain.len() - 1].to_vec();
+        assert!(matches!(net.reject("a", "d", None, ROUND_CHAIN, cut), Error::Decode(_)));
         // A foreign chain claiming a member of our subgroup.
         let mut claim = vec![0, 2];
         claim.extend_from_slice(&e_chain[2..]);
