@@ -296,7 +296,9 @@ impl<G: Group> Chain<G> {
         let mut bk = Vec::with_capacity(len.saturating_sub(1));
         for j in 1..len {
             if j < s {
-                let Some(held) = &sub.bk[j] else { return Err(Error::Internal("STR: blinded key below the sponsor missing")) };
+                let Some(held) = &sub.bk[j] else {
+                    return Err(Error::Internal("STR: blinded key below the sponsor missing"));
+                };
                 if r.bytes(g.element_len(), "group element")? != held.bytes() {
                     return Ok(None);
                 }
