@@ -505,11 +505,15 @@ struct Group<K: Kind> {
     gone: BTreeSet<usize>,
 }
 
-/// `fut`'s result, or an error once [`WAIT`] has passed: a daemon that never
-/// answers a Hello (its daemon group wedged, say) ends the point with an
-/// error that names the member, not with the caller's outer time limit.
-async fn within_wait<T>(fut: impl std::future::Future<Output = T>) -> Result<T> {
-    tokio::time::timeout(WAIT, fut).await.map_err(|_| anyhow!("no Welcome within {WAIT:?}"))
+/// A connection's result, or an error once [`WAIT`] has passed: a daemon
+/// that never answers a Hello (its daemon group wedged, say) ends the point
+/// with an error that names the member, not with the caller's outer time
+/// limit.
+async fn within_wait<T, E>(connecting: impl std::future::Future<Output = Result<T, E>>) -> Result<T>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    Ok(tokio::time::timeout(WAIT, connecting).await.map_err(|_| anyhow!("no Welcome within {WAIT:?}"))??)
 }
 
 impl Group<Secure> {
@@ -542,7 +546,6 @@ impl Group<Secure> {
             let connecting = Session::connect_unix(socket, &name, signer, directory.clone());
             let session = within_wait(connecting)
                 .await
-                .and_then(|r| Ok(r?))
                 .with_context(|| format!("connecting member {member} ({name}) to {}", socket.display()))?;
             let tx = scripted::spawn(session, group.clone(), member, report_tx.clone());
             cmds.push(tx);
@@ -563,7 +566,6 @@ impl Group<Plain> {
             let name = format!("b{tag}-{member}");
             let client = within_wait(Client::connect_unix(socket, &name))
                 .await
-                .and_then(|r| Ok(r?))
                 .with_context(|| format!("connecting client {member} ({name}) to {}", socket.display()))?;
             cmds.push(spawn_plain(client, group.clone(), member, report_tx.clone()));
         }

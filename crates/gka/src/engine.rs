@@ -405,6 +405,20 @@ pub(crate) struct Change {
     pub together: MemberSet,
 }
 
+impl Change {
+    /// For each member of `view` (the view of this change), in view order,
+    /// whether it is in [`Change::mine`]: one walk of both lists, no
+    /// lookups. An error if `mine` is not in `view`'s order.
+    pub fn mine_marks(&self, view: &View) -> Result<Vec<bool>, Error> {
+        let mut mine = self.mine.iter().peekable();
+        let marks = view.ids().map(|m| mine.next_if(|x| *x == m).is_some()).collect();
+        match mine.next() {
+            None => Ok(marks),
+            Some(_) => Err(Error::Internal("a subgroup not in its view's order")),
+        }
+    }
+}
+
 /// A protocol, as [`Runner`] drives it.
 pub(crate) trait Protocol<G: Group>: Send + Sized + 'static {
     /// Which protocol.

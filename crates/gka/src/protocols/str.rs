@@ -407,12 +407,7 @@ impl<G: Group> Str<G> {
 
     fn start_merge(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
         let n = cx.view.members.len();
-        // `change.mine` is in view order: one walk marks it.
-        let mut mine = change.mine.iter().peekable();
-        let in_sub: Vec<bool> = cx.view.ids().map(|m| mine.next_if(|x| *x == m).is_some()).collect();
-        if mine.next().is_some() {
-            return Err(Error::Internal("STR: subgroup not in view order"));
-        }
+        let in_sub = change.mine_marks(cx.view)?;
         let (mut sub, sub_sponsor, refreshed) = match &self.tree {
             Some(t) => {
                 let keep = |m: &MemberId| cx.position(m).is_some_and(|p| in_sub[p]);
