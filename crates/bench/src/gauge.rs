@@ -91,7 +91,13 @@
 //! fourth (`copath_reactive_bkey_packets`) combines the two readings: SEAL's
 //! holdings and per-input sending (`Rekeyed::reactive_plan_holding`,
 //! `IntervalStats::copath_reactive_packets_sent`). All on SEAL's terms
-//! (Queue-merge only).
+//! (Queue-merge only). Last, `rekey_packets`: the REKEY packets (rekey
+//! messages) each member of a rekey received in its operation, averaged
+//! over them. SEAL's REKEY packet carries the key tree's blinded keys
+//! (§3.3), so it is one of §6's "broadcast packets of blinded keys during a
+//! rekeying operation" if Table 2 counts what that definition says; the
+//! table's last two rows add it to the BKEY packets (ours, and with SEAL's
+//! holdings).
 //!
 //! The run's figures are then the mean over rekeys of these per-rekey
 //! figures: SEAL's "averaged over the number of existing members in the
@@ -506,6 +512,15 @@ pub(crate) struct RekeyRecord {
     /// The BKEY packets of the rekey with SEAL's holdings and per-input
     /// sending both (§3.4, §4.2; `IntervalStats::copath_reactive_packets_sent`).
     pub copath_reactive_packets: Option<u64>,
+    /// The REKEY packets (rekey messages) of the rekey, as its members
+    /// received them in their operations: the mean over its members (1;
+    /// more when the rekey was begun again, restarted or abandoned until
+    /// the next tick). SEAL's REKEY packet carries the
+    /// key tree and its blinded keys (§3.3, Fig. 5), so §6's "broadcast
+    /// packets of blinded keys during a rekeying operation" may count it
+    /// beside the BKEY packets; interval algorithms on the simulator only
+    /// (`null` on the daemon engine, whose meter does not count them).
+    pub rekey_packets: Option<f64>,
 }
 
 /// One run's summary: the `--json` object.
@@ -549,6 +564,9 @@ pub(crate) struct Summary {
     /// BKEY packets with SEAL's holdings and per-input sending (§3.4 and
     /// §4.2; see [`RekeyRecord::copath_reactive_packets`]).
     pub copath_reactive_bkey_packets: Option<f64>,
+    /// REKEY packets per rekey (see [`RekeyRecord::rekey_packets`];
+    /// `null` for the baseline and on the daemon engine).
+    pub rekey_packets: Option<f64>,
 }
 
 /// A member in the group at the end: its name, its view's members, and
@@ -639,6 +657,9 @@ struct Counts {
     reactive: u64,
     copath: u64,
     copath_reactive: u64,
+    /// Rekey messages (SEAL's REKEY packets) delivered to the member in
+    /// its operation: the one that began it, and any restart's.
+    rekey_msgs: u64,
 }
 
 impl Counts {
@@ -655,6 +676,7 @@ impl Counts {
         self.reactive += o.reactive;
         self.copath += o.copath;
         self.copath_reactive += o.copath_reactive;
+        self.rekey_msgs += o.rekey_msgs;
     }
 }
 
@@ -771,8 +793,9 @@ impl State {
                 outputs
             }
             Delivery::Message { sender, payload, .. } => {
-                if policy != Policy::PerView && m.open.is_none() && is_rekey_message(payload) {
-                    m.open = Some(Open { start: now, ..Open::default() });
+                if policy != Policy::PerView && is_rekey_message(payload) {
+                    let open = m.open.get_or_insert_with(|| Open { start: now, ..Open::default() });
+                    open.counts.rekey_msgs += 1;
                 }
                 engine.on_message(sender, payload, &mut m.rng)
             }
@@ -1046,6 +1069,7 @@ fn finish(st: State, setup: &Setup, policy: Policy) -> RunResult {
                 reactive_packets: interval.then_some(a.reactive),
                 copath_packets: interval.then_some(a.copath),
                 copath_reactive_packets: interval.then_some(a.copath_reactive),
+                rekey_packets: interval.then(|| a.rekey_msgs as f64 / n),
             }
         })
         .collect();
@@ -1118,6 +1142,10 @@ pub(crate) fn summarize(
         reactive_bkey_packets: interval.then(|| mean(&|r| r.reactive_packets.unwrap_or(0) as f64)),
         copath_bkey_packets: interval.then(|| mean(&|r| r.copath_packets.unwrap_or(0) as f64)),
         copath_reactive_bkey_packets: interval.then(|| mean(&|r| r.copath_reactive_packets.unwrap_or(0) as f64)),
+        rekey_packets: rekeys
+            .iter()
+            .any(|r| r.rekey_packets.is_some())
+            .then(|| mean(&|r| r.rekey_packets.unwrap_or(0.0))),
     };
     let mut times: Vec<f64> = rekeys.iter().map(|r| r.time_s).collect();
     times.sort_by(f64::total_cmp);
@@ -1394,7 +1422,9 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
                  only; the (+T') rows add Queue-subtree's. The (§4.2) rows are counted SEAL's way, not work \
                  done: every member blinding its key path's renewed nodes (\"updating the secret and blinded \
                  keys of the key path\"), sponsors sending on every input what they have just computed; (§3.4): \
-                 members holding only their co-paths' blinded keys when the rekey begins; (§3.4, §4.2): both.\n",
+                 members holding only their co-paths' blinded keys when the rekey begins; (§3.4, §4.2): both; \
+                 (§3.3, §6): the rekey's REKEY packets, which carry the key tree's blinded keys, counted as \
+                 broadcast packets of blinded keys beside its BKEY packets.\n",
                 setup.t_in
             )?;
             let mut t = crate::table::new(["metric", "ours", "SEAL (wired)", "ours / SEAL"], 1);
@@ -1410,6 +1440,8 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
                 s.reactive_bkey_packets.unwrap_or(f64::NAN),
                 s.copath_bkey_packets.unwrap_or(f64::NAN),
                 s.copath_reactive_bkey_packets.unwrap_or(f64::NAN),
+                s.bkey_packets + s.rekey_packets.unwrap_or(f64::NAN),
+                s.copath_bkey_packets.unwrap_or(f64::NAN) + s.rekey_packets.unwrap_or(f64::NAN),
             ];
             let names = [
                 "rekeying time (s)",
@@ -1423,10 +1455,12 @@ fn write_tables(out: &mut impl Write, setup: &Setup, engine: GaugeEngine, result
                 "BKEY packets, sent per input (§4.2)",
                 "BKEY packets, co-paths held (§3.4)",
                 "BKEY packets, co-paths held, sent per input (§3.4, §4.2)",
+                "BKEY and REKEY packets (§3.3, §6)",
+                "BKEY and REKEY packets, co-paths held (§3.3, §3.4, §6)",
             ];
             let paper = [
                 paper[0], paper[1], paper[2], paper[3], paper[1], paper[2], paper[3], paper[1], paper[3], paper[3],
-                paper[3],
+                paper[3], paper[3], paper[3],
             ];
             for ((name, o), p) in names.iter().zip(ours).zip(paper) {
                 t.add_row(vec![name.to_string(), format!("{o:.4}"), format!("{p:.2}"), format!("{:.3}", o / p)]);
@@ -1485,6 +1519,7 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
         "reactive_bkey_packets",
         "copath_bkey_packets",
         "copath_reactive_bkey_packets",
+        "rekey_packets",
     ])?;
     for s in &summaries {
         w.write_record([
@@ -1510,6 +1545,7 @@ fn write_outputs(dir: &Path, results: &[RunResult]) -> Result<Vec<String>> {
             s.reactive_bkey_packets.map_or(String::new(), |v| format!("{v:.4}")),
             s.copath_bkey_packets.map_or(String::new(), |v| format!("{v:.4}")),
             s.copath_reactive_bkey_packets.map_or(String::new(), |v| format!("{v:.4}")),
+            s.rekey_packets.map_or(String::new(), |v| format!("{v:.4}")),
         ])?;
     }
     w.flush()?;
@@ -1727,8 +1763,18 @@ mod tests {
                 }
                 // Intervals batch the views: fewer rekeys than views.
                 assert!(s.rekeys < r.views.unwrap(), "{p:?}: {} rekeys, {:?} views", s.rekeys, r.views);
+                // Every member of a rekey received its rekey message; only a
+                // rekey begun again (restarted, or abandoned until the next
+                // tick) sends its members another.
+                for k in &r.rekeys {
+                    assert!(k.rekey_packets.is_some_and(|got| got >= 1.0), "{p:?}: {k:?}");
+                }
+                if r.abandoned == Some(0) {
+                    assert_eq!(s.rekey_packets, Some(1.0), "{p:?}: {s:?}");
+                }
             } else {
                 assert_eq!(Some(s.rekeys), r.views, "per-view TGDH rekeys every view");
+                assert_eq!(s.rekey_packets, None, "no rekey messages per view");
             }
         }
     }

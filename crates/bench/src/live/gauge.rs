@@ -222,6 +222,8 @@ async fn drive(
                 reactive_packets: interval_like.then_some(a.reactive),
                 copath_packets: interval_like.then_some(a.copath),
                 copath_reactive_packets: interval_like.then_some(a.copath_reactive),
+                // The sessions' meters do not count rekey messages received.
+                rekey_packets: None,
             }
         })
         .collect();
