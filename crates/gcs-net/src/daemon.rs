@@ -1204,7 +1204,7 @@ fn snapshot(core: &Core, table: &HashMap<ConnId, ConnHandle>) -> Snapshot {
         let Some(view) = core.view(name) else { continue };
         group_count += 1;
         membership_count += view.members.len();
-        for m in &view.members {
+        for m in view.members.iter() {
             *memberships.entry(&m.id).or_default() += 1;
         }
         let size = 32 + name.as_str().len() + view.members.iter().map(|m| 1 + m.id.as_str().len()).sum::<usize>();

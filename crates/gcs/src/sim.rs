@@ -336,7 +336,7 @@ impl<N: SimNode> Sim<N> {
             let mut members: Vec<ViewMember> =
                 g.iter().map(|m| ViewMember { id: m.clone(), prev: old_views.get(m).copied() }).collect();
             members.sort_by_key(|m| self.nodes[&m.id].age);
-            let view = View { id: ViewId::new(self.incarnation, self.next_view), members, cause };
+            let view = View { id: ViewId::new(self.incarnation, self.next_view), members: members.into(), cause };
             self.next_view += 1;
             let mut queue = VecDeque::new();
             for m in view.ids() {

@@ -9,6 +9,7 @@
 //! members share its state.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// A member's name in a group: unique within the system (like Spread's
 /// private group names).
@@ -258,7 +259,11 @@ pub struct View {
     /// Unique id.
     pub id: ViewId,
     /// Members, oldest first. Every member of the view sees the same order.
-    pub members: Vec<ViewMember>,
+    /// Shared: a copy of a view (the client's last view of a group, which
+    /// the next one given as changes is read against; the session's; an
+    /// application's) is a reference count, not n of them, and the list
+    /// is freed once, by whoever holds it last.
+    pub members: Arc<[ViewMember]>,
     /// Why the view changed.
     pub cause: Cause,
 }
@@ -345,10 +350,10 @@ mod tests {
     #[test]
     fn index_finds_each_position_or_a_name_held_twice() {
         let m = |id: &str| ViewMember { id: MemberId::new(id).unwrap(), prev: None };
-        let mut view = View { id: ViewId::new(0, 1), members: vec![m("a"), m("b"), m("c")], cause: Cause::Join };
+        let mut view = View { id: ViewId::new(0, 1), members: vec![m("a"), m("b"), m("c")].into(), cause: Cause::Join };
         let idx = view.index().unwrap();
         assert_eq!((idx[&m("a").id], idx[&m("c").id], idx.len()), (0, 2, 3));
-        view.members.push(m("b"));
+        view.members = view.members.iter().cloned().chain([m("b")]).collect();
         assert_eq!(view.index().unwrap_err(), m("b").id);
     }
 
@@ -360,7 +365,7 @@ mod tests {
         };
         let view = View {
             id: ViewId::new(0, 9),
-            members: vec![m("a", Some(7)), m("b", Some(8)), m("c", None), m("d", Some(7))],
+            members: vec![m("a", Some(7)), m("b", Some(8)), m("c", None), m("d", Some(7))].into(),
             cause: Cause::Network,
         };
         let names = |id| view.came_from(id).into_iter().map(|m| m.as_str().to_string()).collect::<Vec<_>>();

@@ -490,7 +490,7 @@ impl Fields {
             let prev = if self.flag("previous view flag")? { Some(self.view_id("previous view")?) } else { None };
             members.push(ViewMember { id, prev });
         }
-        Ok(View { id, members, cause })
+        Ok(View { id, members: members.into(), cause })
     }
 
     /// A view given as changes to the last view of its group in `views`
@@ -533,7 +533,7 @@ impl Fields {
                 v => return Err(WireError::BadValue { what: "segment tag", value: v.into() }),
             }
         }
-        Ok(Delivery::View { group, view: View { id, members, cause } })
+        Ok(Delivery::View { group, view: View { id, members: members.into(), cause } })
     }
 
     pub(crate) fn rest_len(&self) -> usize {
@@ -938,7 +938,7 @@ impl<'a> FrameWriter<'a> {
         self.view_head(v);
         let count = u32::try_from(v.members.len()).expect("views have fewer than 2^32 members");
         self.out.put_u32(count);
-        for m in &v.members {
+        for m in v.members.iter() {
             self.member(m);
         }
         self

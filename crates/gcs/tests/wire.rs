@@ -35,7 +35,11 @@ fn view_id() -> impl Strategy<Value = ViewId> {
 fn view() -> impl Strategy<Value = View> {
     let cause = prop_oneof![Just(Cause::Join), Just(Cause::Leave), Just(Cause::Disconnect), Just(Cause::Network)];
     let m = (member(), prop::option::of(view_id())).prop_map(|(id, prev)| ViewMember { id, prev });
-    (view_id(), cause, prop::collection::vec(m, 0..8)).prop_map(|(id, cause, members)| View { id, members, cause })
+    (view_id(), cause, prop::collection::vec(m, 0..8)).prop_map(|(id, cause, members)| View {
+        id,
+        members: members.into(),
+        cause,
+    })
 }
 
 fn mode() -> impl Strategy<Value = GroupMode> {
@@ -196,7 +200,7 @@ proptest! {
     ) {
         let mut base = base;
         let mut seen = std::collections::BTreeSet::new();
-        base.members.retain(|m| seen.insert(m.id.clone()));
+        base.members = base.members.iter().filter(|m| seen.insert(m.id.clone())).cloned().collect();
         let mut members = Vec::new();
         for (m, fate) in base.members.iter().zip(fates) {
             match fate {
@@ -215,7 +219,7 @@ proptest! {
             let (a, b) = (a.index(members.len()), b.index(members.len()));
             members.swap(a, b);
         }
-        let next = View { id, members, cause: Cause::Join };
+        let next = View { id, members: members.into(), cause: Cause::Join };
         let mut memory = ViewMemory::default();
         let mut whole = BytesMut::new();
         encode_delivery(&Delivery::View { group: g.clone(), view: base.clone() }, &mut whole);

@@ -238,7 +238,7 @@ mod tests {
     /// `view(seq, names)` whose members in `stayed` come from view `from`.
     fn next_view(seq: u64, names: &[&str], stayed: &[&str], from: u64) -> View {
         let mut v = view(seq, names);
-        for m in &mut v.members {
+        for m in std::sync::Arc::get_mut(&mut v.members).expect("not shared yet") {
             if stayed.contains(&m.id.as_str()) {
                 m.prev = Some(ViewId::new(7, from));
             }

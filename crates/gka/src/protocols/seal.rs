@@ -1387,7 +1387,7 @@ mod tests {
                 members.push(ViewMember { id: self.names[j].clone(), prev: None });
                 now.push(j);
             }
-            let view = View { id: ViewId::new(1, self.seq), members, cause: Cause::Join };
+            let view = View { id: ViewId::new(1, self.seq), members: members.into(), cause: Cause::Join };
             self.view = now;
             for &i in &self.view.clone() {
                 let outs = self.engines[i].on_view(&view, &mut self.rng).unwrap();
