@@ -47,7 +47,6 @@ use std::sync::Arc;
 
 use conclave_gcs::{MemberId, MemberMap, MemberSet, View, ViewId};
 use rand_core::CryptoRngCore;
-use sha2::{Digest, Sha256};
 
 use crate::codec::DecodeError;
 use crate::key::{Epoch, GroupKey, SecureView};
@@ -558,7 +557,7 @@ impl<G: Group> Ctx<'_, G> {
             st.costs.unicasts += 1;
         } else {
             st.costs.broadcasts += 1;
-            st.own.insert(Sha256::digest(&bytes).into());
+            st.own.insert(*blake3::hash(&bytes).as_bytes());
         }
         st.out.push(Output::Send { to, bytes });
     }
@@ -616,8 +615,8 @@ pub(crate) struct Runner<G: Group, P: Protocol<G>> {
     /// Members in every view observed since the last run began (see
     /// [`Change::together`]).
     together: MemberSet,
-    /// Messages whose signatures passed [`Engine::preverify`]: SHA-256 of
-    /// the message, and the key it was checked with.
+    /// Messages whose signatures passed [`Engine::preverify`]
+    /// ([`checked_key`]), and the key each was checked with.
     preverified: HashMap<[u8; 32], Arc<dyn Verifier>>,
     st: Session,
     proto: P,
@@ -849,23 +848,36 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         }
         if env.sender == self.me {
             // Our own broadcast coming back: accept exactly what we sent.
-            let h: [u8; 32] = Sha256::digest(bytes).into();
-            if !self.st.own.contains(&h) {
+            if !self.st.own.contains(blake3::hash(bytes).as_bytes()) {
                 return Err(Error::BadSignature(env.sender));
             }
         } else {
             let key = self.run_keys.verifier(&env.sender).ok_or_else(|| Error::UnknownSender(env.sender.clone()))?;
             self.st.costs.verifs += 1;
-            let checked = !self.preverified.is_empty() && {
-                let h: [u8; 32] = Sha256::digest(bytes).into();
-                self.preverified.remove(&h).is_some_and(|k| Arc::ptr_eq(&k, &key))
-            };
+            let signed = env.signed_bytes();
+            let checked = !self.preverified.is_empty()
+                && self
+                    .preverified
+                    .remove(&checked_key(&signed, &env.signature))
+                    .is_some_and(|k| Arc::ptr_eq(&k, &key));
             if !checked {
-                key.verify(&env.signed_bytes(), &env.signature).map_err(|_| Error::BadSignature(env.sender.clone()))?;
+                key.verify(&signed, &env.signature).map_err(|_| Error::BadSignature(env.sender.clone()))?;
             }
         }
         Ok(env)
     }
+}
+
+/// What [`Engine::preverify`] records of a message whose signature it
+/// checked, and `open` looks up: a hash of the signed bytes (which hold
+/// the digest of everything but the signature) and the signature, so only
+/// the very message checked, byte for byte, skips its check.
+fn checked_key(signed: &[u8], signature: &[u8]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(&(signed.len() as u32).to_be_bytes());
+    h.update(signed);
+    h.update(signature);
+    *h.finalize().as_bytes()
 }
 
 impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
@@ -896,8 +908,9 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
                 continue;
             }
             let Some(key) = self.run_keys.verifier(&env.sender) else { continue };
-            let h: [u8; 32] = Sha256::digest(bytes).into();
-            items.push((key, env.signed_bytes(), env.signature, h));
+            let signed = env.signed_bytes();
+            let h = checked_key(&signed, &env.signature);
+            items.push((key, signed, env.signature, h));
         }
         if items.len() < 2 {
             return;
