@@ -474,7 +474,14 @@ pub(crate) struct Ctx<'a, G: Group> {
     rng: &'a mut dyn CryptoRngCore,
     st: &'a mut Session,
     signer: &'a dyn Signer,
-    install: &'a mut Option<G::Element>,
+    install: &'a mut Option<Install<G>>,
+}
+
+/// A key to install at the end of the call: the group secret and, if not
+/// every member of the view holds it, those that do.
+pub(crate) struct Install<G: Group> {
+    secret: G::Element,
+    among: Option<Vec<MemberId>>,
 }
 
 impl<G: Group> Ctx<'_, G> {
@@ -564,7 +571,14 @@ impl<G: Group> Ctx<'_, G> {
     /// Installs `secret` as this view's group secret. Called once, when the
     /// run's final message is delivered.
     pub fn install(&mut self, secret: &G::Element) {
-        *self.install = Some(secret.clone());
+        *self.install = Some(Install { secret: secret.clone(), among: None });
+    }
+    /// Installs `secret` as the key of `among` only, the view's members that
+    /// took part in the run (in view order): an interval rekey carried on
+    /// into a view with newcomers ([`crate::protocols::seal`]), which they
+    /// did not take part in.
+    pub fn install_among(&mut self, secret: &G::Element, among: Vec<MemberId>) {
+        *self.install = Some(Install { secret: secret.clone(), among: Some(among) });
     }
 }
 
@@ -694,14 +708,18 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             self.st.out.clear();
             return Err(Error::Internal("second key in one run"));
         }
-        if let Some(secret) = install {
+        if let Some(Install { secret, among }) = install {
             let enc = self.g.encode(&secret);
             let key = GroupKey::derive(&enc, P::ID, &self.st.group, epoch);
             let view = self.st.view.as_ref().expect("restored above");
-            let members: Arc<[MemberId]> = view.ids().cloned().collect();
+            let whole = among.is_none();
+            let members: Arc<[MemberId]> = match among {
+                None => view.ids().cloned().collect(),
+                Some(among) => among.into(),
+            };
             // `known` holds members of the observed view only: as many as
             // the run's members, of the whole observed view, are they.
-            if self.is_observed(view) && self.st.known.len() == members.len() {
+            if whole && self.is_observed(view) && self.st.known.len() == members.len() {
                 self.st.known.values_mut().for_each(|t| *t = Tag::Installed(epoch));
             } else {
                 self.st.known.clear();

@@ -227,6 +227,10 @@ pub struct IntervalStats {
     /// Rekeys this member started again at once after a view abandoned one
     /// whose leader or unsent sponsor left.
     pub restarts: u64,
+    /// Views across which this member carried a rekey on (SEAL §3.6: the
+    /// members that left were neither its leader nor a sponsor with packets
+    /// still to send).
+    pub carried: u64,
     /// Of the engine's exponentiations ([`Costs::exps`]), those spent on
     /// Queue-subtree: keying T', during the interval or in a rekey's run.
     pub subtree_exps: u64,
@@ -481,6 +485,10 @@ impl<G: Group> Phase<G> {
 /// A rekey in progress.
 struct Rekey<G: Group> {
     leader: MemberId,
+    /// Its members still taking part, once a view carried it on (SEAL
+    /// §3.6); `None` while it is in the view it started in, whose members
+    /// all take part.
+    active: Option<BTreeSet<MemberId>>,
     batch: Batch,
     /// The tree the batch applies to, as this member holds it.
     base: Option<Tree<G>>,
@@ -514,6 +522,9 @@ pub struct Seal<G: Group> {
     together: MemberSet,
     /// The leader's rekey message is on its way.
     ticked: bool,
+    /// A rekey message was delivered in this view: every member of the
+    /// view takes part in the rekey from then on.
+    rekeyed_in_view: bool,
     stats: IntervalStats,
 }
 
@@ -730,6 +741,7 @@ impl<G: Group> Seal<G> {
         // Every check passed: the rekey starts, in the next run.
         cx.next_run()?;
         self.ticked = false;
+        self.rekeyed_in_view = true;
         if queued && msg.subtree == SUB_READY {
             self.stats.merged_ready += 1;
         } else if queued {
@@ -741,7 +753,7 @@ impl<G: Group> Seal<G> {
         let before = cx.exps();
         draw_fresh(cx, &mut phase);
         self.stats.subtree_exps += cx.exps() - before;
-        self.rekey = Some(Rekey { leader: from.clone(), batch, base, phase });
+        self.rekey = Some(Rekey { leader: from.clone(), active: None, batch, base, phase });
         self.advance(cx)
     }
 
@@ -758,6 +770,12 @@ impl<G: Group> Seal<G> {
             return self.advance_queue(cx);
         }
         let Some(rk) = &mut self.rekey else {
+            if !self.rekeyed_in_view {
+                // Perhaps a rekey carried on into this view among members
+                // this one was not with (SEAL §3.6): not this member's, and
+                // it changes nothing here.
+                return Err(Error::Ignored(from.clone()));
+            }
             return Err(Misbehaved::OutsideItsRun { round }.by(from));
         };
         if kind != rk.phase.kind as u8 {
@@ -810,7 +828,14 @@ impl<G: Group> Seal<G> {
                     }
                     match phase.secret.take() {
                         Some(mut secret) => {
-                            cx.install(&secret);
+                            let carried = rk.active.is_some();
+                            match &rk.active {
+                                None => cx.install(&secret),
+                                Some(a) => cx.install_among(
+                                    &secret,
+                                    cx.view.ids().filter(|m| a.contains(*m)).cloned().collect(),
+                                ),
+                            }
                             secret.zeroize();
                             let mut t = phase.r.tree.clone();
                             if phase.lone() {
@@ -819,10 +844,18 @@ impl<G: Group> Seal<G> {
                                 t.nodes[t.root].bk = None;
                             }
                             self.saved = Some(t);
-                            self.mine = cx.view.ids().cloned().collect();
+                            self.mine = match &rk.active {
+                                None => cx.view.ids().cloned().collect(),
+                                Some(a) => cx.view.ids().filter(|m| a.contains(*m)).cloned().collect(),
+                            };
                             // The joiners are in: no T' any more.
                             self.queue = None;
                             self.last_sub = None;
+                            if carried && &cx.view.members[0].id == cx.me {
+                                // The view's newcomers wait for the next
+                                // rekey: their T' now.
+                                self.announce(cx);
+                            }
                         }
                         None => return Err(Error::Internal("rekey complete without the group secret")),
                     }
@@ -1054,6 +1087,7 @@ impl<G: Group> Protocol<G> for Seal<G> {
             last_sub: None,
             together: MemberSet::default(),
             ticked: false,
+            rekeyed_in_view: false,
             stats: IntervalStats::default(),
         }
     }
@@ -1069,17 +1103,48 @@ impl<G: Group> Protocol<G> for Seal<G> {
         self.mine = change.mine.clone();
         self.together = change.together.clone();
         self.ticked = false;
+        self.rekeyed_in_view = false;
         // T' as keyed in the last view (if it was) is the base of this view's.
         self.last_sub = self.queue.take().and_then(|q| q.done);
         let leads = &cx.view.members[0].id == cx.me;
-        if let Some(rk) = self.rekey.take() {
-            // The view abandons the rekey. SEAL restarts at once if its leader
-            // left, or a sponsor that had not sent all its packets.
-            let gone = |m: &MemberId| !cx.contains(m);
+        if let Some(mut rk) = self.rekey.take() {
+            // The rekey's members that came from the last view with this
+            // member go on with it: they delivered the same packets there
+            // (virtual synchrony), so they hold the same state of it.
+            let prev = cx.position(cx.me).and_then(|i| cx.view.members[i].prev);
+            let going_on: BTreeSet<MemberId> = cx
+                .view
+                .members
+                .iter()
+                .filter(|m| m.prev.is_some() && m.prev == prev)
+                .filter(|m| rk.active.as_ref().is_none_or(|a| a.contains(&m.id)))
+                .map(|m| m.id.clone())
+                .collect();
+            let gone = |m: &MemberId| !going_on.contains(m);
             let ph = &rk.phase;
             let unsent = ph.by_sponsor.iter().any(|(&s, list)| {
                 ph.delivered.get(&s).copied().unwrap_or(0) < list.len() && ph.r.tree.member(s).is_some_and(gone)
             });
+            // SEAL §3.6: a rekey goes on unless its leader or a sponsor that
+            // had not sent all its packets left; the leave is the next
+            // rekey's. It goes on only if its leader still leads (a merge
+            // with an older member hands the lead, and the next rekey, to
+            // that member), and only in the rekey proper: Queue-batch's
+            // Queue-subtree in the run has the merge's sponsors still to
+            // come.
+            let carry =
+                !unsent && !gone(&rk.leader) && cx.view.members[0].id == rk.leader && rk.phase.kind == Kind::Main;
+            if carry {
+                rk.active = Some(going_on);
+                // Its packets sent in the last view and not delivered there
+                // went to nobody that goes on: send them again in this one.
+                if let Some(me) = rk.phase.me {
+                    rk.phase.sent = rk.phase.delivered.get(&me).copied().unwrap_or(0);
+                }
+                self.rekey = Some(rk);
+                self.stats.carried += 1;
+                return self.advance(cx);
+            }
             if (gone(&rk.leader) || unsent) && leads {
                 // The restarted rekey keys T' in its run.
                 self.stats.restarts += 1;
@@ -1270,13 +1335,13 @@ mod tests {
 
     use std::collections::BTreeSet;
 
-    use super::{IntervalAlgorithm, IntervalStats, IntervalTgdh, ROUND_BKEY, ROUND_QUEUE, ROUND_REKEY};
+    use super::{IntervalAlgorithm, IntervalStats, IntervalTgdh, Kind, ROUND_BKEY, ROUND_QUEUE, ROUND_REKEY};
     use crate::engine::{Error, Misbehaved, Output, StaticDirectory};
     use crate::interval::{Algorithm, Batch, IntervalCosts, MemberCosts};
     use crate::message::Envelope;
     use crate::suite::ristretto::Ristretto255;
     use crate::suite::{generate_signer, Signer};
-    use crate::{GroupId, ProtocolId, SignatureId};
+    use crate::{Epoch, GroupId, ProtocolId, SignatureId};
 
     type E = IntervalTgdh<Ristretto255>;
 
@@ -1297,6 +1362,9 @@ mod tests {
         /// Deliveries refused as of an earlier run (a rekey message overtook
         /// them): the driver drops them.
         stale: usize,
+        /// Deliveries a member dropped as of a rekey it takes no part in (a
+        /// newcomer's, of a rekey carried on into its view).
+        ignored: usize,
         rng: ChaCha20Rng,
     }
 
@@ -1334,6 +1402,7 @@ mod tests {
                 queue: VecDeque::new(),
                 wire: Vec::new(),
                 stale: 0,
+                ignored: 0,
                 rng,
             };
             net.engines = (0..n).map(|i| net.fresh(i)).collect();
@@ -1419,6 +1488,7 @@ mod tests {
                     match self.engines[j].on_message(&sender, &bytes, &mut self.rng) {
                         Ok(outs) => self.push(j, outs),
                         Err(Error::WrongRun { .. }) => refused += 1,
+                        Err(Error::Ignored(_)) if !self.engines[j].rekeying() => self.ignored += 1,
                         Err(e) => panic!("{} refused a message of {}: {e}", self.names[j], self.names[from]),
                     }
                 }
@@ -1676,23 +1746,144 @@ mod tests {
         }
     }
 
+    /// Pumps the rekey under way one message at a time until a member other
+    /// than the leader may leave without stopping it (SEAL 3.6: it is no
+    /// sponsor, or has sent all its packets), with packets still to come;
+    /// returns that member.
+    fn pump_until_a_free_leaver(net: &mut Net) -> Option<usize> {
+        loop {
+            let leader = net.leader();
+            let rk = net.engines[leader].runner.protocol_ref().rekey.as_ref();
+            if let Some(ph) = rk.map(|rk| &rk.phase).filter(|ph| ph.kind == Kind::Main) {
+                let free = net.view.iter().copied().find(|&i| {
+                    let leaf = ph.leaf.get(&net.names[i]);
+                    let sent_all = leaf.is_none_or(|l| {
+                        ph.by_sponsor.get(l).is_none_or(|list| ph.delivered.get(l).copied().unwrap_or(0) == list.len())
+                    });
+                    i != leader && leaf.is_some() && sent_all
+                });
+                if free.is_some() && ph.total < ph.plan.len() {
+                    return free;
+                }
+            }
+            if net.queue.is_empty() {
+                return None;
+            }
+            net.pump(Some(1));
+        }
+    }
+
+    /// The members of the view that hold a key hold the same one, of
+    /// `epoch`, whose members they are; the others wait. Returns the key.
+    fn agreed_among(net: &Net, epoch: Epoch, waiting: &[usize]) -> [u8; 32] {
+        let holders: Vec<usize> = net.view.iter().copied().filter(|i| !waiting.contains(i)).collect();
+        let first = net.engines[holders[0]].secure_view().expect("a key").clone();
+        for &i in &holders {
+            let sv = net.engines[i].secure_view().unwrap_or_else(|| panic!("{} has no key", net.names[i]));
+            assert_eq!(sv.key.expose_secret(), first.key.expose_secret(), "{} differs", net.names[i]);
+            assert_eq!(sv.epoch, epoch, "{}", net.names[i]);
+            assert!(!net.engines[i].rekeying());
+            let want: Vec<&MemberId> = holders.iter().map(|&h| &net.names[h]).collect();
+            assert_eq!(sv.members.iter().collect::<Vec<_>>(), want, "the key's members are its holders, in view order");
+        }
+        for &w in waiting {
+            assert!(net.engines[w].waiting(), "{} holds a key it took no part in", net.names[w]);
+        }
+        *first.key.expose_secret()
+    }
+
     #[test]
-    fn a_view_during_a_rekey_that_takes_no_sponsor_abandons_it_until_the_next_tick() {
-        let mut net = Net::new(IntervalAlgorithm::Batch, 8, 6);
-        net.change(&[0, 1, 2, 3, 4], &[]);
-        let k0 = net.rekey();
-        net.change(&[5], &[]);
+    fn a_leave_during_a_rekey_that_takes_neither_its_leader_nor_an_unsent_sponsor_carries_it_on() {
+        for a in IntervalAlgorithm::ALL {
+            let mut carried = 0;
+            for seed in 0..6 {
+                let mut net = Net::new(a, 10, 20 + seed);
+                net.change(&[0, 1, 2, 3, 4, 5], &[]);
+                let k0 = net.rekey();
+                net.change(&[6, 7], &[3]);
+                net.tick();
+                let Some(leaver) = pump_until_a_free_leaver(&mut net) else { continue };
+                carried += 1;
+                // The view loses what was still on its way: sponsors send it
+                // again in the new view.
+                net.change_quiet(&[], &[leaver]);
+                let leader = net.leader();
+                assert!(net.view.iter().all(|&i| net.engines[i].rekeying()), "{a:?}: the rekey goes on");
+                assert_eq!(net.engines[leader].stats().restarts, 0, "{a:?}");
+                assert_eq!(net.engines[leader].stats().carried, 1, "{a:?}");
+                net.pump(None);
+                assert_eq!(net.ignored, 0);
+                let k1 = agreed_among(&net, Epoch::new(ViewId::new(1, net.seq), 0), &[]);
+                assert_ne!(k1, k0, "{a:?}");
+                // The leaver is still in the tree: the next rekey takes it out.
+                let tree = net.engines[leader].runner.protocol_ref().saved.as_ref().unwrap().members();
+                assert!(tree.contains(&net.names[leaver]), "{a:?}");
+                let k2 = net.rekey();
+                let tree = net.engines[leader].runner.protocol_ref().saved.as_ref().unwrap().members();
+                assert!(!tree.contains(&net.names[leaver]) && k2 != k1, "{a:?}");
+            }
+            assert!(carried >= 3, "{a:?}: only {carried} rekeys with a member free to leave");
+        }
+    }
+
+    #[test]
+    fn a_join_during_a_rekey_carries_it_on_and_the_newcomer_waits_for_the_next_tick() {
+        for a in IntervalAlgorithm::ALL {
+            let mut net = Net::new(a, 8, 6);
+            net.change(&[0, 1, 2, 3, 4], &[]);
+            let k0 = net.rekey();
+            net.change(&[5], &[]);
+            net.tick();
+            net.pump(Some(1));
+            // A newcomer arrives mid-rekey: nobody left, the rekey goes on
+            // among the members it started with; the newcomer drops its
+            // packets.
+            net.change_quiet(&[6], &[]);
+            assert!(net.view.iter().filter(|&&i| i != 6).all(|&i| net.engines[i].rekeying()), "{a:?}");
+            net.pump(None);
+            assert!(net.ignored > 0, "{a:?}: the newcomer saw the rekey's packets");
+            let k1 = agreed_among(&net, Epoch::new(ViewId::new(1, net.seq), 0), &[6]);
+            assert_ne!(k1, k0);
+            // Queue-batch: the leader announced the newcomer's T' at the install.
+            if a == IntervalAlgorithm::QueueBatch {
+                assert_eq!(net.engines[net.leader()].stats().queues_led, 3, "one per view with joiners, and this");
+            }
+            // Cascade: another view before the next tick, then the tick.
+            net.change(&[], &[3]);
+            let k = net.rekey();
+            assert_ne!(k, k1);
+        }
+    }
+
+    #[test]
+    fn a_merge_with_an_older_member_during_a_rekey_hands_the_next_rekey_to_it() {
+        // m0..m2 are older than the group's members m3..m6 in the merged view
+        // (views list members oldest first): the rekey of m3..m6 does not go
+        // on under a leader that no longer leads; the next tick keys everyone.
+        let mut net = Net::new(IntervalAlgorithm::Batch, 8, 9);
+        net.change(&[3, 4, 5], &[]);
+        net.rekey();
+        net.change(&[6], &[]);
         net.tick();
         net.pump(Some(1));
-        // A newcomer arrives mid-rekey: nobody left, nothing restarts.
-        net.change(&[6], &[]);
-        assert!(net.queue.is_empty() && net.view.iter().all(|&i| !net.engines[i].rekeying()));
-        assert_eq!(net.engines[1].secure_view().map(|sv| *sv.key.expose_secret()), Some(k0), "the old key stays");
-        assert!(net.engines[5].waiting() && net.engines[6].waiting());
-        // Cascade: another view before the next tick, then the tick.
-        net.change(&[], &[3]);
-        let k = net.rekey();
-        assert_ne!(k, k0);
+        net.queue.clear();
+        net.seq += 1;
+        let last = ViewId::new(1, net.seq - 1);
+        let mut members: Vec<ViewMember> =
+            (0..3).map(|i| ViewMember { id: net.names[i].clone(), prev: None }).collect();
+        members.extend([3, 4, 5, 6].map(|i| ViewMember { id: net.names[i].clone(), prev: Some(last) }));
+        let view = View { id: ViewId::new(1, net.seq), members: members.into(), cause: Cause::Join };
+        net.view = (0..7).collect();
+        for i in 0..7 {
+            if i < 3 {
+                net.engines[i] = net.fresh(i);
+            }
+            let outs = net.engines[i].on_view(&view, &mut net.rng).unwrap();
+            net.push(i, outs);
+        }
+        assert!(net.queue.is_empty() && (0..7).all(|i| !net.engines[i].rekeying()));
+        assert_eq!(net.engines[3].stats().carried, 0);
+        net.rekey();
     }
 
     /// Member `i`'s T' of this view, if keyed: its members and root key.
@@ -2020,9 +2211,11 @@ mod tests {
             );
             assert!(!net.engines[i].rekeying());
         }
-        // A BKEY before any rekey, and garbage.
+        // A BKEY before any rekey message in the view: perhaps of a rekey
+        // carried on among others (SEAL 3.6), not this member's; dropped.
+        // And garbage.
         let early = net.forge(3, 0, 0, ROUND_BKEY, vec![2, 0, 0, 0, 0]);
-        check(&mut net, 3, &early, &|e| matches!(e, Error::Misbehaved { what: Misbehaved::OutsideItsRun { .. }, .. }));
+        check(&mut net, 3, &early, &|e| matches!(e, Error::Ignored(_)));
         let junk = net.forge(0, 0, 1, ROUND_REKEY, vec![2, 0xff]);
         check(&mut net, 0, &junk, &|e| matches!(e, Error::Decode(_)));
         // The real rekey goes through; the rekey message replayed after it
@@ -2066,6 +2259,10 @@ mod tests {
             let err = net.engines[1].on_message(&net.names[from], &bytes, &mut net.rng).unwrap_err();
             assert!(matches!(err, Error::Replay(..) | Error::Misbehaved { .. }), "{err}");
         }
+        // A BKEY after the view's rekey is over is no carried rekey's.
+        let late = net.forge(3, 1, 50, ROUND_BKEY, vec![2, 0, 0, 0, 0]);
+        let err = net.engines[1].on_message(&net.names[3], &late, &mut net.rng).unwrap_err();
+        assert!(matches!(err, Error::Misbehaved { what: Misbehaved::OutsideItsRun { .. }, .. }), "{err}");
     }
 
     #[cfg(feature = "test-hooks")]
@@ -2088,6 +2285,31 @@ mod tests {
             // The model finds keys it can reach: a stayer's own keys reach it.
             let stay = net.engines[1].leak();
             assert_eq!(net.reaches(1, &stay.scalars, &stay.elements, &target), Some(true), "{a:?}");
+        }
+    }
+
+    #[cfg(feature = "test-hooks")]
+    #[test]
+    fn a_member_that_left_during_a_carried_rekey_cannot_reach_the_key_of_the_next_one() {
+        for a in IntervalAlgorithm::ALL {
+            let mut net = Net::new(a, 10, 21);
+            net.change(&[0, 1, 2, 3, 4, 5], &[]);
+            net.rekey();
+            net.change(&[6, 7], &[3]);
+            net.tick();
+            let leaver = pump_until_a_free_leaver(&mut net).expect("a member free to leave");
+            let held = net.engines[leaver].leak();
+            net.change_quiet(&[], &[leaver]);
+            net.pump(None);
+            // What it held in the carried rekey may reach that rekey's key
+            // (SEAL: the leave is the next rekey's); the next one shuts it out.
+            net.rekey();
+            let target = net.engines[net.leader()].leak().group_secret.expect("a secret");
+            let mut secrets = held.elements.clone();
+            secrets.extend(held.group_secret.clone());
+            assert_eq!(net.reaches(0, &held.scalars, &secrets, &target), Some(false), "{a:?}");
+            let stay = net.engines[net.leader()].leak();
+            assert_eq!(net.reaches(0, &stay.scalars, &stay.elements, &target), Some(true), "{a:?}");
         }
     }
 
