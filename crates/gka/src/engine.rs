@@ -300,6 +300,13 @@ pub trait Engine: Send {
     /// refused): abandons any run and forgets its state, so that at the next
     /// view it counts as a newcomer (the others may install keys without it).
     fn stand_aside(&mut self);
+    /// The view just observed is one whose run the driver holds back until
+    /// every member is admitted afresh (a join or a merge, certified): its
+    /// members begin it at different points of the agreed stream, so what
+    /// one processed in it another may not have. An interval rekey under way
+    /// does not go on across it ([`crate::protocols::seal`]). Called after
+    /// [`Engine::observe`], before [`Engine::start`].
+    fn admitting(&mut self) {}
     /// Starts a new run in the current view, from scratch: every member
     /// forgets its saved state and the view is agreed again as a merge of
     /// singletons, under the next [`Epoch`]. Every member of the view must be
@@ -454,6 +461,8 @@ pub(crate) trait Protocol<G: Group>: Send + Sized + 'static {
     fn interval_stats(&self) -> Option<crate::protocols::seal::IntervalStats> {
         None
     }
+    /// See [`Engine::admitting`].
+    fn admitting(&mut self) {}
     /// The member's secrets (test hook).
     #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     fn secrets(&self) -> (Vec<G::Scalar>, Vec<G::Element>);
@@ -1059,6 +1068,10 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
 
     fn interval_stats(&self) -> Option<crate::protocols::seal::IntervalStats> {
         self.proto.interval_stats()
+    }
+
+    fn admitting(&mut self) {
+        self.proto.admitting();
     }
 
     #[cfg(feature = "test-hooks")]

@@ -1150,6 +1150,9 @@ impl SessionCore {
             let members: BTreeSet<&MemberId> = view.ids().collect();
             gs.verdicts.retain(|m, _| members.contains(m));
         } else {
+            // Members begin this view's run as their verdicts come in, at
+            // different points of the stream: nothing goes on across it.
+            gs.engine.admitting();
             gs.verdicts.clear();
             gs.admission = Admission::Waiting { deadline: Some(self.now + cert.timeout) };
             let cert_der = cert.identity.cert_der();

@@ -265,6 +265,44 @@ fn certified_members_rekey_at_the_interval_and_outsiders_get_nothing() {
     assert_eq!(received(&net, 0).last().map(String::as_str), Some("certified only"));
 }
 
+/// Certified: a join mid-rekey is a view whose run waits for every member's
+/// certificate, which members begin at different points of the stream, so
+/// the rekey does not go on across it (what one member processed there
+/// another may not have): it is abandoned, and the next tick keys everyone.
+#[test]
+fn certified_a_join_during_a_rekey_abandons_it_and_the_next_tick_keys_everyone() {
+    let mut net = certified(&["alice", "bob", "carol", "dave"], 12);
+    let policy = Policy::interval(IntervalAlgorithm::Batch, PERIOD);
+    for i in 0..2 {
+        net.join(i, policy);
+        net.advance(Duration::from_millis(10));
+    }
+    net.advance(PERIOD);
+    assert_eq!(keys(&net, 1).len(), 1);
+    net.join(2, policy);
+    net.advance(Duration::from_millis(10));
+    // The tick (the rekey message goes out), then dave's join at once.
+    let due = net.members[0].session.poll_timeout().unwrap();
+    net.advance(due.saturating_duration_since(net.now()) - Duration::from_millis(1));
+    assert_eq!(keys(&net, 0).len(), 2, "the tick came early");
+    net.members[0].session.handle_timeout(due).unwrap();
+    net.drain(0);
+    let now = net.now();
+    net.members[3].session.join(now, vnet::GROUP, policy).unwrap();
+    net.drain(3);
+    net.settle();
+    assert_eq!(keys(&net, 0).len(), 2, "the rekey went on across a view admitted afresh");
+    assert!(keys(&net, 2).is_empty() && keys(&net, 3).is_empty());
+    net.advance(PERIOD);
+    let (fp, members) = keys(&net, 0).last().unwrap().clone();
+    assert_eq!(members, ["alice", "bob", "carol", "dave"]);
+    assert_eq!(keys(&net, 0).len(), 3, "one key for both joins");
+    for i in 1..4 {
+        assert_eq!(keys(&net, i).last(), Some(&(fp.clone(), members.clone())), "member {i}");
+    }
+    no_rejections(&net);
+}
+
 /// A member that joins with another policy (here, rekeying on every view)
 /// hears the group's policy and is taken out of the group; the interval
 /// algorithm is part of the policy, the period is not.

@@ -93,22 +93,41 @@
 //! (`merged_ready`, `keyed_in_run`).
 
 //! # Cascades (SEAL §3.6)
-//! A view during a rekey abandons it: every member goes back to the tree of
-//! the last install, and the batch is derived again from the views. If the
-//! abandoned rekey's leader left, or a sponsor that still had packets to
-//! send, the new view's leader restarts at once (the batch then renews their
-//! nodes); otherwise the batch waits for the next tick. Members that moved
-//! together all delivered the same packets (virtual synchrony), so they all
-//! installed or none did; a member that installed a key the leader did not
-//! share is a joiner of the next rekey, so no view splits the group and none
-//! leaves a member waiting for a packet that will never come.
+//! A view during a rekey does not stop it if it takes neither the rekey's
+//! leader nor a sponsor that still had packets to send: the rekey's members
+//! that came from the last view with this member (the engine's
+//! `Change::together`) carry it on, and the leave is the next rekey's, as
+//! SEAL §3.6 says. They delivered the same packets in the last view
+//! (virtual synchrony), so they hold the same state of it; a sponsor sends
+//! again, in the new view, its packets that the last one did not deliver
+//! (they were bound to it and are refused in this one). The key is
+//! installed among those members only (`Ctx::install_among`, in view order):
+//! a newcomer takes no part, drops the rekey's packets
+//! ([`Error::Ignored`]: before a rekey message in the view, a member that is
+//! not rekeying cannot tell them from a carried rekey's) and waits for the
+//! next tick; under Queue-batch the leader announces its T' at the install.
+//! A member that left mid-rekey is still in the installed tree and could
+//! compute that key from the rekey's packets; the next rekey takes it out.
+//!
+//! The rekey is abandoned instead — every member goes back to the tree of
+//! the last install and the batch is derived again from the views — if the
+//! view takes its leader or an unsent sponsor, if an older member (of a
+//! merge) now leads, during Queue-batch's Queue-subtree in the run (the
+//! merge's sponsors are still unknown), or if the driver begins the view
+//! after a fresh admission ([`Engine::admitting`]: certified members begin
+//! such a view as their verdicts come in, so what one processed in it
+//! another may not have). If its leader or an unsent sponsor left, the new
+//! view's leader restarts at once (the batch then renews their nodes);
+//! otherwise the batch waits for the next tick. Members that moved together
+//! all delivered the same packets, so they all installed or none did; a
+//! member that installed a key the leader did not share is a joiner of the
+//! next rekey, so no view splits the group and none leaves a member waiting
+//! for a packet that will never come.
 //!
 //! # How it differs from SEAL
-//! * A rekey interrupted by a view is abandoned rather than continued with
-//!   a member gone: the commit point is the plan's last packet, delivered in
-//!   one view, so members that stay together never disagree on the tree.
-//!   A departure other than the leader's or an unsent sponsor's therefore
-//!   waits for the next tick, as in SEAL, but so does the abandoned batch.
+//! * A rekey goes on across a view only in the rekey proper, under the same
+//!   leader, and not across a view admitted afresh (see Cascades): there
+//!   it is abandoned and waits for the next tick, where SEAL carries on.
 //! * Members install at the plan's last packet, not as soon as they hold
 //!   the root and BK0 (for the same reason: one delivery is everyone's
 //!   commit point). SEAL's rekey is finished once the key is confirmed;
@@ -485,10 +504,12 @@ impl<G: Group> Phase<G> {
 /// A rekey in progress.
 struct Rekey<G: Group> {
     leader: MemberId,
-    /// Its members still taking part, once a view carried it on (SEAL
-    /// §3.6); `None` while it is in the view it started in, whose members
-    /// all take part.
-    active: Option<BTreeSet<MemberId>>,
+    /// Its members still taking part: the view's when it started, less
+    /// those that did not come with this member through a view that
+    /// carried it on (SEAL §3.6).
+    active: BTreeSet<MemberId>,
+    /// A view carried it on: not every member of the view may hold its key.
+    carried: bool,
     batch: Batch,
     /// The tree the batch applies to, as this member holds it.
     base: Option<Tree<G>>,
@@ -525,6 +546,9 @@ pub struct Seal<G: Group> {
     /// A rekey message was delivered in this view: every member of the
     /// view takes part in the rekey from then on.
     rekeyed_in_view: bool,
+    /// The next view is begun after a fresh admission ([`Engine::admitting`]):
+    /// a rekey under way does not go on across it.
+    admitting: bool,
     stats: IntervalStats,
 }
 
@@ -753,7 +777,8 @@ impl<G: Group> Seal<G> {
         let before = cx.exps();
         draw_fresh(cx, &mut phase);
         self.stats.subtree_exps += cx.exps() - before;
-        self.rekey = Some(Rekey { leader: from.clone(), active: None, batch, base, phase });
+        let active = cx.view.ids().cloned().collect();
+        self.rekey = Some(Rekey { leader: from.clone(), active, carried: false, batch, base, phase });
         self.advance(cx)
     }
 
@@ -828,13 +853,11 @@ impl<G: Group> Seal<G> {
                     }
                     match phase.secret.take() {
                         Some(mut secret) => {
-                            let carried = rk.active.is_some();
-                            match &rk.active {
+                            let holders: Option<Vec<MemberId>> =
+                                rk.carried.then(|| cx.view.ids().filter(|m| rk.active.contains(*m)).cloned().collect());
+                            match &holders {
                                 None => cx.install(&secret),
-                                Some(a) => cx.install_among(
-                                    &secret,
-                                    cx.view.ids().filter(|m| a.contains(*m)).cloned().collect(),
-                                ),
+                                Some(h) => cx.install_among(&secret, h.clone()),
                             }
                             secret.zeroize();
                             let mut t = phase.r.tree.clone();
@@ -844,14 +867,11 @@ impl<G: Group> Seal<G> {
                                 t.nodes[t.root].bk = None;
                             }
                             self.saved = Some(t);
-                            self.mine = match &rk.active {
-                                None => cx.view.ids().cloned().collect(),
-                                Some(a) => cx.view.ids().filter(|m| a.contains(*m)).cloned().collect(),
-                            };
+                            self.mine = holders.unwrap_or_else(|| cx.view.ids().cloned().collect());
                             // The joiners are in: no T' any more.
                             self.queue = None;
                             self.last_sub = None;
-                            if carried && &cx.view.members[0].id == cx.me {
+                            if rk.carried && &cx.view.members[0].id == cx.me {
                                 // The view's newcomers wait for the next
                                 // rekey: their T' now.
                                 self.announce(cx);
@@ -1088,6 +1108,7 @@ impl<G: Group> Protocol<G> for Seal<G> {
             together: MemberSet::default(),
             ticked: false,
             rekeyed_in_view: false,
+            admitting: false,
             stats: IntervalStats::default(),
         }
     }
@@ -1104,6 +1125,7 @@ impl<G: Group> Protocol<G> for Seal<G> {
         self.together = change.together.clone();
         self.ticked = false;
         self.rekeyed_in_view = false;
+        let admitted_afresh = std::mem::take(&mut self.admitting);
         // T' as keyed in the last view (if it was) is the base of this view's.
         self.last_sub = self.queue.take().and_then(|q| q.done);
         let leads = &cx.view.members[0].id == cx.me;
@@ -1111,15 +1133,10 @@ impl<G: Group> Protocol<G> for Seal<G> {
             // The rekey's members that came from the last view with this
             // member go on with it: they delivered the same packets there
             // (virtual synchrony), so they hold the same state of it.
-            let prev = cx.position(cx.me).and_then(|i| cx.view.members[i].prev);
-            let going_on: BTreeSet<MemberId> = cx
-                .view
-                .members
-                .iter()
-                .filter(|m| m.prev.is_some() && m.prev == prev)
-                .filter(|m| rk.active.as_ref().is_none_or(|a| a.contains(&m.id)))
-                .map(|m| m.id.clone())
-                .collect();
+            // (`together`: in every view since this member's last run began,
+            // including views whose run the driver held back.)
+            let going_on: BTreeSet<MemberId> =
+                cx.view.ids().filter(|m| self.together.contains(*m) && rk.active.contains(*m)).cloned().collect();
             let gone = |m: &MemberId| !going_on.contains(m);
             let ph = &rk.phase;
             let unsent = ph.by_sponsor.iter().any(|(&s, list)| {
@@ -1132,10 +1149,14 @@ impl<G: Group> Protocol<G> for Seal<G> {
             // that member), and only in the rekey proper: Queue-batch's
             // Queue-subtree in the run has the merge's sponsors still to
             // come.
-            let carry =
-                !unsent && !gone(&rk.leader) && cx.view.members[0].id == rk.leader && rk.phase.kind == Kind::Main;
+            let carry = !unsent
+                && !admitted_afresh
+                && !gone(&rk.leader)
+                && cx.view.members[0].id == rk.leader
+                && rk.phase.kind == Kind::Main;
             if carry {
-                rk.active = Some(going_on);
+                rk.active = going_on;
+                rk.carried = true;
                 // Its packets sent in the last view and not delivered there
                 // went to nobody that goes on: send them again in this one.
                 if let Some(me) = rk.phase.me {
@@ -1159,6 +1180,10 @@ impl<G: Group> Protocol<G> for Seal<G> {
 
     fn interval_stats(&self) -> Option<IntervalStats> {
         Some(self.stats)
+    }
+
+    fn admitting(&mut self) {
+        self.admitting = true;
     }
 
     fn on_tick(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
@@ -1253,7 +1278,7 @@ impl<G: Group> IntervalTgdh<G> {
     }
 
     /// A view from the group communication layer: followed, not rekeyed
-    /// (abandons a rekey in progress; the new leader may restart one).
+    /// (a rekey in progress goes on, is restarted or waits: see the module doc).
     /// Under Queue-batch the leader announces the view's T' if anybody joins.
     pub fn on_view(&mut self, view: &View, rng: &mut dyn CryptoRngCore) -> Result<Vec<Output>, Error> {
         self.runner.on_view(view, rng)
