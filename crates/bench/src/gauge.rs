@@ -737,14 +737,18 @@ impl State {
     fn fresh_engine(&mut self, conn: ConnId) -> Eng {
         let m = &self.members[&conn];
         match self.policy {
-            Policy::Interval(a) | Policy::OnLeave(a) => Eng::Interval(Box::new(IntervalTgdh::new(
-                Ristretto255,
-                self.group.as_str().to_string(),
-                m.name.clone(),
-                m.signer.clone(),
-                self.directory.clone(),
-                a,
-            ))),
+            Policy::Interval(a) | Policy::OnLeave(a) => {
+                let e = IntervalTgdh::new(
+                    Ristretto255,
+                    self.group.as_str().to_string(),
+                    m.name.clone(),
+                    m.signer.clone(),
+                    self.directory.clone(),
+                    a,
+                );
+                let on_leave = matches!(self.policy, Policy::OnLeave(_));
+                Eng::Interval(Box::new(if on_leave { e.rekey_on_leave() } else { e }))
+            }
             Policy::PerView => Eng::PerView(new_engine(Config {
                 protocol: ProtocolId::Tgdh,
                 group_id: GroupId::Ristretto255,

@@ -141,17 +141,29 @@ pub fn new_engine(c: Config) -> Box<dyn Engine> {
 
 /// The engine of SEAL's interval rekeying ([`protocols::seal`]) with
 /// `algorithm`, for a [`Config`] whose protocol is TGDH (the tree it keeps);
-/// `None` for any other protocol.
-pub fn new_interval_engine(c: Config, algorithm: protocols::seal::IntervalAlgorithm) -> Option<Box<dyn Engine>> {
+/// `None` for any other protocol. `rekey_on_leave`: the group rekeys at
+/// once on a leave, so a rekey a view takes a member from is restarted, not
+/// carried on (see [`protocols::seal::IntervalTgdh::rekey_on_leave`]).
+pub fn new_interval_engine(
+    c: Config,
+    algorithm: protocols::seal::IntervalAlgorithm,
+    rekey_on_leave: bool,
+) -> Option<Box<dyn Engine>> {
     use suite::memo::{self, Memo};
     if c.protocol != ProtocolId::Tgdh {
         return None;
     }
     Some(match c.group_id {
         GroupId::Ristretto255 => {
-            interval_engine_in(Memo::new(suite::ristretto::Ristretto255, memo::ENGINE_CAPACITY), c, algorithm)
+            let g = Memo::new(suite::ristretto::Ristretto255, memo::ENGINE_CAPACITY);
+            interval_engine_in(g, c, algorithm, rekey_on_leave)
         }
-        id => interval_engine_in(Memo::new(suite::modp::Modp::new(id), memo::ENGINE_CAPACITY), c, algorithm),
+        id => interval_engine_in(
+            Memo::new(suite::modp::Modp::new(id), memo::ENGINE_CAPACITY),
+            c,
+            algorithm,
+            rekey_on_leave,
+        ),
     })
 }
 
@@ -159,9 +171,10 @@ fn interval_engine_in<G: suite::Group>(
     g: G,
     c: Config,
     algorithm: protocols::seal::IntervalAlgorithm,
+    rekey_on_leave: bool,
 ) -> Box<dyn Engine> {
     let Config { group, me, signer, directory, .. } = c;
-    Box::new(protocols::seal::runner(g, group, me, signer, directory, algorithm))
+    Box::new(protocols::seal::runner(g, group, me, signer, directory, algorithm, rekey_on_leave))
 }
 
 /// The engine a [`Config`] describes, computing in `g` (which must be the

@@ -686,8 +686,10 @@ impl SessionCore {
                 Box::new(KeyedEngine::new(config.me, config.group, config.directory))
             }
             (GroupMode::Members, None) => conclave_gka::new_engine(config),
-            (GroupMode::Members, Some(interval)) => conclave_gka::new_interval_engine(config, interval.algorithm)
-                .ok_or(SessionError::Unsupported("interval rekeying with another protocol than TGDH"))?,
+            (GroupMode::Members, Some(interval)) => {
+                conclave_gka::new_interval_engine(config, interval.algorithm, interval.rekey_on_leave)
+                    .ok_or(SessionError::Unsupported("interval rekeying with another protocol than TGDH"))?
+            }
         };
         self.groups.insert(
             name.clone(),

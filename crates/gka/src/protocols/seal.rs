@@ -549,6 +549,9 @@ pub struct Seal<G: Group> {
     /// The next view is begun after a fresh admission ([`Engine::admitting`]):
     /// a rekey under way does not go on across it.
     admitting: bool,
+    /// The group rekeys at once on a leave (`:rekey-on-leave`): a rekey
+    /// under way that loses a member is restarted, not carried on.
+    rekey_on_leave: bool,
     stats: IntervalStats,
 }
 
@@ -1109,14 +1112,16 @@ impl<G: Group> Protocol<G> for Seal<G> {
             ticked: false,
             rekeyed_in_view: false,
             admitting: false,
+            rekey_on_leave: false,
             stats: IntervalStats::default(),
         }
     }
 
     fn reset(&mut self) {
-        let (algorithm, stats) = (self.algorithm, self.stats);
+        let (algorithm, rekey_on_leave, stats) = (self.algorithm, self.rekey_on_leave, self.stats);
         *self = Self::new();
         self.algorithm = algorithm;
+        self.rekey_on_leave = rekey_on_leave;
         self.stats = stats;
     }
 
@@ -1142,6 +1147,9 @@ impl<G: Group> Protocol<G> for Seal<G> {
             let unsent = ph.by_sponsor.iter().any(|(&s, list)| {
                 ph.delivered.get(&s).copied().unwrap_or(0) < list.len() && ph.r.tree.member(s).is_some_and(gone)
             });
+            // `:rekey-on-leave`: a leave is rekeyed at once, so a rekey that
+            // lost a member (who could compute its key) starts again.
+            let unsent = unsent || (self.rekey_on_leave && rk.active.iter().any(gone));
             // SEAL §3.6: a rekey goes on unless its leader or a sponsor that
             // had not sent all its packets left; the leave is the next
             // rekey's. It goes on only if its leader still leads (a merge
@@ -1250,9 +1258,11 @@ pub(crate) fn runner<G: Group>(
     signer: Arc<dyn Signer>,
     directory: Arc<dyn Directory>,
     algorithm: IntervalAlgorithm,
+    rekey_on_leave: bool,
 ) -> Runner<G, Seal<G>> {
     let mut runner = Runner::<G, Seal<G>>::new(g, group, me, signer, directory);
     runner.protocol_mut().algorithm = algorithm;
+    runner.protocol_mut().rekey_on_leave = rekey_on_leave;
     runner
 }
 
@@ -1274,7 +1284,16 @@ impl<G: Group> IntervalTgdh<G> {
         directory: Arc<dyn Directory>,
         algorithm: IntervalAlgorithm,
     ) -> Self {
-        Self { runner: runner(g, group, me, signer, directory, algorithm) }
+        Self { runner: runner(g, group, me, signer, directory, algorithm, false) }
+    }
+
+    /// The group rekeys at once on a leave (`:rekey-on-leave`; the driver
+    /// ticks the leader when a member of the key in use leaves): a rekey
+    /// under way that a view takes a member from is restarted at once by the
+    /// leader, not carried on to a key the leaver could compute.
+    pub fn rekey_on_leave(mut self) -> Self {
+        self.runner.protocol_mut().rekey_on_leave = true;
+        self
     }
 
     /// A view from the group communication layer: followed, not rekeyed
@@ -1390,6 +1409,8 @@ mod tests {
         /// Deliveries a member dropped as of a rekey it takes no part in (a
         /// newcomer's, of a rekey carried on into its view).
         ignored: usize,
+        /// Members rekey at once on a leave (`IntervalTgdh::rekey_on_leave`).
+        on_leave: bool,
         rng: ChaCha20Rng,
     }
 
@@ -1428,6 +1449,7 @@ mod tests {
                 wire: Vec::new(),
                 stale: 0,
                 ignored: 0,
+                on_leave: false,
                 rng,
             };
             net.engines = (0..n).map(|i| net.fresh(i)).collect();
@@ -1435,14 +1457,19 @@ mod tests {
         }
 
         fn fresh(&self, i: usize) -> E {
-            E::new(
+            let e = E::new(
                 Ristretto255,
                 "seal".into(),
                 self.names[i].clone(),
                 self.signers[i].clone(),
                 self.dir.clone(),
                 self.algorithm,
-            )
+            );
+            if self.on_leave {
+                e.rekey_on_leave()
+            } else {
+                e
+            }
         }
 
         fn push(&mut self, from: usize, outs: Vec<Output>) {
@@ -1848,6 +1875,28 @@ mod tests {
                 assert!(!tree.contains(&net.names[leaver]) && k2 != k1, "{a:?}");
             }
             assert!(carried >= 3, "{a:?}: only {carried} rekeys with a member free to leave");
+        }
+    }
+
+    #[test]
+    fn with_rekey_on_leave_a_leave_during_a_rekey_restarts_it_without_the_leaver() {
+        for a in IntervalAlgorithm::ALL {
+            let mut net = Net::new(a, 10, 22);
+            net.on_leave = true;
+            net.engines = (0..10).map(|i| net.fresh(i)).collect();
+            net.change(&[0, 1, 2, 3, 4, 5], &[]);
+            net.rekey();
+            net.change(&[6, 7], &[3]);
+            net.tick();
+            let leaver = pump_until_a_free_leaver(&mut net).expect("a member free to leave");
+            net.change_quiet(&[], &[leaver]);
+            let leader = net.leader();
+            assert_eq!(net.engines[leader].stats().carried, 0, "{a:?}");
+            assert_eq!(net.engines[leader].stats().restarts, 1, "{a:?}: restarted at once");
+            net.pump(None);
+            net.agreed();
+            let tree = net.engines[leader].runner.protocol_ref().saved.as_ref().unwrap().members();
+            assert!(!tree.contains(&net.names[leaver]), "{a:?}: the leaver is out of the key's tree");
         }
     }
 
