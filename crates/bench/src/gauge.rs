@@ -143,7 +143,8 @@
 //! * A view during a rekey that takes neither the leader nor an unsent
 //!   sponsor lets it go on among its members, as SEAL's does (§3.6), but
 //!   it is abandoned until the next tick when a merge puts an older member
-//!   in the lead or during Queue-batch's Queue-subtree in the run (see
+//!   in the lead or a joiner leaves during Queue-batch's Queue-subtree in
+//!   the run (see
 //!   `protocols::seal`, "Cascades"): such a rekey's rekeying time includes
 //!   the wait, so the tables print the median beside the mean, and the
 //!   abandoned rekeys (rekey messages sent minus rekeys installed).

@@ -112,8 +112,10 @@
 //! The rekey is abandoned instead — every member goes back to the tree of
 //! the last install and the batch is derived again from the views — if the
 //! view takes its leader or an unsent sponsor, if an older member (of a
-//! merge) now leads, during Queue-batch's Queue-subtree in the run (the
-//! merge's sponsors are still unknown), or if the driver begins the view
+//! merge) now leads, if it takes a member of T' during Queue-batch's
+//! Queue-subtree in the run (the merge, whose sponsors are still unknown,
+//! could not go on without it; an old member that leaves then is merged
+//! out, its leave this rekey's), or if the driver begins the view
 //! after a fresh admission ([`Engine::admitting`]: certified members begin
 //! such a view as their verdicts come in, so what one processed in it
 //! another may not have). If its leader or an unsent sponsor left, the new
@@ -831,7 +833,13 @@ impl<G: Group> Seal<G> {
             match rk.phase.kind {
                 Kind::Subtree | Kind::Queue => {
                     let sub = rk.phase.keyed_subtree(cx);
-                    let merged = queue_merge(rk.base.as_ref(), Some(&sub), &rk.batch.leaves)
+                    // Carried on: the old members gone since the rekey
+                    // message leave with the batch's leavers.
+                    let leaves = match (&rk.base, rk.carried) {
+                        (Some(b), true) => b.members().into_iter().filter(|m| !rk.active.contains(m)).collect(),
+                        _ => rk.batch.leaves.clone(),
+                    };
+                    let merged = queue_merge(rk.base.as_ref(), Some(&sub), &leaves)
                         .map_err(|_| Error::Internal("Queue-merge refused a checked batch"))?
                         .ok_or(Error::Internal("Queue-merge of nobody"))?;
                     let mut phase = Phase::new(Kind::Main, merged, cx.me);
@@ -1154,14 +1162,13 @@ impl<G: Group> Protocol<G> for Seal<G> {
             // had not sent all its packets left; the leave is the next
             // rekey's. It goes on only if its leader still leads (a merge
             // with an older member hands the lead, and the next rekey, to
-            // that member), and only in the rekey proper: Queue-batch's
-            // Queue-subtree in the run has the merge's sponsors still to
-            // come.
-            let carry = !unsent
-                && !admitted_afresh
-                && !gone(&rk.leader)
-                && cx.view.members[0].id == rk.leader
-                && rk.phase.kind == Kind::Main;
+            // that member). In Queue-batch's Queue-subtree in the run, the
+            // merge's sponsors are still to come: it goes on only if every
+            // member of T' stays, and the merge then takes the old members
+            // that left out of the tree.
+            let subtree_whole = rk.phase.kind == Kind::Main || rk.phase.leaf.keys().all(|m| !gone(m));
+            let carry =
+                !unsent && !admitted_afresh && !gone(&rk.leader) && cx.view.members[0].id == rk.leader && subtree_whole;
             if carry {
                 rk.active = going_on;
                 rk.carried = true;
@@ -1898,6 +1905,50 @@ mod tests {
             let tree = net.engines[leader].runner.protocol_ref().saved.as_ref().unwrap().members();
             assert!(!tree.contains(&net.names[leaver]), "{a:?}: the leaver is out of the key's tree");
         }
+    }
+
+    #[test]
+    fn an_old_member_leaving_during_queue_subtree_in_the_run_is_merged_out_and_the_rekey_goes_on() {
+        let mut net = Net::new(IntervalAlgorithm::QueueBatch, 10, 11);
+        net.change(&[0, 1, 2, 3], &[]);
+        net.rekey();
+        // The tick before T' is keyed: T' is keyed in the rekey's run.
+        net.change_quiet(&[4, 5, 6], &[]);
+        net.tick();
+        // Through the rekey message (and T''s first packets, refused as of
+        // the view's first run), into Queue-subtree's packets.
+        let subtree = |net: &Net| {
+            let rk = net.engines[0].runner.protocol_ref().rekey.as_ref();
+            rk.is_some_and(|rk| rk.phase.kind == Kind::Subtree && rk.phase.total < rk.phase.plan.len())
+        };
+        while !subtree(&net) {
+            assert!(!net.queue.is_empty(), "Queue-subtree ran out");
+            net.pump(Some(1));
+        }
+        // m2, an old member (no T' sponsor), leaves mid Queue-subtree.
+        net.change_quiet(&[], &[2]);
+        assert!(net.view.iter().all(|&i| net.engines[i].rekeying()), "the rekey goes on");
+        assert_eq!(net.engines[0].stats().carried, 1);
+        net.pump(None);
+        let k = agreed_among(&net, Epoch::new(ViewId::new(1, net.seq), 0), &[]);
+        let tree = net.engines[0].runner.protocol_ref().saved.as_ref().unwrap().members();
+        assert!(!tree.contains(&net.names[2]), "the leaver is merged out");
+        assert_eq!(tree.len(), net.view.len());
+        // Nothing is left for the next tick: the leave was this rekey's.
+        net.tick();
+        assert!(net.queue.is_empty());
+        assert_eq!(agreed_among(&net, Epoch::new(ViewId::new(1, net.seq), 0), &[]), k);
+        // A T' member leaving mid Queue-subtree stops it until the next tick.
+        net.change_quiet(&[7, 8], &[]);
+        net.tick();
+        while !subtree(&net) {
+            assert!(!net.queue.is_empty(), "Queue-subtree ran out");
+            net.pump(Some(1));
+        }
+        net.change_quiet(&[], &[7]);
+        assert_eq!(net.engines[0].stats().carried, 1, "not carried with T' short of a member");
+        net.pump(None);
+        net.rekey();
     }
 
     #[test]
