@@ -48,7 +48,11 @@
 //! whose MAC does not match and whose signature is empty is a forgery.
 //!
 //! The verdict travels in agreed order, so all members decide on the same
-//! message: if its list is empty and its MAC matches, the secure view is
+//! message; it names the view its collector sent it in (in its MAC and
+//! signature) and counts in that view only, so that no copy replayed into
+//! another view or component decides there (with interval rekeying a
+//! confirmation outlives views; the collector sends its verdict again in
+//! each view until the members have decided): if its list is empty and its MAC matches, the secure view is
 //! delivered; otherwise — the members hold different keys, or an insider
 //! lied — every member reports the mismatch with the members it knows did
 //! not match (the list, or the collector whose MAC did not match its own
@@ -122,10 +126,10 @@ pub(crate) fn confirmation_len(signature_len: usize) -> usize {
     1 + conclave_gka::key::EPOCH_LEN + 32 + signature_len
 }
 
-/// A verdict's payload length: `tag ‖ epoch ‖ MAC ‖ u16 length ‖ signature ‖
-/// names`, with `names` bytes of names (each `u8 length ‖ name`).
+/// A verdict's payload length: `tag ‖ epoch ‖ view ‖ MAC ‖ u16 length ‖
+/// signature ‖ names`, with `names` bytes of names (each `u8 length ‖ name`).
 pub(crate) fn verdict_len(signature_len: usize, names: usize) -> usize {
-    1 + conclave_gka::key::EPOCH_LEN + 32 + 2 + signature_len + names
+    1 + conclave_gka::key::EPOCH_LEN + 16 + 32 + 2 + signature_len + names
 }
 
 /// The confirmation MACs of one member for one epoch: what it sends, and
@@ -174,17 +178,18 @@ impl Confirmer {
     /// names part) as not matching. After the transcript comes the byte
     /// 0xff, which no member name (UTF-8) contains, so no verdict's MAC is a
     /// member's confirmation MAC.
-    pub fn verdict_mac(&self, collector: &MemberId, names: &[u8]) -> [u8; 32] {
+    pub fn verdict_mac(&self, collector: &MemberId, view: ViewId, names: &[u8]) -> [u8; 32] {
         let mut mac = self.keyed.clone();
         mac.update(b"\xffverdict");
         put_mac(&mut mac, collector.as_str().as_bytes());
+        mac.update(&view.to_bytes());
         mac.update(names);
         mac.finalize().into_bytes().into()
     }
 
     /// Whether a verdict's MAC shows its collector holds this member's key.
-    pub fn verdict_matches(&self, collector: &MemberId, names: &[u8], mac: &[u8; 32]) -> bool {
-        self.verdict_mac(collector, names).ct_eq(mac).into()
+    pub fn verdict_matches(&self, collector: &MemberId, view: ViewId, names: &[u8], mac: &[u8; 32]) -> bool {
+        self.verdict_mac(collector, view, names).ct_eq(mac).into()
     }
 }
 
@@ -198,6 +203,7 @@ pub(crate) fn verdict_signed(
     group: &GroupName,
     collector: &MemberId,
     epoch: Epoch,
+    view: ViewId,
     mac: &[u8; 32],
     names: &[u8],
 ) -> Vec<u8> {
@@ -205,6 +211,7 @@ pub(crate) fn verdict_signed(
     put(&mut t, group.as_str().as_bytes());
     put(&mut t, collector.as_str().as_bytes());
     t.extend_from_slice(&epoch.to_bytes());
+    t.extend_from_slice(&view.to_bytes());
     t.extend_from_slice(mac);
     t.extend_from_slice(names);
     t

@@ -263,8 +263,10 @@ struct Confirming {
     /// view that takes that collector makes the member send it again, to
     /// the next.
     sent_to: Option<MemberId>,
-    /// Whether this member, as collector, has multicast its verdict.
-    verdict_sent: bool,
+    /// The view in which this member, as collector, last multicast its
+    /// verdict: a verdict counts only in the view it was sent in, so a view
+    /// change before the members decided makes the collector send it again.
+    verdict_sent: Option<ViewId>,
 }
 
 impl Confirming {
@@ -1585,7 +1587,7 @@ impl SessionCore {
             own_mac: mac,
             frame,
             sent_to: None,
-            verdict_sent: false,
+            verdict_sent: None,
         }));
         self.check_confirmed(group)
     }
@@ -1672,7 +1674,8 @@ impl SessionCore {
             }
             return Ok(());
         }
-        if c.verdict_sent || muted {
+        let Some(current) = gs.view.as_ref().map(|v| v.id) else { return Ok(()) };
+        if c.verdict_sent == Some(current) || muted {
             return Ok(());
         }
         gs.confirms.accepted.insert(self.me.clone(), c.own_mac);
@@ -1709,11 +1712,11 @@ impl SessionCore {
             return self.decide(group, unmatched);
         }
         let names = crate::payload::timeout_names_part(&unmatched);
-        let mac = c.confirmer.verdict_mac(&self.me, &names);
+        let mac = c.confirmer.verdict_mac(&self.me, current, &names);
         let epoch = c.view.epoch;
-        let signature = self.signer.sign(&verdict_signed(group, &self.me, epoch, &mac, &names));
-        c.verdict_sent = true;
-        let p = Frame::Verdict { epoch, mac: &mac, signature: &signature, names: &names }.encode();
+        let signature = self.signer.sign(&verdict_signed(group, &self.me, epoch, current, &mac, &names));
+        c.verdict_sent = Some(current);
+        let p = Frame::Verdict { epoch, view: current, mac: &mac, signature: &signature, names: &names }.encode();
         self.push(Transmit::Multicast(group.clone(), p.into()))
     }
 
@@ -1726,12 +1729,20 @@ impl SessionCore {
         group: &GroupName,
         sender: MemberId,
         epoch: Epoch,
+        sent_in: ViewId,
         mac: &[u8; 32],
         signature: &[u8],
         names: &[u8],
     ) -> Result<(), SessionError> {
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
         let interval = gs.engine.interval();
+        if gs.view.as_ref().map(|v| v.id) != Some(sent_in) {
+            // Sent in another view (a copy replayed from another view or
+            // component, or ordered after a view change): not this view's
+            // decision. The collector sends it again in this view.
+            tracing::debug!(%group, %sender, %epoch, %sent_in, "verdict of another view; dropped");
+            return Ok(());
+        }
         let Some(c) = gs.phase.confirming().filter(|c| c.view.epoch == epoch) else {
             tracing::debug!(%group, %sender, %epoch, "verdict on no run this member confirms; dropped");
             return Ok(());
@@ -1741,7 +1752,7 @@ impl SessionCore {
             return Ok(());
         }
         let listed = crate::payload::verdict_names(names).unwrap_or_default();
-        if c.confirmer.verdict_matches(&sender, names, mac) {
+        if c.confirmer.verdict_matches(&sender, sent_in, names, mac) {
             let unconfirmed: Vec<MemberId> =
                 c.view.members.iter().filter(|m| listed.contains(&m.as_str().as_bytes())).cloned().collect();
             if unconfirmed.len() != listed.len() {
@@ -1753,7 +1764,7 @@ impl SessionCore {
             return self.decide(group, unconfirmed);
         }
         let valid = sender_key(&self.certified, self.directory.as_ref(), gs, &sender)
-            .is_some_and(|k| k.verify(&verdict_signed(group, &sender, epoch, mac, names), signature).is_ok());
+            .is_some_and(|k| k.verify(&verdict_signed(group, &sender, epoch, sent_in, mac, names), signature).is_ok());
         if !valid {
             tracing::debug!(%group, %sender, %epoch, "verdict whose MAC and signature do not hold; dropped");
             self.events.push_back(SecureEvent::Rejected {
@@ -1912,8 +1923,8 @@ impl SessionCore {
             Frame::Confirm { epoch, mac, signature } if unicast => {
                 self.on_confirm(&group, sender, epoch, mac, signature)
             }
-            Frame::Verdict { epoch, mac, signature, names } if !unicast => {
-                self.on_verdict(&group, sender, epoch, mac, signature, names)
+            Frame::Verdict { epoch, view: sent_in, mac, signature, names } if !unicast => {
+                self.on_verdict(&group, sender, epoch, sent_in, mac, signature, names)
             }
             Frame::Trust { kind, view: made_for, body } => {
                 if made_for != view {

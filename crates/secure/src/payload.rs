@@ -156,9 +156,11 @@ pub(crate) enum Frame<'a> {
     Trust { kind: TrustKind, view: ViewId, body: &'a [u8] },
     /// A key confirmation for `epoch`.
     Confirm { epoch: Epoch, mac: &'a [u8; 32], signature: &'a [u8] },
-    /// The collector's verdict on `epoch`: the names part lists the members
-    /// whose MACs did not match.
-    Verdict { epoch: Epoch, mac: &'a [u8; 32], signature: &'a [u8], names: &'a [u8] },
+    /// The collector's verdict on `epoch`, sent in `view` (and accepted in
+    /// that view only: with interval rekeying a confirmation outlives
+    /// views, and a verdict must not be replayed into another): the names
+    /// part lists the members whose MACs did not match.
+    Verdict { epoch: Epoch, view: ViewId, mac: &'a [u8; 32], signature: &'a [u8], names: &'a [u8] },
     /// A three-step group's data, in clear.
     Plain(&'a [u8]),
     /// An Optimized EVS group's data: the whole payload, tag included (the
@@ -196,6 +198,7 @@ impl<'a> Frame<'a> {
             }
             tag::VERDICT => {
                 let (epoch, rest) = rest.split_first_chunk::<EPOCH_LEN>().ok_or(short.clone())?;
+                let (view, rest) = rest.split_first_chunk::<16>().ok_or(short.clone())?;
                 let (mac, rest) = rest.split_first_chunk::<32>().ok_or(short.clone())?;
                 // `u16 length ‖ signature ‖ names`; unsigned (length 0) in
                 // groups the daemons key.
@@ -205,7 +208,13 @@ impl<'a> Frame<'a> {
                 if verdict_names(names).is_none() {
                     return Err(short);
                 }
-                Ok(Frame::Verdict { epoch: Epoch::from_bytes(*epoch), mac, signature, names })
+                Ok(Frame::Verdict {
+                    epoch: Epoch::from_bytes(*epoch),
+                    view: ViewId::from_bytes(*view),
+                    mac,
+                    signature,
+                    names,
+                })
             }
             tag::CERT | tag::TIMEOUT | tag::REFUSED => {
                 let kind = match t {
@@ -244,8 +253,9 @@ impl Frame<'_> {
             Frame::Confirm { epoch, mac, signature } => {
                 [&[tag::CONFIRM][..], &epoch.to_bytes(), mac, signature].concat()
             }
-            Frame::Verdict { epoch, mac, signature, names } => {
-                [&[tag::VERDICT][..], &epoch.to_bytes(), mac, &timeout_body(names, signature)].concat()
+            Frame::Verdict { epoch, view, mac, signature, names } => {
+                [&[tag::VERDICT][..], &epoch.to_bytes(), &view.to_bytes(), mac, &timeout_body(names, signature)]
+                    .concat()
             }
         }
     }
@@ -394,6 +404,8 @@ pub enum ParsedPayload {
     Verdict {
         /// The epoch whose confirmations it decides.
         epoch: Epoch,
+        /// The view its collector sent it in.
+        view: ViewId,
         /// The names it lists as not matching (raw bytes).
         unmatched: Vec<Vec<u8>>,
         /// The length of its signature.
@@ -470,8 +482,9 @@ pub fn parse_payload(bytes: &[u8]) -> Result<ParsedPayload, PayloadError> {
         }
         Frame::Policy { view, policy, .. } => ParsedPayload::Policy { view, policy: decode_policy(policy) },
         Frame::Confirm { epoch, signature, .. } => ParsedPayload::Confirm { epoch, signature_len: signature.len() },
-        Frame::Verdict { epoch, signature, names, .. } => ParsedPayload::Verdict {
+        Frame::Verdict { epoch, view, signature, names, .. } => ParsedPayload::Verdict {
             epoch,
+            view,
             unmatched: verdict_names(names).unwrap_or_default().into_iter().map(<[u8]>::to_vec).collect(),
             signature_len: signature.len(),
         },
@@ -536,7 +549,7 @@ mod tests {
         assert!(matches!(Frame::parse(&confirm), Ok(Frame::Confirm { signature: [], .. })), "unsigned");
         assert!(Frame::parse(&confirm[..40]).is_err());
         assert!(matches!(Frame::parse(&[&confirm[..], &[1]].concat()), Ok(Frame::Confirm { mac: [7, ..], .. })));
-        let verdict = |rest: &[u8]| [&[tag::VERDICT][..], &[0; EPOCH_LEN], &[7; 32], rest].concat();
+        let verdict = |rest: &[u8]| [&[tag::VERDICT][..], &[0; EPOCH_LEN], &[0; 16], &[7; 32], rest].concat();
         assert!(matches!(Frame::parse(&verdict(&[0, 0])), Ok(Frame::Verdict { signature: [], names: [], .. })));
         assert!(Frame::parse(&verdict(&[0])).is_err(), "length cut short");
         assert!(Frame::parse(&verdict(&[0, 2, 5])).is_err(), "signature cut short");
@@ -564,7 +577,7 @@ mod tests {
             [&[tag::TIMEOUT][..], &view, &[0, 1, 9, 1, b'a']].concat(),
             [&[tag::REFUSED][..], &view, &[0]].concat(),
             [&[tag::CONFIRM][..], &[3; EPOCH_LEN], &[7; 32], &[1, 2]].concat(),
-            [&[tag::VERDICT][..], &[3; EPOCH_LEN], &[7; 32], &[0, 2, 1, 2, 1, b'a']].concat(),
+            [&[tag::VERDICT][..], &[3; EPOCH_LEN], &view, &[7; 32], &[0, 2, 1, 2, 1, b'a']].concat(),
             vec![tag::PLAIN, 5, 6],
         ];
         for p in payloads {

@@ -442,7 +442,10 @@ fn made_for(payload: &[u8]) -> Option<ViewId> {
         Frame::KeyAgreement { body, .. } => conclave_gka::message::Envelope::decode(body).ok()?.view,
         Frame::Data(raw) => crate::data::DataHeader::decode(raw).ok()?.0.view,
         Frame::Policy { view, .. } | Frame::Trust { view, .. } => view,
-        Frame::Confirm { epoch, .. } | Frame::Verdict { epoch, .. } => epoch.view,
+        Frame::Confirm { epoch, .. } => epoch.view,
+        // The view its collector sent it in (with interval rekeying, a later
+        // one than its epoch's).
+        Frame::Verdict { view, .. } => view,
         // Three-step data names no view: it is the daemons' to protect.
         Frame::Plain(_) => return None,
         // The view whose key sealed it (the daemons re-encrypt it for a
@@ -1566,6 +1569,28 @@ mod tests {
         for algorithm in IntervalAlgorithm::ALL {
             let cfg = SimConfig { interval: Some(algorithm), ..defaults() };
             for seed in [4, 7, 115, 163, 425] {
+                let out = run(seed, cfg);
+                assert!(out.failures.is_empty(), "{} seed {seed}: {:?}", algorithm.name(), out.failures);
+            }
+        }
+    }
+
+    /// Seeds 19293 (Rebuild), 14192 (Batch) and 14671 (Queue-batch) of
+    /// `conclave sim`'s defaults accepted a replayed verdict: an interval
+    /// key's confirmation outlives views, and the collector's verdict, bound
+    /// to nothing but the epoch, was accepted whatever view it was sent in
+    /// (seed 14192: a copy of a verdict sent in the next view, put into a
+    /// member still in the view before). A verdict now names, in its MAC and
+    /// signature, the view it was sent in and counts there only; the
+    /// attacker reads that view as the one it was made for (seed 19293's
+    /// copy, of the member's own view, is no replay then: the daemon
+    /// delivers it there). `a_verdict_replayed_into_the_next_view_decides_nothing`
+    /// in `tests/interval.rs` is the attack itself.
+    #[test]
+    fn a_verdict_counts_only_in_the_view_it_was_sent_in() {
+        for algorithm in IntervalAlgorithm::ALL {
+            let cfg = SimConfig { interval: Some(algorithm), ..defaults() };
+            for seed in [19293, 14192, 14671] {
                 let out = run(seed, cfg);
                 assert!(out.failures.is_empty(), "{} seed {seed}: {:?}", algorithm.name(), out.failures);
             }

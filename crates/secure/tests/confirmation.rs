@@ -303,8 +303,14 @@ fn a_verdict_replayed_forged_or_from_another_member_confirms_nothing() {
         };
         assert!(inject(&mut net, "alice", old_verdict.to_vec()).is_empty(), "{protocol}: the last run's verdict");
         assert!(inject(&mut net, "carol", verdict.clone()).is_empty(), "{protocol}: the verdict in carol's name");
+        // The verdict as if sent in another view: not this view's to decide.
+        let mut elsewhere = verdict.clone();
+        elsewhere[1 + EPOCH_LEN + 15] ^= 1;
+        assert!(inject(&mut net, "alice", elsewhere).is_empty(), "{protocol}: a verdict of another view");
+        assert_eq!(net.members[1].session.confirming_epoch(GROUP), Some(epoch), "{protocol}: still confirming");
+        // tag ‖ epoch ‖ view (16) ‖ MAC (32) ‖ u16 length ‖ signature ‖ names
         let mut forged = verdict.clone();
-        forged[1 + EPOCH_LEN] ^= 1;
+        forged[1 + EPOCH_LEN + 16] ^= 1;
         let events = inject(&mut net, "alice", forged.clone());
         assert!(
             matches!(&events[..], [SecureEvent::Rejected { reason: RejectReason::BadSignature, sender, .. }] if sender.as_str() == "alice"),
@@ -313,7 +319,7 @@ fn a_verdict_replayed_forged_or_from_another_member_confirms_nothing() {
         assert_eq!(net.members[1].session.confirming_epoch(GROUP), Some(epoch), "{protocol}: still confirming");
         // Unsigned, as in a group the daemons key: in this one it is a
         // forgery all the same.
-        let at = 1 + EPOCH_LEN + 32;
+        let at = 1 + EPOCH_LEN + 16 + 32;
         let sig_len = u16::from_be_bytes([verdict[at], verdict[at + 1]]) as usize;
         let unsigned = [&forged[..at], &[0, 0], &verdict[at + 2 + sig_len..]].concat();
         let events = inject(&mut net, "alice", unsigned);
@@ -323,7 +329,7 @@ fn a_verdict_replayed_forged_or_from_another_member_confirms_nothing() {
         );
         assert_eq!(net.members[1].session.confirming_epoch(GROUP), Some(epoch), "{protocol}: still confirming");
         let mut copy = verdict.clone();
-        let at = 1 + EPOCH_LEN + 32 + 2;
+        let at = 1 + EPOCH_LEN + 16 + 32 + 2;
         copy[at] ^= 1;
         let events = inject(&mut net, "alice", copy);
         assert!(

@@ -217,22 +217,35 @@ fn confirmation() -> impl Strategy<Value = Valid> {
 fn verdict() -> impl Strategy<Value = Valid> {
     (
         any::<(u64, u64, u32)>(),
+        any::<(u64, u64)>(),
         any::<[u8; 32]>(),
         prop::collection::vec(any::<u8>(), 0..80),
         prop::collection::vec(member_name(), 0..4),
     )
-        .prop_map(|(e, mac, sig, names)| {
+        .prop_map(|(e, v, mac, sig, names)| {
             let epoch = Epoch::new(ViewId::new(e.0, e.1), e.2);
-            let mut bytes =
-                [&[tag::VERDICT][..], &epoch.to_bytes(), &mac, &(sig.len() as u16).to_be_bytes(), &sig].concat();
-            let mut lengths = vec![(53, 2)];
+            let view = ViewId::new(v.0, v.1);
+            let mut bytes = [
+                &[tag::VERDICT][..],
+                &epoch.to_bytes(),
+                &view.to_bytes(),
+                &mac,
+                &(sig.len() as u16).to_be_bytes(),
+                &sig,
+            ]
+            .concat();
+            let mut lengths = vec![(69, 2)];
             for n in &names {
                 lengths.push((bytes.len(), 1));
                 bytes.push(n.as_str().len() as u8);
                 bytes.extend_from_slice(n.as_str().as_bytes());
             }
             let unmatched = names.iter().map(|n| n.as_str().as_bytes().to_vec()).collect();
-            Valid { bytes, expected: ParsedPayload::Verdict { epoch, unmatched, signature_len: sig.len() }, lengths }
+            Valid {
+                bytes,
+                expected: ParsedPayload::Verdict { epoch, view, unmatched, signature_len: sig.len() },
+                lengths,
+            }
         })
 }
 

@@ -367,6 +367,57 @@ fn a_data_message_is_accepted_only_in_the_view_it_was_sent_in() {
     assert!(received(&net, 1).is_empty(), "bob read a message of another view");
 }
 
+/// A collector's verdict counts only in the view it was sent in. A key's
+/// confirmation outlives views here; a copy of the verdict sent in the view
+/// before, put into a member's link in the next (a compromised link's
+/// replay, labelled with the current view), decides nothing there, and the
+/// collector sends its verdict again in the new view, on which all decide.
+#[test]
+fn a_verdict_replayed_into_the_next_view_decides_nothing() {
+    let mut net = Net::new(&["alice", "bob", "carol", "dave"], 14);
+    let policy = Policy::interval(IntervalAlgorithm::Batch, PERIOD);
+    net.join(0, policy);
+    net.join(1, policy);
+    net.advance(PERIOD);
+    net.join(2, policy);
+    assert_eq!(keys(&net, 1).len(), 1);
+    // The tick: carol's rekey, confirmed, the collector's verdict held back.
+    let is_verdict = |op: &Op| matches!(op, Op::Multicast { payload, .. } if payload.first() == Some(&tag::VERDICT));
+    let due = net.members[0].session.poll_timeout().unwrap();
+    net.advance(due.saturating_duration_since(net.now()) - Duration::from_millis(1));
+    net.members[0].session.handle_timeout(due).unwrap();
+    let mut held = net.drain_holding(0, &is_verdict);
+    held.extend(net.settle_holding(&is_verdict));
+    let [Op::Multicast { payload: first, .. }] = &held[..] else { panic!("one verdict held: {held:?}") };
+    let first = first.clone();
+    assert_eq!(keys(&net, 1).len(), 1, "bob decided without the verdict");
+    // Dave joins: a new view, the confirmation goes on; the collector's
+    // verdict in it is held back too.
+    let now = net.now();
+    net.members[3].session.join(now, vnet::GROUP, policy).unwrap();
+    net.drain(3);
+    let again = net.settle_holding(&is_verdict);
+    assert_eq!(again.len(), 1, "the collector sends its verdict again in the new view");
+    let group = conclave_gcs::GroupName::new(vnet::GROUP).unwrap();
+    let view = net.core.view(&group).unwrap().id;
+    let alice = MemberId::new("alice").unwrap();
+    let d = Delivery::Message { group, sender: alice, service: Service::Agreed, view, payload: first };
+    let now = net.now();
+    net.members[1].session.handle_delivery(now, d).unwrap();
+    net.drain(1);
+    assert_eq!(keys(&net, 1).len(), 1, "bob decided on a verdict of the view before");
+    for op in again {
+        net.submit(op);
+    }
+    net.settle();
+    let (fp, members) = keys(&net, 0).last().unwrap().clone();
+    assert_eq!(members, ["alice", "bob", "carol"]);
+    for i in 1..3 {
+        assert_eq!(keys(&net, i).last(), Some(&(fp.clone(), members.clone())), "member {i}");
+    }
+    no_rejections(&net);
+}
+
 /// With `rekey_on_leave`, a leave is rekeyed at once (the leaver's key is
 /// never used after it), while a join still waits for the tick.
 #[test]
