@@ -834,11 +834,13 @@ impl<G: Group> Seal<G> {
                 Kind::Subtree | Kind::Queue => {
                     let sub = rk.phase.keyed_subtree(cx);
                     // Carried on: the old members gone since the rekey
-                    // message leave with the batch's leavers.
-                    let leaves = match (&rk.base, rk.carried) {
-                        (Some(b), true) => b.members().into_iter().filter(|m| !rk.active.contains(m)).collect(),
-                        _ => rk.batch.leaves.clone(),
-                    };
+                    // message leave with the batch's leavers (among which a
+                    // member back in the interval, which joins through T').
+                    let mut leaves = rk.batch.leaves.clone();
+                    if let (Some(b), true) = (&rk.base, rk.carried) {
+                        let gone = b.members().into_iter().filter(|m| !rk.active.contains(m) && !leaves.contains(m));
+                        leaves.extend(gone.collect::<Vec<_>>());
+                    }
                     let merged = queue_merge(rk.base.as_ref(), Some(&sub), &leaves)
                         .map_err(|_| Error::Internal("Queue-merge refused a checked batch"))?
                         .ok_or(Error::Internal("Queue-merge of nobody"))?;
@@ -1832,6 +1834,19 @@ mod tests {
         }
     }
 
+    /// Pumps the rekey under way one message at a time into Queue-subtree's
+    /// packets in the rekey's run, with packets of it still to come.
+    fn pump_into_subtree(net: &mut Net) {
+        let subtree = |net: &Net| {
+            let rk = net.engines[net.leader()].runner.protocol_ref().rekey.as_ref();
+            rk.is_some_and(|rk| rk.phase.kind == Kind::Subtree && rk.phase.total < rk.phase.plan.len())
+        };
+        while !subtree(net) {
+            assert!(!net.queue.is_empty(), "Queue-subtree ran out");
+            net.pump(Some(1));
+        }
+    }
+
     /// The members of the view that hold a key hold the same one, of
     /// `epoch`, whose members they are; the others wait. Returns the key.
     fn agreed_among(net: &Net, epoch: Epoch, waiting: &[usize]) -> [u8; 32] {
@@ -1917,14 +1932,7 @@ mod tests {
         net.tick();
         // Through the rekey message (and T''s first packets, refused as of
         // the view's first run), into Queue-subtree's packets.
-        let subtree = |net: &Net| {
-            let rk = net.engines[0].runner.protocol_ref().rekey.as_ref();
-            rk.is_some_and(|rk| rk.phase.kind == Kind::Subtree && rk.phase.total < rk.phase.plan.len())
-        };
-        while !subtree(&net) {
-            assert!(!net.queue.is_empty(), "Queue-subtree ran out");
-            net.pump(Some(1));
-        }
+        pump_into_subtree(&mut net);
         // m2, an old member (no T' sponsor), leaves mid Queue-subtree.
         net.change_quiet(&[], &[2]);
         assert!(net.view.iter().all(|&i| net.engines[i].rekeying()), "the rekey goes on");
@@ -1941,14 +1949,32 @@ mod tests {
         // A T' member leaving mid Queue-subtree stops it until the next tick.
         net.change_quiet(&[7, 8], &[]);
         net.tick();
-        while !subtree(&net) {
-            assert!(!net.queue.is_empty(), "Queue-subtree ran out");
-            net.pump(Some(1));
-        }
+        pump_into_subtree(&mut net);
         net.change_quiet(&[], &[7]);
         assert_eq!(net.engines[0].stats().carried, 1, "not carried with T' short of a member");
         net.pump(None);
         net.rekey();
+    }
+
+    #[test]
+    fn a_member_back_in_the_interval_is_merged_out_and_in_when_queue_subtree_goes_on() {
+        let mut net = Net::new(IntervalAlgorithm::QueueBatch, 10, 12);
+        net.change(&[0, 1, 2, 3, 4], &[]);
+        net.rekey();
+        // m2 leaves and comes back (a leave and a join), with two others.
+        net.change(&[], &[2]);
+        net.change_quiet(&[2, 5, 6], &[]);
+        net.tick();
+        pump_into_subtree(&mut net);
+        // m3, an old member, leaves mid Queue-subtree: m2 still leaves the
+        // old tree and joins through T'.
+        net.change_quiet(&[], &[3]);
+        assert_eq!(net.engines[0].stats().carried, 1);
+        net.pump(None);
+        agreed_among(&net, Epoch::new(ViewId::new(1, net.seq), 0), &[]);
+        let tree = net.engines[0].runner.protocol_ref().saved.as_ref().unwrap().members();
+        assert_eq!(tree.len(), net.view.len());
+        assert!(!tree.contains(&net.names[3]));
     }
 
     #[test]
