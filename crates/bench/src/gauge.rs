@@ -144,9 +144,8 @@
 //!   sponsor lets it go on among its members, as SEAL's does (§3.6), but
 //!   it is abandoned until the next tick when a merge puts an older member
 //!   in the lead or a joiner leaves during Queue-batch's Queue-subtree in
-//!   the run (see
-//!   `protocols::seal`, "Cascades"): such a rekey's rekeying time includes
-//!   the wait, so the tables print the median beside the mean, and the
+//!   the run (see `protocols::seal`, "Cascades"): such a rekey's rekeying
+//!   time includes the wait, so the tables print the median beside the mean, and the
 //!   abandoned rekeys (rekey messages sent minus rekeys installed).
 //! * Key confirmation is SEAL's (§3.5), in the engine: each member checks
 //!   its own g^K0 against the broadcast BK0 before it installs, one

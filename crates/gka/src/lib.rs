@@ -158,12 +158,10 @@ pub fn new_interval_engine(
             let g = Memo::new(suite::ristretto::Ristretto255, memo::ENGINE_CAPACITY);
             interval_engine_in(g, c, algorithm, rekey_on_leave)
         }
-        id => interval_engine_in(
-            Memo::new(suite::modp::Modp::new(id), memo::ENGINE_CAPACITY),
-            c,
-            algorithm,
-            rekey_on_leave,
-        ),
+        id => {
+            let g = Memo::new(suite::modp::Modp::new(id), memo::ENGINE_CAPACITY);
+            interval_engine_in(g, c, algorithm, rekey_on_leave)
+        }
     })
 }
 

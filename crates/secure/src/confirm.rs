@@ -52,8 +52,8 @@
 //! signature) and counts in that view only, so that no copy replayed into
 //! another view or component decides there (with interval rekeying a
 //! confirmation outlives views; the collector sends its verdict again in
-//! each view until the members have decided): if its list is empty and its MAC matches, the secure view is
-//! delivered; otherwise — the members hold different keys, or an insider
+//! each view until the members have decided). If its list is empty and its
+//! MAC matches, the secure view is delivered; otherwise — the members hold different keys, or an insider
 //! lied — every member reports the mismatch with the members it knows did
 //! not match (the list, or the collector whose MAC did not match its own
 //! key), and the view is rekeyed from scratch

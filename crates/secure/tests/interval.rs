@@ -59,6 +59,21 @@ fn leave(net: &mut Net, i: usize) {
     net.settle();
 }
 
+/// The leader's next tick (its rekey message goes out), then member `joiner`
+/// joins at once, before the rekey's packets; everything then settles.
+fn tick_then_join(net: &mut Net, joiner: usize, policy: Policy) {
+    let before = keys(net, 0).len();
+    let due = net.members[0].session.poll_timeout().unwrap();
+    net.advance(due.saturating_duration_since(net.now()) - Duration::from_millis(1));
+    assert_eq!(keys(net, 0).len(), before, "the tick came early");
+    net.members[0].session.handle_timeout(due).unwrap();
+    net.drain(0);
+    let now = net.now();
+    net.members[joiner].session.join(now, vnet::GROUP, policy).unwrap();
+    net.drain(joiner);
+    net.settle();
+}
+
 fn no_rejections(net: &Net) {
     for m in &net.members {
         let bad: Vec<&SecureEvent> = m
@@ -170,16 +185,8 @@ fn a_view_during_a_rekey_carries_it_on_and_the_next_tick_keys_the_newcomer() {
         net.advance(PERIOD);
         assert_eq!(keys(&net, 1).len(), 1);
         net.join(2, policy);
-        // The tick (the rekey message goes out), then dave's join at once.
-        let due = net.members[0].session.poll_timeout().unwrap();
-        net.advance(due.saturating_duration_since(net.now()) - Duration::from_millis(1));
-        assert_eq!(keys(&net, 0).len(), 2, "{algorithm:?}: the tick came early");
-        net.members[0].session.handle_timeout(due).unwrap();
-        net.drain(0);
-        let now = net.now();
-        net.members[3].session.join(now, vnet::GROUP, policy).unwrap();
-        net.drain(3);
-        net.settle();
+        assert_eq!(keys(&net, 0).len(), 2, "{algorithm:?}: before the tick");
+        tick_then_join(&mut net, 3, policy);
         let (carried, members) = keys(&net, 0).last().unwrap().clone();
         assert_eq!(keys(&net, 0).len(), 3, "{algorithm:?}: the rekey went on");
         assert_eq!(members, ["alice", "bob", "carol"], "{algorithm:?}");
@@ -281,16 +288,8 @@ fn certified_a_join_during_a_rekey_abandons_it_and_the_next_tick_keys_everyone()
     assert_eq!(keys(&net, 1).len(), 1);
     net.join(2, policy);
     net.advance(Duration::from_millis(10));
-    // The tick (the rekey message goes out), then dave's join at once.
-    let due = net.members[0].session.poll_timeout().unwrap();
-    net.advance(due.saturating_duration_since(net.now()) - Duration::from_millis(1));
-    assert_eq!(keys(&net, 0).len(), 2, "the tick came early");
-    net.members[0].session.handle_timeout(due).unwrap();
-    net.drain(0);
-    let now = net.now();
-    net.members[3].session.join(now, vnet::GROUP, policy).unwrap();
-    net.drain(3);
-    net.settle();
+    assert_eq!(keys(&net, 0).len(), 2, "before the tick");
+    tick_then_join(&mut net, 3, policy);
     assert_eq!(keys(&net, 0).len(), 2, "the rekey went on across a view admitted afresh");
     assert!(keys(&net, 2).is_empty() && keys(&net, 3).is_empty());
     net.advance(PERIOD);
