@@ -63,8 +63,8 @@ pub struct Event {
     pub(crate) text: CString,
 }
 
-fn names(ms: &[conclave_secure::MemberId]) -> String {
-    ms.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", ")
+fn names<'a>(ms: impl IntoIterator<Item = &'a conclave_secure::MemberId>) -> String {
+    ms.into_iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", ")
 }
 
 impl Event {

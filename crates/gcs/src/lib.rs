@@ -24,4 +24,6 @@ pub mod sim;
 pub mod view;
 pub mod wire;
 
-pub use view::{Cause, GroupName, MemberId, MemberMap, MemberSet, NameCache, NameHasher, View, ViewId, ViewMember};
+pub use view::{
+    Cause, GroupName, MemberId, MemberMap, MemberSet, Members, NameCache, NameHasher, View, ViewId, ViewMember,
+};

@@ -17,9 +17,35 @@ use std::sync::Arc;
 /// Shared, not owned: every member keeps its group's names in several maps
 /// and sets (views, positions, trees, confirmations), rebuilt at every view,
 /// so a clone is a reference count, not an allocation and a copy. Equality,
-/// order and hash are the text's.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// order and hash are the text's; two clones of one name compare equal by
+/// address, without reading the text (the standard library's `Arc<str>`
+/// reads it: its pointer shortcut is for sized types only), which is what
+/// walking a view against the last one mostly does.
+#[derive(Clone, Hash)]
 pub struct MemberId(std::sync::Arc<str>);
+
+impl PartialEq for MemberId {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || *self.0 == *other.0
+    }
+}
+
+impl Eq for MemberId {}
+
+impl PartialOrd for MemberId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for MemberId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        if Arc::ptr_eq(&self.0, &other.0) {
+            return std::cmp::Ordering::Equal;
+        }
+        self.0.cmp(&other.0)
+    }
+}
 
 /// The hasher of the maps and sets keyed by member name, which every member
 /// rebuilds at every view with an entry per member: foldhash, several times
@@ -253,6 +279,181 @@ pub struct ViewMember {
     pub prev: Option<ViewId>,
 }
 
+/// The members of a secure view, in view order, shared: a whole view's list
+/// (the view's own, so a key for a view of hundreds copies no name), or a
+/// list of some of them (a key installed among part of a view). A clone is
+/// a reference count. Two lists are equal when they name the same members
+/// in the same order, whichever way each is held.
+#[derive(Clone)]
+pub struct Members(MembersRepr);
+
+#[derive(Clone)]
+enum MembersRepr {
+    View(Arc<[ViewMember]>),
+    Ids(Arc<[MemberId]>),
+}
+
+impl Members {
+    /// The members of a whole view: its list, shared.
+    pub fn of_view(view: &View) -> Self {
+        Self(MembersRepr::View(view.members.clone()))
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            MembersRepr::View(v) => v.len(),
+            MembersRepr::Ids(v) => v.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The `i`-th member in view order.
+    pub fn get(&self, i: usize) -> Option<&MemberId> {
+        match &self.0 {
+            MembersRepr::View(v) => v.get(i).map(|m| &m.id),
+            MembersRepr::Ids(v) => v.get(i),
+        }
+    }
+
+    /// The first (oldest) member.
+    pub fn first(&self) -> Option<&MemberId> {
+        self.get(0)
+    }
+
+    /// The members in view order.
+    pub fn iter(&self) -> MembersIter<'_> {
+        match &self.0 {
+            MembersRepr::View(v) => MembersIter::View(v.iter()),
+            MembersRepr::Ids(v) => MembersIter::Ids(v.iter()),
+        }
+    }
+
+    /// Whether `id` is a member.
+    pub fn contains(&self, id: &MemberId) -> bool {
+        self.iter().any(|m| m == id)
+    }
+
+    /// Position of `id` in the list.
+    pub fn position(&self, id: &MemberId) -> Option<usize> {
+        self.iter().position(|m| m == id)
+    }
+
+    /// The members, copied into a vector.
+    pub fn to_vec(&self) -> Vec<MemberId> {
+        self.iter().cloned().collect()
+    }
+}
+
+/// The members of a [`Members`] list in order.
+#[derive(Clone)]
+pub enum MembersIter<'a> {
+    #[doc(hidden)]
+    View(std::slice::Iter<'a, ViewMember>),
+    #[doc(hidden)]
+    Ids(std::slice::Iter<'a, MemberId>),
+}
+
+impl<'a> Iterator for MembersIter<'a> {
+    type Item = &'a MemberId;
+
+    fn next(&mut self) -> Option<&'a MemberId> {
+        match self {
+            MembersIter::View(i) => i.next().map(|m| &m.id),
+            MembersIter::Ids(i) => i.next(),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match self {
+            MembersIter::View(i) => i.size_hint(),
+            MembersIter::Ids(i) => i.size_hint(),
+        }
+    }
+}
+
+impl ExactSizeIterator for MembersIter<'_> {}
+
+impl DoubleEndedIterator for MembersIter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        match self {
+            MembersIter::View(i) => i.next_back().map(|m| &m.id),
+            MembersIter::Ids(i) => i.next_back(),
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Members {
+    type Item = &'a MemberId;
+    type IntoIter = MembersIter<'a>;
+
+    fn into_iter(self) -> MembersIter<'a> {
+        self.iter()
+    }
+}
+
+impl std::ops::Index<usize> for Members {
+    type Output = MemberId;
+
+    fn index(&self, i: usize) -> &MemberId {
+        self.get(i).expect("member index within the list")
+    }
+}
+
+impl PartialEq for Members {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Members {}
+
+impl PartialEq<[MemberId]> for Members {
+    fn eq(&self, other: &[MemberId]) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl PartialEq<Vec<MemberId>> for Members {
+    fn eq(&self, other: &Vec<MemberId>) -> bool {
+        *self == other[..]
+    }
+}
+
+impl fmt::Debug for Members {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl Default for Members {
+    fn default() -> Self {
+        Self(MembersRepr::Ids(Arc::new([])))
+    }
+}
+
+impl From<Arc<[MemberId]>> for Members {
+    fn from(ids: Arc<[MemberId]>) -> Self {
+        Self(MembersRepr::Ids(ids))
+    }
+}
+
+impl From<Vec<MemberId>> for Members {
+    fn from(ids: Vec<MemberId>) -> Self {
+        Self(MembersRepr::Ids(ids.into()))
+    }
+}
+
+impl FromIterator<MemberId> for Members {
+    fn from_iter<I: IntoIterator<Item = MemberId>>(iter: I) -> Self {
+        Self(MembersRepr::Ids(iter.into_iter().collect()))
+    }
+}
+
 /// A membership view of one group.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct View {
@@ -315,6 +516,45 @@ impl View {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn names_compare_by_text_whether_or_not_they_share_an_allocation() {
+        let a = MemberId::new("alice").unwrap();
+        let (also_a, b) = (MemberId::new("alice").unwrap(), MemberId::new("bob").unwrap());
+        assert!(!std::sync::Arc::ptr_eq(&a.0, &also_a.0));
+        assert_eq!(a, a.clone());
+        assert_eq!(a, also_a);
+        assert_ne!(a, b);
+        assert_eq!(a.cmp(&a.clone()), std::cmp::Ordering::Equal);
+        assert_eq!(a.cmp(&also_a), std::cmp::Ordering::Equal);
+        assert_eq!(a.cmp(&b), std::cmp::Ordering::Less);
+        assert_eq!(b.partial_cmp(&a), Some(std::cmp::Ordering::Greater));
+    }
+
+    #[test]
+    fn a_whole_views_members_share_its_list_and_equal_the_same_names_held_apart() {
+        let id = |n: &str| MemberId::new(n).unwrap();
+        let view = View {
+            id: ViewId::new(1, 2),
+            members: vec![ViewMember { id: id("a"), prev: None }, ViewMember { id: id("b"), prev: None }].into(),
+            cause: Cause::Join,
+        };
+        let before = std::sync::Arc::strong_count(&view.members);
+        let whole = Members::of_view(&view);
+        assert_eq!(std::sync::Arc::strong_count(&view.members), before + 1, "shared, not copied");
+        let apart: Members = vec![id("a"), id("b")].into();
+        assert_eq!(whole, apart);
+        assert_eq!(whole, vec![id("a"), id("b")]);
+        assert_ne!(whole, Members::from(vec![id("b"), id("a")]));
+        assert_ne!(whole, Members::from(vec![id("a")]));
+        assert_eq!((whole.len(), whole.first(), whole.get(2)), (2, Some(&id("a")), None));
+        assert_eq!(&whole[1], &id("b"));
+        assert!(whole.contains(&id("b")) && !whole.contains(&id("c")));
+        assert_eq!(whole.position(&id("b")), Some(1));
+        assert_eq!(whole.iter().rev().cloned().collect::<Vec<_>>(), vec![id("b"), id("a")]);
+        assert_eq!(format!("{whole:?}"), format!("{apart:?}"));
+        assert!(Members::default().is_empty());
+    }
+
     #[test]
     fn a_name_read_again_is_the_one_held_and_a_bad_one_is_refused() {
         let mut names = NameCache::default();

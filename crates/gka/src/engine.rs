@@ -45,7 +45,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use conclave_gcs::{MemberId, MemberMap, MemberSet, View, ViewId};
+use conclave_gcs::{MemberId, MemberMap, MemberSet, Members, View, ViewId};
 use rand_core::CryptoRngCore;
 
 use crate::codec::DecodeError;
@@ -722,9 +722,9 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             let key = GroupKey::derive(&enc, P::ID, &self.st.group, epoch);
             let view = self.st.view.as_ref().expect("restored above");
             let whole = among.is_none();
-            let members: Arc<[MemberId]> = match among {
-                None => view.ids().cloned().collect(),
-                Some(among) => among.into(),
+            let members = match among {
+                None => Members::of_view(view),
+                Some(among) => Members::from(among),
             };
             // `known` holds members of the observed view only: as many as
             // the run's members, of the whole observed view, are they.

@@ -13,7 +13,7 @@
 
 use std::fmt;
 
-use conclave_gcs::{MemberId, ViewId};
+use conclave_gcs::ViewId;
 use hkdf::Hkdf;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -122,7 +122,7 @@ pub struct SecureView {
     /// Members, in view order (shared: the engine, the session and the
     /// application each hold the list of a view of hundreds, and copying it
     /// touches every name).
-    pub members: std::sync::Arc<[MemberId]>,
+    pub members: conclave_gcs::Members,
     /// Which protocol agreed the key.
     pub protocol: ProtocolId,
     /// The application key.

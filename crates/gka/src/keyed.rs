@@ -16,7 +16,7 @@
 //! untrusted client that joins stalls a keyed group until it leaves, which is
 //! why a daemon that keys groups should control who may join them.
 
-use conclave_gcs::{MemberId, View, ViewId};
+use conclave_gcs::{MemberId, Members, View, ViewId};
 use rand_core::CryptoRngCore;
 
 use std::sync::Arc;
@@ -35,7 +35,7 @@ pub struct KeyedEngine {
     directory: Arc<dyn Directory>,
     /// The current view: its id and members (shared with its key's
     /// [`SecureView`]).
-    view: Option<(ViewId, Arc<[MemberId]>)>,
+    view: Option<(ViewId, Members)>,
     /// The last view every member of which `directory` trusts: a member of
     /// the next view that comes from it (its `prev`) was checked there.
     /// Only the others are looked up, so a view costs lookups for what
@@ -117,7 +117,7 @@ impl Engine for KeyedEngine {
         if !view.contains(&self.me) {
             return Err(Error::BadView("this member is not in the view"));
         }
-        self.view = Some((view.id, view.ids().cloned().collect()));
+        self.view = Some((view.id, Members::of_view(view)));
         self.installed = None;
         Ok(())
     }

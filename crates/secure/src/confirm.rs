@@ -145,7 +145,12 @@ pub(crate) struct Confirmer {
 
 impl Confirmer {
     /// For the key (`GroupKey::expose_secret`) agreed in `epoch` by `protocol` among `members` (view order).
-    pub fn new(key: &[u8; 32], group: &GroupName, epoch: Epoch, protocol: ProtocolId, members: &[MemberId]) -> Self {
+    pub fn new<'a, I>(key: &[u8; 32], group: &GroupName, epoch: Epoch, protocol: ProtocolId, members: I) -> Self
+    where
+        I: IntoIterator<Item = &'a MemberId>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let members = members.into_iter();
         let hk = Hkdf::<Sha256>::new(Some(b"conclave/secure/v1/confirm-key"), key);
         let mut k = Zeroizing::new([0u8; 32]);
         hk.expand(b"key confirmation", k.as_mut()).expect("32 bytes is a valid HKDF-SHA256 output length");

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use conclave_gcs::core::{ConnId, Delivery as Event, ErrorCode, GroupMode, Op, Service, ViewKey};
-use conclave_gcs::{GroupName, MemberId, MemberMap, MemberSet, View};
+use conclave_gcs::{GroupName, MemberId, MemberMap, MemberSet, Members, View};
 use conclave_gka::keyed::KeyedEngine;
 use conclave_gka::suite::{Signer, Verifier};
 use conclave_gka::{Config, Directory, Engine, Epoch, Output, ProtocolId, SecureView, StaticDirectory, ViewId};
@@ -396,7 +396,7 @@ struct GroupState {
     rekey_since: Option<Instant>,
     /// Where the group's key stands in the current view.
     phase: Phase,
-    members: Arc<[MemberId]>,
+    members: Members,
     next_seq: u64,
     /// Plaintexts waiting for a key, in send order.
     queue: VecDeque<Vec<u8>>,
@@ -519,8 +519,8 @@ impl GroupState {
 /// only what changed when the two list their common members in the same
 /// order (views do; a view read as changes to the last one shares the
 /// last one's names, as names read through a cache do: the same
-/// allocations, which `==` on a `MemberId` — an `Arc<str>` — compares by
-/// address before it reads the text). Walking both lists, a member of
+/// allocations, which `==` on a `MemberId` compares by address before it
+/// reads the text). Walking both lists, a member of
 /// `old` not matched in order is removed and a member of `new` not matched
 /// is added, removals first: whatever the order, the set ends as `new`'s.
 fn update_members(set: &mut MemberSet, old: &View, new: &View) {
@@ -703,7 +703,7 @@ impl SessionCore {
                 earlier_views: VecDeque::new(),
                 rekey_since: None,
                 phase: Phase::Agreeing,
-                members: Arc::new([]),
+                members: Members::default(),
                 next_seq: 0,
                 queue: VecDeque::new(),
                 in_flight: VecDeque::new(),
@@ -836,9 +836,9 @@ impl SessionCore {
 
     /// The current secure view of a group (`None` before the first one and
     /// while a rekey runs).
-    pub fn secure_members(&self, group: &str) -> Option<&[MemberId]> {
+    pub fn secure_members(&self, group: &str) -> Option<&Members> {
         let gs = self.groups.get(&GroupName::new(group).ok()?)?;
-        gs.phase.keys().map(|_| &gs.members[..])
+        gs.phase.keys().map(|_| &gs.members)
     }
 
     /// Interval rekeying: the members of the group's current view that wait
@@ -1092,7 +1092,7 @@ impl SessionCore {
             // is the daemons' to check (each member's certificate on its TLS
             // connection, or its Unix user), not the members'.
             gs.enter_view(view.clone());
-            gs.members = view.ids().cloned().collect();
+            gs.members = Members::of_view(&view);
             gs.phase = Phase::Carried;
             self.events.push_back(SecureEvent::View(SecureViewInfo {
                 group,

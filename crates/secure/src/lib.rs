@@ -154,7 +154,6 @@ mod session;
 pub mod sim;
 pub mod trust;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 pub use crate::core::{
@@ -162,7 +161,7 @@ pub use crate::core::{
     THREE_STEP_FINGERPRINT,
 };
 pub use conclave_gcs::core::{ErrorCode, GroupMode};
-pub use conclave_gcs::{GroupName, MemberId};
+pub use conclave_gcs::{GroupName, MemberId, Members};
 pub use conclave_gka::protocols::seal::IntervalStats;
 pub use conclave_gka::{Epoch, GroupId, IntervalAlgorithm, ProtocolId, ViewId};
 pub use confirm::{confirmation_cost, ConfirmCost};
@@ -409,7 +408,7 @@ pub struct SecureViewInfo {
     /// The group.
     pub group: GroupName,
     /// Members, oldest first (shared with the session).
-    pub members: Arc<[MemberId]>,
+    pub members: Members,
     /// The key's epoch: the daemon view it was agreed in and the run in it.
     pub epoch: Epoch,
     /// The protocol that agreed the key.

@@ -157,7 +157,7 @@ impl Session {
     }
 
     /// See [`SessionCore::secure_members`].
-    pub fn secure_members(&self, group: &str) -> Option<&[MemberId]> {
+    pub fn secure_members(&self, group: &str) -> Option<&crate::Members> {
         self.core.secure_members(group)
     }
 

@@ -1517,7 +1517,7 @@ impl World {
                 held == members.iter().collect::<BTreeSet<_>>() && held.len() == members.len()
             };
             match self.st.slots[i].last_view.as_ref() {
-                Some(v) if (v.epoch.view == *id && v.members[..] == members[..]) || (interval && same_members(v)) => {
+                Some(v) if (v.epoch.view == *id && v.members == members[..]) || (interval && same_members(v)) => {
                     fingerprints.insert(v.fingerprint.clone());
                 }
                 other => self

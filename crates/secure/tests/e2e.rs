@@ -130,7 +130,7 @@ fn check_logs(all: &[&Member]) {
                     fingerprints.entry(v.epoch).or_default().insert(v.fingerprint.clone());
                     let prev = views.insert(v.epoch, v.members.to_vec());
                     if let Some(p) = prev {
-                        assert_eq!(p[..], v.members[..], "members of epoch {} differ", v.epoch);
+                        assert_eq!(v.members, p, "members of epoch {} differ", v.epoch);
                     }
                 }
                 SecureEvent::Message { epoch, data, .. } => {

@@ -92,7 +92,7 @@ mod tests {
             assert_ne!(first, second, "{p}: the rekey must give a new key");
             let sv = net.engine("c").secure_view().unwrap().clone();
             assert_eq!(sv.epoch, Epoch::new(sv.view_id, 1), "{p}: run 1 of the same view");
-            assert_eq!(sv.members[..], names.map(id), "{p}");
+            assert_eq!(sv.members.to_vec(), names.map(id), "{p}");
             assert!(matches!(net.refuse("a", &old), Error::WrongRun { got: 0, current: 1 }), "{p}");
         }
     }
