@@ -44,6 +44,10 @@ pub struct KeyedEngine {
     /// The key the daemons gave for a view, until that view comes.
     offered: Option<(ViewId, zeroize::Zeroizing<[u8; 32]>)>,
     installed: Option<SecureView>,
+    /// This member's place in the last view: where to look for it first in
+    /// the next (a leave before it moves it by one), not through the names
+    /// of hundreds.
+    place: usize,
 }
 
 impl KeyedEngine {
@@ -51,7 +55,7 @@ impl KeyedEngine {
     /// trusting the members `directory` knows (see [`Engine::start`] for
     /// certified groups).
     pub fn new(me: MemberId, group: String, directory: Arc<dyn Directory>) -> Self {
-        Self { me, group, directory, view: None, trusted: None, offered: None, installed: None }
+        Self { me, group, directory, view: None, trusted: None, offered: None, installed: None, place: 0 }
     }
 
     /// Installs the current view's key, which its members are trusted with.
@@ -114,9 +118,12 @@ impl Engine for KeyedEngine {
     }
 
     fn observe(&mut self, view: &View) -> Result<(), Error> {
-        if !view.contains(&self.me) {
+        let at = |i: usize| view.members.get(i).is_some_and(|m| m.id == self.me);
+        let place = [self.place, self.place.saturating_sub(1)].into_iter().find(|&i| at(i));
+        let Some(place) = place.or_else(|| view.position(&self.me)) else {
             return Err(Error::BadView("this member is not in the view"));
-        }
+        };
+        self.place = place;
         self.view = Some((view.id, Members::of_view(view)));
         self.installed = None;
         Ok(())
@@ -302,5 +309,22 @@ mod tests {
         assert!(a.secure_view().is_none() && a.in_progress());
         // No key agreement traffic is taken.
         assert!(matches!(a.on_message(&MemberId::new("b").unwrap(), b"x", &mut OsRng), Err(Error::WrongContext)));
+    }
+
+    #[test]
+    fn a_view_is_followed_wherever_this_member_moves_in_it_and_refused_without_it() {
+        let names = ["a", "b", "c", "d", "e"];
+        let mut c = engine("c", &names);
+        for (seq, v) in [&names[..], &["b", "c", "d", "e"], &["c", "d", "e", "a"], &["a", "b", "d", "e", "c"]]
+            .into_iter()
+            .enumerate()
+        {
+            let v = view(seq as u64 + 1, v);
+            c.daemon_key(v.id, &[9; 32]).unwrap();
+            assert_eq!(c.on_view(&v, &mut OsRng).unwrap().len(), 1, "{:?}", v.members);
+        }
+        let without = view(9, &["a", "b", "d", "e"]);
+        assert!(matches!(c.on_view(&without, &mut OsRng), Err(Error::BadView(_))));
+        assert!(matches!(c.observe(&view(10, &["a"])), Err(Error::BadView(_))));
     }
 }
