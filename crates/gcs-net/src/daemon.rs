@@ -1280,8 +1280,8 @@ fn check_join(op: Op, core: &Core, access: &AccessPolicy, conns: &Conns) -> Op {
 
 /// A join that comes within this long of the one before it is part of a
 /// burst (n clients starting a group at once), and waits to be installed
-/// with the others of the burst.
-const JOIN_BURST: Duration = Duration::from_millis(5);
+/// with the others of the burst (on a standalone daemon).
+pub const JOIN_BURST: Duration = Duration::from_millis(5);
 /// A burst's joins are installed once no join came for this long ...
 const JOIN_QUIET: Duration = Duration::from_millis(5);
 /// ... or this long after the first of them, whichever is sooner: the most
