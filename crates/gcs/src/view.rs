@@ -21,8 +21,15 @@ use std::sync::Arc;
 /// address, without reading the text (the standard library's `Arc<str>`
 /// reads it: its pointer shortcut is for sized types only), which is what
 /// walking a view against the last one mostly does.
-#[derive(Clone, Hash)]
+#[derive(Clone)]
 pub struct MemberId(std::sync::Arc<str>);
+
+impl std::hash::Hash for MemberId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // The text's hash, as equality is the text's.
+        self.0.hash(state)
+    }
+}
 
 impl PartialEq for MemberId {
     fn eq(&self, other: &Self) -> bool {
