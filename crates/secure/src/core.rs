@@ -1661,6 +1661,14 @@ impl SessionCore {
     fn check_confirmed(&mut self, group: &GroupName) -> Result<(), SessionError> {
         let muted = self.muted.as_ref() == Some(group);
         let Some(gs) = self.groups.get_mut(group) else { return Ok(()) };
+        // A confirmation that outlives views (interval rekeying) goes on in
+        // a new view once its admission is decided (`interval_started`), not
+        // before: what a member sends in a view, to whom, and which members
+        // it awaits follow from the view's verdicts, and nothing that comes
+        // meanwhile (a confirmation, perhaps forged) moves it earlier.
+        if gs.admission.is_waiting() {
+            return Ok(());
+        }
         // Interval rekeying: the key's members that have left since will
         // never confirm, and need not.
         let interval = gs.engine.interval();

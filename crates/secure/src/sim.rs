@@ -1597,6 +1597,22 @@ mod tests {
         }
     }
 
+    /// Seed 957 of `conclave sim`'s defaults (Queue-batch, certified): a
+    /// payload re-attributed to the newcomer of a join, under a key whose
+    /// confirmation went on in the join's view, made its collector send its
+    /// verdict there while the view's certificates were still coming in —
+    /// the verdict the collector sends once they are all in, sent earlier
+    /// because of a forgery. A confirmation now goes on in a new view once
+    /// the view's admission is decided.
+    #[test]
+    fn a_forged_confirmation_moves_no_verdict_ahead_of_the_views_admission() {
+        for algorithm in IntervalAlgorithm::ALL {
+            let cfg = SimConfig { interval: Some(algorithm), ..defaults() };
+            let out = run(957, cfg);
+            assert!(out.failures.is_empty(), "{} seed 957: {:?}", algorithm.name(), out.failures);
+        }
+    }
+
     /// Seeds 7038 and 7704 of `conclave sim`'s defaults (certified) accepted a
     /// replayed key confirmation: a rekey installed in one view was confirmed
     /// in the next, a join, whose certificates the agreed order put after the
