@@ -350,6 +350,13 @@ impl Members {
         self.iter().position(|m| m == id)
     }
 
+    /// Whether this is `view`'s own list (shared with it, not a copy of
+    /// it): a member of the view is then one of these, found in a set of the
+    /// view's members rather than by reading this list.
+    pub fn is_list_of(&self, view: &View) -> bool {
+        matches!(&self.0, MembersRepr::View(v) if Arc::ptr_eq(v, &view.members))
+    }
+
     /// The members, copied into a vector.
     pub fn to_vec(&self) -> Vec<MemberId> {
         self.iter().cloned().collect()
@@ -549,6 +556,9 @@ mod tests {
         let whole = Members::of_view(&view);
         assert_eq!(std::sync::Arc::strong_count(&view.members), before + 1, "shared, not copied");
         let apart: Members = vec![id("a"), id("b")].into();
+        assert!(whole.is_list_of(&view) && !apart.is_list_of(&view));
+        let copy = View { members: view.members.to_vec().into(), ..view.clone() };
+        assert!(!whole.is_list_of(&copy), "the same names in another list");
         assert_eq!(whole, apart);
         assert_eq!(whole, vec![id("a"), id("b")]);
         assert_ne!(whole, Members::from(vec![id("b"), id("a")]));

@@ -2313,7 +2313,11 @@ impl SessionCore {
             }
             return Ok(Vec::new());
         };
-        if !gs.members.contains(sender) {
+        // The key's members are most often the view's own list: then the
+        // view's member set answers, not a read of n names per message.
+        let whole_view = gs.view.as_ref().is_some_and(|v| gs.members.is_list_of(v));
+        let member = if whole_view { gs.in_view.contains(sender) } else { gs.members.contains(sender) };
+        if !member {
             return Err(RejectReason::UnknownSender);
         }
         let key = match (own, sender == &self.me) {
@@ -2398,9 +2402,16 @@ fn is_rekey_message(body: &[u8]) -> bool {
 /// See [`SessionCore::waiting_members`] (interval groups).
 fn waiting_members(me: &MemberId, gs: &GroupState) -> Vec<MemberId> {
     let Some(view) = gs.view.as_ref() else { return Vec::new() };
+    let outside = |key: &Members| {
+        if key.is_list_of(view) {
+            return Vec::new();
+        }
+        let key: MemberSet = key.iter().cloned().collect();
+        view.ids().filter(|m| !key.contains(*m)).cloned().collect()
+    };
     match &gs.phase {
-        Phase::Secure(_) => view.ids().filter(|m| !gs.members.contains(m)).cloned().collect(),
-        Phase::Confirming(c) => view.ids().filter(|m| !c.view.members.contains(m)).cloned().collect(),
+        Phase::Secure(_) => outside(&gs.members),
+        Phase::Confirming(c) => outside(&c.view.members),
         _ if view.contains(me) => vec![me.clone()],
         _ => Vec::new(),
     }
