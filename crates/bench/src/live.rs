@@ -718,7 +718,7 @@ async fn point<K: Kind>(
     form(&mut group, &inside).await?;
     let mut times = Vec::with_capacity(runs);
     // The group's own joins came before now.
-    let mut last_join = Some(Instant::now());
+    let mut last_join = Instant::now();
     for _ in 0..runs {
         match event {
             TimedEvent::Join => {
@@ -727,12 +727,12 @@ async fn point<K: Kind>(
                 // daemon holds until they stop coming (the time would then
                 // be that wait: up to 5 ms per join).
                 let apart = JOIN_BURST + Duration::from_millis(1);
-                if let Some(wait) = last_join.and_then(|t: Instant| apart.checked_sub(t.elapsed())) {
+                if let Some(wait) = apart.checked_sub(last_join.elapsed()) {
                     tokio::time::sleep(wait).await;
                 }
                 let joiner = outside.pop().expect("one member waits outside");
                 let (t0, cpu0) = (Instant::now(), process_cpu_ms());
-                last_join = Some(t0);
+                last_join = t0;
                 group.join(joiner)?;
                 inside.push(joiner);
                 let ms = ms_since(t0, group.settled(&inside, n).await?.0);
