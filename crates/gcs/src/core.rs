@@ -184,7 +184,9 @@
 //! its previous lifetime. When an exchange completes, every core derives the
 //! next incarnation from the exchanged states (each daemon's incarnation and
 //! counter, exchanged in [`DaemonState`]); at [`Op::Transitional`] from the
-//! current one, the counter and the set's daemons. So ids stay unique across
+//! current one, the counter and the set's daemons (and again after the
+//! network views of an exchange that completes in the set's rest: those
+//! views are the configuration's, what follows is the set's). So ids stay unique across
 //! partitions, merges and transitional sets, even where one component's
 //! counter went on past the point where another's stopped, with the odds
 //! of two random 64-bit incarnations being equal. Ids carry no order: a
@@ -988,6 +990,11 @@ pub struct Core {
     /// while it is alone, then derived for each configuration and each
     /// transitional set (see *View ids* in the module docs).
     view_incarnation: u64,
+    /// The transitional set this daemon is in, from [`Op::Transitional`]
+    /// until the next configuration ([`Op::Daemons`]): an exchange that
+    /// completes in the set's own delivery gives what it installs after
+    /// its network views the set's own ids too.
+    transitional_set: Option<BTreeSet<DaemonId>>,
     daemons: BTreeSet<DaemonId>,
     clients: BTreeMap<ConnId, Client>,
     names: BTreeMap<MemberId, ConnId>,
@@ -1041,6 +1048,7 @@ impl Core {
             next_view: 1,
             incarnation,
             view_incarnation: incarnation,
+            transitional_set: None,
             daemons: BTreeSet::from([me]),
             clients: BTreeMap::new(),
             names: BTreeMap::new(),
@@ -1511,6 +1519,7 @@ impl Core {
 
     fn daemons_changed(&mut self, epoch: u64, members: Vec<DaemonId>, out: &mut Vec<Output>) {
         let members: BTreeSet<DaemonId> = members.into_iter().collect();
+        self.transitional_set = None;
         let (held, cut) = match self.exchange.take() {
             Some(x) if members.is_subset(&x.members) => (x.held, x.cut),
             Some(x) => {
@@ -1541,6 +1550,13 @@ impl Core {
     /// stream here, so all derive the same value.
     fn transitional(&mut self, members: &[DaemonId]) {
         let members: BTreeSet<DaemonId> = members.iter().copied().collect();
+        self.transitional_set = Some(members);
+        self.derive_transitional_ids();
+    }
+
+    /// Gives the views installed from here on the transitional set's own ids.
+    fn derive_transitional_ids(&mut self) {
+        let Some(members) = &self.transitional_set else { return };
         let start = derive(derive(self.view_incarnation, TRANSITIONAL), self.next_view);
         self.view_incarnation = members.iter().fold(start, |h, d| derive(h, u64::from(d.0)));
     }
@@ -1609,6 +1625,14 @@ impl Core {
             let seats = entries.into_iter().map(|(_, s, _)| s).collect();
             self.install(group, options, seats, Cause::Network, out);
         }
+        // An exchange may complete in a transitional set's own delivery,
+        // after the point where the set's rest of the stream began: then
+        // the network views above are what every daemon of the
+        // configuration installs from the same states, but the held
+        // operations are the set's own rest, holes and all (another set,
+        // which completed the exchange before it stopped, may have applied
+        // others), so what they install takes the set's own ids.
+        self.derive_transitional_ids();
         for op in x.held {
             self.handle(op, out);
         }
