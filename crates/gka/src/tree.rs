@@ -188,16 +188,26 @@ pub(crate) struct Tree<G: Group> {
     pub root: usize,
 }
 
-/// A tree pruned to a view's members ([`Tree::prune_to_view`]).
-pub struct PrunedToView<G: Group> {
-    /// The pruned tree.
-    pub tree: Tree<G>,
-    /// The sponsor of each removal point (see [`Tree::prune`]).
-    pub sponsors: Vec<usize>,
-    /// Each place's member's leaf in `tree`, or `None` if it has none.
-    pub leaf: Vec<Option<usize>>,
-    /// How many leaves `tree` has.
-    pub leaves: usize,
+/// Nodes of a tree as they were before it was changed in place
+/// ([`Tree::prune_in_place`]), to put back ([`Tree::undo`]). Keys among them
+/// are zeroized when it is dropped, as any node's.
+pub(crate) struct Undo<G: Group> {
+    /// The root before the changes.
+    root: usize,
+    /// Each changed node as it was, in the order noted.
+    nodes: Vec<(usize, Node<G>)>,
+}
+
+impl<G: Group> Undo<G> {
+    /// Nothing noted yet, for `tree`.
+    pub fn of(tree: &Tree<G>) -> Self {
+        Self { root: tree.root, nodes: Vec::new() }
+    }
+
+    /// The keys it holds (the member's secrets, as the tree's).
+    pub fn keys(&self) -> impl Iterator<Item = &G::Scalar> {
+        self.nodes.iter().filter_map(|(_, n)| n.key.as_ref())
+    }
 }
 
 impl<G: Group> Tree<G> {
@@ -328,9 +338,14 @@ impl<G: Group> Tree<G> {
         }
     }
 
-    /// Whether every blinded key except the root's is known.
+    /// Whether every blinded key except the root's is known, of the nodes
+    /// reachable from the root. Unknown blinded keys are closed upwards (an
+    /// unknown node's ancestors are unknown: every way a tree gets blinded
+    /// keys keeps it so, and decoding refuses trees that are not), so that
+    /// is whether the root's children are known: no walk, and nodes left
+    /// unreachable by [`Tree::prune_in_place`] do not count.
     pub fn complete(&self) -> bool {
-        self.nodes.iter().enumerate().all(|(i, n)| i == self.root || n.bk.is_some())
+        self.nodes[self.root].kids.is_none_or(|[l, r]| self.has_bk(l) && self.has_bk(r))
     }
 
     /// Height of every node (leaves 0), indexed like `nodes`.
@@ -362,39 +377,79 @@ impl<G: Group> Tree<G> {
         self.prune_leaves(|v| self.nodes[v].member.as_ref().is_some_and(&keep))
     }
 
-    /// [`Tree::prune`] to the members of a view of `n`, which `position`
-    /// finds (their places in the view), with the index a run looks senders
-    /// up in, made from the lookups the prune makes anyway (a view of n
-    /// members costs n lookups, not n more insertions).
-    pub fn prune_to_view(&self, n: usize, position: impl Fn(&MemberId) -> Option<usize>) -> Option<PrunedToView<G>> {
-        let mut place: Vec<(usize, usize)> = Vec::with_capacity(n);
-        let (t, sponsors, moved_to) = self.prune_leaves_noting(|v| {
-            let p = self.nodes[v].member.as_ref().and_then(&position);
-            if let Some(p) = p {
-                place.push((v, p));
+    /// Removes the leaves `gone` in place, as [`Tree::prune`] would remove
+    /// their members (the same shape, the same blinded keys and keys
+    /// forgotten above the removal points, the same sponsors, returned), and
+    /// notes in `undo` every node it changes as it was. The removed leaves
+    /// and their parents stay in the arena, unreachable and emptied. Costs
+    /// O(depth) per removed leaf where a prune copies the tree: a rekey
+    /// after a leave changes a few paths of a tree of n leaves, and a run
+    /// that a new view abandons puts them back ([`Tree::undo`]). `None` if
+    /// an entry of `gone` is not a leaf of the tree (or is one twice), or
+    /// would remove the last leaf; the tree is then to be put back with
+    /// `undo`.
+    pub fn prune_in_place(&mut self, gone: &[usize], undo: &mut Undo<G>) -> Option<Vec<usize>> {
+        let mut survivors = Vec::with_capacity(gone.len());
+        for &l in gone {
+            // The root, a node removed before or an internal node: refused.
+            let p = self.nodes.get(l).filter(|n| n.kids.is_none())?.parent?;
+            let s = self.sibling(l)?;
+            let g = self.nodes[p].parent;
+            match g {
+                Some(g) => {
+                    let kids = self.noted(undo, g).kids.as_mut().expect("a parent has children");
+                    let slot = usize::from(kids[0] != p);
+                    kids[slot] = s;
+                }
+                None => self.root = s,
             }
-            p.is_some()
-        })?;
-        let mut leaf = vec![None; n];
-        for &(v, p) in &place {
-            leaf[p] = moved_to[v];
+            self.noted(undo, s).parent = g;
+            for v in [l, p] {
+                let n = self.noted(undo, v);
+                n.parent = None;
+                n.kids = None;
+                n.member = None;
+                n.clear_key();
+            }
+            if let Some(g) = g {
+                self.invalidate_path_noted(g, undo);
+            }
+            survivors.push(s);
         }
-        Some(PrunedToView { tree: t, sponsors, leaf, leaves: place.len() })
+        // A survivor removed later (as a removed leaf's parent) was succeeded
+        // by the one promoted then, as a prune finds only the last.
+        let alive = |t: &Self, v: usize| v == t.root || t.nodes[v].parent.is_some();
+        Some(survivors.into_iter().filter(|&s| alive(self, s)).map(|s| self.rightmost(s)).collect())
+    }
+
+    /// [`Tree::invalidate_path`], noting each node in `undo` first.
+    pub fn invalidate_path_noted(&mut self, v: usize, undo: &mut Undo<G>) {
+        for u in self.path(v) {
+            let n = self.noted(undo, u);
+            n.bk = None;
+            n.clear_key();
+        }
+    }
+
+    /// Node `v`, noted in `undo` as it is now, to change.
+    fn noted(&mut self, undo: &mut Undo<G>, v: usize) -> &mut Node<G> {
+        undo.nodes.push((v, self.nodes[v].clone()));
+        &mut self.nodes[v]
+    }
+
+    /// Puts back every node `undo` noted, as it was before the first change
+    /// (what [`Tree::prune_in_place`] and the changes after it did).
+    pub fn undo(&mut self, undo: Undo<G>) {
+        for (v, n) in undo.nodes.into_iter().rev() {
+            self.nodes[v] = n;
+        }
+        self.root = undo.root;
     }
 
     /// [`Tree::prune`] by leaf index: keeps the leaves `keep` accepts (and
     /// that have a member). Also drops the nodes no longer reachable from
     /// the root (see [`Tree::graft`]): the result is a compact arena.
-    pub fn prune_leaves(&self, keep: impl FnMut(usize) -> bool) -> Option<(Self, Vec<usize>)> {
-        self.prune_leaves_noting(keep).map(|(t, sponsors, _)| (t, sponsors))
-    }
-
-    /// [`Tree::prune_leaves`], also returning where each old node went in the
-    /// pruned tree (a kept leaf: its own node; `None`: nothing of it kept).
-    fn prune_leaves_noting(
-        &self,
-        mut keep: impl FnMut(usize) -> bool,
-    ) -> Option<(Self, Vec<usize>, Vec<Option<usize>>)> {
+    pub fn prune_leaves(&self, mut keep: impl FnMut(usize) -> bool) -> Option<(Self, Vec<usize>)> {
         let mut out: Vec<Node<G>> = Vec::with_capacity(self.nodes.len());
         // For each old node: its new index and whether its new parent must be invalidated.
         let mut res: Vec<Option<(usize, bool)>> = vec![None; self.nodes.len()];
@@ -431,8 +486,7 @@ impl<G: Group> Tree<G> {
         let mut t = Self { nodes: out, root };
         let sponsors = survivors.into_iter().map(|s| t.rightmost(s)).collect();
         t.nodes[root].parent = None;
-        let moved_to = res.iter().map(|r| r.map(|(i, _)| i)).collect();
-        Some((t, sponsors, moved_to))
+        Some((t, sponsors))
     }
 
     /// Who refreshes after a prune that returned `removal_sponsors`: the
@@ -881,7 +935,7 @@ pub(crate) mod tests {
     use rand_chacha::ChaCha20Rng;
     use rand_core::{RngCore, SeedableRng};
 
-    use super::{node_key, Bk, Node, Tree};
+    use super::{node_key, Bk, Node, Tree, Undo};
     use crate::codec::{Reader, Writer};
     use crate::engine::Error;
     use crate::suite::ristretto::Ristretto255;
@@ -1240,5 +1294,78 @@ pub(crate) mod tests {
         assert_eq!(merged.leaves().len(), 4);
         assert_eq!(merged.members()[..3], singletons(3).members()[..]);
         assert!(Tree::<Ristretto255>::merge(Vec::new(), |_| 0).is_none());
+    }
+
+    /// The keys of the nodes reachable from the root, in preorder.
+    fn reachable_keys(t: &Tree<Ristretto255>) -> Vec<Option<curve25519_dalek::Scalar>> {
+        t.preorder(t.root).into_iter().map(|v| t.nodes[v].key).collect()
+    }
+
+    /// Each node of the arena as it stands: shape, member, blinded key, key.
+    fn arena(t: &Tree<Ristretto255>) -> Vec<String> {
+        let bk = |n: &Node<Ristretto255>| n.bk.as_ref().map(|b| b.bytes().to_vec());
+        t.nodes.iter().map(|n| format!("{:?} {:?} {:?} {:?} {:?}", n.parent, n.kids, n.member, bk(n), n.key)).collect()
+    }
+
+    #[test]
+    fn pruning_in_place_is_a_prune_and_undoes_exactly() {
+        let g = Ristretto255;
+        let mut rng = ChaCha20Rng::seed_from_u64(23);
+        for n in 2..=40usize {
+            for round in 0..6 {
+                let mut t = full_bks(singletons(n));
+                for (i, node) in t.nodes.iter_mut().enumerate() {
+                    node.key = (i % 3 != 0).then(|| g.scalar_from_u64(i as u64 + 100));
+                }
+                t.nodes[t.root].bk = None;
+                let leaves = t.leaves();
+                // Between one leaf and all but one gone, in a random order.
+                let mut gone: Vec<usize> = leaves.iter().copied().filter(|_| rng.next_u32() % 3 == 0).collect();
+                gone.truncate(n - 1);
+                if gone.is_empty() || round == 0 {
+                    gone = vec![leaves[rng.next_u32() as usize % n]];
+                }
+                for i in (1..gone.len()).rev() {
+                    gone.swap(i, rng.next_u32() as usize % (i + 1));
+                }
+                let names: Vec<MemberId> = gone.iter().map(|&v| t.member(v).unwrap().clone()).collect();
+                let (pruned, sponsors) = t.prune(|m| !names.contains(m)).unwrap();
+                let before = arena(&t);
+                let mut undo = Undo::of(&t);
+                let mut inplace = t.clone();
+                let got = inplace.prune_in_place(&gone, &mut undo).unwrap();
+                assert_eq!(encode(&inplace), encode(&pruned), "n {n}, gone {names:?}: the same tree");
+                assert_eq!(reachable_keys(&inplace), reachable_keys(&pruned), "n {n}: the same keys kept");
+                assert_eq!(inplace.keys().count(), pruned.keys().count(), "n {n}: no key left unreachable");
+                let sponsor_names = |t: &Tree<Ristretto255>, s: &[usize]| {
+                    let mut v: Vec<MemberId> = s.iter().map(|&x| t.member(x).unwrap().clone()).collect();
+                    v.sort();
+                    v.dedup();
+                    v
+                };
+                assert_eq!(sponsor_names(&inplace, &got), sponsor_names(&pruned, &sponsors), "n {n}: the same sponsors");
+                let refresher = inplace.refresher(got);
+                assert_eq!(
+                    inplace.member(refresher),
+                    pruned.member(pruned.refresher(sponsors)),
+                    "n {n}: the same refresher"
+                );
+                inplace.invalidate_path_noted(refresher, &mut undo);
+                inplace.nodes[refresher].key = Some(g.scalar_from_u64(7));
+                inplace.undo(undo);
+                assert_eq!(arena(&inplace), before, "n {n}: undone exactly");
+                assert_eq!(inplace.root, t.root);
+            }
+        }
+        // Refused, for the caller to undo: the last leaf, a leaf twice, an internal node.
+        let mut t = full_bks(singletons(3));
+        let leaves = t.leaves();
+        for gone in [leaves.clone(), vec![leaves[0], leaves[0]], vec![t.root]] {
+            let before = arena(&t);
+            let mut undo = Undo::of(&t);
+            assert!(t.prune_in_place(&gone, &mut undo).is_none(), "{gone:?}");
+            t.undo(undo);
+            assert_eq!(arena(&t), before);
+        }
     }
 }

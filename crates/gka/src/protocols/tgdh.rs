@@ -84,7 +84,7 @@ use super::{get_elem, MAX_MEMBERS};
 use crate::codec::{DecodeError, Reader, Writer};
 use crate::engine::{Change, Ctx, Error, Misbehaved, Protocol};
 use crate::suite::Group;
-use crate::tree::{Bk, Tree};
+use crate::tree::{Bk, Tree, Undo};
 use crate::ProtocolId;
 
 /// A subgroup's tree, announced by its sponsor at a merge.
@@ -94,8 +94,11 @@ const ROUND_KEYS: u8 = 2;
 
 /// One member's TGDH state.
 pub struct Tgdh<G: Group> {
-    /// The tree as of the last install (keys on this member's path).
+    /// The tree as of the last install (keys on this member's path), but
+    /// while a rekey changes it in place (see [`Rounds::undo`]).
     saved: Option<Tree<G>>,
+    /// The leaves of `saved`, one per member of the last install's view.
+    saved_leaves: Vec<usize>,
     /// The run of the current view.
     run: Run<G>,
 }
@@ -137,6 +140,10 @@ struct Rounds<G: Group> {
     leaf: Vec<usize>,
     /// Ready nodes this member has broadcast the blinded keys of.
     sent: BTreeSet<usize>,
+    /// A rekey works on the saved tree itself, changed in place (a few
+    /// paths, where a copy would cost the whole tree): what it changed, and
+    /// the saved tree's leaves, to put back if a new view abandons the run.
+    undo: Option<(Undo<G>, Vec<usize>)>,
 }
 
 impl<G: Group> Rounds<G> {
@@ -151,7 +158,7 @@ impl<G: Group> Rounds<G> {
         if leaves != cx.view.members.len() {
             return Err(Error::Internal("TGDH key tree holds a member twice"));
         }
-        Ok(Self { tree, leaf, sent: BTreeSet::new() })
+        Ok(Self { tree, leaf, sent: BTreeSet::new(), undo: None })
     }
 
     /// The leaf of member `m` of the view.
@@ -162,21 +169,73 @@ impl<G: Group> Rounds<G> {
 
 impl<G: Group> Tgdh<G> {
     /// A view whose members all share this member's state: remove the
-    /// departed, let the shallowest-rightmost removal sponsor refresh.
+    /// departed, let the shallowest-rightmost removal sponsor refresh. The
+    /// saved tree is changed in place, noting what changes: a leave
+    /// changes a few paths, and a copy of the tree (n nodes) per member and
+    /// view was most of a large group's cost of a leave.
     fn start_rekey(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
-        let saved = self.saved.as_ref().ok_or(Error::Internal("TGDH rekey without a key tree"))?;
-        let n = cx.view.members.len();
-        let pruned = saved.prune_to_view(n, |m| cx.position(m)).ok_or(Error::Internal("empty TGDH tree"))?;
-        let sponsors = pruned.sponsors;
-        let mut rd = Rounds::new(cx, pruned.tree, pruned.leaf, pruned.leaves)?;
-        let t = &mut rd.tree;
-        let refresher = t.refresher(sponsors);
-        t.invalidate_path(refresher);
-        if t.member(refresher) == Some(cx.me) {
-            t.nodes[refresher].key = Some(cx.random());
+        let mut tree = self.saved.take().ok_or(Error::Internal("TGDH rekey without a key tree"))?;
+        let saved_leaves = std::mem::take(&mut self.saved_leaves);
+        let mut undo = Undo::of(&tree);
+        match Self::prune_for_rekey(cx, &mut tree, &saved_leaves, &mut undo) {
+            Ok((leaf, refresher)) => {
+                if tree.member(refresher) == Some(cx.me) {
+                    tree.nodes[refresher].key = Some(cx.random());
+                }
+                // Each member of the view has its own leaf (checked), and
+                // the pruned tree no other.
+                let undo = Some((undo, saved_leaves));
+                self.run = Run::Rounds(Rounds { tree, leaf, sent: BTreeSet::new(), undo });
+                self.advance(cx)
+            }
+            Err(e) => {
+                tree.undo(undo);
+                self.saved = Some(tree);
+                self.saved_leaves = saved_leaves;
+                Err(e)
+            }
         }
-        self.run = Run::Rounds(rd);
-        self.advance(cx)
+    }
+
+    /// Removes from `tree` (whose leaves are `leaves`) the members not in the
+    /// view and invalidates the refresher's path, noting every change in
+    /// `undo`. Returns each member's leaf by its place in the view, and the
+    /// refresher. Every check comes before the first change.
+    fn prune_for_rekey(
+        cx: &Ctx<'_, G>,
+        tree: &mut Tree<G>,
+        leaves: &[usize],
+        undo: &mut Undo<G>,
+    ) -> Result<(Vec<usize>, usize), Error> {
+        let n = cx.view.members.len();
+        let mut leaf = vec![usize::MAX; n];
+        let mut gone = Vec::new();
+        for &v in leaves {
+            match tree.member(v).and_then(|m| cx.position(m)) {
+                Some(p) if leaf[p] == usize::MAX => leaf[p] = v,
+                Some(_) => return Err(Error::Internal("TGDH key tree holds a member twice")),
+                None => gone.push(v),
+            }
+        }
+        if leaf.contains(&usize::MAX) {
+            return Err(Error::Internal("TGDH key tree lacks a member of the view"));
+        }
+        let sponsors = tree.prune_in_place(&gone, undo).ok_or(Error::Internal("TGDH key tree out of order"))?;
+        let refresher = tree.refresher(sponsors);
+        tree.invalidate_path_noted(refresher, undo);
+        Ok((leaf, refresher))
+    }
+
+    /// Abandons the run, if any: a rekey puts back the saved tree it changed.
+    fn abandon(&mut self) {
+        if let Run::Rounds(rd) = std::mem::replace(&mut self.run, Run::Idle) {
+            if let Some((undo, leaves)) = rd.undo {
+                let mut tree = rd.tree;
+                tree.undo(undo);
+                self.saved = Some(tree);
+                self.saved_leaves = leaves;
+            }
+        }
     }
 
     /// A merge: prune to the own subgroup; its sponsor refreshes and
@@ -394,6 +453,7 @@ impl<G: Group> Tgdh<G> {
         secret.zeroize();
         if let Run::Rounds(rd) = std::mem::replace(&mut self.run, Run::Idle) {
             self.saved = Some(rd.tree);
+            self.saved_leaves = rd.leaf;
         }
         Ok(())
     }
@@ -403,7 +463,7 @@ impl<G: Group> Protocol<G> for Tgdh<G> {
     const ID: ProtocolId = ProtocolId::Tgdh;
 
     fn new() -> Self {
-        Self { saved: None, run: Run::Idle }
+        Self { saved: None, saved_leaves: Vec::new(), run: Run::Idle }
     }
 
     fn reset(&mut self) {
@@ -411,7 +471,7 @@ impl<G: Group> Protocol<G> for Tgdh<G> {
     }
 
     fn on_view(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
-        self.run = Run::Idle;
+        self.abandon();
         if cx.view.members.len() == 1 {
             // Alone: a fresh key, no messages. The leaf's key is refreshed
             // before it is ever used again (a merge's sponsor refreshes).
@@ -420,6 +480,7 @@ impl<G: Group> Protocol<G> for Tgdh<G> {
             cx.install(&secret);
             secret.zeroize();
             self.saved = Some(Tree::leaf(cx.me.clone(), Some(r), None));
+            self.saved_leaves = vec![0];
             return Ok(());
         }
         if change.single {
@@ -442,7 +503,10 @@ impl<G: Group> Protocol<G> for Tgdh<G> {
         match &self.run {
             Run::Idle => {}
             Run::Collect(co) => keys.extend(co.mine.keys().chain(co.others.iter().flat_map(|t| t.keys())).cloned()),
-            Run::Rounds(rd) => keys.extend(rd.tree.keys().cloned()),
+            Run::Rounds(rd) => {
+                keys.extend(rd.tree.keys().cloned());
+                keys.extend(rd.undo.iter().flat_map(|(u, _)| u.keys()).cloned());
+            }
         }
         (keys, Vec::new())
     }
