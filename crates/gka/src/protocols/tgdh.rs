@@ -76,8 +76,9 @@
 //! node on its path, and may only fill unknown nodes it can compute.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
-use conclave_gcs::{MemberId, MemberSet};
+use conclave_gcs::{MemberId, MemberSet, ViewMember};
 use zeroize::Zeroize;
 
 use super::{get_elem, MAX_MEMBERS};
@@ -97,8 +98,8 @@ pub struct Tgdh<G: Group> {
     /// The tree as of the last install (keys on this member's path), but
     /// while a rekey changes it in place (see [`Rounds::undo`]).
     saved: Option<Tree<G>>,
-    /// The leaves of `saved`, one per member of the last install's view.
-    saved_leaves: Vec<usize>,
+    /// Where the members of the last install's view have their leaves in `saved`.
+    saved_places: Places,
     /// The run of the current view.
     run: Run<G>,
 }
@@ -143,7 +144,37 @@ struct Rounds<G: Group> {
     /// A rekey works on the saved tree itself, changed in place (a few
     /// paths, where a copy would cost the whole tree): what it changed, and
     /// the saved tree's leaves, to put back if a new view abandons the run.
-    undo: Option<(Undo<G>, Vec<usize>)>,
+    undo: Option<(Undo<G>, Places)>,
+}
+
+/// The leaves of a saved tree by their members' places in the view of its
+/// install, and that view's members. Views keep their members' order, so a
+/// rekey finds where each went in the next view by walking both lists side
+/// by side (two clones of one name compare by address), where looking up
+/// every leaf's name would hash n names, each a read of memory no other
+/// step touches.
+#[derive(Default)]
+struct Places {
+    members: Option<Arc<[ViewMember]>>,
+    leaves: Vec<usize>,
+}
+
+impl Places {
+    /// For each place of the saved view, the place of its member in `view`
+    /// (`None`: not in it); `None` if `view` is not the saved one's members
+    /// in the same order, some gone.
+    fn moved_into(&self, view: &[ViewMember]) -> Option<Vec<Option<usize>>> {
+        let old = self.members.as_deref().filter(|m| m.len() == self.leaves.len())?;
+        let mut to = vec![None; old.len()];
+        let mut j = 0;
+        for (i, m) in old.iter().enumerate() {
+            if view.get(j).is_some_and(|n| n.id == m.id) {
+                to[i] = Some(j);
+                j += 1;
+            }
+        }
+        (j == view.len()).then_some(to)
+    }
 }
 
 impl<G: Group> Rounds<G> {
@@ -175,43 +206,49 @@ impl<G: Group> Tgdh<G> {
     /// view was most of a large group's cost of a leave.
     fn start_rekey(&mut self, cx: &mut Ctx<'_, G>) -> Result<(), Error> {
         let mut tree = self.saved.take().ok_or(Error::Internal("TGDH rekey without a key tree"))?;
-        let saved_leaves = std::mem::take(&mut self.saved_leaves);
+        let saved_places = std::mem::take(&mut self.saved_places);
         let mut undo = Undo::of(&tree);
-        match Self::prune_for_rekey(cx, &mut tree, &saved_leaves, &mut undo) {
+        match Self::prune_for_rekey(cx, &mut tree, &saved_places, &mut undo) {
             Ok((leaf, refresher)) => {
                 if tree.member(refresher) == Some(cx.me) {
                     tree.nodes[refresher].key = Some(cx.random());
                 }
                 // Each member of the view has its own leaf (checked), and
                 // the pruned tree no other.
-                let undo = Some((undo, saved_leaves));
+                let undo = Some((undo, saved_places));
                 self.run = Run::Rounds(Rounds { tree, leaf, sent: BTreeSet::new(), undo });
                 self.advance(cx)
             }
             Err(e) => {
                 tree.undo(undo);
                 self.saved = Some(tree);
-                self.saved_leaves = saved_leaves;
+                self.saved_places = saved_places;
                 Err(e)
             }
         }
     }
 
-    /// Removes from `tree` (whose leaves are `leaves`) the members not in the
-    /// view and invalidates the refresher's path, noting every change in
+    /// Removes from `tree` (whose leaves `places` gives) the members not in
+    /// the view and invalidates the refresher's path, noting every change in
     /// `undo`. Returns each member's leaf by its place in the view, and the
     /// refresher. Every check comes before the first change.
     fn prune_for_rekey(
         cx: &Ctx<'_, G>,
         tree: &mut Tree<G>,
-        leaves: &[usize],
+        places: &Places,
         undo: &mut Undo<G>,
     ) -> Result<(Vec<usize>, usize), Error> {
         let n = cx.view.members.len();
         let mut leaf = vec![usize::MAX; n];
         let mut gone = Vec::new();
-        for &v in leaves {
-            match tree.member(v).and_then(|m| cx.position(m)) {
+        // Each leaf's member's place in the view: by the walk, or else by name.
+        let moved = places.moved_into(&cx.view.members);
+        for (i, &v) in places.leaves.iter().enumerate() {
+            let p = match &moved {
+                Some(to) => to[i],
+                None => tree.member(v).and_then(|m| cx.position(m)),
+            };
+            match p {
                 Some(p) if leaf[p] == usize::MAX => leaf[p] = v,
                 Some(_) => return Err(Error::Internal("TGDH key tree holds a member twice")),
                 None => gone.push(v),
@@ -229,11 +266,11 @@ impl<G: Group> Tgdh<G> {
     /// Abandons the run, if any: a rekey puts back the saved tree it changed.
     fn abandon(&mut self) {
         if let Run::Rounds(rd) = std::mem::replace(&mut self.run, Run::Idle) {
-            if let Some((undo, leaves)) = rd.undo {
+            if let Some((undo, places)) = rd.undo {
                 let mut tree = rd.tree;
                 tree.undo(undo);
                 self.saved = Some(tree);
-                self.saved_leaves = leaves;
+                self.saved_places = places;
             }
         }
     }
@@ -453,7 +490,7 @@ impl<G: Group> Tgdh<G> {
         secret.zeroize();
         if let Run::Rounds(rd) = std::mem::replace(&mut self.run, Run::Idle) {
             self.saved = Some(rd.tree);
-            self.saved_leaves = rd.leaf;
+            self.saved_places = Places { members: Some(cx.view.members.clone()), leaves: rd.leaf };
         }
         Ok(())
     }
@@ -463,7 +500,7 @@ impl<G: Group> Protocol<G> for Tgdh<G> {
     const ID: ProtocolId = ProtocolId::Tgdh;
 
     fn new() -> Self {
-        Self { saved: None, saved_leaves: Vec::new(), run: Run::Idle }
+        Self { saved: None, saved_places: Places::default(), run: Run::Idle }
     }
 
     fn reset(&mut self) {
@@ -480,7 +517,7 @@ impl<G: Group> Protocol<G> for Tgdh<G> {
             cx.install(&secret);
             secret.zeroize();
             self.saved = Some(Tree::leaf(cx.me.clone(), Some(r), None));
-            self.saved_leaves = vec![0];
+            self.saved_places = Places { members: Some(cx.view.members.clone()), leaves: vec![0] };
             return Ok(());
         }
         if change.single {
@@ -539,6 +576,23 @@ mod tests {
     use crate::tree::tests::{encode, full_bks, id, singletons};
     use crate::tree::{Bk, Tree};
     use crate::{GroupId, ProtocolId, SignatureId};
+
+    #[test]
+    fn a_rekey_follows_its_members_into_the_next_view_by_walking_both_lists() {
+        use super::Places;
+        use conclave_gcs::ViewMember;
+        let list = |names: &[usize]| -> std::sync::Arc<[ViewMember]> {
+            names.iter().map(|&i| ViewMember { id: id(i), prev: None }).collect()
+        };
+        let places = Places { members: Some(list(&[0, 1, 2, 3])), leaves: vec![6, 4, 2, 0] };
+        assert_eq!(places.moved_into(&list(&[0, 2, 3])), Some(vec![Some(0), None, Some(1), Some(2)]));
+        assert_eq!(places.moved_into(&list(&[3])), Some(vec![None, None, None, Some(0)]));
+        assert_eq!(places.moved_into(&list(&[2, 0])), None, "another order: looked up by name instead");
+        assert_eq!(places.moved_into(&list(&[0, 1, 9])), None, "a newcomer");
+        let short = Places { members: Some(list(&[0, 1])), leaves: vec![0] };
+        assert_eq!(short.moved_into(&list(&[0])), None, "not one leaf per place");
+        assert_eq!(Places::default().moved_into(&list(&[0])), None);
+    }
 
     // ---- Costs against Tables I and II ------------------------------------
 
