@@ -607,8 +607,9 @@ struct Session {
     view: Option<View>,
     /// The run within `view` (see [`Epoch`]).
     run: u32,
-    /// Each member's position in `view`.
-    positions: MemberMap<usize>,
+    /// Each member's position in `view` (shared with `observed_positions`
+    /// when the run's view is the observed one).
+    positions: Arc<MemberMap<usize>>,
     next_seq: u32,
     seen: BTreeSet<(MemberId, u32)>,
     own: BTreeSet<[u8; 32]>,
@@ -632,9 +633,10 @@ pub(crate) struct Runner<G: Group, P: Protocol<G>> {
     /// The last view observed (the current run's view is it, restricted to
     /// the admitted members).
     observed: Option<View>,
-    /// Each member's position in `observed`, built once per view: the run's
+    /// Each member's position in `observed`, built once per view (or
+    /// carried over from the view before, see [`Runner::follow`]): the run's
     /// view takes it when it is the observed view itself.
-    observed_positions: MemberMap<usize>,
+    observed_positions: Arc<MemberMap<usize>>,
     /// Members in every view observed since the last run began (see
     /// [`Change::together`]).
     together: MemberSet,
@@ -663,7 +665,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             run_keys: directory.clone(),
             directory,
             observed: None,
-            observed_positions: MemberMap::default(),
+            observed_positions: Arc::default(),
             together: MemberSet::default(),
             preverified: HashMap::new(),
             st: Session {
@@ -671,7 +673,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
                 group,
                 view: None,
                 run: 0,
-                positions: MemberMap::default(),
+                positions: Arc::default(),
                 next_seq: 0,
                 seen: BTreeSet::new(),
                 own: BTreeSet::new(),
@@ -774,6 +776,74 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         }
     }
 
+    /// `view` read as a change of the last observed view, for a view that
+    /// keeps the order of the members that stay and adds newcomers at its
+    /// end (every join and leave; views keep their members' order): this
+    /// member's position, every member's position (the last view's map with
+    /// the departed taken out and the newcomers put in, the others moved
+    /// down in one pass over the map: no name is read or hashed but the
+    /// changed ones'), and the members of the last view that did not come
+    /// from it into `view` (departed, or there again from elsewhere).
+    /// Walks both lists side by side (clones of one name compare by their
+    /// address). `None`, with nothing changed, where [`Runner::check_view`]
+    /// must index the view afresh: no view before, another order, this
+    /// member gone, or a name twice.
+    fn follow(&mut self, view: &View) -> Option<(usize, Arc<MemberMap<usize>>, Vec<MemberId>)> {
+        let old = self.observed.as_ref()?;
+        let last = Some(old.id);
+        let (o, n) = (&old.members[..], &view.members[..]);
+        let mut to = vec![None; o.len()];
+        let mut gone = Vec::new();
+        let mut j = 0;
+        for (i, m) in o.iter().enumerate() {
+            if n.get(j).is_some_and(|x| x.id == m.id) {
+                to[i] = Some(j);
+                j += 1;
+            } else {
+                gone.push(i);
+            }
+        }
+        let newcomers = &n[j..];
+        // A member that came along but stands elsewhere: another order.
+        if newcomers.iter().any(|m| m.prev == last) {
+            return None;
+        }
+        let me = to[*self.observed_positions.get(&self.me)?]?;
+        // A newcomer named like a member that stays, or like another newcomer.
+        let named = |m: &MemberId| self.observed_positions.get(m).is_some_and(|&i| to[i].is_some());
+        let fresh: MemberSet = newcomers.iter().map(|m| m.id.clone()).collect();
+        if fresh.len() != newcomers.len() || newcomers.iter().any(|m| named(&m.id)) {
+            return None;
+        }
+        let mut positions = std::mem::take(&mut self.observed_positions);
+        let map = Arc::make_mut(&mut positions);
+        for &i in &gone {
+            map.remove(&o[i].id);
+        }
+        if !gone.is_empty() {
+            for p in map.values_mut() {
+                *p -= gone.partition_point(|&g| g < *p);
+            }
+        }
+        map.extend(newcomers.iter().enumerate().map(|(k, m)| (m.id.clone(), j + k)));
+        let mut stayed_out: Vec<MemberId> = gone.iter().map(|&i| o[i].id.clone()).collect();
+        stayed_out.extend(n[..j].iter().filter(|m| m.prev != last).map(|m| m.id.clone()));
+        Some((me, positions, stayed_out))
+    }
+
+    /// Whether [`Runner::follow`] reads `view` as a change (test hook).
+    #[cfg(test)]
+    fn follow_would_apply(&self, view: &View) -> bool {
+        let Some(old) = &self.observed else { return false };
+        let mut j = 0;
+        for m in old.members.iter() {
+            if view.members.get(j).is_some_and(|x| x.id == m.id) {
+                j += 1;
+            }
+        }
+        j > 0 && view.members[j..].iter().all(|m| m.prev != Some(old.id))
+    }
+
     /// Whether `view` is the observed view itself, not restricted to fewer
     /// members (a restriction keeps the id and the order).
     fn is_observed(&self, view: &View) -> bool {
@@ -787,7 +857,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         self.st.positions = if self.is_observed(&view) {
             self.observed_positions.clone()
         } else {
-            view.ids().enumerate().map(|(i, m)| (m.clone(), i)).collect()
+            Arc::new(view.ids().enumerate().map(|(i, m)| (m.clone(), i)).collect())
         };
         self.st.view = Some(view);
         self.begin_run(run);
@@ -954,7 +1024,16 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
     }
 
     fn observe(&mut self, view: &View) -> Result<(), Error> {
-        let (me, positions) = self.check_view(view)?;
+        // The last run's positions go (no message is taken until `start`),
+        // so that the observed ones are not shared when `follow` changes them.
+        self.st.positions = Arc::default();
+        let (me, positions, stayed_out) = match self.follow(view) {
+            Some((me, positions, stayed_out)) => (me, positions, Some(stayed_out)),
+            None => {
+                let (me, positions) = self.check_view(view)?;
+                (me, Arc::new(positions), None)
+            }
+        };
         let prev = view.members[me].prev;
         let last = self.observed.as_ref().map(|v| v.id);
         if prev.is_none() || prev != last {
@@ -962,6 +1041,13 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
             self.proto.reset();
             self.st.known = fresh_known(&self.me);
             self.together = MemberSet::from_iter([self.me.clone()]);
+        } else if let Some(stayed_out) = stayed_out {
+            // `known` and `together` hold members of the last observed view
+            // only: those that did not come along are all there is to drop.
+            for m in &stayed_out {
+                self.st.known.remove(m);
+                self.together.remove(m);
+            }
         } else {
             // Who came from this member's previous view (the transitional set).
             let moved = |m: &MemberId| positions.get(m).is_some_and(|&i| view.members[i].prev == prev);
@@ -1093,5 +1179,90 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
     #[cfg(feature = "test-hooks")]
     fn attacker(&self) -> Box<dyn crate::testing::AttackerGroup> {
         Box::new(crate::testing::Attacker(self.g.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use conclave_gcs::view::Cause;
+    use conclave_gcs::{MemberId, MemberMap, MemberSet, View, ViewId, ViewMember};
+    use rand_chacha::ChaCha20Rng;
+    use rand_core::{RngCore, SeedableRng};
+
+    use super::{Engine, Epoch, Runner, Tag};
+    use crate::protocols::tgdh::Tgdh;
+    use crate::suite::ristretto::Ristretto255;
+    use crate::suite::{generate_signer, SignatureId};
+    use crate::StaticDirectory;
+
+    /// Random views of up to 10 names, each from the one before: members
+    /// kept in order or now and then two swapped, newcomers at the end or now
+    /// and then in between, names coming back, `prev` mostly the last view,
+    /// sometimes another or none. After each, what `observe` keeps (the
+    /// positions, and who stays in `known` and `together`) is what indexing
+    /// the view afresh and looking every member up gives.
+    #[test]
+    fn a_view_read_as_a_change_of_the_last_gives_what_indexing_it_gives() {
+        let mut rng = ChaCha20Rng::seed_from_u64(5);
+        let names: Vec<MemberId> = (0..10).map(|i| MemberId::new(format!("m{i}")).unwrap()).collect();
+        let me = names[0].clone();
+        let signer = generate_signer(SignatureId::Ed25519, &mut rng).unwrap();
+        let mut r: Runner<Ristretto255, Tgdh<Ristretto255>> =
+            Runner::new(Ristretto255, "g".into(), me.clone(), signer, Arc::new(StaticDirectory::new()));
+        let mut list: Vec<ViewMember> = vec![ViewMember { id: me.clone(), prev: None }];
+        let mut followed = 0;
+        for seq in 1..3000u64 {
+            let last = r.observed.as_ref().map(|v| v.id);
+            let mut next: Vec<ViewMember> = Vec::new();
+            for m in &list {
+                if m.id != me && rng.next_u32() % 4 == 0 {
+                    continue;
+                }
+                let prev = match rng.next_u32() % 10 {
+                    0 => None,
+                    1 => Some(ViewId::new(9, seq)),
+                    _ => last,
+                };
+                next.push(ViewMember { id: m.id.clone(), prev });
+            }
+            if next.len() > 1 && rng.next_u32() % 8 == 0 {
+                let (a, b) = (rng.next_u32() as usize % next.len(), rng.next_u32() as usize % next.len());
+                next.swap(a, b);
+            }
+            for name in &names {
+                if !next.iter().any(|m| &m.id == name) && rng.next_u32() % 5 == 0 {
+                    let prev = if rng.next_u32() % 3 == 0 { last } else { None };
+                    let at = if rng.next_u32() % 6 == 0 { rng.next_u32() as usize % (next.len() + 1) } else { next.len() };
+                    next.insert(at, ViewMember { id: name.clone(), prev });
+                }
+            }
+            // Before: `known` and `together` hold members of the observed view.
+            let tag = Tag::Installed(Epoch::new(ViewId::new(1, seq), 0));
+            r.st.known = list.iter().filter(|_| rng.next_u32() % 3 != 0).map(|m| (m.id.clone(), tag)).collect();
+            r.st.known.insert(me.clone(), tag);
+            r.together = list.iter().filter(|_| rng.next_u32() % 3 != 0).map(|m| m.id.clone()).collect();
+            let (known, together) = (r.st.known.clone(), r.together.clone());
+            let view = View { id: ViewId::new(1, seq), members: next.clone().into(), cause: Cause::Join };
+            if r.observed.is_some() && r.follow_would_apply(&view) {
+                followed += 1;
+            }
+            r.observe(&view).unwrap();
+            let expected: MemberMap<usize> = view.index().unwrap();
+            assert_eq!(*r.observed_positions, expected, "view {seq}");
+            let prev = next.iter().find(|m| m.id == me).unwrap().prev;
+            let moved = |m: &MemberId| expected.get(m).is_some_and(|&i| next[i].prev == prev);
+            let sorted = |s: &MemberSet| s.iter().cloned().collect::<std::collections::BTreeSet<_>>();
+            if prev.is_some() && prev == last {
+                let kept: BTreeMap<MemberId, Tag> = known.into_iter().filter(|(m, _)| moved(m)).collect();
+                assert_eq!(r.st.known.clone().into_iter().collect::<BTreeMap<_, _>>(), kept, "view {seq}");
+                let kept: MemberSet = together.into_iter().filter(|m| moved(m)).collect();
+                assert_eq!(sorted(&r.together), sorted(&kept), "view {seq}");
+            }
+            list = next;
+        }
+        assert!(followed > 1000, "most views are read as changes: {followed}");
     }
 }
