@@ -493,14 +493,19 @@ impl<G: Group> Tree<G> {
     /// shallowest of them, then the rightmost; the rightmost leaf if nobody
     /// was removed (so every rekey changes the key).
     pub fn refresher(&self, removal_sponsors: Vec<usize>) -> usize {
-        if removal_sponsors.is_empty() {
+        let Some(shallowest) = removal_sponsors.iter().map(|&s| self.depth(s)).min() else {
             return self.rightmost(self.root);
+        };
+        let mut candidates: Vec<usize> =
+            removal_sponsors.into_iter().filter(|&s| self.depth(s) == shallowest).collect();
+        candidates.sort_unstable();
+        candidates.dedup();
+        if let [only] = candidates[..] {
+            // One leave (or one removal point): no need to order the leaves.
+            return only;
         }
         let leaves = self.leaves();
-        removal_sponsors
-            .into_iter()
-            .min_by_key(|&s| (self.depth(s), Reverse(leaves.iter().position(|&l| l == s))))
-            .expect("not empty")
+        candidates.into_iter().max_by_key(|&s| leaves.iter().position(|&l| l == s)).expect("not empty")
     }
 
     /// The lowest node of `path` (a leaf's path, see [`Tree::path`]) below
@@ -1344,6 +1349,14 @@ pub(crate) mod tests {
                     v
                 };
                 assert_eq!(sponsor_names(&inplace, &got), sponsor_names(&pruned, &sponsors), "n {n}: the same sponsors");
+                // The rule, by its definition: the shallowest sponsor, then the rightmost.
+                let leaves = pruned.leaves();
+                let by_definition = sponsors
+                    .iter()
+                    .copied()
+                    .min_by_key(|&s| (pruned.depth(s), std::cmp::Reverse(leaves.iter().position(|&l| l == s))))
+                    .unwrap();
+                assert_eq!(pruned.refresher(sponsors.clone()), by_definition, "n {n}: the refresher");
                 let refresher = inplace.refresher(got);
                 assert_eq!(
                     inplace.member(refresher),

@@ -154,16 +154,20 @@ impl Confirmer {
         let hk = Hkdf::<Sha256>::new(Some(b"conclave/secure/v1/confirm-key"), key);
         let mut k = Zeroizing::new([0u8; 32]);
         hk.expand(b"key confirmation", k.as_mut()).expect("32 bytes is a valid HKDF-SHA256 output length");
-        let mut transcript = b"conclave/secure/v1/confirm\0".to_vec();
-        put(&mut transcript, group.as_str().as_bytes());
-        transcript.extend_from_slice(&epoch.to_bytes());
-        transcript.push(protocol.code());
-        transcript.extend_from_slice(&(members.len() as u32).to_be_bytes());
+        // The transcript is hashed as it is written (the same bytes, so the
+        // same digest): every member writes n names per run, and a buffer
+        // of them grown name by name was copied over and over.
+        let mut transcript = Sha256::new();
+        transcript.update(b"conclave/secure/v1/confirm\0");
+        put_hashed(&mut transcript, group.as_str().as_bytes());
+        transcript.update(epoch.to_bytes());
+        transcript.update([protocol.code()]);
+        transcript.update((members.len() as u32).to_be_bytes());
         for m in members {
-            put(&mut transcript, m.as_str().as_bytes());
+            put_hashed(&mut transcript, m.as_str().as_bytes());
         }
         let mut keyed = <Hmac<Sha256> as Mac>::new_from_slice(k.as_ref()).expect("HMAC takes any key length");
-        keyed.update(&Sha256::digest(&transcript));
+        keyed.update(&transcript.finalize());
         Self { keyed }
     }
 
@@ -263,6 +267,12 @@ pub(crate) fn timeout_signed(group: &GroupName, view: ViewId, sender: &MemberId,
 fn put(t: &mut Vec<u8>, part: &[u8]) {
     t.extend_from_slice(&(part.len() as u16).to_be_bytes());
     t.extend_from_slice(part);
+}
+
+/// [`put`] into a hash of the transcript instead of the transcript itself.
+fn put_hashed(t: &mut Sha256, part: &[u8]) {
+    t.update((part.len() as u16).to_be_bytes());
+    t.update(part);
 }
 
 #[cfg(test)]
