@@ -640,6 +640,9 @@ pub(crate) struct Runner<G: Group, P: Protocol<G>> {
     /// Members in every view observed since the last run began (see
     /// [`Change::together`]).
     together: MemberSet,
+    /// No run has begun since the last [`Engine::observe`]: `known` and
+    /// `together` then hold only members that came along with this one.
+    just_observed: bool,
     /// Messages whose signatures passed [`Engine::preverify`]
     /// ([`checked_key`]), and the key each was checked with.
     preverified: HashMap<[u8; 32], Arc<dyn Verifier>>,
@@ -667,6 +670,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             observed: None,
             observed_positions: Arc::default(),
             together: MemberSet::default(),
+            just_observed: false,
             preverified: HashMap::new(),
             st: Session {
                 protocol: P::ID,
@@ -898,13 +902,38 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         // is every leave and every rekey of a group that stays together.
         let whole = self.is_observed(&view);
         let n = view.members.len();
-        let mine: Vec<MemberId> = if whole && self.st.known.len() == n && self.st.known.values().all(|t| *t == my_tag) {
+        // Right after `observe`, they hold only members that came along with
+        // this member (`moved`: the same `prev`), so as many entries as
+        // such members means those members: a join's run (the old members
+        // and the newcomers) needs no lookups either.
+        let moved = match (std::mem::take(&mut self.just_observed), self.observed_positions.get(&self.me)) {
+            (true, Some(&i)) if whole => {
+                let prev = view.members[i].prev;
+                Some((prev, view.members.iter().filter(|m| m.prev == prev).count()))
+            }
+            _ => None,
+        };
+        let all_mine = self.st.known.values().all(|t| *t == my_tag);
+        let mine: Vec<MemberId> = if whole && self.st.known.len() == n && all_mine {
             view.ids().cloned().collect()
+        } else if let Some((prev, count)) = moved.filter(|&(_, count)| all_mine && self.st.known.len() == count) {
+            let mine: Vec<MemberId> = view.members.iter().filter(|m| m.prev == prev).map(|m| m.id.clone()).collect();
+            debug_assert!(view.ids().filter(|m| self.st.known.get(*m) == Some(&my_tag)).eq(mine.iter()));
+            debug_assert_eq!(count, mine.len());
+            mine
         } else {
             view.ids().filter(|m| self.st.known.get(*m) == Some(&my_tag)).cloned().collect()
         };
         let together = if whole && self.together.len() == n {
             self.together.clone()
+        } else if let Some((prev, _)) = moved.filter(|&(_, count)| self.together.len() == count) {
+            // Of the view already (a subset of it), and all but the members
+            // that did not come along.
+            let together = self.together.clone();
+            debug_assert!(view.ids().filter(|m| together.contains(*m)).count() == together.len());
+            self.together.extend(view.members.iter().filter(|m| m.prev != prev).map(|m| m.id.clone()));
+            debug_assert_eq!(self.together.len(), n);
+            together
         } else {
             let together = view.ids().filter(|m| self.together.contains(*m)).cloned().collect();
             self.together.clear();
@@ -1056,6 +1085,7 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
         }
         self.observed = Some(view.clone());
         self.observed_positions = positions;
+        self.just_observed = true;
         // No run (and no key) until `start`: messages of the abandoned run
         // are refused, and the previous key is forgotten (an interval
         // protocol keeps using it until its next rekey).
