@@ -194,6 +194,8 @@ pub(crate) struct Tree<G: Group> {
 pub(crate) struct Undo<G: Group> {
     /// The root before the changes.
     root: usize,
+    /// The arena's length before the changes (nodes appended after it go).
+    len: usize,
     /// Each changed node as it was, in the order noted.
     nodes: Vec<(usize, Node<G>)>,
 }
@@ -201,7 +203,7 @@ pub(crate) struct Undo<G: Group> {
 impl<G: Group> Undo<G> {
     /// Nothing noted yet, for `tree`.
     pub fn of(tree: &Tree<G>) -> Self {
-        Self { root: tree.root, nodes: Vec::new() }
+        Self { root: tree.root, len: tree.nodes.len(), nodes: Vec::new() }
     }
 
     /// The keys it holds (the member's secrets, as the tree's).
@@ -409,6 +411,7 @@ impl<G: Group> Tree<G> {
                 n.parent = None;
                 n.kids = None;
                 n.member = None;
+                n.bk = None;
                 n.clear_key();
             }
             if let Some(g) = g {
@@ -440,7 +443,8 @@ impl<G: Group> Tree<G> {
     /// Puts back every node `undo` noted, as it was before the first change
     /// (what [`Tree::prune_in_place`] and the changes after it did).
     pub fn undo(&mut self, undo: Undo<G>) {
-        for (v, n) in undo.nodes.into_iter().rev() {
+        self.nodes.truncate(undo.len);
+        for (v, n) in undo.nodes.into_iter().rev().filter(|(v, _)| *v < undo.len) {
             self.nodes[v] = n;
         }
         self.root = undo.root;
@@ -651,10 +655,40 @@ impl<G: Group> Tree<G> {
         }
     }
 
+    /// [`Tree::insert_all`] of trees already in merge order, noting in
+    /// `undo` every node of this tree it changes (nodes it appends go with
+    /// [`Tree::undo`]). Returns where each tree's nodes begin in the arena.
+    pub fn insert_all_noted(&mut self, others: &[Self], undo: &mut Undo<G>) -> Vec<usize> {
+        let mut h = self.heights();
+        let mut offsets = Vec::with_capacity(others.len());
+        for other in others {
+            offsets.push(self.nodes.len());
+            let hb = other.heights();
+            let x = self.insertion_point_in(&h, hb[other.root]);
+            let parent = self.nodes[x].parent;
+            if let Some(p) = parent {
+                self.noted(undo, p);
+            }
+            self.noted(undo, x);
+            let n = self.insert_at(x, other, hb, &mut h);
+            self.invalidate_path_noted(n, undo);
+        }
+        offsets
+    }
+
     /// [`Tree::insert`] with this tree's node heights `h`, which it updates.
     fn insert_with(&mut self, other: &Self, h: &mut Vec<usize>) -> usize {
         let hb = other.heights();
         let x = self.insertion_point_in(h, hb[other.root]);
+        let n = self.insert_at(x, other, hb, h);
+        self.invalidate_path(n);
+        n
+    }
+
+    /// Puts `other` (of node heights `hb`) beside node `x`, under a new node
+    /// that takes `x`'s place, and returns the new node; `h`, this tree's
+    /// heights, follows. The caller invalidates the new node's path.
+    fn insert_at(&mut self, x: usize, other: &Self, hb: Vec<usize>, h: &mut Vec<usize>) -> usize {
         let b = self.append(other);
         h.extend(hb);
         let parent = self.nodes[x].parent;
@@ -677,7 +711,6 @@ impl<G: Group> Tree<G> {
                 h[u] = 1 + h[l].max(h[r]);
             }
         }
-        self.invalidate_path(n);
         n
     }
 
@@ -709,6 +742,12 @@ impl<G: Group> Tree<G> {
     /// (left behind by [`Tree::graft`]), renumbered in preorder; keys and
     /// blinded keys are kept.
     pub fn compact(&self) -> Self {
+        self.compacted().0
+    }
+
+    /// [`Tree::compact`], with each old node's new index (`usize::MAX`
+    /// for the unreachable ones).
+    pub fn compacted(&self) -> (Self, Vec<usize>) {
         let order = self.preorder(self.root);
         let mut new_of = vec![usize::MAX; self.nodes.len()];
         for (i, &v) in order.iter().enumerate() {
@@ -724,7 +763,7 @@ impl<G: Group> Tree<G> {
             })
             .collect();
         nodes[0].parent = None;
-        Self { nodes, root: 0 }
+        (Self { nodes, root: 0 }, new_of)
     }
 
     /// A complete tree of `members`, left to right, without keys or blinded

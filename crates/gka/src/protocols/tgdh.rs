@@ -124,6 +124,17 @@ struct Collect<G: Group> {
     others: Vec<Tree<G>>,
     /// Members of the other subgroups' trees announced so far.
     covered: MemberSet,
+    /// `mine` is the saved tree itself, pruned in place (see [`Rounds::undo`]):
+    /// what changed, the saved tree's places, and each member of the
+    /// subgroup's leaf by its place in the view.
+    in_place: Option<InPlace<G>>,
+}
+
+/// A merge's own subgroup worked on in the saved tree itself.
+struct InPlace<G: Group> {
+    undo: Undo<G>,
+    places: Places,
+    leaves: Vec<(usize, usize)>,
 }
 
 impl<G: Group> Collect<G> {
@@ -164,6 +175,13 @@ impl Places {
     /// (`None`: not in it); `None` if `view` is not the saved one's members
     /// in the same order, some gone.
     fn moved_into(&self, view: &[ViewMember]) -> Option<Vec<Option<usize>>> {
+        self.walk(view).filter(|&(_, j)| j == view.len()).map(|(to, _)| to)
+    }
+
+    /// [`Places::moved_into`] for a view that may add newcomers after the
+    /// members that stay: also how many of `view`'s members come first,
+    /// from the saved view (the rest are not of it).
+    fn walk(&self, view: &[ViewMember]) -> Option<(Vec<Option<usize>>, usize)> {
         let old = self.members.as_deref().filter(|m| m.len() == self.leaves.len())?;
         let mut to = vec![None; old.len()];
         let mut j = 0;
@@ -173,7 +191,7 @@ impl Places {
                 j += 1;
             }
         }
-        (j == view.len()).then_some(to)
+        Some((to, j))
     }
 }
 
@@ -265,30 +283,39 @@ impl<G: Group> Tgdh<G> {
 
     /// Abandons the run, if any: a rekey puts back the saved tree it changed.
     fn abandon(&mut self) {
-        if let Run::Rounds(rd) = std::mem::replace(&mut self.run, Run::Idle) {
-            if let Some((undo, places)) = rd.undo {
-                let mut tree = rd.tree;
-                tree.undo(undo);
-                self.saved = Some(tree);
-                self.saved_places = places;
-            }
-        }
+        let (mut tree, undo, places) = match std::mem::replace(&mut self.run, Run::Idle) {
+            Run::Rounds(Rounds { tree, undo: Some((undo, places)), .. }) => (tree, undo, places),
+            Run::Collect(Collect { mine, in_place: Some(ip), .. }) => (mine, ip.undo, ip.places),
+            _ => return,
+        };
+        tree.undo(undo);
+        self.saved = Some(tree);
+        self.saved_places = places;
     }
 
     /// A merge: prune to the own subgroup; its sponsor refreshes and
     /// announces the subgroup's tree.
     fn start_merge(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
         let mine: MemberSet = change.mine.iter().cloned().collect();
-        // The saved tree pruned to the subgroup holds all of it exactly when
-        // it has as many leaves (a tree holds each member once).
-        let pruned = self.saved.as_ref().and_then(|s| s.prune(|m| mine.contains(m))).map(|(t, _)| t);
-        let mut t = match pruned {
-            Some(t) if t.leaf_count() == mine.len() => t,
-            _ if change.mine.len() == 1 && &change.mine[0] == cx.me => Tree::leaf(cx.me.clone(), None, None),
-            _ => return Err(Error::Internal("TGDH key tree lacks a member of the subgroup")),
+        let (mut t, mut in_place) = match self.prune_in_place_to(cx, change)? {
+            Some((t, in_place)) => (t, Some(in_place)),
+            None => {
+                // The saved tree pruned to the subgroup holds all of it exactly
+                // when it has as many leaves (a tree holds each member once).
+                let pruned = self.saved.as_ref().and_then(|s| s.prune(|m| mine.contains(m))).map(|(t, _)| t);
+                let t = match pruned {
+                    Some(t) if t.leaf_count() == mine.len() => t,
+                    _ if change.mine.len() == 1 && &change.mine[0] == cx.me => Tree::leaf(cx.me.clone(), None, None),
+                    _ => return Err(Error::Internal("TGDH key tree lacks a member of the subgroup")),
+                };
+                (t, None)
+            }
         };
         let sponsor = t.rightmost(t.root);
-        t.invalidate_path(sponsor);
+        match in_place.as_mut() {
+            Some(ip) => t.invalidate_path_noted(sponsor, &mut ip.undo),
+            None => t.invalidate_path(sponsor),
+        }
         if t.member(sponsor) == Some(cx.me) {
             t.nodes[sponsor].key = Some(cx.random());
             t.climb(cx, sponsor, true);
@@ -307,8 +334,43 @@ impl<G: Group> Tgdh<G> {
             mine_announced: false,
             others: Vec::new(),
             covered: MemberSet::default(),
+            in_place,
         });
         Ok(())
+    }
+
+    /// The saved tree, pruned in place to the subgroup (`Change::mine`), if
+    /// the saved view's members are found in the view by walking both lists
+    /// and the subgroup is all there: a join leaves the old members' tree
+    /// as it is but for the sponsor's path, where a prune would copy it.
+    /// `None`, with nothing changed, for the prune by name.
+    #[allow(clippy::type_complexity)]
+    fn prune_in_place_to(&mut self, cx: &Ctx<'_, G>, change: &Change) -> Result<Option<(Tree<G>, InPlace<G>)>, Error> {
+        let Some((to, _)) = self.saved_places.walk(&cx.view.members) else { return Ok(None) };
+        if self.saved.is_none() {
+            return Ok(None);
+        }
+        let marks = change.mine_marks(cx.view)?;
+        let mut gone = Vec::new();
+        let mut leaves = Vec::with_capacity(change.mine.len());
+        for (i, &v) in self.saved_places.leaves.iter().enumerate() {
+            match to[i] {
+                Some(p) if marks[p] => leaves.push((p, v)),
+                _ => gone.push(v),
+            }
+        }
+        if leaves.is_empty() || leaves.len() != change.mine.len() {
+            return Ok(None);
+        }
+        let mut tree = self.saved.take().expect("checked");
+        let mut undo = Undo::of(&tree);
+        if tree.prune_in_place(&gone, &mut undo).is_none() {
+            tree.undo(undo);
+            self.saved = Some(tree);
+            return Ok(None);
+        }
+        let places = std::mem::take(&mut self.saved_places);
+        Ok(Some((tree, InPlace { undo, places, leaves })))
     }
 
     /// A subgroup's announced tree.
@@ -330,10 +392,40 @@ impl<G: Group> Tgdh<G> {
         let Run::Collect(co) = std::mem::replace(&mut self.run, Run::Idle) else {
             return Err(Error::Internal("TGDH merge state lost"));
         };
-        let mut trees = co.others;
-        trees.push(co.mine);
-        let first = |t: &Tree<G>| t.members().iter().filter_map(|m| cx.position(m)).min();
-        let acc = Tree::merge(trees, first).ok_or(Error::Internal("TGDH merge of nothing"))?;
+        let Collect { mine, others, in_place, .. } = co;
+        if let Some(ip) = in_place {
+            match Self::merge_in_place(cx, mine, others, ip) {
+                Ok(rd) => {
+                    self.run = Run::Rounds(rd);
+                    return self.advance(cx);
+                }
+                Err((saved, places, copy, others)) => {
+                    // Another subgroup goes first: merge a copy, as without
+                    // the saved tree, which is put back.
+                    self.saved = Some(saved);
+                    self.saved_places = places;
+                    return self.merge_copies(cx, copy, others);
+                }
+            }
+        }
+        self.merge_copies(cx, mine, others)
+    }
+
+    /// A tree's first member's place in the view (how [`Tree::merge`]
+    /// orders trees of as many leaves).
+    fn first_place(cx: &Ctx<'_, G>, t: &Tree<G>) -> Option<usize> {
+        t.members().iter().filter_map(|m| cx.position(m)).min()
+    }
+
+    /// The merge of the subgroups' trees, each a tree of its own.
+    fn merge_copies(
+        &mut self,
+        cx: &mut Ctx<'_, G>,
+        mine: Tree<G>,
+        mut trees: Vec<Tree<G>>,
+    ) -> Result<(), Error> {
+        trees.push(mine);
+        let acc = Tree::merge(trees, |t| Self::first_place(cx, t)).ok_or(Error::Internal("TGDH merge of nothing"))?;
         let leaves = acc.leaves();
         let mut leaf = vec![None; cx.view.members.len()];
         for &v in &leaves {
@@ -343,6 +435,61 @@ impl<G: Group> Tgdh<G> {
         }
         self.run = Run::Rounds(Rounds::new(cx, acc, leaf, leaves.len())?);
         self.advance(cx)
+    }
+
+    /// The merge into this member's own subgroup's tree, the saved tree
+    /// changed in place, when that tree goes first in [`Tree::merge`]'s
+    /// order (a join, for the old members): the others are inserted into it,
+    /// every change noted. Otherwise gives back the saved tree (put back),
+    /// its places, a copy of the subgroup's tree and the others.
+    #[allow(clippy::type_complexity)]
+    fn merge_in_place(
+        cx: &Ctx<'_, G>,
+        mut mine: Tree<G>,
+        others: Vec<Tree<G>>,
+        mut ip: InPlace<G>,
+    ) -> Result<Rounds<G>, (Tree<G>, Places, Tree<G>, Vec<Tree<G>>)> {
+        let first = |t: &Tree<G>| Self::first_place(cx, t);
+        // Tree::merge's order: more leaves first, then the first member's
+        // place in the view (asked only of trees whose count another shares).
+        let count = ip.leaves.len();
+        let mine_first = ip.leaves.iter().map(|&(p, _)| p).min();
+        let counts: Vec<usize> = others.iter().map(Tree::leaf_count).collect();
+        let goes_first = counts.iter().zip(&others).all(|(&c, t)| c < count || (c == count && first(t) > mine_first));
+        let n = cx.view.members.len();
+        if !goes_first || count + counts.iter().sum::<usize>() != n {
+            let copy = mine.compact();
+            mine.undo(ip.undo);
+            return Err((mine, ip.places, copy, others));
+        }
+        let mut rest: Vec<(usize, Option<usize>, Tree<G>)> =
+            others.into_iter().zip(counts).map(|(t, c)| (c, first(&t), t)).collect();
+        rest.sort_by(|a, b| (std::cmp::Reverse(a.0), a.1).cmp(&(std::cmp::Reverse(b.0), b.1)));
+        let rest: Vec<Tree<G>> = rest.into_iter().map(|(_, _, t)| t).collect();
+        let offsets = mine.insert_all_noted(&rest, &mut ip.undo);
+        let mut leaf = vec![usize::MAX; n];
+        for &(p, v) in &ip.leaves {
+            leaf[p] = v;
+        }
+        for (t, off) in rest.iter().zip(offsets) {
+            for v in t.leaves() {
+                if let Some(p) = t.member(v).and_then(|m| cx.position(m)) {
+                    leaf[p] = off + v;
+                }
+            }
+        }
+        if leaf.contains(&usize::MAX) {
+            let copy_back = |mut t: Tree<G>, undo| {
+                t.undo(undo);
+                t
+            };
+            // Cannot be (every member announced in exactly one tree): the
+            // state is put back as it was before the merge, for the caller.
+            let saved = copy_back(mine, ip.undo);
+            let copy = saved.clone();
+            return Err((saved, ip.places, copy, rest));
+        }
+        Ok(Rounds { tree: mine, leaf, sent: BTreeSet::new(), undo: Some((ip.undo, ip.places)) })
     }
 
     /// The announcement of this member's own subgroup: its own tree but for
@@ -489,8 +636,16 @@ impl<G: Group> Tgdh<G> {
         cx.install(&secret);
         secret.zeroize();
         if let Run::Rounds(rd) = std::mem::replace(&mut self.run, Run::Idle) {
-            self.saved = Some(rd.tree);
-            self.saved_places = Places { members: Some(cx.view.members.clone()), leaves: rd.leaf };
+            let (mut tree, mut leaves) = (rd.tree, rd.leaf);
+            // Changes in place leave removed nodes behind: once they are as
+            // many as the tree's own, the tree is copied without them.
+            if tree.nodes.len() > 4 * leaves.len() {
+                let (compact, new_of) = tree.compacted();
+                tree = compact;
+                leaves.iter_mut().for_each(|v| *v = new_of[*v]);
+            }
+            self.saved = Some(tree);
+            self.saved_places = Places { members: Some(cx.view.members.clone()), leaves };
         }
         Ok(())
     }
@@ -539,7 +694,10 @@ impl<G: Group> Protocol<G> for Tgdh<G> {
         let mut keys: Vec<G::Scalar> = self.saved.iter().flat_map(|t| t.keys()).cloned().collect();
         match &self.run {
             Run::Idle => {}
-            Run::Collect(co) => keys.extend(co.mine.keys().chain(co.others.iter().flat_map(|t| t.keys())).cloned()),
+            Run::Collect(co) => {
+                keys.extend(co.mine.keys().chain(co.others.iter().flat_map(|t| t.keys())).cloned());
+                keys.extend(co.in_place.iter().flat_map(|ip| ip.undo.keys()).cloned());
+            }
             Run::Rounds(rd) => {
                 keys.extend(rd.tree.keys().cloned());
                 keys.extend(rd.undo.iter().flat_map(|(u, _)| u.keys()).cloned());
