@@ -130,6 +130,16 @@ struct Collect<G: Group> {
     in_place: Option<InPlace<G>>,
 }
 
+/// Why a merge did not go on in the saved tree ([`Tgdh::merge_in_place`]):
+/// the saved tree, put back, and its places; a copy of the own subgroup's
+/// tree to merge with the others instead (`None`: the merge failed).
+struct NotFirst<G: Group> {
+    saved: Tree<G>,
+    places: Places,
+    copy: Option<Tree<G>>,
+    others: Vec<Tree<G>>,
+}
+
 /// A merge's own subgroup worked on in the saved tree itself.
 struct InPlace<G: Group> {
     undo: Undo<G>,
@@ -399,11 +409,13 @@ impl<G: Group> Tgdh<G> {
                     self.run = Run::Rounds(rd);
                     return self.advance(cx);
                 }
-                Err((saved, places, copy, others)) => {
+                Err(not_first) => {
                     // Another subgroup goes first: merge a copy, as without
                     // the saved tree, which is put back.
+                    let NotFirst { saved, places, copy, others } = *not_first;
                     self.saved = Some(saved);
                     self.saved_places = places;
+                    let copy = copy.ok_or(Error::Internal("TGDH merge lacks a member of the view"))?;
                     return self.merge_copies(cx, copy, others);
                 }
             }
@@ -440,15 +452,14 @@ impl<G: Group> Tgdh<G> {
     /// The merge into this member's own subgroup's tree, the saved tree
     /// changed in place, when that tree goes first in [`Tree::merge`]'s
     /// order (a join, for the old members): the others are inserted into it,
-    /// every change noted. Otherwise gives back the saved tree (put back),
-    /// its places, a copy of the subgroup's tree and the others.
-    #[allow(clippy::type_complexity)]
+    /// every change noted. Otherwise gives back the saved tree, put back,
+    /// and what to merge instead.
     fn merge_in_place(
         cx: &Ctx<'_, G>,
         mut mine: Tree<G>,
         others: Vec<Tree<G>>,
         mut ip: InPlace<G>,
-    ) -> Result<Rounds<G>, (Tree<G>, Places, Tree<G>, Vec<Tree<G>>)> {
+    ) -> Result<Rounds<G>, Box<NotFirst<G>>> {
         let first = |t: &Tree<G>| Self::first_place(cx, t);
         // Tree::merge's order: more leaves first, then the first member's
         // place in the view (asked only of trees whose count another shares).
@@ -458,13 +469,13 @@ impl<G: Group> Tgdh<G> {
         let goes_first = counts.iter().zip(&others).all(|(&c, t)| c < count || (c == count && first(t) > mine_first));
         let n = cx.view.members.len();
         if !goes_first || count + counts.iter().sum::<usize>() != n {
-            let copy = mine.compact();
+            let copy = Some(mine.compact());
             mine.undo(ip.undo);
-            return Err((mine, ip.places, copy, others));
+            return Err(Box::new(NotFirst { saved: mine, places: ip.places, copy, others }));
         }
         let mut rest: Vec<(usize, Option<usize>, Tree<G>)> =
             others.into_iter().zip(counts).map(|(t, c)| (c, first(&t), t)).collect();
-        rest.sort_by(|a, b| (std::cmp::Reverse(a.0), a.1).cmp(&(std::cmp::Reverse(b.0), b.1)));
+        rest.sort_by_key(|&(c, first, _)| (std::cmp::Reverse(c), first));
         let rest: Vec<Tree<G>> = rest.into_iter().map(|(_, _, t)| t).collect();
         let offsets = mine.insert_all_noted(&rest, &mut ip.undo);
         let mut leaf = vec![usize::MAX; n];
@@ -479,15 +490,10 @@ impl<G: Group> Tgdh<G> {
             }
         }
         if leaf.contains(&usize::MAX) {
-            let copy_back = |mut t: Tree<G>, undo| {
-                t.undo(undo);
-                t
-            };
-            // Cannot be (every member announced in exactly one tree): the
-            // state is put back as it was before the merge, for the caller.
-            let saved = copy_back(mine, ip.undo);
-            let copy = saved.clone();
-            return Err((saved, ip.places, copy, rest));
+            // Cannot be (the trees hold each member of the view once, and
+            // as many leaves): the saved tree is put back.
+            mine.undo(ip.undo);
+            return Err(Box::new(NotFirst { saved: mine, places: ip.places, copy: None, others: Vec::new() }));
         }
         Ok(Rounds { tree: mine, leaf, sent: BTreeSet::new(), undo: Some((ip.undo, ip.places)) })
     }
