@@ -402,7 +402,8 @@ pub struct Leak {
 pub(crate) struct Change {
     /// Members of the view that share this member's secure state, itself
     /// included, in view order.
-    pub mine: Vec<MemberId>,
+    /// (The view's own list, shared, when that is all of it.)
+    pub mine: Members,
     /// Whether every member of the view shares this member's secure state.
     pub single: bool,
     /// Members of the view that were in every view this member went through
@@ -914,15 +915,24 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             _ => None,
         };
         let all_mine = self.st.known.values().all(|t| *t == my_tag);
-        let mine: Vec<MemberId> = if whole && self.st.known.len() == n && all_mine {
-            view.ids().cloned().collect()
+        let mine: Members = if whole && self.st.known.len() == n && all_mine {
+            Members::of_view(&view)
         } else if let Some((prev, count)) = moved.filter(|&(_, count)| all_mine && self.st.known.len() == count) {
-            let mine: Vec<MemberId> = view.members.iter().filter(|m| m.prev == prev).map(|m| m.id.clone()).collect();
+            let mine: Members = if count == n {
+                Members::of_view(&view)
+            } else {
+                view.members.iter().filter(|m| m.prev == prev).map(|m| m.id.clone()).collect()
+            };
             debug_assert!(view.ids().filter(|m| self.st.known.get(*m) == Some(&my_tag)).eq(mine.iter()));
             debug_assert_eq!(count, mine.len());
             mine
         } else {
-            view.ids().filter(|m| self.st.known.get(*m) == Some(&my_tag)).cloned().collect()
+            let mine: Members = view.ids().filter(|m| self.st.known.get(*m) == Some(&my_tag)).cloned().collect();
+            if mine.len() == n {
+                Members::of_view(&view)
+            } else {
+                mine
+            }
         };
         let together = if whole && self.together.len() == n {
             self.together.clone()
@@ -1140,7 +1150,7 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
         let run = self.st.run.checked_add(1).ok_or(Error::RunsExhausted)?;
         self.begin_run(run);
         let together = self.st.view.as_ref().map(|v| v.ids().cloned().collect()).unwrap_or_default();
-        let change = Change { mine: vec![self.me.clone()], single: n == 1, together };
+        let change = Change { mine: Members::from(vec![self.me.clone()]), single: n == 1, together };
         self.together = change.together.clone();
         self.with_ctx(rng, |p, cx| p.on_view(cx, &change))
     }

@@ -50,7 +50,7 @@
 use std::collections::BTreeMap;
 
 use conclave_gcs::view::MAX_MEMBER_NAME;
-use conclave_gcs::{MemberId, MemberMap, View};
+use conclave_gcs::{MemberId, MemberMap, Members, View};
 use zeroize::Zeroize;
 
 use super::{get_elem, get_member, put_elem, put_member, MAX_MEMBERS};
@@ -151,7 +151,7 @@ enum Mode {
 struct Run<G: Group> {
     mode: Mode,
     /// Merge: the members of my subgroup.
-    mine: Vec<MemberId>,
+    mine: Members,
     /// Merge: whether I belong to the old group (the first member's subgroup).
     old: bool,
     /// Merge: the new members in view order, once known.
@@ -178,7 +178,7 @@ impl<G: Group> Run<G> {
     fn idle() -> Self {
         Self {
             mode: Mode::Idle,
-            mine: Vec::new(),
+            mine: Members::default(),
             old: false,
             chain: None,
             controller: None,

@@ -159,7 +159,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use conclave_gcs::{MemberId, MemberMap, MemberSet, View};
+use conclave_gcs::{MemberId, MemberMap, MemberSet, Members, View};
 use rand_core::CryptoRngCore;
 use zeroize::Zeroize;
 
@@ -535,7 +535,7 @@ pub struct Seal<G: Group> {
     /// The tree as of the last install (keys on this member's path).
     saved: Option<Tree<G>>,
     /// Members of the view that share `saved` (the engine's `Change::mine`).
-    mine: Vec<MemberId>,
+    mine: Members,
     rekey: Option<Rekey<G>>,
     /// T' of this view (Queue-batch).
     queue: Option<Queue<G>>,
@@ -880,7 +880,7 @@ impl<G: Group> Seal<G> {
                                 t.nodes[t.root].bk = None;
                             }
                             self.saved = Some(t);
-                            self.mine = holders.unwrap_or_else(|| cx.view.ids().cloned().collect());
+                            self.mine = holders.map_or_else(|| Members::of_view(cx.view), Members::from);
                             // The joiners are in: no T' any more.
                             self.queue = None;
                             self.last_sub = None;
@@ -1114,7 +1114,7 @@ impl<G: Group> Protocol<G> for Seal<G> {
         Self {
             algorithm: IntervalAlgorithm::Batch,
             saved: None,
-            mine: Vec::new(),
+            mine: Members::default(),
             rekey: None,
             queue: None,
             last_sub: None,
