@@ -917,10 +917,8 @@ fn an_exchange_completed_in_a_transitional_set_gives_the_held_operations_the_set
     };
     let mut on_left = feed(&mut left, vec![state(s1.clone()), join(conn(1, 2)), join(conn(2, 2)), state(s2.clone())]);
     on_left.extend(feed(&mut left, vec![Op::Transitional { members: vec![DaemonId(1)] }]));
-    let on_right = feed(
-        &mut right,
-        vec![state(s1), Op::Transitional { members: vec![DaemonId(2)] }, join(conn(2, 2)), state(s2)],
-    );
+    let on_right =
+        feed(&mut right, vec![state(s1), Op::Transitional { members: vec![DaemonId(2)] }, join(conn(2, 2)), state(s2)]);
     let listed = |vs: &[View]| vs.iter().map(|v| names(v).join(",")).collect::<Vec<_>>();
     assert_eq!(listed(&on_left), ["a,b", "a,b,c", "a,b,c,d"], "daemon 1 delivers to a and c");
     assert_eq!(listed(&on_right), ["a,b", "a,b,d"], "daemon 2 delivers to b and d, without c's join");

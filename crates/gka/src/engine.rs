@@ -1275,7 +1275,8 @@ mod tests {
             for name in &names {
                 if !next.iter().any(|m| &m.id == name) && rng.next_u32() % 5 == 0 {
                     let prev = if rng.next_u32() % 3 == 0 { last } else { None };
-                    let at = if rng.next_u32() % 6 == 0 { rng.next_u32() as usize % (next.len() + 1) } else { next.len() };
+                    let at =
+                        if rng.next_u32() % 6 == 0 { rng.next_u32() as usize % (next.len() + 1) } else { next.len() };
                     next.insert(at, ViewMember { id: name.clone(), prev });
                 }
             }

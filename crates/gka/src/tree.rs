@@ -1387,7 +1387,11 @@ pub(crate) mod tests {
                     v.dedup();
                     v
                 };
-                assert_eq!(sponsor_names(&inplace, &got), sponsor_names(&pruned, &sponsors), "n {n}: the same sponsors");
+                assert_eq!(
+                    sponsor_names(&inplace, &got),
+                    sponsor_names(&pruned, &sponsors),
+                    "n {n}: the same sponsors"
+                );
                 // The rule, by its definition: the shallowest sponsor, then the rightmost.
                 let leaves = pruned.leaves();
                 let by_definition = sponsors

@@ -1,7 +1,8 @@
 //! Property tests of every protocol on the seeded simulator.
 //!
 //! Each case is a random sequence of joins, leaves, partitions, merges and
-//! cascaded events (a new view before the run ends, with a random part of the
+//! cascaded events (partitions into two or three parts, merges of two or
+//! three components, a new view before the run ends, with a random part of the
 //! interrupted traffic getting through), groups up to 64 members. After every
 //! quiet point: each component's members hold one common key for their
 //! current view, no engine rejected an honest message, and no key was ever
@@ -12,6 +13,7 @@
 use std::collections::BTreeMap;
 
 use conclave_gcs::sim::Flush;
+use conclave_gcs::Cause;
 use conclave_gcs::{MemberId, ViewId};
 use conclave_gka::harness::Harness;
 use conclave_gka::{GroupId, ProtocolId, SignatureId};
@@ -113,24 +115,32 @@ fn scenario(protocol: ProtocolId, seed: u64) -> Result<(), String> {
             4 if views.iter().any(|v| v.len() >= 2) => {
                 let big: Vec<Vec<MemberId>> = views.iter().filter(|v| v.len() >= 2).cloned().collect();
                 let v = pick(&mut rng, &big);
-                let (mut a, mut b) = (Vec::new(), Vec::new());
+                // Two parts, or three (a cascade of a daemon ring falling
+                // apart into singletons before it heals).
+                let k = if v.len() >= 3 && rng.next_u64() % 3 == 0 { 3 } else { 2 };
+                let mut parts: Vec<Vec<MemberId>> = vec![Vec::new(); k];
                 for m in &v {
-                    if rng.next_u64() % 2 == 0 {
-                        a.push(m.clone())
-                    } else {
-                        b.push(m.clone())
+                    parts[below(&mut rng, k)].push(m.clone());
+                }
+                for i in 0..k {
+                    if parts[i].is_empty() {
+                        let j = (0..k).max_by_key(|&j| parts[j].len()).expect("parts");
+                        let m = parts[j].pop().expect("a part of two or more");
+                        parts[i].push(m);
                     }
                 }
-                if a.is_empty() {
-                    a.push(b.pop().expect("two members"));
-                }
-                if b.is_empty() {
-                    b.push(a.pop().expect("two members"));
-                }
-                log.push(format!("partition {} into {}+{}", v.len(), a.len(), b.len()));
-                sim.partition(vec![a, b])
+                let sizes: Vec<String> = parts.iter().map(|p| p.len().to_string()).collect();
+                log.push(format!("partition {} into {}", v.len(), sizes.join("+")));
+                sim.partition(parts)
             }
             // A merge.
+            5 if views.len() >= 3
+                && views[..3].iter().map(|v| v.len()).sum::<usize>() <= MAX_GROUP
+                && rng.next_u64() % 3 == 0 =>
+            {
+                log.push(format!("merge {}+{}+{}", views[0].len(), views[1].len(), views[2].len()));
+                sim.reconfigure(vec![views[..3].concat()], Cause::Network)
+            }
             5 if views.len() >= 2 && views[0].len() + views[1].len() <= MAX_GROUP => {
                 log.push(format!("merge {}+{}", views[0].len(), views[1].len()));
                 sim.merge(&views[0][0], &views[1][0])

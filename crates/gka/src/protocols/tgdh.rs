@@ -430,12 +430,7 @@ impl<G: Group> Tgdh<G> {
     }
 
     /// The merge of the subgroups' trees, each a tree of its own.
-    fn merge_copies(
-        &mut self,
-        cx: &mut Ctx<'_, G>,
-        mine: Tree<G>,
-        mut trees: Vec<Tree<G>>,
-    ) -> Result<(), Error> {
+    fn merge_copies(&mut self, cx: &mut Ctx<'_, G>, mine: Tree<G>, mut trees: Vec<Tree<G>>) -> Result<(), Error> {
         trees.push(mine);
         let acc = Tree::merge(trees, |t| Self::first_place(cx, t)).ok_or(Error::Internal("TGDH merge of nothing"))?;
         let leaves = acc.leaves();
