@@ -498,7 +498,10 @@ impl<G: Group> Ctx<'_, G> {
     /// The position of `m` in the current view, if it is a member (a lookup,
     /// where [`View::position`] scans: this runs for every message, and
     /// groups have up to a thousand members).
-    pub fn position(&self, m: &MemberId) -> Option<usize> {
+    pub fn position<Q: std::hash::Hash + Eq + ?Sized>(&self, m: &Q) -> Option<usize>
+    where
+        MemberId: std::borrow::Borrow<Q>,
+    {
         self.st.positions.get(m).copied()
     }
     /// Whether `m` is a member of the current view (see [`Ctx::position`]).

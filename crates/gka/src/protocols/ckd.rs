@@ -60,11 +60,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use conclave_gcs::view::MAX_MEMBER_NAME;
 use conclave_gcs::MemberId;
 use sha2::{Digest, Sha256};
 use zeroize::Zeroize;
 
-use super::{get_elem, get_member, put_elem, put_member, MAX_MEMBERS};
+use super::{get_elem, get_name, put_elem, put_member, MAX_MEMBERS};
 use crate::codec::{DecodeError, Reader, Writer};
 use crate::domains;
 use crate::engine::{Change, Ctx, Error, Misbehaved, Protocol};
@@ -165,17 +166,21 @@ pub struct Ckd<G: Group> {
 }
 
 /// A decoded round-1 body.
-struct Setup<G: Group> {
+struct Setup<'a, G: Group> {
     ctrl_share: G::Element,
-    list: Vec<MemberId>,
+    /// The names as they came: each is looked up in the view, and a name
+    /// that is not a member's is refused there (n names per member and run:
+    /// allocating each was a fifth of a CKD leave's CPU at 512 members).
+    list: Vec<&'a str>,
 }
 
 /// A decoded key message body: the tokens as they came, each of the
 /// element length. A member decodes (and validates) only its own: decoding
 /// all n was O(n) point decompressions (MODP: subgroup checks, each an
-/// exponentiation) per member, O(n²) per run.
+/// exponentiation) per member, O(n²) per run. The names too are as they
+/// came, compared with the view's.
 struct KeyMsg<'a> {
-    entries: Vec<(MemberId, [u8; ID_LEN], &'a [u8])>,
+    entries: Vec<(&'a [u8], [u8; ID_LEN], &'a [u8])>,
 }
 
 impl<G: Group> Ckd<G> {
@@ -183,13 +188,13 @@ impl<G: Group> Ckd<G> {
         &cx.view.members[0].id
     }
 
-    fn decode_setup(g: &G, body: &[u8]) -> Result<Setup<G>, Error> {
+    fn decode_setup<'a>(g: &G, body: &'a [u8]) -> Result<Setup<'a, G>, Error> {
         let mut r = Reader::new(body);
         let ctrl_share = get_elem(&mut r, g)?;
         let n = r.count(MAX_MEMBERS, 2, "CKD setup list")?;
         let mut list = Vec::with_capacity(n);
         for _ in 0..n {
-            list.push(get_member(&mut r)?);
+            list.push(get_name(&mut r)?);
         }
         r.finish()?;
         Ok(Setup { ctrl_share, list })
@@ -200,7 +205,7 @@ impl<G: Group> Ckd<G> {
         let n = r.count(MAX_MEMBERS, 2 + ID_LEN + g.element_len(), "CKD key list")?;
         let mut entries = Vec::with_capacity(n);
         for _ in 0..n {
-            let m = get_member(&mut r)?;
+            let m = r.short_bytes(MAX_MEMBER_NAME, "member name")?;
             let mut id = [0u8; ID_LEN];
             id.copy_from_slice(r.bytes(ID_LEN, "CKD channel id")?);
             let token = r.bytes(g.element_len(), "group element")?;
@@ -248,7 +253,7 @@ impl<G: Group> Ckd<G> {
             return Err(Misbehaved::WrongShape { round: ROUND_SETUP }.by(from));
         }
         let mut last = 0usize;
-        for m in &setup.list {
+        for &m in &setup.list {
             match cx.position(m) {
                 Some(p) if p > last => last = p,
                 _ => return Err(Misbehaved::WrongShape { round: ROUND_SETUP }.by(from)),
@@ -263,7 +268,7 @@ impl<G: Group> Ckd<G> {
             return Ok(());
         }
         self.run.setup_seen = true;
-        if !setup.list.contains(cx.me) {
+        if !setup.list.contains(&cx.me.as_str()) {
             return Ok(());
         }
         // Set up (or replace) my channel with the controller.
@@ -320,9 +325,12 @@ impl<G: Group> Ckd<G> {
         if self.run.done {
             return Err(Misbehaved::Duplicate { round: ROUND_KEY }.by(from));
         }
-        if msg.entries.len() + 1 != cx.view.members.len()
-            || !msg.entries.iter().zip(cx.view.ids().skip(1)).all(|((m, _, _), v)| m == v)
-        {
+        // One entry per other member, in view order. Each member checks the
+        // count and its own entry's name (n names compared by every member
+        // were n² per run); the others' entries are theirs to check.
+        let pos = cx.position(cx.me).ok_or(Error::BadView("not a member"))?;
+        let me = cx.me.as_str().as_bytes();
+        if msg.entries.len() + 1 != cx.view.members.len() || (pos > 0 && msg.entries[pos - 1].0 != me) {
             return Err(Misbehaved::WrongShape { round: ROUND_KEY }.by(from));
         }
         if from == cx.me {
@@ -336,9 +344,9 @@ impl<G: Group> Ckd<G> {
             ks.zeroize();
             return Ok(());
         }
-        let Some((_, id, token)) = msg.entries.iter().find(|(m, _, _)| m == cx.me) else {
-            // Unreachable: the list was checked to hold every other member.
-            return Err(Error::Internal("CKD key message does not list this member"));
+        let Some((_, id, token)) = pos.checked_sub(1).map(|i| &msg.entries[i]) else {
+            // Unreachable: the controller is at position 0 and is `from`.
+            return Err(Error::Internal("CKD key message to its controller"));
         };
         let Some(ch) = self.channels.get_mut(&ctrl).filter(|c| c.id == *id) else {
             return Err(Misbehaved::Inconsistent { round: ROUND_KEY }.by(from));
@@ -782,6 +790,10 @@ mod tests {
             let e = net.reject("b", "a", None, ROUND_KEY, v);
             assert_eq!(e, what.by(&id("a")), "variant {i}");
         }
+        // Each member checks the count and its own entry: c refuses a list
+        // whose entry for c names another member.
+        let v = rewrite_key(&key_body, |e| e[1].0 = b"d".to_vec());
+        assert_eq!(net.reject("c", "a", None, ROUND_KEY, v), shape.by(&id("a")));
         let e = net.reject("b", "a", None, ROUND_KEY, key_body[..key_body.len() - 1].to_vec());
         assert!(matches!(e, Error::Decode(_)), "{e:?}");
         // A member decodes its own token only: b refuses a list whose token

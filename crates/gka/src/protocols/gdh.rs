@@ -501,13 +501,14 @@ impl<G: Group> Gdh<G> {
             // The controller lists after every factor-out token, mine too.
             return Err(Misbehaved::NotItsTurn { round }.by(from));
         }
-        if list.len() != cx.view.members.len()
-            || !list.iter().zip(cx.view.ids()).all(|((m, _), v)| *m == v.as_str().as_bytes())
-        {
+        // One partial key per member, in view order. Each member checks the
+        // count and its own entry's name (n names compared by every member
+        // were n² per run); the others' entries are theirs to check.
+        let pos = cx.position(cx.me).ok_or(Error::BadView("not a member"))?;
+        if list.len() != cx.view.members.len() || list[pos].0 != cx.me.as_str().as_bytes() {
             return Err(Misbehaved::WrongShape { round }.by(from));
         }
         let c = run.contrib.clone().ok_or_else(|| internal("GDH: no contribution"))?;
-        let pos = cx.position(cx.me).ok_or(Error::BadView("not a member"))?;
         let mine = cx.g.decode(list[pos].1)?;
         let key = cx.exp(&mine, &c);
         cx.install(&key);
@@ -933,6 +934,13 @@ mod validation {
         );
         proves(
             net.reject("b", "d", None, ROUND_LIST, list_body(&["a", "b", "c", "d", "d"])),
+            Misbehaved::WrongShape { round: ROUND_LIST },
+            "d",
+        );
+        // Each member checks the count and its own entry: c refuses a list
+        // whose entry for c names another member.
+        proves(
+            net.reject("c", "d", None, ROUND_LIST, list_body(&["a", "b", "d", "d"])),
             Misbehaved::WrongShape { round: ROUND_LIST },
             "d",
         );

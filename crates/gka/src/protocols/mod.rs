@@ -36,6 +36,7 @@ pub mod str;
 pub(crate) mod testnet;
 pub mod tgdh;
 
+use conclave_gcs::view::MAX_MEMBER_NAME;
 use conclave_gcs::MemberId;
 
 use crate::codec::{DecodeError, Reader, Writer};
@@ -59,6 +60,14 @@ pub(crate) fn get_elem<G: Group>(r: &mut Reader<'_>, g: &G) -> Result<G::Element
 /// Writes a member name.
 pub(crate) fn put_member(w: &mut Writer, m: &MemberId) {
     w.short_bytes(m.as_str().as_bytes());
+}
+
+/// Reads a member name as text, without checking it as a name: for names
+/// that are looked up among a view's members (a name that is not a
+/// member's is refused there), with no allocation.
+pub(crate) fn get_name<'a>(r: &mut Reader<'a>) -> Result<&'a str, Error> {
+    let b = r.short_bytes(MAX_MEMBER_NAME, "member name")?;
+    Ok(std::str::from_utf8(b).map_err(|_| DecodeError::Bad("member name"))?)
 }
 
 /// Reads a member name.
