@@ -154,20 +154,22 @@ impl Confirmer {
         let hk = Hkdf::<Sha256>::new(Some(b"conclave/secure/v1/confirm-key"), key);
         let mut k = Zeroizing::new([0u8; 32]);
         hk.expand(b"key confirmation", k.as_mut()).expect("32 bytes is a valid HKDF-SHA256 output length");
-        // The transcript is hashed as it is written (the same bytes, so the
-        // same digest): every member writes n names per run, and a buffer
-        // of them grown name by name was copied over and over.
-        let mut transcript = Sha256::new();
-        transcript.update(b"conclave/secure/v1/confirm\0");
-        put_hashed(&mut transcript, group.as_str().as_bytes());
-        transcript.update(epoch.to_bytes());
-        transcript.update([protocol.code()]);
-        transcript.update((members.len() as u32).to_be_bytes());
+        // The transcript is hashed as it is written, a few KiB at a time
+        // (the same bytes, so the same digest): every member writes n names
+        // per run; a buffer of them grown name by name was copied over and
+        // over, and hashing each name as it came cost a copy into the hash's
+        // block buffer per name.
+        let mut transcript = Transcript::new();
+        transcript.write(b"conclave/secure/v1/confirm\0");
+        transcript.put(group.as_str().as_bytes());
+        transcript.write(&epoch.to_bytes());
+        transcript.write(&[protocol.code()]);
+        transcript.write(&(members.len() as u32).to_be_bytes());
         for m in members {
-            put_hashed(&mut transcript, m.as_str().as_bytes());
+            transcript.put(m.as_str().as_bytes());
         }
         let mut keyed = <Hmac<Sha256> as Mac>::new_from_slice(k.as_ref()).expect("HMAC takes any key length");
-        keyed.update(&transcript.finalize());
+        keyed.update(&transcript.finish());
         Self { keyed }
     }
 
@@ -269,15 +271,71 @@ fn put(t: &mut Vec<u8>, part: &[u8]) {
     t.extend_from_slice(part);
 }
 
-/// [`put`] into a hash of the transcript instead of the transcript itself.
-fn put_hashed(t: &mut Sha256, part: &[u8]) {
-    t.update((part.len() as u16).to_be_bytes());
-    t.update(part);
+/// A transcript hashed as it is written, through a buffer of
+/// [`Transcript::CHUNK`] bytes (no allocation).
+struct Transcript {
+    hash: Sha256,
+    buf: [u8; Self::CHUNK],
+    len: usize,
+}
+
+impl Transcript {
+    const CHUNK: usize = 4096;
+
+    fn new() -> Self {
+        Self { hash: Sha256::new(), buf: [0; Self::CHUNK], len: 0 }
+    }
+
+    /// Appends `bytes`.
+    fn write(&mut self, bytes: &[u8]) {
+        if self.len + bytes.len() > Self::CHUNK {
+            self.hash.update(&self.buf[..self.len]);
+            self.len = 0;
+        }
+        if bytes.len() > Self::CHUNK {
+            self.hash.update(bytes);
+        } else {
+            self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+            self.len += bytes.len();
+        }
+    }
+
+    /// [`put`] into the transcript.
+    fn put(&mut self, part: &[u8]) {
+        self.write(&(part.len() as u16).to_be_bytes());
+        self.write(part);
+    }
+
+    /// The transcript's SHA-256.
+    fn finish(mut self) -> [u8; 32] {
+        self.hash.update(&self.buf[..self.len]);
+        self.hash.finalize().into()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_buffered_transcript_hashes_what_was_written() {
+        // Parts around and over the buffer's size, in every order of sizes.
+        let sizes =
+            [0, 1, 2, 100, Transcript::CHUNK - 3, Transcript::CHUNK, Transcript::CHUNK + 1, 3 * Transcript::CHUNK];
+        for (i, &a) in sizes.iter().enumerate() {
+            for &b in &sizes[i..] {
+                let (x, y) = (vec![7u8; a], vec![9u8; b]);
+                let mut t = Transcript::new();
+                t.write(&x);
+                t.put(&y[..b.min(u16::MAX as usize)]);
+                t.write(&x);
+                let mut whole = x.clone();
+                put(&mut whole, &y[..b.min(u16::MAX as usize)]);
+                whole.extend_from_slice(&x);
+                assert_eq!(t.finish(), <[u8; 32]>::from(Sha256::digest(&whole)), "{a} then {b}");
+            }
+        }
+    }
 
     #[test]
     fn macs_name_their_sender_and_bind_the_epoch() {
