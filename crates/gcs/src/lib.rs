@@ -25,5 +25,6 @@ pub mod view;
 pub mod wire;
 
 pub use view::{
-    Cause, GroupName, MemberId, MemberMap, MemberSet, Members, NameCache, NameHasher, View, ViewId, ViewMember,
+    kept_places, Cause, GroupName, MemberId, MemberMap, MemberSet, Members, NameCache, NameHasher, View, ViewId,
+    ViewMember,
 };

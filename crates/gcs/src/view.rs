@@ -286,6 +286,27 @@ pub struct ViewMember {
     pub prev: Option<ViewId>,
 }
 
+/// How a view `new` keeps the members of an earlier view `old`, found by
+/// walking the two lists side by side (no names hashed): for each place of
+/// `old`, the place of its member in `new` if that member is the next one
+/// of `new` there (`None`: it is not, so it is taken as gone), and how many
+/// of `new`'s first members that accounts for. A view that keeps the
+/// earlier one's order, some gone and newcomers after those that stay,
+/// is read whole this way (the count is then `new`'s members before the
+/// newcomers); any other is for the caller to recognise (a member that
+/// stays but stands elsewhere is then among the "newcomers").
+pub fn kept_places(old: &[ViewMember], new: &[ViewMember]) -> (Vec<Option<usize>>, usize) {
+    let mut to = vec![None; old.len()];
+    let mut j = 0;
+    for (i, m) in old.iter().enumerate() {
+        if new.get(j).is_some_and(|n| n.id == m.id) {
+            to[i] = Some(j);
+            j += 1;
+        }
+    }
+    (to, j)
+}
+
 /// The members of a secure view, in view order, shared: a whole view's list
 /// (the view's own, so a key for a view of hundreds copies no name), or a
 /// list of some of them (a key installed among part of a view). A clone is
@@ -530,6 +551,23 @@ impl View {
 
 #[cfg(test)]
 mod tests {
+    use super::{kept_places, MemberId, ViewMember};
+
+    fn list(names: &str) -> Vec<ViewMember> {
+        names.chars().map(|c| ViewMember { id: MemberId::new(c.to_string()).unwrap(), prev: None }).collect()
+    }
+
+    #[test]
+    fn kept_places_walks_a_view_that_keeps_the_order() {
+        // Two gone, two newcomers after those that stay.
+        assert_eq!(kept_places(&list("abcde"), &list("acexy")), (vec![Some(0), None, Some(1), None, Some(2)], 3));
+        // Nobody kept; nobody new.
+        assert_eq!(kept_places(&list("ab"), &list("xy")), (vec![None, None], 0));
+        assert_eq!(kept_places(&list("ab"), &list("ab")), (vec![Some(0), Some(1)], 2));
+        // b stays but stands after c: taken as gone, and b is after the count.
+        assert_eq!(kept_places(&list("abc"), &list("acb")), (vec![Some(0), None, Some(1)], 2));
+    }
+
     #[test]
     fn names_compare_by_text_whether_or_not_they_share_an_allocation() {
         let a = MemberId::new("alice").unwrap();

@@ -45,7 +45,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use conclave_gcs::{MemberId, MemberMap, MemberSet, Members, View, ViewId};
+use conclave_gcs::{kept_places, MemberId, MemberMap, MemberSet, Members, View, ViewId};
 use rand_core::CryptoRngCore;
 
 use crate::codec::DecodeError;
@@ -800,17 +800,8 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
         let old = self.observed.as_ref()?;
         let last = Some(old.id);
         let (o, n) = (&old.members[..], &view.members[..]);
-        let mut to = vec![None; o.len()];
-        let mut gone = Vec::new();
-        let mut j = 0;
-        for (i, m) in o.iter().enumerate() {
-            if n.get(j).is_some_and(|x| x.id == m.id) {
-                to[i] = Some(j);
-                j += 1;
-            } else {
-                gone.push(i);
-            }
-        }
+        let (to, j) = kept_places(o, n);
+        let gone: Vec<usize> = (0..o.len()).filter(|&i| to[i].is_none()).collect();
         let newcomers = &n[j..];
         // A member that came along but stands elsewhere: another order.
         if newcomers.iter().any(|m| m.prev == last) {
@@ -843,12 +834,7 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
     #[cfg(test)]
     fn follow_would_apply(&self, view: &View) -> bool {
         let Some(old) = &self.observed else { return false };
-        let mut j = 0;
-        for m in old.members.iter() {
-            if view.members.get(j).is_some_and(|x| x.id == m.id) {
-                j += 1;
-            }
-        }
+        let (_, j) = kept_places(&old.members, &view.members);
         j > 0 && view.members[j..].iter().all(|m| m.prev != Some(old.id))
     }
 

@@ -78,7 +78,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use conclave_gcs::{MemberId, MemberSet, ViewMember};
+use conclave_gcs::{kept_places, MemberId, MemberSet, ViewMember};
 use zeroize::Zeroize;
 
 use super::{get_elem, MAX_MEMBERS};
@@ -193,15 +193,7 @@ impl Places {
     /// from the saved view (the rest are not of it).
     fn walk(&self, view: &[ViewMember]) -> Option<(Vec<Option<usize>>, usize)> {
         let old = self.members.as_deref().filter(|m| m.len() == self.leaves.len())?;
-        let mut to = vec![None; old.len()];
-        let mut j = 0;
-        for (i, m) in old.iter().enumerate() {
-            if view.get(j).is_some_and(|n| n.id == m.id) {
-                to[i] = Some(j);
-                j += 1;
-            }
-        }
-        Some((to, j))
+        Some(kept_places(old, view))
     }
 }
 
