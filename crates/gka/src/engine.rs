@@ -409,7 +409,39 @@ pub(crate) struct Change {
     /// Members of the view that were in every view this member went through
     /// since the last run began (a run's own members included), whether or
     /// not they installed its key: CKD keeps its channels with them.
-    pub together: MemberSet,
+    pub together: Together,
+}
+
+/// [`Change::together`]: as often as not every member of the view, or those
+/// that came along with this member, which need no set of n names per
+/// member and view.
+#[derive(Clone, Debug)]
+pub(crate) enum Together {
+    /// Every member of the view.
+    View,
+    /// The members of the view that came from this view (`prev`).
+    CameFrom(Option<ViewId>),
+    /// These members.
+    Set(MemberSet),
+}
+
+impl Together {
+    /// Whether `m` is one of them (`cx`: the change's view).
+    pub fn contains<G: Group>(&self, cx: &Ctx<'_, G>, m: &MemberId) -> bool {
+        match self {
+            Together::View => cx.contains(m),
+            Together::CameFrom(prev) => cx.position(m).is_some_and(|p| cx.view.members[p].prev == *prev),
+            Together::Set(set) => set.contains(m),
+        }
+    }
+
+    /// Them, as a set (`cx`: the change's view).
+    pub fn to_set<G: Group>(&self, cx: &Ctx<'_, G>) -> MemberSet {
+        match self {
+            Together::Set(set) => set.clone(),
+            _ => cx.view.ids().filter(|m| self.contains(cx, m)).cloned().collect(),
+        }
+    }
 }
 
 impl Change {
@@ -924,20 +956,20 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             }
         };
         let together = if whole && self.together.len() == n {
-            self.together.clone()
+            Together::View
         } else if let Some((prev, _)) = moved.filter(|&(_, count)| self.together.len() == count) {
-            // Of the view already (a subset of it), and all but the members
-            // that did not come along.
-            let together = self.together.clone();
-            debug_assert!(view.ids().filter(|m| together.contains(*m)).count() == together.len());
+            // Of the view already (a subset of it: the members that came
+            // along), and all but the members that did not come along.
+            debug_assert!(view.members.iter().filter(|m| self.together.contains(&m.id)).all(|m| m.prev == prev));
+            debug_assert!(view.ids().filter(|m| self.together.contains(*m)).count() == self.together.len());
             self.together.extend(view.members.iter().filter(|m| m.prev != prev).map(|m| m.id.clone()));
             debug_assert_eq!(self.together.len(), n);
-            together
+            Together::CameFrom(prev)
         } else {
             let together = view.ids().filter(|m| self.together.contains(*m)).cloned().collect();
             self.together.clear();
             self.together.extend(view.ids().cloned());
-            together
+            Together::Set(together)
         };
         let change = Change { single: mine.len() == n, mine, together };
         self.run_keys = keys;
@@ -1138,9 +1170,8 @@ impl<G: Group, P: Protocol<G>> Engine for Runner<G, P> {
         self.st.known = fresh_known(&self.me);
         let run = self.st.run.checked_add(1).ok_or(Error::RunsExhausted)?;
         self.begin_run(run);
-        let together = self.st.view.as_ref().map(|v| v.ids().cloned().collect()).unwrap_or_default();
-        let change = Change { mine: Members::from(vec![self.me.clone()]), single: n == 1, together };
-        self.together = change.together.clone();
+        self.together = self.st.view.as_ref().map(|v| v.ids().cloned().collect()).unwrap_or_default();
+        let change = Change { mine: Members::from(vec![self.me.clone()]), single: n == 1, together: Together::View };
         self.with_ctx(rng, |p, cx| p.on_view(cx, &change))
     }
 

@@ -378,7 +378,7 @@ impl<G: Group> Protocol<G> for Ckd<G> {
         self.run = Run::new();
         // Keep a channel only with peers that went through the same views as
         // me since the last run (a rule both ends apply alike).
-        self.channels.retain(|peer, _| change.together.contains(peer));
+        self.channels.retain(|peer, _| change.together.contains(cx, peer));
         let ctrl = Self::controller(cx).clone();
         if ctrl != *cx.me {
             self.ctrl = None;

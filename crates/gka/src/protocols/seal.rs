@@ -1137,7 +1137,7 @@ impl<G: Group> Protocol<G> for Seal<G> {
 
     fn on_view(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
         self.mine = change.mine.clone();
-        self.together = change.together.clone();
+        self.together = change.together.to_set(cx);
         self.ticked = false;
         self.rekeyed_in_view = false;
         let admitted_afresh = std::mem::take(&mut self.admitting);
