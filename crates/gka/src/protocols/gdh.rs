@@ -93,7 +93,7 @@ type RawList<'a> = Vec<(&'a [u8], &'a [u8])>;
 /// and run would be most of a large group's leave.
 #[derive(Default)]
 struct Partials {
-    members: Vec<MemberId>,
+    members: Members,
     elems: Vec<u8>,
 }
 
@@ -512,10 +512,13 @@ impl<G: Group> Gdh<G> {
         let mine = cx.g.decode(list[pos].1)?;
         let key = cx.exp(&mine, &c);
         cx.install(&key);
-        let partials = Partials {
-            members: cx.view.ids().cloned().collect(),
-            elems: list.iter().flat_map(|(_, e)| *e).copied().collect(),
-        };
+        // The view's own list (n names cloned per member and run before),
+        // and the elements copied as slices.
+        let mut elems = Vec::with_capacity(list.len() * cx.g.element_len());
+        for (_, e) in &list {
+            elems.extend_from_slice(e);
+        }
+        let partials = Partials { members: Members::of_view(cx.view), elems };
         self.saved = Some(Saved { r: c, partials, key });
         self.run = Run::idle();
         Ok(())
@@ -1038,7 +1041,7 @@ mod partials_tests {
     #[test]
     fn stored_partials_are_found_in_view_order_and_in_any_other() {
         let members: Vec<MemberId> = ["a", "b", "c", "d"].iter().map(|n| MemberId::new(*n).unwrap()).collect();
-        let p = Partials { members: members.clone(), elems: (0u8..8).collect() };
+        let p = Partials { members: members.clone().into(), elems: (0u8..8).collect() };
         assert_eq!(p.places(&view(&["a", "c", "d"])), Some(vec![0, 2, 3]), "a leave: one walk");
         assert_eq!(p.places(&view(&["d", "a"])), Some(vec![3, 0]), "another order: by name");
         assert_eq!(p.places(&view(&["a", "e"])), None, "a member with no partial key");

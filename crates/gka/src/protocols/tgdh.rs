@@ -116,8 +116,12 @@ enum Run<G: Group> {
 struct Collect<G: Group> {
     /// This member's subgroup's tree, with this member's keys.
     mine: Tree<G>,
-    /// The members of this member's subgroup.
-    mine_members: MemberSet,
+    /// For each member of the view, by its place, whether it is of this
+    /// member's subgroup (a set of its names was n names hashed per member
+    /// and merge).
+    mine_marks: Vec<bool>,
+    /// How many members this member's subgroup has.
+    mine_count: usize,
     /// Whether this member's subgroup has announced its tree.
     mine_announced: bool,
     /// The other subgroups' announced trees.
@@ -150,7 +154,12 @@ struct InPlace<G: Group> {
 impl<G: Group> Collect<G> {
     /// How many members of the view the trees announced so far hold.
     fn covered(&self) -> usize {
-        self.covered.len() + if self.mine_announced { self.mine_members.len() } else { 0 }
+        self.covered.len() + if self.mine_announced { self.mine_count } else { 0 }
+    }
+
+    /// Whether `m` is of this member's subgroup.
+    fn is_mine(&self, cx: &Ctx<'_, G>, m: &MemberId) -> bool {
+        cx.position(m).is_some_and(|p| self.mine_marks[p])
     }
 }
 
@@ -298,15 +307,16 @@ impl<G: Group> Tgdh<G> {
     /// A merge: prune to the own subgroup; its sponsor refreshes and
     /// announces the subgroup's tree.
     fn start_merge(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
-        let mine: MemberSet = change.mine.iter().cloned().collect();
-        let (mut t, mut in_place) = match self.prune_in_place_to(cx, change)? {
+        let marks = change.mine_marks(cx.view)?;
+        let (mut t, mut in_place) = match self.prune_in_place_to(cx, change, &marks)? {
             Some((t, in_place)) => (t, Some(in_place)),
             None => {
                 // The saved tree pruned to the subgroup holds all of it exactly
                 // when it has as many leaves (a tree holds each member once).
-                let pruned = self.saved.as_ref().and_then(|s| s.prune(|m| mine.contains(m))).map(|(t, _)| t);
+                let of_mine = |m: &MemberId| cx.position(m).is_some_and(|p| marks[p]);
+                let pruned = self.saved.as_ref().and_then(|s| s.prune(of_mine)).map(|(t, _)| t);
                 let t = match pruned {
-                    Some(t) if t.leaf_count() == mine.len() => t,
+                    Some(t) if t.leaf_count() == change.mine.len() => t,
                     _ if change.mine.len() == 1 && &change.mine[0] == cx.me => Tree::leaf(cx.me.clone(), None, None),
                     _ => return Err(Error::Internal("TGDH key tree lacks a member of the subgroup")),
                 };
@@ -332,7 +342,8 @@ impl<G: Group> Tgdh<G> {
         }
         self.run = Run::Collect(Collect {
             mine: t,
-            mine_members: mine,
+            mine_marks: marks,
+            mine_count: change.mine.len(),
             mine_announced: false,
             others: Vec::new(),
             covered: MemberSet::default(),
@@ -347,12 +358,16 @@ impl<G: Group> Tgdh<G> {
     /// as it is but for the sponsor's path, where a prune would copy it.
     /// `None`, with nothing changed, for the prune by name.
     #[allow(clippy::type_complexity)]
-    fn prune_in_place_to(&mut self, cx: &Ctx<'_, G>, change: &Change) -> Result<Option<(Tree<G>, InPlace<G>)>, Error> {
+    fn prune_in_place_to(
+        &mut self,
+        cx: &Ctx<'_, G>,
+        change: &Change,
+        marks: &[bool],
+    ) -> Result<Option<(Tree<G>, InPlace<G>)>, Error> {
         let Some((to, _)) = self.saved_places.walk(&cx.view.members) else { return Ok(None) };
         if self.saved.is_none() {
             return Ok(None);
         }
-        let marks = change.mine_marks(cx.view)?;
         let mut gone = Vec::new();
         let mut leaves = Vec::with_capacity(change.mine.len());
         for (i, &v) in self.saved_places.leaves.iter().enumerate() {
@@ -382,7 +397,7 @@ impl<G: Group> Tgdh<G> {
         let Run::Collect(co) = &mut self.run else {
             return bad(Misbehaved::OutsideItsRun { round });
         };
-        if co.mine_members.contains(from) {
+        if co.is_mine(cx, from) {
             Self::on_own_tree(co, cx, from, body)?;
         } else {
             Self::on_other_tree(co, cx, from, body)?;
@@ -554,7 +569,7 @@ impl<G: Group> Tgdh<G> {
         if !b.has_bk(s) || spath[1..].iter().any(|&u| b.has_bk(u) != b.ready(u)) {
             return bad(Misbehaved::WrongShape { round });
         }
-        if members.iter().any(|m| co.mine_members.contains(m)) {
+        if members.iter().any(|m| co.is_mine(cx, m)) {
             return bad(Misbehaved::Inconsistent { round });
         }
         co.others.push(b);
