@@ -235,7 +235,9 @@ impl<G: Group> Tree<G> {
     /// The nodes under `v` (itself included) in preorder: parents before
     /// children, left before right.
     pub fn preorder(&self, v: usize) -> Vec<usize> {
-        let mut out = Vec::new();
+        // At most the arena: no growth on the way (a tree of n leaves has
+        // 2n - 1 nodes, walked per member at a merge).
+        let mut out = Vec::with_capacity(if v == self.root { self.nodes.len() } else { 0 });
         let mut stack = vec![v];
         while let Some(u) = stack.pop() {
             out.push(u);
@@ -880,9 +882,9 @@ impl<G: Group> Tree<G> {
         path: &[usize],
     ) -> Result<Option<Vec<Option<Arc<Bk<G>>>>>, Error> {
         let leaves = r.count(MAX_MEMBERS, 3, "TGDH tree leaves")?;
-        if leaves != self.leaf_count() {
-            return Ok(None);
-        }
+        // The leaves are counted on the way (the same shape, so the same
+        // count), not by a walk of their own.
+        let mut seen = 0;
         let mut out = vec![None; path.len()];
         // A preorder sequence of leaf and internal tags fixes the shape.
         for v in self.preorder(self.root) {
@@ -899,6 +901,7 @@ impl<G: Group> Tree<G> {
                 if n.member.as_ref().map(|m| m.as_str().as_bytes()) != Some(name) {
                     return Ok(None);
                 }
+                seen += 1;
             }
             let announced = tag & TAG_BK != 0;
             if let Some(i) = path.iter().position(|&u| u == v) {
@@ -911,7 +914,7 @@ impl<G: Group> Tree<G> {
                 }
             }
         }
-        Ok(Some(out))
+        Ok((seen == leaves).then_some(out))
     }
 
     /// Reads [`Tree::encode`]'s output: at most [`MAX_MEMBERS`] leaves, a
@@ -1229,6 +1232,12 @@ pub(crate) mod tests {
         let mut unknown = t.clone();
         unknown.nodes[off].bk = None;
         assert!(read(&encode(&unknown)).unwrap().is_none());
+        // The same nodes under another leaf count (a u16 first).
+        for count in [12u16, 14] {
+            let mut b = bytes.clone();
+            b[..2].copy_from_slice(&count.to_be_bytes());
+            assert!(read(&b).unwrap().is_none(), "{count} leaves announced");
+        }
         // Cut or flipped input is an error or a mismatch, never a panic.
         for cut in 0..bytes.len() {
             assert!(!matches!(read(&bytes[..cut]), Ok(Some(_))), "cut at {cut}");
