@@ -770,7 +770,18 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             };
             // `known` holds members of the observed view only: as many as
             // the run's members, of the whole observed view, are they.
-            if whole && self.is_observed(view) && self.st.known.len() == members.len() {
+            // At a join those are the members known and the newcomers,
+            // added (n names dropped and cloned again per member and join
+            // before).
+            if whole && self.is_observed(view) {
+                if self.st.known.len() != members.len() {
+                    for m in view.ids() {
+                        if !self.st.known.contains_key(m) {
+                            self.st.known.insert(m.clone(), Tag::Installed(epoch));
+                        }
+                    }
+                }
+                debug_assert_eq!(self.st.known.len(), members.len());
                 self.st.known.values_mut().for_each(|t| *t = Tag::Installed(epoch));
             } else {
                 self.st.known.clear();
