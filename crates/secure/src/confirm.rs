@@ -60,6 +60,8 @@
 //! ([`conclave_gka::Engine::rekey`]). No unconfirmed key ever reaches the
 //! application.
 
+use std::io::{BufWriter, Write};
+
 use conclave_gcs::{GroupName, MemberId};
 use conclave_gka::{Epoch, ProtocolId, ViewId};
 use hkdf::Hkdf;
@@ -159,17 +161,18 @@ impl Confirmer {
         // per run; a buffer of them grown name by name was copied over and
         // over, and hashing each name as it came cost a copy into the hash's
         // block buffer per name.
-        let mut transcript = Transcript::new();
-        transcript.write(b"conclave/secure/v1/confirm\0");
-        transcript.put(group.as_str().as_bytes());
-        transcript.write(&epoch.to_bytes());
-        transcript.write(&[protocol.code()]);
-        transcript.write(&(members.len() as u32).to_be_bytes());
+        let mut transcript = BufWriter::with_capacity(4096, Sha256::new());
+        write(&mut transcript, b"conclave/secure/v1/confirm\0");
+        put(&mut transcript, group.as_str().as_bytes());
+        write(&mut transcript, &epoch.to_bytes());
+        write(&mut transcript, &[protocol.code()]);
+        write(&mut transcript, &(members.len() as u32).to_be_bytes());
         for m in members {
-            transcript.put(m.as_str().as_bytes());
+            put(&mut transcript, m.as_str().as_bytes());
         }
+        let transcript = transcript.into_inner().expect("hashing does not fail");
         let mut keyed = <Hmac<Sha256> as Mac>::new_from_slice(k.as_ref()).expect("HMAC takes any key length");
-        keyed.update(&transcript.finish());
+        keyed.update(&transcript.finalize());
         Self { keyed }
     }
 
@@ -266,76 +269,22 @@ pub(crate) fn timeout_signed(group: &GroupName, view: ViewId, sender: &MemberId,
     t
 }
 
-fn put(t: &mut Vec<u8>, part: &[u8]) {
-    t.extend_from_slice(&(part.len() as u16).to_be_bytes());
-    t.extend_from_slice(part);
+/// Appends `part` with its length first, to a transcript in memory or to
+/// one being hashed.
+fn put(t: &mut impl Write, part: &[u8]) {
+    write(t, &(part.len() as u16).to_be_bytes());
+    write(t, part);
 }
 
-/// A transcript hashed as it is written, through a buffer of
-/// [`Transcript::CHUNK`] bytes (no allocation).
-struct Transcript {
-    hash: Sha256,
-    buf: [u8; Self::CHUNK],
-    len: usize,
-}
-
-impl Transcript {
-    const CHUNK: usize = 4096;
-
-    fn new() -> Self {
-        Self { hash: Sha256::new(), buf: [0; Self::CHUNK], len: 0 }
-    }
-
-    /// Appends `bytes`.
-    fn write(&mut self, bytes: &[u8]) {
-        if self.len + bytes.len() > Self::CHUNK {
-            self.hash.update(&self.buf[..self.len]);
-            self.len = 0;
-        }
-        if bytes.len() > Self::CHUNK {
-            self.hash.update(bytes);
-        } else {
-            self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
-            self.len += bytes.len();
-        }
-    }
-
-    /// [`put`] into the transcript.
-    fn put(&mut self, part: &[u8]) {
-        self.write(&(part.len() as u16).to_be_bytes());
-        self.write(part);
-    }
-
-    /// The transcript's SHA-256.
-    fn finish(mut self) -> [u8; 32] {
-        self.hash.update(&self.buf[..self.len]);
-        self.hash.finalize().into()
-    }
+/// Appends `bytes` to a transcript in memory or to one being hashed
+/// (neither fails).
+fn write(t: &mut impl Write, bytes: &[u8]) {
+    t.write_all(bytes).expect("writing to memory or to a hash does not fail");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_buffered_transcript_hashes_what_was_written() {
-        // Parts around and over the buffer's size, in every order of sizes.
-        let sizes =
-            [0, 1, 2, 100, Transcript::CHUNK - 3, Transcript::CHUNK, Transcript::CHUNK + 1, 3 * Transcript::CHUNK];
-        for (i, &a) in sizes.iter().enumerate() {
-            for &b in &sizes[i..] {
-                let (x, y) = (vec![7u8; a], vec![9u8; b]);
-                let mut t = Transcript::new();
-                t.write(&x);
-                t.put(&y[..b.min(u16::MAX as usize)]);
-                t.write(&x);
-                let mut whole = x.clone();
-                put(&mut whole, &y[..b.min(u16::MAX as usize)]);
-                whole.extend_from_slice(&x);
-                assert_eq!(t.finish(), <[u8; 32]>::from(Sha256::digest(&whole)), "{a} then {b}");
-            }
-        }
-    }
 
     #[test]
     fn macs_name_their_sender_and_bind_the_epoch() {
