@@ -60,10 +60,12 @@
 //!   any other, and left out of the configurations it installs until it
 //!   restarts.
 //!
-//! The configuration number of [`Op::Daemons`] and [`Op::State`] is the
-//! simulator's count of configurations, which every daemon of a
-//! configuration shares; a state is stamped with the configuration it is
-//! delivered in. Like Totem, the simulator delivers every submission back to
+//! The number of [`Op::Daemons`] and [`Op::State`] is, as on the cluster
+//! backbone, each daemon's own count of the changes of the daemon group it
+//! was told of, from 1 at each boot: daemons that restarted, or that a
+//! cascade took through more configurations than others, number the same
+//! change differently. A state is stamped with its receiver's count on
+//! delivery. Like Totem, the simulator delivers every submission back to
 //! its daemon, states included: the core relies on it (see its module doc).
 
 use std::cmp::Reverse;
@@ -221,6 +223,9 @@ struct SimDaemon {
     /// The first connection number of this lifetime: older ones are gone.
     first_conn: u64,
     config: u64,
+    /// The changes of the daemon group this lifetime was told of: the
+    /// number its next [`Op::Daemons`] carries is one more.
+    changes: u64,
     /// Next sequence number to deliver in `config`.
     next: usize,
     /// Sequence numbers of `config` that arrived, delivered or not.
@@ -302,6 +307,7 @@ impl DaemonSim {
                 up: true,
                 first_conn: 1,
                 config: 0,
+                changes: 0,
                 next: 0,
                 arrived: BTreeSet::new(),
                 unordered: BTreeMap::new(),
@@ -436,6 +442,7 @@ impl DaemonSim {
         d.core = (self.make)(id, incarnation);
         d.timer = d.core.poll_timeout();
         d.next_op = 0;
+        d.changes = 0;
         d.up = true;
         d.first_conn = d.next_conn;
         d.last_at_sequencer = now;
@@ -713,10 +720,10 @@ impl DaemonSim {
 
     /// Runs one sequenced operation of the daemon's configuration through its core.
     fn process(&mut self, id: DaemonId, seq: usize) {
-        let config = self.daemons[&id].config;
+        let (config, changes) = (self.daemons[&id].config, self.daemons[&id].changes);
         let mut op = self.configs[config as usize].log[seq].1.clone();
         if let Op::State { epoch, .. } = &mut op {
-            *epoch = config;
+            *epoch = changes;
         }
         self.apply(id, op);
     }
@@ -768,7 +775,16 @@ impl DaemonSim {
 
     /// Installs new configurations: the transitional sets finish their old
     /// configurations together, then every daemon learns its new one.
-    fn install(&mut self, parts: Vec<Vec<DaemonId>>) {
+    fn install(&mut self, mut parts: Vec<Vec<DaemonId>>) {
+        // A component whose configuration goes on unchanged (running, the
+        // same daemons) is told nothing, as Corosync tells its members
+        // nothing when another component changes: so daemons number the
+        // changes they see differently (see the module doc).
+        parts.retain(|part| {
+            let config = &self.configs[self.daemons[&part[0]].config as usize];
+            let same = config.members.len() == part.len() && part.iter().all(|d| config.members.contains(d));
+            !same || config.stopped
+        });
         // Stop every configuration that ends here, so nothing more is ordered in it.
         for part in &parts {
             for d in part {
@@ -823,7 +839,10 @@ impl DaemonSim {
                 resend.push((d, std::mem::take(&mut daemon.unordered)));
             }
             for &d in &part {
-                self.apply(d, Op::Daemons { epoch: config, members: part.clone() });
+                let daemon = self.daemons.get_mut(&d).expect("daemon");
+                daemon.changes += 1;
+                let epoch = daemon.changes;
+                self.apply(d, Op::Daemons { epoch, members: part.clone() });
             }
             for (d, ops) in resend {
                 for op in ops.into_values() {

@@ -188,11 +188,18 @@ impl DaemonTrust for DaemonIdentities {
 
 /// The kinds of [`Op::DaemonKa`] payloads: the first byte.
 pub(crate) mod ka_kind {
-    /// A daemon's credential for the configuration a change of the daemon
-    /// group leads to, sent when the change begins: the backbone's number
-    /// of the change ([`Op::Daemons`]'s `epoch`, 8 bytes); the configuration
-    /// whose key agreement its engine last followed (a byte 0 for none, or 1
-    /// and its id, 16 bytes); then the credential.
+    /// A daemon's credential for a configuration of the daemon group, sent
+    /// when the daemon installs it: the configuration's id (16 bytes); the
+    /// configuration whose key agreement its engine last followed (a byte 0
+    /// for none, or 1 and its id, 16 bytes); then the credential.
+    ///
+    /// Not the backbone's number of the change ([`Op::Daemons`]'s `epoch`):
+    /// each daemon counts the changes it was told of, and daemons that a
+    /// cascade took through different configurations, or that restarted,
+    /// number the same change differently (a credential judged by that
+    /// number was refused by every other daemon, and no keyed view came
+    /// again). A configuration's id is the same at every daemon of it and
+    /// no other configuration's.
     pub const CREDENTIAL: u8 = 0;
     /// A message of the key agreement.
     pub const AGREEMENT: u8 = 1;
@@ -227,9 +234,8 @@ enum ServerKey {
     /// A change of the daemon group is being worked through: views of keyed
     /// groups wait.
     Changing,
-    /// The daemons of configuration `id` present their credentials (some
-    /// did during the exchange: [`KeyedDaemon::presented`]); `heard` holds
-    /// each one's verdict so far (its key if admitted).
+    /// The daemons of configuration `id` present their credentials; `heard`
+    /// holds each one's verdict so far (its key if admitted).
     Presenting { id: ViewId, daemons: Vec<DaemonId>, heard: BTreeMap<DaemonId, Option<Admitted>> },
     /// The admitted daemons run the key agreement, then confirm its key
     /// ([`KeyedDaemon::confirming`]).
@@ -261,13 +267,6 @@ pub struct KeyedDaemon {
     /// any daemon that presents the same holds the same key tree); none
     /// otherwise, and it takes part as a newcomer.
     came_from: Option<ViewId>,
-    /// The backbone's number of the last change of the daemon group, and
-    /// the credentials presented for it before its configuration was
-    /// installed (the configuration it came from, and the credential): each
-    /// daemon presents its credential when the change begins, so the
-    /// credentials cross the backbone with the state exchange.
-    change: Option<u64>,
-    presented: BTreeMap<DaemonId, (Option<ViewId>, Vec<u8>)>,
     rng: Box<dyn CryptoRngCore + Send>,
     key: ServerKey,
     /// The daemons admitted to the current configuration's key agreement,
@@ -345,8 +344,6 @@ impl KeyedDaemon {
             engine: None,
             followed: None,
             came_from: None,
-            change: None,
-            presented: BTreeMap::new(),
             rng,
             key: ServerKey::Changing,
             admitted: BTreeMap::new(),
@@ -519,14 +516,11 @@ impl KeyedDaemon {
         }
     }
 
-    /// A change of the daemon group (backbone number `change`) begins:
-    /// this daemon presents its credential for the configuration it leads
-    /// to, and the configuration its engine comes from.
-    fn present(&mut self, change: u64, out: &mut Vec<Output>) {
-        self.change = Some(change);
-        self.presented.clear();
+    /// This daemon presents its credential for configuration `id`, just
+    /// installed, and the configuration its engine comes from.
+    fn present(&mut self, id: ViewId, out: &mut Vec<Output>) {
         let mut payload = vec![ka_kind::CREDENTIAL];
-        payload.extend_from_slice(&change.to_be_bytes());
+        payload.extend_from_slice(&id.to_bytes());
         match self.came_from {
             Some(v) => {
                 payload.push(1);
@@ -538,10 +532,13 @@ impl KeyedDaemon {
         out.push(Output::Submit(Op::DaemonKa { from: self.me, payload: payload.into() }));
     }
 
-    /// The core installed a configuration: its daemons' credentials (those
-    /// presented during the exchange, then the rest as they come) decide
-    /// who takes part in the key agreement, or, alone, this daemon agrees
-    /// with itself at once.
+    /// The core installed a configuration: its daemons' credentials, which
+    /// each presents as it installs it, decide who takes part in the key
+    /// agreement, or, alone, this daemon agrees with itself at once.
+    ///
+    /// Every daemon of the configuration installs it at the same point of
+    /// the stream (the last state of the exchange), so every credential for
+    /// it is ordered after that point, everywhere.
     fn configuration_installed(&mut self, out: &mut Vec<Output>) {
         let Some((id, daemons)) = self.core.configuration() else { return };
         if daemons == [self.me] {
@@ -550,15 +547,13 @@ impl KeyedDaemon {
             return;
         }
         self.key = ServerKey::Presenting { id, daemons, heard: BTreeMap::new() };
-        for (from, (came_from, credential)) in std::mem::take(&mut self.presented) {
-            self.credential(from, came_from, &credential, out);
-        }
+        self.present(id, out);
     }
 
     /// A daemon's credential message (see [`ka_kind::CREDENTIAL`]), in
-    /// stream order, during the exchange or after it.
+    /// stream order.
     fn credential_message(&mut self, from: DaemonId, body: &[u8], out: &mut Vec<Output>) {
-        let Some((change, rest)) = body.split_first_chunk::<8>() else {
+        let Some((configuration, rest)) = body.split_first_chunk::<16>() else {
             tracing::warn!(daemon = from.0, "a malformed credential message; dropped");
             return;
         };
@@ -573,16 +568,12 @@ impl KeyedDaemon {
                 return;
             }
         };
-        // Only for the change under way: one presented for an earlier one
-        // (ordered after the next began) answers nothing.
-        if self.change != Some(u64::from_be_bytes(*change)) {
-            return;
-        }
-        if self.core.configuration().is_some() {
+        // Only for the configuration whose credentials are awaited: one
+        // presented for an earlier configuration (ordered after the next
+        // change began) answers nothing.
+        let awaited = matches!(&self.key, ServerKey::Presenting { id, .. } if id.to_bytes() == *configuration);
+        if awaited {
             self.credential(from, came_from, credential, out);
-        } else {
-            // Judged (its size too) when the configuration is installed.
-            self.presented.entry(from).or_insert_with(|| (came_from, credential.to_vec()));
         }
     }
 
@@ -791,7 +782,7 @@ impl KeyedDaemon {
     }
 
     /// A daemon key agreement message from `from`, in stream order (not a
-    /// credential: [`Self::credential_message`] takes those, exchange or not).
+    /// credential: [`Self::credential_message`] takes those).
     fn daemon_ka(&mut self, from: DaemonId, payload: &[u8], out: &mut Vec<Output>) {
         match payload.split_first() {
             Some((&ka_kind::RENEW, epoch)) => {
@@ -1086,7 +1077,6 @@ impl KeyedDaemon {
     }
 
     fn handle_op(&mut self, op: Op, out: &mut Vec<Output>) {
-        let mut change = None;
         let op = match op {
             Op::DaemonKa { from, payload } if payload.first() == Some(&ka_kind::SEALED) => {
                 // Decided at every daemon alike, exchange or not (see `seal`).
@@ -1105,9 +1095,7 @@ impl KeyedDaemon {
             }
             Op::DaemonKa { from, payload } => {
                 // Only the current configuration's run takes it: a message
-                // ordered during an exchange is of a run that ended. Except
-                // credentials: each daemon presents its own when a change
-                // begins.
+                // ordered during an exchange is of a run that ended.
                 if payload.first() == Some(&ka_kind::CREDENTIAL) {
                     self.credential_message(from, &payload[1..], out);
                 } else if self.core.configuration().is_some() {
@@ -1115,8 +1103,7 @@ impl KeyedDaemon {
                 }
                 return;
             }
-            Op::Daemons { epoch, .. } => {
-                change = Some(epoch);
+            Op::Daemons { .. } => {
                 // Daemons that present the same configuration must hold the
                 // same tree: one that had not installed its first key, or
                 // had begun to renew it, might not (its run may have ended
@@ -1146,10 +1133,6 @@ impl KeyedDaemon {
         let mut inner = Vec::new();
         self.core.handle(op, &mut inner);
         self.pass(inner, out);
-        if let Some(change) = change {
-            // After this daemon's state: the credential crosses with it.
-            self.present(change, out);
-        }
         if was_exchanging && !self.core.exchanging() {
             self.configuration_installed(out);
         }
