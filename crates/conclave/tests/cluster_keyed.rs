@@ -6,6 +6,8 @@
 //! out of the daemons' key. Half the groups are Optimized EVS: after the
 //! merge, a message sealed under a key of one side's partition view is
 //! re-encrypted by that side's daemons and reported lost on the other.
+//! A daemon that restarts (and so numbers the daemon group's changes
+//! from one again) takes part in the daemons' key again.
 //!
 //! Needs root, `ip` and corosync; run by `.ci/run`'s cluster step:
 //! `cargo nextest run -p conclave --features cluster --run-ignored ignored-only -E 'binary(cluster_keyed)'`.
@@ -376,5 +378,51 @@ async fn a_daemon_another_authority_certified_is_kept_out_of_the_daemons_key() {
         if let Some(key) = n3.keys.get(&(g.clone(), views[&g].0)) {
             assert_ne!(Some(*key), keyed[&g].1[0], "the uncertified daemon holds the certified daemons' key for {g}");
         }
+    }
+}
+
+/// Each daemon numbers the changes of the daemon group it sees, and a
+/// daemon that restarts numbers them from one again, far behind the
+/// others. The daemons still agree their key with it: its new client's
+/// keyed groups are keyed, with the keys the others' clients hold. (With
+/// the credentials bound to that number, the daemons refused each other's
+/// from the restart on, and no keyed group got a view again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, network namespaces and corosync: run by .ci/run's cluster step"]
+async fn a_restarted_daemon_takes_part_in_the_daemons_key_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (issuer, ca, crl) = authority(dir.path(), "authority");
+    let certs = certify(dir.path(), &issuer, &[1, 2, 3], "good");
+    let mut cluster = start(move |i| daemon_args(&certs, &ca, &crl, i)).await;
+    let members = join_all(&cluster).await;
+    let all: Vec<&Member> = members.iter().collect();
+    settle(&all, 3, Cause::Join, true, "every keyed group's view of all three, keyed").await;
+
+    let bin = Path::new(env!("CARGO_BIN_EXE_conclave")).to_owned();
+    tokio::task::block_in_place(|| cluster.restart_daemon(0, &bin, "conclave-keyed", WAIT))
+        .unwrap_or_else(|e| panic!("restarting node 1's daemon: {e:#}"));
+    for i in 0..3 {
+        tokio::task::block_in_place(|| cluster.wait_log(i, "daemon group: [1, 2, 3]", WAIT)).unwrap();
+    }
+    let epochs: Vec<String> = cluster.nodes.iter().map(|n| n.daemon_group()).collect();
+    eprintln!("after the restart: {epochs:?}");
+    // Bounded: the sealed backbone holds a client's operations (its
+    // connection's too) until the daemons have their key.
+    let again = tokio::time::timeout(WAIT, Member::connect(&cluster.nodes[0].socket, "n1"))
+        .await
+        .unwrap_or_else(|_| panic!("n1's connection still waits after {WAIT:?}: the daemons have no key"));
+    for g in groups() {
+        tokio::time::timeout(WAIT, again.tx.join_mode(&g, mode(&g)))
+            .await
+            .unwrap_or_else(|_| panic!("n1's join of {g} still waits after {WAIT:?}: the daemons have no key"))
+            .expect("join");
+    }
+    let all = [&again, &members[1], &members[2]];
+    let keyed = settle(&all, 3, Cause::Join, true, "the restarted daemon's new client's keyed views").await;
+    for (g, (_, keys)) in &keyed {
+        assert!(keys.windows(2).all(|w| w[0] == w[1]), "members of {g}'s view got different keys");
+    }
+    for m in all {
+        assert!(m.log.lock().unwrap().errors.is_empty(), "{}: {:?}", m.name, m.log.lock().unwrap().errors);
     }
 }
