@@ -266,6 +266,14 @@ pub enum Misbehaved {
         /// The round tag.
         round: u8,
     },
+    /// An element outside the group's prime-order subgroup, found where it
+    /// is used (BD checks its round-2 values once, in their product, and
+    /// looks for the culprit only if that fails).
+    #[error("round {round} carries an element outside the group")]
+    OutsideTheGroup {
+        /// The round tag.
+        round: u8,
+    },
 }
 
 impl Misbehaved {

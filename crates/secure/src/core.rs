@@ -1523,9 +1523,12 @@ impl SessionCore {
                         sender: from.clone(),
                         reason: RejectReason::KeyAgreement(e.to_string()),
                     }),
-                    (E::Misbehaved { what, .. }, Some(from)) => self.events.push_back(SecureEvent::Rejected {
+                    // The member the error names: usually the message's
+                    // sender, but not always (BD finds an element outside
+                    // the group when the last round-2 value comes).
+                    (E::Misbehaved { sender, what }, Some(_)) => self.events.push_back(SecureEvent::Rejected {
                         group: group.clone(),
-                        sender: from.clone(),
+                        sender: sender.clone(),
                         reason: RejectReason::Misbehaved(*what),
                     }),
                     _ => tracing::debug!(%group, error = %e, "key agreement input dropped"),

@@ -57,6 +57,14 @@ pub(crate) fn get_elem<G: Group>(r: &mut Reader<'_>, g: &G) -> Result<G::Element
     Ok(g.decode(b)?)
 }
 
+/// Reads a group element without its subgroup check (see
+/// [`Group::decode_unchecked`]): only for elements that are multiplied and
+/// raised to public exponents before the result is checked.
+pub(crate) fn get_elem_unchecked<G: Group>(r: &mut Reader<'_>, g: &G) -> Result<G::Element, Error> {
+    let b = r.bytes(g.element_len(), "group element")?;
+    Ok(g.decode_unchecked(b)?)
+}
+
 /// Writes a member name.
 pub(crate) fn put_member(w: &mut Writer, m: &MemberId) {
     w.short_bytes(m.as_str().as_bytes());

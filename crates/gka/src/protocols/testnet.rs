@@ -46,6 +46,7 @@ impl Packet {
 /// Engines of one protocol for named members, driven by hand.
 pub(crate) struct Net {
     protocol: ProtocolId,
+    group_id: GroupId,
     engines: BTreeMap<MemberId, Box<dyn Engine>>,
     signers: BTreeMap<MemberId, Arc<dyn Signer>>,
     pub rng: ChaCha20Rng,
@@ -59,6 +60,11 @@ impl Net {
     /// Engines for `names`, with Ed25519 identities from a `seed`ed RNG (which
     /// then drives the engines) and a directory of them all.
     pub fn new(protocol: ProtocolId, names: &[impl AsRef<str>], seed: u64) -> Self {
+        Self::in_group(protocol, GroupId::Ristretto255, names, seed)
+    }
+
+    /// As [`Net::new`], computing in `group_id`.
+    pub fn in_group(protocol: ProtocolId, group_id: GroupId, names: &[impl AsRef<str>], seed: u64) -> Self {
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
         let mut dir = StaticDirectory::new();
         let mut signers = BTreeMap::new();
@@ -73,7 +79,7 @@ impl Net {
             .map(|(m, s)| {
                 let cfg = Config {
                     protocol,
-                    group_id: GroupId::Ristretto255,
+                    group_id,
                     group: GROUP.into(),
                     me: m.clone(),
                     signer: s.clone(),
@@ -82,7 +88,7 @@ impl Net {
                 (m.clone(), new_engine(cfg))
             })
             .collect();
-        Self { protocol, engines, signers, rng, queue: VecDeque::new(), view: None, seq: FORGED_SEQ }
+        Self { protocol, group_id, engines, signers, rng, queue: VecDeque::new(), view: None, seq: FORGED_SEQ }
     }
 
     pub fn engine(&self, m: &str) -> &dyn Engine {
@@ -199,7 +205,7 @@ impl Net {
         self.seq += 1;
         let mut env = Envelope {
             protocol: self.protocol,
-            group_id: GroupId::Ristretto255,
+            group_id: self.group_id,
             group: GROUP.into(),
             view: self.view.as_ref().expect("a view").id,
             run: 0,

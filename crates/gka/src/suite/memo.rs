@@ -102,6 +102,13 @@ impl<G: Group> Group for Memo<G> {
         decoded.insert(bytes.to_vec(), e.clone());
         Ok(e)
     }
+    fn decode_unchecked(&self, bytes: &[u8]) -> Result<G::Element, CryptoError> {
+        // Not remembered: the memory holds only checked elements.
+        self.inner.decode_unchecked(bytes)
+    }
+    fn in_subgroup(&self, e: &G::Element) -> bool {
+        self.inner.in_subgroup(e)
+    }
     fn encoding(&self, e: &G::Element) -> G::Encoding {
         self.inner.encoding(e)
     }

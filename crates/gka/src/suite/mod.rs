@@ -86,6 +86,18 @@ pub trait Group: Clone + Send + Sync + 'static {
     /// Decodes and validates an element received from the network: canonical,
     /// in the prime-order subgroup, not the identity.
     fn decode(&self, bytes: &[u8]) -> Result<Self::Element, CryptoError>;
+    /// Decodes an element received from the network that is only
+    /// multiplied and raised to *public* exponents before the result is
+    /// checked with [`Group::in_subgroup`]: canonical and not the identity,
+    /// as [`Group::decode`], without its prime-order subgroup check (an
+    /// exponentiation in a MODP group; nothing in ristretto255, whose every
+    /// element has prime order). Never raise such an element to a secret
+    /// exponent: outside the subgroup it would give away the exponent
+    /// modulo the cofactor's small factors (Lim–Lee).
+    fn decode_unchecked(&self, bytes: &[u8]) -> Result<Self::Element, CryptoError>;
+    /// Whether `e` lies in the prime-order subgroup (see
+    /// [`Group::decode_unchecked`]).
+    fn in_subgroup(&self, e: &Self::Element) -> bool;
     /// [`Group::encode`], as an [`Group::Encoding`].
     fn encoding(&self, e: &Self::Element) -> Self::Encoding;
     /// Bytes [`Group::decode`] accepted, as an [`Group::Encoding`]; `None` if

@@ -393,6 +393,14 @@ impl Group for Modp {
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<ModpElement, CryptoError> {
+        let x = self.decode_unchecked(bytes)?;
+        if !self.in_subgroup(&x) {
+            return Err(CryptoError::InvalidElement);
+        }
+        Ok(x)
+    }
+
+    fn decode_unchecked(&self, bytes: &[u8]) -> Result<ModpElement, CryptoError> {
         let pr = self.params;
         if bytes.len() != pr.p_len {
             return Err(CryptoError::InvalidElement);
@@ -402,13 +410,13 @@ impl Group for Modp {
         if x.num_bits() <= 1 || x >= pr.p {
             return Err(CryptoError::InvalidElement);
         }
-        // Subgroup membership: x^q = 1 (one q-bit exponentiation, public
-        // exponent; not counted by the cost meter).
-        let t = self.exp_bn(&x, &pr.q);
-        if !is_one(&t) {
-            return Err(CryptoError::InvalidElement);
-        }
         Ok(self.element(x))
+    }
+
+    fn in_subgroup(&self, e: &ModpElement) -> bool {
+        // x^q = 1: one q-bit exponentiation, public exponent; not counted by
+        // the cost meter.
+        is_one(&self.exp_bn(&e.0, &self.params.q))
     }
 
     fn encoding(&self, e: &ModpElement) -> Box<[u8]> {
@@ -621,10 +629,23 @@ mod tests {
                 ("short", enc(&g, &pr.g)[1..].to_vec()),
                 ("long", [vec![0], enc(&g, &pr.g)].concat()),
             ];
+            // Elements of Z_p^* outside the subgroup pass the unchecked
+            // decoding, and only the subgroup check tells them.
+            let outside_the_subgroup = ["p-1 (order 2)", "-g (order 2q)", "small h outside the subgroup"];
             for (what, b) in bad {
                 assert_eq!(g.decode(&b), Err(CryptoError::InvalidElement), "{id:?}: {what}");
+                match g.decode_unchecked(&b) {
+                    Ok(x) if outside_the_subgroup.contains(&what) => assert!(!g.in_subgroup(&x), "{id:?}: {what}"),
+                    Ok(_) => panic!("{id:?}: {what} decoded unchecked"),
+                    Err(e) => {
+                        assert!(!outside_the_subgroup.contains(&what), "{id:?}: {what}");
+                        assert_eq!(e, CryptoError::InvalidElement);
+                    }
+                }
             }
             assert_eq!(g.decode(&enc(&g, &pr.g)).unwrap(), ModpElement(dup(&pr.g)));
+            let x = g.decode_unchecked(&enc(&g, &pr.g)).unwrap();
+            assert!(g.in_subgroup(&x) && g.in_subgroup(&g.identity()));
         }
     }
 

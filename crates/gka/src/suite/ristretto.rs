@@ -108,6 +108,15 @@ impl Group for Ristretto255 {
         Ok(p)
     }
 
+    fn decode_unchecked(&self, bytes: &[u8]) -> Result<RistrettoPoint, CryptoError> {
+        self.decode(bytes)
+    }
+
+    fn in_subgroup(&self, _e: &RistrettoPoint) -> bool {
+        // ristretto255 is a group of prime order: there is no other subgroup.
+        true
+    }
+
     fn encoding(&self, e: &RistrettoPoint) -> [u8; 32] {
         e.compress().to_bytes()
     }
