@@ -933,14 +933,14 @@ mod tests {
                         None => t.nodes[v].bk = Some(bk.clone()),
                     }
                 }
-                sent.push((v, bk.elem));
+                sent.push((v, bk.public().clone()));
             }
         }
         for (v, bk) in &sent {
             let want = if *v == truth.root {
                 g.exp_generator(&g.hash_to_scalar(domains::TGDH_NODE, secret.as_ref().unwrap()))
             } else {
-                truth.nodes[*v].bk.clone().unwrap().elem
+                truth.nodes[*v].bk.clone().unwrap().public().clone()
             };
             assert!(bk == &want, "node {v}'s blinded key is not the pooled one");
         }
@@ -957,7 +957,7 @@ mod tests {
             let mut ops = Meter { exps: 0 };
             let mine = ops.exp_g(&g.hash_to_scalar(domains::TGDH_NODE, &s));
             assert!(
-                own[i].nodes[world.root].bk.as_ref().map(|b| &b.elem) == Some(&mine),
+                own[i].nodes[world.root].bk.as_ref().map(|b| b.public()) == Some(&mine),
                 "{l}: the root's blinded key is not confirmed"
             );
             per[i].exps += ops.exps;

@@ -38,7 +38,7 @@
 
 use std::cmp::Reverse;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use conclave_gcs::{MemberId, MemberMap, MemberSet};
 use zeroize::Zeroize;
@@ -103,26 +103,49 @@ const TAG_BK: u8 = 2;
 /// (a memcmp, where comparing group elements costs field multiplications;
 /// every group's encoding is canonical, so equal bytes are equal elements)
 /// and write them without encoding again (an inversion per point).
+///
+/// A blinded key read from a message is checked to lie in the prime-order
+/// subgroup only where it meets a secret exponent ([`Bk::checked`]), once:
+/// a member reads whole trees, but raises only its co-path's blinded keys
+/// to its secrets, and with MODP groups each check is an exponentiation
+/// (at 64 members, three quarters of a TGDH join's CPU went to checking
+/// blinded keys as they were read).
 pub(crate) struct Bk<G: Group> {
-    /// The element.
-    pub elem: G::Element,
+    elem: G::Element,
     /// Its encoding.
     enc: G::Encoding,
+    /// Whether `elem` lies in the prime-order subgroup: so for computed
+    /// ones; for read ones, checked when first needed.
+    in_subgroup: OnceLock<bool>,
 }
 
 impl<G: Group> Bk<G> {
     /// A blinded key this member computed.
     pub fn computed(g: &G, elem: G::Element) -> Arc<Self> {
         let enc = g.encoding(&elem);
-        Arc::new(Self { elem, enc })
+        Arc::new(Self { elem, enc, in_subgroup: OnceLock::from(true) })
     }
 
-    /// Reads and validates a blinded key.
+    /// Reads a blinded key: canonical and not the identity; its subgroup
+    /// is checked where it is used ([`Bk::checked`]).
     pub fn read(r: &mut Reader<'_>, g: &G) -> Result<Arc<Self>, Error> {
         let bytes = r.bytes(g.element_len(), "group element")?;
-        let elem = g.decode(bytes)?;
+        let elem = g.decode_unchecked(bytes)?;
         let enc = g.encoding_of(bytes).ok_or(DecodeError::Bad("group element length"))?;
-        Ok(Arc::new(Self { elem, enc }))
+        let in_subgroup = if g.prime_order() { OnceLock::from(true) } else { OnceLock::new() };
+        Ok(Arc::new(Self { elem, enc, in_subgroup }))
+    }
+
+    /// The element, to raise to a secret exponent: `None` if it lies outside
+    /// the prime-order subgroup (checked once).
+    pub fn checked(&self, g: &G) -> Option<&G::Element> {
+        self.in_subgroup.get_or_init(|| g.in_subgroup(&self.elem)).then_some(&self.elem)
+    }
+
+    /// The element, for comparisons and public uses only: never raise it to
+    /// a secret exponent (see [`Bk::checked`]).
+    pub fn public(&self) -> &G::Element {
+        &self.elem
     }
 
     /// Writes it.
@@ -537,8 +560,10 @@ impl<G: Group> Tree<G> {
                 continue;
             }
             let Some(s) = self.sibling(c) else { break };
-            let key = match (&self.nodes[c].key, &self.nodes[s].bk) {
-                (Some(k), Some(b)) => node_key(ops, k, &b.elem),
+            // A blinded key outside the subgroup stops the climb like a
+            // missing one: the member never reaches the group secret.
+            let key = match (&self.nodes[c].key, self.nodes[s].bk.as_ref().and_then(|b| b.checked(ops.group()))) {
+                (Some(k), Some(b)) => node_key(ops, k, b),
                 _ => break,
             };
             self.nodes[p].key = Some(key);
@@ -565,8 +590,8 @@ impl<G: Group> Tree<G> {
         let path = self.path(leaf);
         let c = *path.get(path.len().checked_sub(2)?)?;
         let s = self.sibling(c)?;
-        match (&self.nodes[c].key, &self.nodes[s].bk) {
-            (Some(k), Some(b)) => Some(ops.exp(&b.elem, k)),
+        match (&self.nodes[c].key, self.nodes[s].bk.as_ref().and_then(|b| b.checked(ops.group()))) {
+            (Some(k), Some(b)) => Some(ops.exp(b, k)),
             _ => None,
         }
     }
@@ -805,7 +830,7 @@ impl<G: Group> Tree<G> {
                 let key = match self.nodes[v].kids {
                     None => ops.group().random_scalar(rng),
                     Some([l, r]) => match (&self.nodes[l].key, &self.nodes[r].bk) {
-                        (Some(k), Some(b)) => node_key(ops, k, &b.elem),
+                        (Some(k), Some(b)) => node_key(ops, k, b.public()),
                         _ => unreachable!("children filled first"),
                     },
                 };
@@ -844,7 +869,7 @@ impl<G: Group> Tree<G> {
     /// Every blinded key known.
     #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))] // test hooks only
     pub fn bks(&self) -> impl Iterator<Item = &G::Element> {
-        self.nodes.iter().filter_map(|n| n.bk.as_ref().map(|b| &b.elem))
+        self.nodes.iter().filter_map(|n| n.bk.as_ref().map(|b| b.public()))
     }
 
     /// Writes the shape, the members and the known blinded keys (never keys):
@@ -991,6 +1016,32 @@ pub(crate) mod tests {
     /// Member `i`'s name.
     pub(crate) fn id(i: usize) -> MemberId {
         MemberId::new(format!("m{i:04}")).unwrap()
+    }
+
+    /// A blinded key read from a message is checked where it would meet a
+    /// secret: one outside the subgroup stops the climb, and the member
+    /// computes no group secret from it.
+    #[test]
+    fn a_blinded_key_outside_the_subgroup_is_never_raised_to_a_secret() {
+        use crate::suite::modp::Modp;
+        use crate::suite::GroupId;
+        let g = Modp::new(GroupId::Modp512);
+        let len = g.element_len();
+        let outside = (2u8..).map(|h| [vec![0; len - 1], vec![h]].concat()).find(|b| g.decode(b).is_err()).unwrap();
+        let bad = Bk::read(&mut Reader::new(&outside), &g).expect("read without the check");
+        assert!(bad.checked(&g).is_none());
+        let good_bytes = g.encode(&g.exp_generator(&g.scalar_from_u64(5)));
+        let good = Bk::read(&mut Reader::new(&good_bytes), &g).unwrap();
+        assert!(good.checked(&g).is_some());
+        let k = g.random_scalar(&mut ChaCha20Rng::seed_from_u64(1));
+        for (sibling, secret) in [(bad, false), (good, true)] {
+            let mut t = Tree::leaf(id(0), Some(k.clone()), None);
+            t.insert(&Tree::leaf(id(1), None, Some(sibling)));
+            let leaf = t.leaf_index()[&id(0)];
+            let mut ops = g.clone();
+            t.climb(&mut ops, leaf, true);
+            assert_eq!(t.group_secret(&mut ops, leaf).is_some(), secret);
+        }
     }
 
     pub(crate) fn singletons(n: usize) -> Tree<Ristretto255> {
@@ -1282,7 +1333,7 @@ pub(crate) mod tests {
                 None => g.random_scalar(&mut rng),
                 Some([l, r]) => {
                     let (k, b) = (t.nodes[l].key.unwrap(), t.nodes[r].bk.clone().unwrap());
-                    node_key(&mut g.clone(), &k, &b.elem)
+                    node_key(&mut g.clone(), &k, b.public())
                 }
             };
             if v != t.root {

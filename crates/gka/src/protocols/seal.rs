@@ -923,7 +923,7 @@ fn confirm<G: Group>(cx: &mut Ctx<'_, G>, ph: &Phase<G>, leader: &MemberId) -> R
     let mut k = cx.g.hash_to_scalar(domains::TGDH_NODE, secret);
     let mine = cx.exp_g(&k);
     k.zeroize();
-    if mine != held.elem {
+    if &mine != held.public() {
         return Err(blame);
     }
     Ok(())

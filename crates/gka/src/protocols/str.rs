@@ -192,6 +192,9 @@ impl<G: Group> Tree<G> {
     /// Returns node `upto`'s secret element (none for node 0).
     fn climb(&mut self, cx: &mut Ctx<'_, G>, upto: usize, bk_below: usize) -> Result<Option<G::Element>, Error> {
         const MISSING: Error = Error::Internal("STR: a value needed for a node key is missing");
+        // A blinded key read from a chain, outside the prime-order subgroup,
+        // where it would meet a secret: never raised to it.
+        const OUTSIDE: Error = Error::Crypto(crate::suite::CryptoError::InvalidElement);
         if upto >= self.len() || self.pos > upto {
             return Err(MISSING);
         }
@@ -205,12 +208,13 @@ impl<G: Group> Tree<G> {
                     (self.r.clone(), None)
                 } else {
                     let base = self.bk[j - 1].clone().ok_or(MISSING)?;
-                    let s = cx.exp(&base.elem, &self.r);
+                    let base = base.checked(cx.g).ok_or(OUTSIDE)?.clone();
+                    let s = cx.exp(&base, &self.r);
                     (cx.g.hash_to_scalar(STR_NODE, &s), Some(s))
                 }
             } else {
                 let prev = self.keys[j - 1].as_ref().ok_or(MISSING)?;
-                let s = cx.exp(&self.br[j].elem, prev);
+                let s = cx.exp(self.br[j].checked(cx.g).ok_or(OUTSIDE)?, prev);
                 (cx.g.hash_to_scalar(STR_NODE, &s), Some(s))
             };
             if j < bk_below {
@@ -703,16 +707,16 @@ impl<G: Group> Protocol<G> for Str<G> {
         let out = match round {
             ROUND_LEAVE => {
                 let mut v = vec![get_elem(&mut r, g)?];
-                v.extend(get_bks(&mut r, g)?.iter().map(|b| b.elem.clone()));
+                v.extend(get_bks(&mut r, g)?.iter().map(|b| b.public().clone()));
                 r.finish()?;
                 v
             }
             ROUND_CHAIN => {
                 let c = Chain::<G>::decode(g, body)?;
-                c.br.iter().chain(&c.bk).map(|b| b.elem.clone()).collect()
+                c.br.iter().chain(&c.bk).map(|b| b.public().clone()).collect()
             }
             ROUND_FINAL => {
-                let v = get_bks(&mut r, g)?.iter().map(|b| b.elem.clone()).collect();
+                let v = get_bks(&mut r, g)?.iter().map(|b| b.public().clone()).collect();
                 r.finish()?;
                 v
             }

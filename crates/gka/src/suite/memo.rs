@@ -103,11 +103,24 @@ impl<G: Group> Group for Memo<G> {
         Ok(e)
     }
     fn decode_unchecked(&self, bytes: &[u8]) -> Result<G::Element, CryptoError> {
-        // Not remembered: the memory holds only checked elements.
+        if self.inner.prime_order() {
+            // The same decoding: remembered.
+            return self.decode(bytes);
+        }
+        // The memory holds only checked elements: one found there is one;
+        // others are not remembered unchecked.
+        let decoded = self.decoded.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = decoded.get(bytes) {
+            return Ok(e.clone());
+        }
+        drop(decoded);
         self.inner.decode_unchecked(bytes)
     }
     fn in_subgroup(&self, e: &G::Element) -> bool {
         self.inner.in_subgroup(e)
+    }
+    fn prime_order(&self) -> bool {
+        self.inner.prime_order()
     }
     fn encoding(&self, e: &G::Element) -> G::Encoding {
         self.inner.encoding(e)

@@ -98,6 +98,10 @@ pub trait Group: Clone + Send + Sync + 'static {
     /// Whether `e` lies in the prime-order subgroup (see
     /// [`Group::decode_unchecked`]).
     fn in_subgroup(&self, e: &Self::Element) -> bool;
+    /// Whether the group has no elements outside its prime-order subgroup
+    /// (ristretto255): [`Group::decode_unchecked`] is then
+    /// [`Group::decode`], and [`Group::in_subgroup`] always holds.
+    fn prime_order(&self) -> bool;
     /// [`Group::encode`], as an [`Group::Encoding`].
     fn encoding(&self, e: &Self::Element) -> Self::Encoding;
     /// Bytes [`Group::decode`] accepted, as an [`Group::Encoding`]; `None` if

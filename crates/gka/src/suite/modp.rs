@@ -413,6 +413,10 @@ impl Group for Modp {
         Ok(self.element(x))
     }
 
+    fn prime_order(&self) -> bool {
+        false
+    }
+
     fn in_subgroup(&self, e: &ModpElement) -> bool {
         // x^q = 1: one q-bit exponentiation, public exponent; not counted by
         // the cost meter.

@@ -117,6 +117,10 @@ impl Group for Ristretto255 {
         true
     }
 
+    fn prime_order(&self) -> bool {
+        true
+    }
+
     fn encoding(&self, e: &RistrettoPoint) -> [u8; 32] {
         e.compress().to_bytes()
     }
