@@ -933,14 +933,14 @@ mod tests {
                         None => t.nodes[v].bk = Some(bk.clone()),
                     }
                 }
-                sent.push((v, bk.public().clone()));
+                sent.push((v, *bk.public()));
             }
         }
         for (v, bk) in &sent {
             let want = if *v == truth.root {
                 g.exp_generator(&g.hash_to_scalar(domains::TGDH_NODE, secret.as_ref().unwrap()))
             } else {
-                truth.nodes[*v].bk.clone().unwrap().public().clone()
+                *truth.nodes[*v].bk.as_ref().unwrap().public()
             };
             assert!(bk == &want, "node {v}'s blinded key is not the pooled one");
         }

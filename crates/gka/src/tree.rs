@@ -1038,7 +1038,7 @@ pub(crate) mod tests {
             let mut t = Tree::leaf(id(0), Some(k.clone()), None);
             t.insert(&Tree::leaf(id(1), None, Some(sibling)));
             let leaf = t.leaf_index()[&id(0)];
-            let mut ops = g.clone();
+            let mut ops = g;
             t.climb(&mut ops, leaf, true);
             assert_eq!(t.group_secret(&mut ops, leaf).is_some(), secret);
         }

@@ -208,8 +208,7 @@ impl<G: Group> Tree<G> {
                     (self.r.clone(), None)
                 } else {
                     let base = self.bk[j - 1].clone().ok_or(MISSING)?;
-                    let base = base.checked(cx.g).ok_or(OUTSIDE)?.clone();
-                    let s = cx.exp(&base, &self.r);
+                    let s = cx.exp(base.checked(cx.g).ok_or(OUTSIDE)?, &self.r);
                     (cx.g.hash_to_scalar(STR_NODE, &s), Some(s))
                 }
             } else {

@@ -107,13 +107,9 @@ impl<G: Group> Group for Memo<G> {
             // The same decoding: remembered.
             return self.decode(bytes);
         }
-        // The memory holds only checked elements: one found there is one;
-        // others are not remembered unchecked.
-        let decoded = self.decoded.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = decoded.get(bytes) {
-            return Ok(e.clone());
-        }
-        drop(decoded);
+        // The memory holds only checked elements, and what is decoded
+        // unchecked (blinded keys, BD's round-2 values) is never decoded
+        // checked: a look-up would not find it.
         self.inner.decode_unchecked(bytes)
     }
     fn in_subgroup(&self, e: &G::Element) -> bool {
