@@ -515,6 +515,18 @@ pub struct Point {
     pub op_bound_ms: Option<f64>,
     /// `cpu_ms` ÷ `op_bound_ms`, where both are known.
     pub ratio_to_op_bound: Option<f64>,
+    /// The daemon engine: every exponentiation, subgroup check, signature
+    /// and verification this process really did for the event (mean over
+    /// runs; `conclave_gka::suite::tally`), at this run's costs: the
+    /// protocol's own operations and those the op-count bound leaves out
+    /// (MODP's subgroup checks, key confirmation, the envelopes' signatures).
+    /// `cpu_ms` beyond it is what the session, the daemon and the system
+    /// spent on everything but cryptography.
+    pub crypto_ms: Option<f64>,
+    /// `cpu_ms` ÷ `crypto_ms`.
+    pub ratio_to_crypto: Option<f64>,
+    /// Of `crypto_ms`'s operations, the subgroup checks (mean count).
+    pub subgroup_checks: Option<f64>,
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -551,14 +563,43 @@ impl Point {
             cpu_ms: None,
             op_bound_ms: None,
             ratio_to_op_bound: None,
+            crypto_ms: None,
+            ratio_to_crypto: None,
+            subgroup_checks: None,
         }
     }
 
-    /// Sets the CPU all members spent (if measured) against the op-count bound.
-    fn with_cpu(mut self, cpu_ms: Option<f64>, op_bound_ms: f64) -> Point {
-        self.cpu_ms = cpu_ms;
+    /// Sets the CPU all members spent and the operations they did, each
+    /// where measured in every run (the daemon engine).
+    fn with_measured(mut self, samples: &[super::live::Sample], model: &CostModel) -> Point {
+        self.cpu_ms = mean_cpu(samples);
+        let ops: Option<Vec<_>> = samples.iter().map(|s| s.ops).collect();
+        if let Some(ops) = ops.filter(|o| !o.is_empty()) {
+            let runs = ops.len() as f64;
+            let ms = |t: &conclave_gka::suite::tally::Tally| {
+                (t.exponentiations + t.subgroup_checks) as f64 * model.exp
+                    + t.signatures as f64 * model.sign
+                    + t.verifications as f64 * model.verify
+            };
+            let crypto = ops.iter().map(ms).sum::<f64>() / runs;
+            self.crypto_ms = Some(crypto);
+            self.ratio_to_crypto = self.cpu_ms.map(|c| c / crypto);
+            self.subgroup_checks = Some(ops.iter().map(|t| t.subgroup_checks as f64).sum::<f64>() / runs);
+        }
+        self
+    }
+
+    /// Sets the op-count bound (and `cpu_ms` against it, if measured).
+    /// The simulator: its members' CPU is their modelled crypto work, which
+    /// is also the op-count bound.
+    fn with_sim_cpu(mut self, work_ms: f64) -> Point {
+        self.cpu_ms = Some(work_ms);
+        self.with_op_bound(work_ms)
+    }
+
+    fn with_op_bound(mut self, op_bound_ms: f64) -> Point {
         self.op_bound_ms = Some(op_bound_ms);
-        self.ratio_to_op_bound = cpu_ms.map(|c| c / op_bound_ms);
+        self.ratio_to_op_bound = self.cpu_ms.map(|c| c / op_bound_ms);
         self
     }
 }
@@ -587,8 +628,10 @@ pub fn cliques_ms(protocol: &str, event: TimedEvent, n: usize) -> Option<f64> {
 
 /// The points table.
 fn write_points(out: &mut impl Write, points: &[Point]) -> std::io::Result<()> {
-    let header =
-        ["proto", "event", "n", "mean", "p50", "p95", "bound", "÷bound", "work", "÷work", "cpu Σ", "op bound", "÷op"];
+    let header = [
+        "proto", "event", "n", "mean", "p50", "p95", "bound", "÷bound", "work", "÷work", "cpu Σ", "op bound", "÷op",
+        "crypto", "÷crypto",
+    ];
     let mut t = crate::table::new(header, 2);
     for p in points {
         t.add_row(vec![
@@ -605,6 +648,8 @@ fn write_points(out: &mut impl Write, points: &[Point]) -> std::io::Result<()> {
             crate::table::or_dash(p.cpu_ms, 2),
             crate::table::or_dash(p.op_bound_ms, 2),
             crate::table::or_dash(p.ratio_to_op_bound, 2),
+            crate::table::or_dash(p.crypto_ms, 2),
+            crate::table::or_dash(p.ratio_to_crypto, 2),
         ]);
     }
     writeln!(out, "{t}")
@@ -621,9 +666,23 @@ fn write_cliques(out: &mut impl Write, points: &[Point]) -> std::io::Result<()> 
     writeln!(
         out,
         "\nBeside Cliques (C, 2002; all members' CPU for the event, measured with 2048/256 DH and RSA-2048 on this \
-         machine kind), ms: cpu Σ against Cliques's sum and against this run's op-count bound."
+         machine kind), ms: cpu Σ against Cliques's sum and against this run's op-count bound; checks = the \
+         subgroup checks done (MODP: one exponentiation each, which the op-count bound does not count), crypto = \
+         every exponentiation, check, signature and verification done, at this run's costs."
     )?;
-    let header = ["proto", "event", "n", "Cliques Σ", "cpu Σ", "Cliques ÷ cpu", "op bound", "cpu ÷ op"];
+    let header = [
+        "proto",
+        "event",
+        "n",
+        "Cliques Σ",
+        "cpu Σ",
+        "Cliques ÷ cpu",
+        "op bound",
+        "cpu ÷ op",
+        "checks",
+        "crypto",
+        "cpu ÷ crypto",
+    ];
     let mut t = crate::table::new(header, 2);
     for (p, cpu, cliques) in rows {
         t.add_row(vec![
@@ -635,6 +694,9 @@ fn write_cliques(out: &mut impl Write, points: &[Point]) -> std::io::Result<()> 
             format!("{:.2}", cliques / cpu),
             crate::table::or_dash(p.op_bound_ms, 2),
             crate::table::or_dash(p.ratio_to_op_bound, 2),
+            crate::table::or_dash(p.subgroup_checks, 0),
+            crate::table::or_dash(p.crypto_ms, 2),
+            crate::table::or_dash(p.ratio_to_crypto, 2),
         ]);
     }
     writeln!(out, "{t}")
@@ -840,7 +902,7 @@ pub fn run(args: EventsArgs) -> Result<()> {
                 }
                 let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
                 let p = Point::new(protocol, event, n, times, (mean(&bounds), mean(&work_bounds)))
-                    .with_cpu(Some(mean(&works)), mean(&works));
+                    .with_sim_cpu(mean(&works));
                 // Printed above the bar so the two do not tear each other.
                 progress.suspend(|| eprintln!("{}", point_line(&p, done, total)));
                 points.push(p);
@@ -960,8 +1022,8 @@ fn daemon_points(
             for &n in sizes {
                 progress.set_message(format!("{MEMBERSHIP} {} n={n} (daemon)", event_name(event)));
                 let samples = target.time_membership(event, n, args.runs, args.seed)?;
-                let mut p = Point::membership(event, n, samples.iter().map(|s| s.ms).collect());
-                p.cpu_ms = mean_cpu(&samples);
+                let p =
+                    Point::membership(event, n, samples.iter().map(|s| s.ms).collect()).with_measured(&samples, model);
                 progress.inc(1);
                 progress.suspend(|| eprintln!("{}", point_line(&p, points.len() + 1, total)));
                 points.push(p);
@@ -980,7 +1042,8 @@ fn daemon_points(
                 // simulator's per-machine figure.
                 let work_bound = once.work_ms / cpus as f64;
                 let p = Point::new(protocol, event, n, times, (once.bound_ms, work_bound))
-                    .with_cpu(mean_cpu(&samples), once.work_ms);
+                    .with_measured(&samples, model)
+                    .with_op_bound(once.work_ms);
                 progress.inc(1);
                 progress.suspend(|| eprintln!("{}", point_line(&p, points.len() + 1, total)));
                 points.push(p);
@@ -991,8 +1054,8 @@ fn daemon_points(
                 progress.set_message(format!("{mode} {} n={n} (daemon)", event_name(event)));
                 let policy: Policy = mode.parse().map_err(|e| anyhow!("{e}"))?;
                 let samples = target.time(policy, scheme, event, n, args.runs, args.seed)?;
-                let mut p = Point::of(mode, event, n, samples.iter().map(|s| s.ms).collect(), None);
-                p.cpu_ms = mean_cpu(&samples);
+                let p = Point::of(mode, event, n, samples.iter().map(|s| s.ms).collect(), None)
+                    .with_measured(&samples, model);
                 progress.inc(1);
                 progress.suspend(|| eprintln!("{}", point_line(&p, points.len() + 1, total)));
                 points.push(p);
@@ -1216,6 +1279,9 @@ fn write_outputs(
         "cpu_ms",
         "op_bound_ms",
         "ratio_to_op_bound",
+        "crypto_ms",
+        "ratio_to_crypto",
+        "subgroup_checks",
     ])];
     // The membership line has no bound: empty fields.
     let or_empty = |v: Option<f64>| v.map_or(String::new(), ms3);
@@ -1234,6 +1300,9 @@ fn write_outputs(
             or_empty(p.cpu_ms),
             or_empty(p.op_bound_ms),
             or_empty(p.ratio_to_op_bound),
+            or_empty(p.crypto_ms),
+            or_empty(p.ratio_to_crypto),
+            or_empty(p.subgroup_checks),
         ]);
     }
     write_csv(&dir.join("events.csv"), &records)?;

@@ -46,6 +46,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use conclave_gcs_net::daemon::JOIN_BURST;
 use conclave_gcs_net::{Client, Daemon, DaemonConfig, Event};
 use conclave_gka::suite::generate_signer;
+use conclave_gka::suite::tally::{tally, Tally};
 #[cfg(test)]
 use conclave_gka::GroupId;
 use conclave_gka::{ProtocolId, SignatureId, StaticDirectory};
@@ -272,6 +273,9 @@ pub struct Sample {
     /// daemon's view to the key's installation (the session's rekey time):
     /// the key management's part of `ms`, without the membership's.
     pub key_ms: Option<f64>,
+    /// The exponentiations, subgroup checks, signatures and verifications
+    /// this process did meanwhile, where `cpu_ms` is measured.
+    pub ops: Option<Tally>,
 }
 
 /// A split of the network and its heal, timed.
@@ -749,12 +753,13 @@ async fn point<K: Kind>(
                     tokio::time::sleep(wait).await;
                 }
                 let joiner = outside.pop().expect("one member waits outside");
-                let (t0, cpu0) = (Instant::now(), process_cpu_ms());
+                let (t0, cpu0, ops0) = (Instant::now(), process_cpu_ms(), tally());
                 last_join = t0;
                 group.join(joiner)?;
                 inside.push(joiner);
                 let ms = ms_since(t0, group.settled(&inside, n).await?.0);
-                times.push(Sample { ms, cpu_ms: Some(process_cpu_ms() - cpu0), key_ms: group.key_ms(&inside) });
+                let (cpu_ms, ops) = (Some(process_cpu_ms() - cpu0), Some(tally() - ops0));
+                times.push(Sample { ms, cpu_ms, key_ms: group.key_ms(&inside), ops });
                 // Back to n − 1, untimed: the oldest leaves (and waits outside).
                 let leaver = inside.remove(0);
                 group.leave(leaver)?;
@@ -771,10 +776,11 @@ async fn point<K: Kind>(
                     _ => (rng.next_u64() % n as u64) as usize,
                 };
                 let leaver = inside.remove(at);
-                let (t0, cpu0) = (Instant::now(), process_cpu_ms());
+                let (t0, cpu0, ops0) = (Instant::now(), process_cpu_ms(), tally());
                 group.leave(leaver)?;
                 let ms = ms_since(t0, group.settled(&inside, n - 1).await?.0);
-                times.push(Sample { ms, cpu_ms: Some(process_cpu_ms() - cpu0), key_ms: group.key_ms(&inside) });
+                let (cpu_ms, ops) = (Some(process_cpu_ms() - cpu0), Some(tally() - ops0));
+                times.push(Sample { ms, cpu_ms, key_ms: group.key_ms(&inside), ops });
                 // Back to n, untimed, once the leaver is out.
                 group.departed(leaver).await?;
                 group.join(leaver)?;
@@ -994,7 +1000,7 @@ mod cluster {
                 last = last.max(a).max(b);
                 key = key.into_iter().chain(group.key_ms(&all)).max_by(f64::total_cmp);
             }
-            let split = Sample { ms: ms_since(t0, last), cpu_ms: None, key_ms: key };
+            let split = Sample { ms: ms_since(t0, last), cpu_ms: None, key_ms: key, ops: None };
             for group in groups.iter_mut() {
                 group.forget();
             }
@@ -1006,7 +1012,7 @@ mod cluster {
                 last = last.max(m);
                 key = key.into_iter().chain(group.key_ms(&all)).max_by(f64::total_cmp);
             }
-            Ok(Healed { split, merge: Sample { ms: ms_since(t1, last), cpu_ms: None, key_ms: key } })
+            Ok(Healed { split, merge: Sample { ms: ms_since(t1, last), cpu_ms: None, key_ms: key, ops: None } })
         }
     }
 }
@@ -1050,6 +1056,9 @@ mod tests {
                 let policy = Policy::new(protocol, GroupId::Ristretto255);
                 let samples = target.time(policy, SignatureId::Ed25519, event, 3, 2, 9).unwrap();
                 assert!(samples.iter().all(|s| s.cpu_ms.is_some_and(|c| c > 0.0)), "{samples:?}");
+                // Every run's members exponentiate and confirm (signing).
+                let did_crypto = |s: &Sample| s.ops.is_some_and(|o| o.exponentiations > 0 && o.signatures > 0);
+                assert!(samples.iter().all(did_crypto), "{samples:?}");
                 let times: Vec<f64> = samples.iter().map(|s| s.ms).collect();
                 assert_eq!(times.len(), 2);
                 assert!(times.iter().all(|&t| t > 0.0 && t < WAIT.as_secs_f64() * 1e3), "{times:?}");

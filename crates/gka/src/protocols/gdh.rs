@@ -79,6 +79,12 @@ struct Saved<G: Group> {
     /// Decoding every element of every list was O(n) point decompressions
     /// (MODP: subgroup checks, each an exponentiation) per member and run.
     partials: Partials,
+    /// Whether I sent that list (as controller): its elements are then all
+    /// mine, raised from checked elements (or my own entry, checked when I
+    /// used it), so a refresh raises them without checking each again — for
+    /// MODP n subgroup checks, each an exponentiation, on the controller's
+    /// critical path at every leave.
+    sent_by_me: bool,
     /// The group secret K.
     key: G::Element,
 }
@@ -249,7 +255,7 @@ impl<G: Group> Gdh<G> {
             let r = cx.random();
             let key = cx.exp_g(&r);
             cx.install(&key);
-            self.saved = Some(Saved { r, partials: Partials::default(), key });
+            self.saved = Some(Saved { r, partials: Partials::default(), sent_by_me: false, key });
             return Ok(());
         }
         if change.single {
@@ -273,7 +279,8 @@ impl<G: Group> Gdh<G> {
                     if *m == me {
                         w.raw(s);
                     } else {
-                        let s = match cx.g.decode(s) {
+                        let s = if saved.sent_by_me { cx.g.decode_unchecked(s) } else { cx.g.decode(s) };
+                        let s = match s {
                             Ok(s) => s,
                             Err(e) => {
                                 f.zeroize();
@@ -509,7 +516,9 @@ impl<G: Group> Gdh<G> {
             return Err(Misbehaved::WrongShape { round }.by(from));
         }
         let c = run.contrib.clone().ok_or_else(|| internal("GDH: no contribution"))?;
-        let mine = cx.g.decode(list[pos].1)?;
+        // My own list's elements I made from checked ones.
+        let sent_by_me = from == cx.me;
+        let mine = if sent_by_me { cx.g.decode_unchecked(list[pos].1)? } else { cx.g.decode(list[pos].1)? };
         let key = cx.exp(&mine, &c);
         cx.install(&key);
         // The view's own list (n names cloned per member and run before),
@@ -519,7 +528,7 @@ impl<G: Group> Gdh<G> {
             elems.extend_from_slice(e);
         }
         let partials = Partials { members: Members::of_view(cx.view), elems };
-        self.saved = Some(Saved { r: c, partials, key });
+        self.saved = Some(Saved { r: c, partials, sent_by_me, key });
         self.run = Run::idle();
         Ok(())
     }

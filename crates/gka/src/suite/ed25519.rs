@@ -34,6 +34,7 @@ impl Signer for Ed25519Signer {
         SignatureId::Ed25519
     }
     fn sign(&self, msg: &[u8]) -> Vec<u8> {
+        super::tally::signature();
         self.key.sign(msg).to_bytes().to_vec()
     }
     fn verifier(&self) -> Arc<dyn Verifier> {
@@ -62,6 +63,7 @@ impl Verifier for Ed25519Verifier {
         SignatureId::Ed25519
     }
     fn verify(&self, msg: &[u8], sig: &[u8]) -> Result<(), CryptoError> {
+        super::tally::verifications(1);
         let sig = Signature::from_slice(sig).map_err(|_| CryptoError::BadSignature)?;
         self.key.verify_strict(msg, &sig).map_err(|_| CryptoError::BadSignature)
     }

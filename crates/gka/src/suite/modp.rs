@@ -315,10 +315,12 @@ impl Group for Modp {
     }
 
     fn exp_generator(&self, s: &ModpScalar) -> ModpElement {
+        super::tally::exponentiation();
         self.element(self.exp_bn(&self.params.g, &s.0))
     }
 
     fn exp(&self, base: &ModpElement, s: &ModpScalar) -> ModpElement {
+        super::tally::exponentiation();
         self.element(self.exp_bn(&base.0, &s.0))
     }
 
@@ -420,6 +422,7 @@ impl Group for Modp {
     fn in_subgroup(&self, e: &ModpElement) -> bool {
         // x^q = 1: one q-bit exponentiation, public exponent; not counted by
         // the cost meter.
+        super::tally::subgroup_check();
         is_one(&self.exp_bn(&e.0, &self.params.q))
     }
 

@@ -41,10 +41,12 @@ impl Group for Ristretto255 {
     }
 
     fn exp_generator(&self, s: &Scalar) -> RistrettoPoint {
+        super::tally::exponentiation();
         RISTRETTO_BASEPOINT_TABLE * s
     }
 
     fn exp(&self, base: &RistrettoPoint, s: &Scalar) -> RistrettoPoint {
+        super::tally::exponentiation();
         base * s
     }
 

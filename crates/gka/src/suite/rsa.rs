@@ -265,6 +265,7 @@ impl Signer for RsaSigner {
     }
 
     fn sign(&self, msg: &[u8]) -> Vec<u8> {
+        super::tally::signature();
         let mut s = ok(openssl::sign::Signer::new(MessageDigest::sha256(), &self.key));
         ok(s.set_rsa_padding(Padding::PKCS1));
         ok(s.sign_oneshot_to_vec(msg))
@@ -324,6 +325,7 @@ impl Verifier for RsaVerifier {
         if sig.len() != self.sig_len {
             return Err(CryptoError::BadSignature);
         }
+        super::tally::verifications(1);
         let mut v = ok(openssl::sign::Verifier::new(MessageDigest::sha256(), &self.key));
         ok(v.set_rsa_padding(Padding::PKCS1));
         match v.verify_oneshot(sig, msg) {
