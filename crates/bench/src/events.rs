@@ -582,6 +582,10 @@ impl Point {
                     + t.verifications as f64 * model.verify
             };
             let crypto = ops.iter().map(ms).sum::<f64>() / runs;
+            if crypto == 0.0 {
+                // Plain clients (the membership line): nothing to compare.
+                return self;
+            }
             self.crypto_ms = Some(crypto);
             self.ratio_to_crypto = self.cpu_ms.map(|c| c / crypto);
             self.subgroup_checks = Some(ops.iter().map(|t| t.subgroup_checks as f64).sum::<f64>() / runs);

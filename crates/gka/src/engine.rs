@@ -783,9 +783,21 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             // before).
             if whole && self.is_observed(view) {
                 if self.st.known.len() != members.len() {
-                    for m in view.ids() {
-                        if !self.st.known.contains_key(m) {
-                            self.st.known.insert(m.clone(), Tag::Installed(epoch));
+                    // Those known came along with this member, as a rule:
+                    // look up only the members that came from elsewhere
+                    // (n look-ups per member and join before); every member
+                    // if that does not account for all.
+                    let my_prev = self.observed_positions.get(&self.me).map(|&i| view.members[i].prev);
+                    for m in view.members.iter().filter(|m| Some(m.prev) != my_prev) {
+                        if !self.st.known.contains_key(&m.id) {
+                            self.st.known.insert(m.id.clone(), Tag::Installed(epoch));
+                        }
+                    }
+                    if self.st.known.len() != members.len() {
+                        for m in view.ids() {
+                            if !self.st.known.contains_key(m) {
+                                self.st.known.insert(m.clone(), Tag::Installed(epoch));
+                            }
                         }
                     }
                 }
