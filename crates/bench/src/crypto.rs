@@ -9,7 +9,7 @@ use anyhow::Result;
 use clap::Args;
 use conclave_gka::suite::modp::Modp;
 use conclave_gka::suite::ristretto::Ristretto255;
-use conclave_gka::suite::{generate_signer, Group, GroupId, SignatureId};
+use conclave_gka::suite::{generate_signer, verify_batch, Group, GroupId, SignatureId, Verifier};
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
 use serde::Serialize;
@@ -72,6 +72,12 @@ fn group_ops<G: Group>(g: G, iterations: usize, out: &mut Vec<OpCost>) {
     push("exponent inverse", time(iterations, || drop(black_box(g.scalar_invert(black_box(&a))))));
 }
 
+/// How many signatures [`BATCH_VERIFY_OP`] checks at once (a few dozen:
+/// about what a session's batch of envelopes holds in a large group).
+const BATCH: usize = 32;
+/// The per-signature cost of Ed25519's batch verification.
+pub const BATCH_VERIFY_OP: &str = "verify (200 B, batch of 32, per signature)";
+
 /// Measures one group and one signature scheme (the `measured` cost model).
 pub fn measure_suite(group: GroupId, scheme: SignatureId, iterations: usize) -> Result<Vec<OpCost>> {
     let args =
@@ -99,6 +105,14 @@ pub fn measure(args: &CryptoArgs) -> Result<Vec<OpCost>> {
         out.push(OpCost { suite: scheme.name(), op: "sign (200 B)", median_us: m, p95_us: p });
         let (m, p) = time(args.iterations, || drop(black_box(verifier.verify(black_box(&msg), black_box(&sig)))));
         out.push(OpCost { suite: scheme.name(), op: "verify (200 B)", median_us: m, p95_us: p });
+        if scheme == SignatureId::Ed25519 {
+            // What a session's batch check of many envelopes costs per signature.
+            let items: Vec<(&dyn Verifier, &[u8], &[u8])> =
+                (0..BATCH).map(|_| (&*verifier, &msg[..], &sig[..])).collect();
+            let (m, p) = time(args.iterations, || drop(black_box(verify_batch(black_box(&items)))));
+            let per = BATCH as f64;
+            out.push(OpCost { suite: scheme.name(), op: BATCH_VERIFY_OP, median_us: m / per, p95_us: p / per });
+        }
     }
     Ok(out)
 }

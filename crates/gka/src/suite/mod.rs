@@ -239,7 +239,7 @@ pub fn verify_batch(items: &[(&dyn Verifier, &[u8], &[u8])]) -> Result<(), Crypt
     if items.len() < 2 || items.iter().any(|(k, _, _)| k.as_ed25519().is_none()) {
         return items.iter().try_for_each(|(k, msg, sig)| k.verify(msg, sig));
     }
-    tally::verifications(items.len());
+    tally::batch_verifications(items.len());
     ed25519::verify_batch(items)
 }
 

@@ -315,7 +315,7 @@ impl Group for Modp {
     }
 
     fn exp_generator(&self, s: &ModpScalar) -> ModpElement {
-        super::tally::exponentiation();
+        super::tally::generator_exponentiation();
         self.element(self.exp_bn(&self.params.g, &s.0))
     }
 

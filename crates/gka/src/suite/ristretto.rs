@@ -41,7 +41,7 @@ impl Group for Ristretto255 {
     }
 
     fn exp_generator(&self, s: &Scalar) -> RistrettoPoint {
-        super::tally::exponentiation();
+        super::tally::generator_exponentiation();
         RISTRETTO_BASEPOINT_TABLE * s
     }
 
