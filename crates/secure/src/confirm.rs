@@ -60,7 +60,7 @@
 //! ([`conclave_gka::Engine::rekey`]). No unconfirmed key ever reaches the
 //! application.
 
-use std::io::Write;
+use std::io::{BufWriter, Write};
 
 use conclave_gcs::{GroupName, MemberId};
 use conclave_gka::{Epoch, ProtocolId, ViewId};
@@ -159,21 +159,20 @@ impl Confirmer {
         // The transcript is hashed as it is written, a few KiB at a time
         // (the same bytes, so the same digest): every member writes n names
         // per run; a buffer of them grown name by name was copied over and
-        // over, hashing each name as it came cost a copy into the hash's
-        // block buffer per name, and a `BufWriter` two copies (length and
-        // name), most of the transcript's time at 512 members.
-        let mut transcript = HashedTranscript::new();
-        transcript.write(b"conclave/secure/v1/confirm\0");
-        transcript.put(group.as_str().as_bytes());
-        transcript.write(&epoch.to_bytes());
-        transcript.write(&[protocol.code()]);
-        transcript.write(&(members.len() as u32).to_be_bytes());
+        // over, and hashing each name as it came cost a copy into the hash's
+        // block buffer per name.
+        let mut transcript = BufWriter::with_capacity(4096, Sha256::new());
+        write(&mut transcript, b"conclave/secure/v1/confirm\0");
+        put(&mut transcript, group.as_str().as_bytes());
+        write(&mut transcript, &epoch.to_bytes());
+        write(&mut transcript, &[protocol.code()]);
+        write(&mut transcript, &(members.len() as u32).to_be_bytes());
         for m in members {
-            transcript.put(m.as_str().as_bytes());
+            put(&mut transcript, m.as_str().as_bytes());
         }
-        let transcript = transcript.finish();
+        let transcript = transcript.into_inner().expect("hashing does not fail");
         let mut keyed = <Hmac<Sha256> as Mac>::new_from_slice(k.as_ref()).expect("HMAC takes any key length");
-        keyed.update(&transcript);
+        keyed.update(&transcript.finalize());
         Self { keyed }
     }
 
@@ -270,56 +269,6 @@ pub(crate) fn timeout_signed(group: &GroupName, view: ViewId, sender: &MemberId,
     t
 }
 
-/// SHA-256 of a transcript written in parts, through a block of its own:
-/// each part is one copy into it (a name's length is written in place).
-struct HashedTranscript {
-    hash: Sha256,
-    block: [u8; 4096],
-    len: usize,
-}
-
-impl HashedTranscript {
-    fn new() -> Self {
-        Self { hash: Sha256::new(), block: [0; 4096], len: 0 }
-    }
-
-    /// Room for `n` more bytes, hashing what is held if needed.
-    fn room(&mut self, n: usize) -> bool {
-        if self.len + n > self.block.len() {
-            self.hash.update(&self.block[..self.len]);
-            self.len = 0;
-        }
-        n <= self.block.len()
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        if self.room(bytes.len()) {
-            self.block[self.len..self.len + bytes.len()].copy_from_slice(bytes);
-            self.len += bytes.len();
-        } else {
-            self.hash.update(bytes);
-        }
-    }
-
-    /// As [`put`]: the length (two bytes) and the bytes.
-    fn put(&mut self, part: &[u8]) {
-        if self.room(2 + part.len()) {
-            let at = self.len;
-            self.block[at..at + 2].copy_from_slice(&(part.len() as u16).to_be_bytes());
-            self.block[at + 2..at + 2 + part.len()].copy_from_slice(part);
-            self.len += 2 + part.len();
-        } else {
-            self.write(&(part.len() as u16).to_be_bytes());
-            self.write(part);
-        }
-    }
-
-    fn finish(mut self) -> sha2::digest::Output<Sha256> {
-        self.hash.update(&self.block[..self.len]);
-        self.hash.finalize()
-    }
-}
-
 /// Appends `part` with its length first, to a transcript in memory or to
 /// one being hashed.
 fn put(t: &mut impl Write, part: &[u8]) {
@@ -384,29 +333,5 @@ mod tests {
             assert_eq!(c.mac(m), want);
             assert_eq!(c.mac(m), c.mac(m), "the state is not used up");
         }
-    }
-
-    #[test]
-    fn a_transcript_hashed_in_blocks_is_hashed_as_a_whole() {
-        // Parts of every length up to a name's longest, crossing the block's
-        // end at every offset, and parts longer than the block.
-        let mut whole = Vec::new();
-        let mut t = HashedTranscript::new();
-        for i in 0..3000usize {
-            let part: Vec<u8> = (0..i % 256).map(|j| (i + j) as u8).collect();
-            if i % 7 == 0 {
-                t.write(&part);
-                whole.extend_from_slice(&part);
-            } else {
-                t.put(&part);
-                put(&mut whole, &part);
-            }
-        }
-        let long = vec![5u8; 10_000];
-        t.put(&long);
-        put(&mut whole, &long);
-        t.write(&long);
-        whole.extend_from_slice(&long);
-        assert_eq!(t.finish(), Sha256::digest(&whole));
     }
 }
