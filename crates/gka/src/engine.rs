@@ -782,23 +782,23 @@ impl<G: Group, P: Protocol<G>> Runner<G, P> {
             // added (n names dropped and cloned again per member and join
             // before).
             if whole && self.is_observed(view) {
-                if self.st.known.len() != members.len() {
-                    // Those known came along with this member, as a rule:
-                    // look up only the members that came from elsewhere
-                    // (n look-ups per member and join before); every member
-                    // if that does not account for all.
-                    let my_prev = self.observed_positions.get(&self.me).map(|&i| view.members[i].prev);
-                    for m in view.members.iter().filter(|m| Some(m.prev) != my_prev) {
-                        if !self.st.known.contains_key(&m.id) {
-                            self.st.known.insert(m.id.clone(), Tag::Installed(epoch));
+                let known = &mut self.st.known;
+                let add = |known: &mut MemberMap<Tag>, ids: &mut dyn Iterator<Item = &MemberId>| {
+                    for m in ids {
+                        if !known.contains_key(m) {
+                            known.insert(m.clone(), Tag::Installed(epoch));
                         }
                     }
-                    if self.st.known.len() != members.len() {
-                        for m in view.ids() {
-                            if !self.st.known.contains_key(m) {
-                                self.st.known.insert(m.clone(), Tag::Installed(epoch));
-                            }
-                        }
+                };
+                // Those known came along with this member, as a rule: look
+                // up only the members that came from elsewhere (n look-ups
+                // per member and join before); every member if that does
+                // not account for all.
+                if known.len() != members.len() {
+                    let my_prev = self.observed_positions.get(&self.me).map(|&i| view.members[i].prev);
+                    add(known, &mut view.members.iter().filter(|m| Some(m.prev) != my_prev).map(|m| &m.id));
+                    if known.len() != members.len() {
+                        add(known, &mut view.ids());
                     }
                 }
                 debug_assert_eq!(self.st.known.len(), members.len());

@@ -89,6 +89,16 @@ struct Saved<G: Group> {
     key: G::Element,
 }
 
+/// Decodes a partial key of a list: checked, unless the list is one I sent
+/// (its elements I made from checked ones).
+fn decode_partial<G: Group>(g: &G, bytes: &[u8], sent_by_me: bool) -> Result<G::Element, crate::suite::CryptoError> {
+    if sent_by_me {
+        g.decode_unchecked(bytes)
+    } else {
+        g.decode(bytes)
+    }
+}
+
 /// A list of partial keys as it came: (name, encoded element) pairs.
 type RawList<'a> = Vec<(&'a [u8], &'a [u8])>;
 
@@ -279,8 +289,7 @@ impl<G: Group> Gdh<G> {
                     if *m == me {
                         w.raw(s);
                     } else {
-                        let s = if saved.sent_by_me { cx.g.decode_unchecked(s) } else { cx.g.decode(s) };
-                        let s = match s {
+                        let s = match decode_partial(cx.g, s, saved.sent_by_me) {
                             Ok(s) => s,
                             Err(e) => {
                                 f.zeroize();
@@ -516,9 +525,8 @@ impl<G: Group> Gdh<G> {
             return Err(Misbehaved::WrongShape { round }.by(from));
         }
         let c = run.contrib.clone().ok_or_else(|| internal("GDH: no contribution"))?;
-        // My own list's elements I made from checked ones.
         let sent_by_me = from == cx.me;
-        let mine = if sent_by_me { cx.g.decode_unchecked(list[pos].1)? } else { cx.g.decode(list[pos].1)? };
+        let mine = decode_partial(cx.g, list[pos].1, sent_by_me)?;
         let key = cx.exp(&mine, &c);
         cx.install(&key);
         // The view's own list (n names cloned per member and run before),
@@ -1034,6 +1042,35 @@ mod validation {
         body.pop();
         let e = net.reject("b", "c", None, ROUND_LIST, body);
         assert!(matches!(e, Error::Decode(_)), "{e:?}");
+    }
+
+    /// A member raises its own entry of the controller's list to its secret
+    /// only if the entry lies in the prime-order subgroup: the controller's
+    /// own lists skip that check when it refreshes them, nobody else's do.
+    #[test]
+    fn a_partial_key_outside_the_subgroup_is_refused_by_its_member() {
+        use crate::suite::modp::Modp;
+        use crate::suite::{CryptoError, GroupId};
+        let g = Modp::new(GroupId::Modp512);
+        let len = g.element_len();
+        let outside = (2u8..).map(|h| [vec![0; len - 1], vec![h]].concat()).find(|b| g.decode(b).is_err()).unwrap();
+        let inside = g.encode(&g.exp_generator(&g.scalar_from_u64(3)));
+        let mut net = Net::in_group(ProtocolId::Gdh, GroupId::Modp512, &["a", "b", "c", "d"], 4);
+        net.view(1, &["a", "b", "c", "d"], &["a", "b", "c", "d"]);
+        net.run();
+        net.agreed();
+        // d leaves; c, the controller, lists b's partial key outside the subgroup.
+        net.view(2, &["a", "b", "c"], &[]);
+        let mut w = Writer::new();
+        w.count(3);
+        for (m, e) in [("a", &inside), ("b", &outside), ("c", &inside)] {
+            w.short_bytes(m.as_bytes());
+            w.raw(e);
+        }
+        let bad = net.forge("c", None, ROUND_LIST, w.buf);
+        let e = net.offer("b", &bad).expect_err("b refuses its entry");
+        assert_eq!(e, Error::Crypto(CryptoError::InvalidElement));
+        assert!(net.key("b").is_none(), "b installed a key");
     }
 }
 
