@@ -78,9 +78,10 @@ pub enum Command {
     /// Time from a membership event until every member has the new key, on
     /// the simulator with virtual time (TISSEC §6 scenarios).
     Events(events::EventsArgs),
-    /// Forming a group: n secure sessions on an embedded daemon join one group at once, timed until every
-    /// member holds the same confirmed key; CPU, peak memory and the daemon's bytes beside it, and mls-rs
-    /// forming a group of the same size (one commit adding everybody) in the same run.
+    /// Forming a group: n secure sessions on a daemon process of their own join one group at once, timed until
+    /// every member holds the same confirmed key; CPU, peak memory (the members' and the daemon's apart) and the
+    /// daemon's bytes beside it, and mls-rs forming a group of the same size (one commit adding everybody) in the
+    /// same run.
     Form(form::FormArgs),
     /// The layered against the integrated architecture (the integrated-architecture paper's §5): one group's
     /// join, leave, partition and merge (Fig. 5) and many groups re-keyed by one partition and merge (Fig. 6),

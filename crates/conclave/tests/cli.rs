@@ -523,6 +523,36 @@ fn bench_gcs_prints_tables_and_json() {
     assert!(!out.contains("tls"), "{out}");
 }
 
+/// `bench form` runs its daemon as a process of its own by default, and
+/// gives the members' memory and the daemon's apart, with the daemon's CPU
+/// and the bytes it wrote; embedded, the process's memory and both byte
+/// counts.
+#[test]
+fn bench_form_measures_a_daemon_process_apart() {
+    let (status, out, err) = run(conclave().args(["bench", "form", "--sizes", "4", "--no-mls", "--json"]));
+    assert!(status.success(), "{out}\n{err}");
+    let row: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    let f = |k: &str| row[k].as_f64().unwrap_or_else(|| panic!("{k} in {row}"));
+    assert_eq!(row["daemon"], "process", "{row}");
+    assert!(f("peak_rss_mib") > 0.0 && f("daemon_peak_rss_mib") > 0.0, "{row}");
+    assert!(f("daemon_cpu_ms") >= 0.0 && f("cpu_ms") >= f("daemon_cpu_ms"), "{row}");
+    assert!(f("daemon_written_bytes") > 0.0 && row["daemon_read_bytes"].is_null(), "{row}");
+    assert_eq!(f("n"), 4.0);
+
+    let (status, out, err) =
+        run(conclave().args(["bench", "form", "--sizes", "4", "--no-mls", "--json", "--daemon", "embedded"]));
+    assert!(status.success(), "{out}\n{err}");
+    let row: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(row["daemon"], "embedded", "{row}");
+    assert!(row["daemon_peak_rss_mib"].is_null() && row["daemon_cpu_ms"].is_null(), "{row}");
+    assert!(row["daemon_read_bytes"].as_f64().unwrap() > 0.0, "{row}");
+
+    // A table by default, with the daemon's columns.
+    let (status, out, err) = run(conclave().args(["bench", "form", "--sizes", "3", "--no-mls"]));
+    assert!(status.success(), "{out}\n{err}");
+    assert!(out.contains("daemon RSS MiB") && out.contains("daemon process of their own"), "{out}");
+}
+
 /// `conclave keys` alone sets up a daemon that demands certified members:
 /// its server certificate, members' client certificates and the CRL.
 #[test]
