@@ -571,9 +571,18 @@ impl<G: Group> Str<G> {
     /// Returns the stacked tree and the bottom chain's length.
     fn stack(cx: &mut Ctx<'_, G>, chains: &[&Chain<G>], sub: &Tree<G>) -> Result<(Tree<G>, usize), Error> {
         let n = cx.view.members.len();
+        // Longest first; among chains as long, the one whose first member
+        // comes first in the view. Only chains as long as another need that
+        // member: finding it looks up each of their members by name, which
+        // at a join was n lookups per member for the one long chain.
         let first = |c: &Chain<G>| c.members.iter().filter_map(|x| cx.position(x)).min();
         let mut order: Vec<&Chain<G>> = chains.to_vec();
-        order.sort_by_cached_key(|c| (Reverse(c.members.len()), first(c)));
+        order.sort_by_key(|c| Reverse(c.members.len()));
+        for tied in order.chunk_by_mut(|a, b| a.members.len() == b.members.len()) {
+            if tied.len() > 1 {
+                tied.sort_by_cached_key(|c| first(c));
+            }
+        }
         let bottom = order[0];
         let b = bottom.members.len();
         let members: Vec<MemberId> = order.iter().flat_map(|c| c.members.iter().cloned()).collect();
