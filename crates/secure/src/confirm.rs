@@ -4,7 +4,8 @@
 //! Each member computes, for the new epoch, a MAC *per sender*: HMAC-SHA256
 //! under a confirmation key derived from the new group key (never the data
 //! keys), over the group, the epoch (view, with its daemon incarnation, and
-//! run), the protocol, the member list and the sender's name. Because the
+//! run), the protocol, the member list (its digest, [`ListDigest`], taken
+//! when the view comes) and the sender's name. Because the
 //! MAC names its sender, a member cannot confirm by echoing another's MAC: it
 //! must hold the key. The message is also signed by the sender's identity
 //! key (like every protocol message).
@@ -145,32 +146,55 @@ pub(crate) struct Confirmer {
     keyed: Hmac<Sha256>,
 }
 
-impl Confirmer {
-    /// For the key (`GroupKey::expose_secret`) agreed in `epoch` by `protocol` among `members` (view order).
-    pub fn new<'a, I>(key: &[u8; 32], group: &GroupName, epoch: Epoch, protocol: ProtocolId, members: I) -> Self
+/// The digest of a key's member list, in order, as key confirmation's
+/// transcript takes it: SHA-256 over the list's length and each name,
+/// length first.
+///
+/// A session takes it when the view comes ([`ListDigest::of`]), not when a
+/// run ends: a member reads the view's names as it comes (the client puts
+/// the list together, the session follows it), and they are still in the
+/// cache then; by the end of a run in a group of hundreds, other members'
+/// work has pushed them out, and reading n names scattered over the heap
+/// again was most of what a confirmation cost beside its signature.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ListDigest([u8; 32]);
+
+impl ListDigest {
+    /// The digest of `members`, in this order.
+    pub(crate) fn of<'a, I>(members: I) -> Self
     where
         I: IntoIterator<Item = &'a MemberId>,
         I::IntoIter: ExactSizeIterator,
     {
         let members = members.into_iter();
+        // Hashed as written, a few KiB at a time (the same bytes, so the
+        // same digest): a buffer grown name by name was copied over and
+        // over, and hashing each name as it came cost a copy into the
+        // hash's block buffer per name.
+        let mut list = BufWriter::with_capacity(4096, Sha256::new());
+        write(&mut list, b"conclave/secure/v1/confirm-members\0");
+        write(&mut list, &(members.len() as u32).to_be_bytes());
+        for m in members {
+            put(&mut list, m.as_str().as_bytes());
+        }
+        Self(list.into_inner().expect("hashing does not fail").finalize().into())
+    }
+}
+
+impl Confirmer {
+    /// For the key (`GroupKey::expose_secret`) agreed in `epoch` by
+    /// `protocol` among the members whose list (view order) `members` digests.
+    pub fn new(key: &[u8; 32], group: &GroupName, epoch: Epoch, protocol: ProtocolId, members: &ListDigest) -> Self {
         let hk = Hkdf::<Sha256>::new(Some(b"conclave/secure/v1/confirm-key"), key);
         let mut k = Zeroizing::new([0u8; 32]);
         hk.expand(b"key confirmation", k.as_mut()).expect("32 bytes is a valid HKDF-SHA256 output length");
-        // The transcript is hashed as it is written, a few KiB at a time
-        // (the same bytes, so the same digest): every member writes n names
-        // per run; a buffer of them grown name by name was copied over and
-        // over, and hashing each name as it came cost a copy into the hash's
-        // block buffer per name.
-        let mut transcript = BufWriter::with_capacity(4096, Sha256::new());
-        write(&mut transcript, b"conclave/secure/v1/confirm\0");
-        put(&mut transcript, group.as_str().as_bytes());
-        write(&mut transcript, &epoch.to_bytes());
-        write(&mut transcript, &[protocol.code()]);
-        write(&mut transcript, &(members.len() as u32).to_be_bytes());
-        for m in members {
-            put(&mut transcript, m.as_str().as_bytes());
-        }
-        let transcript = transcript.into_inner().expect("hashing does not fail");
+        let mut transcript = Sha256::new();
+        transcript.update(b"conclave/secure/v1/confirm\0");
+        transcript.update((group.as_str().len() as u16).to_be_bytes());
+        transcript.update(group.as_str().as_bytes());
+        transcript.update(epoch.to_bytes());
+        transcript.update([protocol.code()]);
+        transcript.update(members.0);
         let mut keyed = <Hmac<Sha256> as Mac>::new_from_slice(k.as_ref()).expect("HMAC takes any key length");
         keyed.update(&transcript.finalize());
         Self { keyed }
@@ -293,15 +317,15 @@ mod tests {
         let members = [id("a"), id("b")];
         let e = |run| Epoch::new(ViewId::new(9, 4), run);
         let key = |b: u8| [b; 32];
-        let c = Confirmer::new(&key(1), &g, e(0), ProtocolId::Tgdh, &members);
+        let c = Confirmer::new(&key(1), &g, e(0), ProtocolId::Tgdh, &ListDigest::of(&members));
         let mac_a = c.mac(&id("a"));
         assert!(c.matches(&id("a"), &mac_a));
         assert!(!c.matches(&id("b"), &mac_a), "echoing another member's MAC proves nothing");
-        let other_key = Confirmer::new(&key(2), &g, e(0), ProtocolId::Tgdh, &members);
+        let other_key = Confirmer::new(&key(2), &g, e(0), ProtocolId::Tgdh, &ListDigest::of(&members));
         assert!(!other_key.matches(&id("a"), &mac_a), "another key");
-        let other_run = Confirmer::new(&key(1), &g, e(1), ProtocolId::Tgdh, &members);
+        let other_run = Confirmer::new(&key(1), &g, e(1), ProtocolId::Tgdh, &ListDigest::of(&members));
         assert!(!other_run.matches(&id("a"), &mac_a), "another run");
-        let fewer = Confirmer::new(&key(1), &g, e(0), ProtocolId::Tgdh, &members[..1]);
+        let fewer = Confirmer::new(&key(1), &g, e(0), ProtocolId::Tgdh, &ListDigest::of(&members[..1]));
         assert!(!fewer.matches(&id("a"), &mac_a), "another member list");
     }
 
@@ -313,18 +337,20 @@ mod tests {
         let g = GroupName::new("g").unwrap();
         let members = [id("a"), id("bb")];
         let epoch = Epoch::new(ViewId::new(3, 7), 2);
-        let c = Confirmer::new(&[7; 32], &g, epoch, ProtocolId::Gdh, &members);
+        let c = Confirmer::new(&[7; 32], &g, epoch, ProtocolId::Gdh, &ListDigest::of(&members));
         let mut k = [0u8; 32];
         Hkdf::<Sha256>::new(Some(b"conclave/secure/v1/confirm-key"), &[7; 32])
             .expand(b"key confirmation", &mut k)
             .unwrap();
+        let mut list = b"conclave/secure/v1/confirm-members\0".to_vec();
+        list.extend_from_slice(&2u32.to_be_bytes());
+        put(&mut list, b"a");
+        put(&mut list, b"bb");
         let mut t = b"conclave/secure/v1/confirm\0".to_vec();
         put(&mut t, b"g");
         t.extend_from_slice(&epoch.to_bytes());
         t.push(ProtocolId::Gdh.code());
-        t.extend_from_slice(&2u32.to_be_bytes());
-        put(&mut t, b"a");
-        put(&mut t, b"bb");
+        t.extend_from_slice(&Sha256::digest(&list));
         for m in &members {
             let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&k).unwrap();
             mac.update(&Sha256::digest(&t));

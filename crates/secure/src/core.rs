@@ -28,7 +28,7 @@ use conclave_integrated::evs::{self as envelope, Envelope, NoticeReason, Writer}
 use rand_core::CryptoRngCore;
 use sha2::{Digest, Sha256};
 
-use crate::confirm::{confirm_signed, policy_signed, timeout_signed, verdict_signed, Confirmer};
+use crate::confirm::{confirm_signed, policy_signed, timeout_signed, verdict_signed, Confirmer, ListDigest};
 use crate::data::{DataError, DataHeader, EpochKeys, BUNDLE_ENTRY_OVERHEAD, TAG_LEN};
 use crate::payload::{
     cert_body, decode_policy, split_cert, split_timeout, timeout_body, timeout_names, timeout_names_part, Frame,
@@ -383,6 +383,10 @@ struct GroupState {
     engine: Box<dyn Engine>,
     /// The daemon's current view of the group.
     view: Option<View>,
+    /// The digest of `view`'s member list, for key confirmation, taken as
+    /// the view comes (see [`ListDigest`]); none in groups the daemons key,
+    /// which confirm nothing.
+    view_digest: Option<ListDigest>,
     /// The members of `view`, to look a sender up in O(1): every member
     /// checks every confirmation's sender, n per run, and a scan of the
     /// view's list made that O(n²) per member.
@@ -494,6 +498,8 @@ impl GroupState {
         let in_view = &self.in_view;
         self.evs_seen.retain(|m, _| in_view.contains(m));
         self.evs_in_flight = 0;
+        self.view_digest =
+            (!daemon_keyed(self.policy.mode)).then(|| ListDigest::of(view.members.iter().map(|m| &m.id)));
         let previous = self.view.replace(view);
         if let Some(p) = &previous {
             if self.earlier_views.len() == EARLIER_VIEWS {
@@ -502,6 +508,16 @@ impl GroupState {
             self.earlier_views.push_back(p.id);
         }
         previous
+    }
+
+    /// The digest of `members`, a key's member list: a key of the whole
+    /// view (every protocol's but an interval's between views) has the
+    /// view's own list, digested as it came.
+    fn members_digest(&self, members: &Members) -> ListDigest {
+        match (&self.view, self.view_digest) {
+            (Some(view), Some(digest)) if members.is_list_of(view) => digest,
+            _ => ListDigest::of(members.iter()),
+        }
     }
 
     /// A new view starts its own admission and its run 0: what the last
@@ -699,6 +715,7 @@ impl SessionCore {
                 policy,
                 engine,
                 view: None,
+                view_digest: None,
                 in_view: MemberSet::default(),
                 earlier_views: VecDeque::new(),
                 rekey_since: None,
@@ -1576,7 +1593,8 @@ impl SessionCore {
             // view's key is the same at every member.
             return self.deliver_secure_view(group, sv);
         }
-        let confirmer = Confirmer::new(sv.key.expose_secret(), group, sv.epoch, sv.protocol, &sv.members);
+        let members = gs.members_digest(&sv.members);
+        let confirmer = Confirmer::new(sv.key.expose_secret(), group, sv.epoch, sv.protocol, &members);
         let mac = confirmer.mac(&self.me);
         // A member alone signs nothing: it is its own collector.
         let unsigned = sv.members.len() == 1;
@@ -2734,6 +2752,39 @@ mod tests {
     }
 
     #[test]
+    fn a_key_of_the_whole_view_confirms_over_the_digest_its_view_came_with() {
+        use conclave_gka::suite::{generate_signer, SignatureId};
+        use rand_core::SeedableRng;
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(3);
+        let signer = generate_signer(SignatureId::Ed25519, &mut rng).unwrap();
+        let me = MemberId::new("m0").unwrap();
+        let mut core = SessionCore::new(me, signer, Arc::new(StaticDirectory::new()), Box::new(rng), Instant::now());
+        let policy = Policy::new(conclave_gka::ProtocolId::Tgdh, conclave_gka::GroupId::Ristretto255);
+        core.join(Instant::now(), "g", policy).unwrap();
+        let gs = core.groups.get_mut(&GroupName::new("g").unwrap()).unwrap();
+        let view = |seq, names: &[&str]| View {
+            id: ViewId::new(1, seq),
+            members: names
+                .iter()
+                .map(|n| conclave_gcs::ViewMember { id: MemberId::new(*n).unwrap(), prev: None })
+                .collect(),
+            cause: conclave_gcs::Cause::Join,
+        };
+        let digest_of = |v: &View| ListDigest::of(v.members.iter().map(|m| &m.id));
+        let (first, second) = (view(1, &["m0", "m1"]), view(2, &["m0", "m1", "m2"]));
+        gs.enter_view(first.clone());
+        gs.enter_view(second.clone());
+        // The current view's list: its digest, as it came.
+        assert_eq!(gs.members_digest(&Members::of_view(&second)), digest_of(&second));
+        // Any other list (a key of an earlier view, or of part of one) is
+        // digested from its own names, never given the current view's.
+        assert_eq!(gs.members_digest(&Members::of_view(&first)), digest_of(&first));
+        let copy = Members::from(second.ids().cloned().collect::<Vec<_>>());
+        assert_eq!(gs.members_digest(&copy), digest_of(&second), "the same names, another list");
+        assert_ne!(digest_of(&first), digest_of(&second));
+    }
+
+    #[test]
     fn settling_accepts_matching_macs_and_checks_only_the_others_signatures() {
         use conclave_gka::suite::{generate_signer, SignatureId};
         use rand_core::SeedableRng;
@@ -2741,7 +2792,8 @@ mod tests {
         let group = GroupName::new("g").unwrap();
         let epoch = Epoch { view: ViewId { incarnation: 1, seq: 2 }, run: 0 };
         let names: Vec<MemberId> = (0..6).map(|i| MemberId::new(format!("m{i}")).unwrap()).collect();
-        let confirmer = Confirmer::new(&[7; 32], &group, epoch, conclave_gka::ProtocolId::Tgdh, &names);
+        let confirmer =
+            Confirmer::new(&[7; 32], &group, epoch, conclave_gka::ProtocolId::Tgdh, &ListDigest::of(&names));
         let mut confirms = Confirmations::default();
         // (MAC matches this member's key, signature valid)
         let cases = [(true, true), (true, false), (false, true), (false, false), (false, true), (false, false)];
