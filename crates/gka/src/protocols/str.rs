@@ -56,7 +56,7 @@
 use std::cmp::Reverse;
 use std::sync::Arc;
 
-use conclave_gcs::MemberId;
+use conclave_gcs::{kept_places, MemberId, ViewMember};
 use zeroize::Zeroize;
 
 use super::{get_elem, get_member, put_member, MAX_MEMBERS};
@@ -128,16 +128,16 @@ impl<G: Group> Tree<G> {
         self.members.len()
     }
 
-    /// The chain restricted to the `count` members that `keep` says (which
-    /// must include this member), and its sponsor's position: just below the
-    /// lowest removed leaf, the bottom if that was the bottom, the top if
-    /// nothing is removed. Blinded keys below the sponsor and this member's
-    /// keys below it stay valid.
-    fn prune(&self, keep: impl Fn(&MemberId) -> bool, count: usize) -> Option<(Self, usize)> {
+    /// The chain restricted to the `count` members that `keep` says by their
+    /// place in it (which must include this member), its sponsor's position
+    /// (just below the lowest removed leaf, the bottom if that was the
+    /// bottom, the top if nothing is removed) and the places kept. Blinded
+    /// keys below the sponsor and this member's keys below it stay valid.
+    fn prune(&self, keep: impl Fn(usize) -> bool, count: usize) -> Option<(Self, usize, Vec<usize>)> {
         let mut kept: Vec<usize> = Vec::with_capacity(count);
         let mut lowest_removed = None;
-        for (i, m) in self.members.iter().enumerate() {
-            if keep(m) {
+        for i in 0..self.members.len() {
+            if keep(i) {
                 kept.push(i);
             } else if lowest_removed.is_none() {
                 lowest_removed = Some(i);
@@ -171,7 +171,7 @@ impl<G: Group> Tree<G> {
             keys,
             secret: None,
         };
-        Some((tree, sponsor))
+        Some((tree, sponsor, kept))
     }
 
     /// Gives this member (the sponsor) a fresh leaf exponent.
@@ -342,30 +342,74 @@ fn put_bks<G: Group>(w: &mut Writer, bks: &[Option<Arc<Bk<G>>>]) -> Result<(), E
     Ok(())
 }
 
+/// Where the installed chain's members stand in the view of its install:
+/// that view's members, and each chain member's place in it (chain order).
+/// Views keep their members' order, so the next view's place of each is
+/// found by walking both views side by side (two clones of one name compare
+/// by address), where looking every chain member up by name hashed n names
+/// per member and view, each a read of memory nothing else touches.
+#[derive(Default)]
+struct Places {
+    view: Option<Arc<[ViewMember]>>,
+    of: Vec<usize>,
+}
+
+impl Places {
+    /// `tree`'s pruned to the `count` members `keep` says by their place in
+    /// `cx`'s view (`None`: not in it), as [`Tree::prune`], with the kept
+    /// members' places. The places come from the walk first: it finds a
+    /// member only where it is (names are unique in a view) but may miss
+    /// one that stands elsewhere, so when what it finds does not make
+    /// `count`, every member is looked up by name instead.
+    #[allow(clippy::type_complexity)]
+    fn prune<G: Group>(
+        &self,
+        cx: &Ctx<'_, G>,
+        tree: &Tree<G>,
+        keep: impl Fn(Option<usize>) -> bool,
+        count: usize,
+    ) -> Option<(Tree<G>, usize, Vec<usize>)> {
+        let by = |at: &[Option<usize>]| {
+            let (pruned, sponsor, kept) = tree.prune(|i| keep(at[i]), count)?;
+            Some((pruned, sponsor, kept.iter().filter_map(|&i| at[i]).collect()))
+        };
+        let walked = self.view.as_deref().filter(|_| self.of.len() == tree.len()).and_then(|old| {
+            let (to, _) = kept_places(old, &cx.view.members);
+            by(&self.of.iter().map(|&p| to.get(p).copied().flatten()).collect::<Vec<_>>())
+        });
+        walked.or_else(|| by(&tree.members.iter().map(|m| cx.position(m)).collect::<Vec<_>>()))
+    }
+}
+
 /// A merge in progress.
 struct Merge<G: Group> {
     /// This member's subgroup's chain (pruned to the subgroup).
     sub: Tree<G>,
+    /// The view places of `sub`'s members, in chain order.
+    sub_places: Vec<usize>,
     /// Position of the subgroup's sponsor in `sub`.
     sub_sponsor: usize,
-    /// The chains announced so far (disjoint).
-    chains: Vec<Chain<G>>,
+    /// The chains announced so far (disjoint), and their members' view
+    /// places in chain order.
+    chains: Vec<(Chain<G>, Vec<usize>)>,
     /// By view position: the members of `chains` (checked at every chain
     /// message), and how many.
     announced: Vec<bool>,
     covered: usize,
     /// By view position: the members of `sub`.
     in_sub: Vec<bool>,
-    /// Once every chain is in: the stacked tree and the bottom chain's length.
-    stacked: Option<(Tree<G>, usize)>,
+    /// Once every chain is in: the stacked tree, the bottom chain's length
+    /// and the stacked members' view places.
+    stacked: Option<(Tree<G>, usize, Vec<usize>)>,
 }
 
 /// The run of the current view.
 enum Run<G: Group> {
     /// No run: the view's key is installed (or there is no view).
     Idle,
-    /// A leave or partition: the pruned tree and the sponsor's position.
-    Leave { tree: Tree<G>, sponsor: usize },
+    /// A leave or partition: the pruned tree, the sponsor's position and
+    /// the members' view places.
+    Leave { tree: Tree<G>, sponsor: usize, places: Vec<usize> },
     /// A merge.
     Merge(Box<Merge<G>>),
 }
@@ -374,17 +418,26 @@ enum Run<G: Group> {
 pub struct Str<G: Group> {
     /// The tree of the last install (persistent state).
     tree: Option<Tree<G>>,
+    /// Where its members stood in the view of that install.
+    places: Places,
     /// The current run (per-view state).
     run: Run<G>,
 }
 
 impl<G: Group> Str<G> {
-    /// Installs the run's group secret and keeps its tree.
-    fn commit(&mut self, cx: &mut Ctx<'_, G>, mut tree: Tree<G>) -> Result<(), Error> {
+    /// Installs the run's group secret and keeps its tree, whose members
+    /// stand at `places` in the view.
+    fn commit(&mut self, cx: &mut Ctx<'_, G>, mut tree: Tree<G>, places: Vec<usize>) -> Result<(), Error> {
+        debug_assert!(
+            places.len() == tree.len()
+                && tree.members.iter().zip(&places).all(|(m, &p)| cx.view.members.get(p).is_some_and(|v| &v.id == m)),
+            "STR: a chain member's view place is wrong"
+        );
         let mut secret = tree.seal().ok_or(Error::Internal("STR: no group secret"))?;
         cx.install(&secret);
         secret.zeroize();
         self.tree = Some(tree);
+        self.places = Places { view: Some(cx.view.members.clone()), of: places };
         self.run = Run::Idle;
         Ok(())
     }
@@ -392,8 +445,9 @@ impl<G: Group> Str<G> {
     fn start_leave(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
         let old = self.tree.as_ref().ok_or(Error::BadView("STR: no tree to shrink"))?;
         // Every member of the view shares the tree.
-        let (mut tree, sponsor) = old
-            .prune(|m| cx.contains(m), change.mine.len())
+        let (mut tree, sponsor, places) = self
+            .places
+            .prune(cx, old, |at| at.is_some(), change.mine.len())
             .ok_or(Error::BadView("STR: view does not fit the tree"))?;
         let n = tree.len();
         if tree.pos == sponsor {
@@ -404,24 +458,26 @@ impl<G: Group> Str<G> {
             put_bks(&mut w, &tree.bk[sponsor.max(1)..n - 1])?;
             cx.broadcast(ROUND_LEAVE, w.buf);
         }
-        self.run = Run::Leave { tree, sponsor };
+        self.run = Run::Leave { tree, sponsor, places };
         Ok(())
     }
 
     fn start_merge(&mut self, cx: &mut Ctx<'_, G>, change: &Change) -> Result<(), Error> {
         let n = cx.view.members.len();
         let in_sub = change.mine_marks(cx.view)?;
-        let (mut sub, sub_sponsor, refreshed) = match &self.tree {
+        let (mut sub, sub_sponsor, sub_places, refreshed) = match &self.tree {
             Some(t) => {
-                let keep = |m: &MemberId| cx.position(m).is_some_and(|p| in_sub[p]);
-                let (sub, s) =
-                    t.prune(keep, change.mine.len()).ok_or(Error::BadView("STR: subgroup does not fit the tree"))?;
-                (sub, s, false)
+                let (sub, s, places) = self
+                    .places
+                    .prune(cx, t, |at| at.is_some_and(|p| in_sub[p]), change.mine.len())
+                    .ok_or(Error::BadView("STR: subgroup does not fit the tree"))?;
+                (sub, s, places, false)
             }
             None => {
                 let r = cx.random();
                 let br = Bk::computed(cx.g, cx.exp_g(&r));
-                (Tree::leaf(cx.me, r, br), 0, true)
+                let me = cx.position(cx.me).ok_or(Error::BadView("STR: not in the view"))?;
+                (Tree::leaf(cx.me, r, br), 0, vec![me], true)
             }
         };
         if sub.pos == sub_sponsor {
@@ -437,6 +493,7 @@ impl<G: Group> Str<G> {
         }
         self.run = Run::Merge(Box::new(Merge {
             sub,
+            sub_places,
             sub_sponsor,
             chains: Vec::new(),
             announced: vec![false; n],
@@ -449,7 +506,7 @@ impl<G: Group> Str<G> {
 
     fn on_leave(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
         let round = ROUND_LEAVE;
-        let Run::Leave { tree, sponsor } = &self.run else {
+        let Run::Leave { tree, sponsor, .. } = &self.run else {
             return Err(Misbehaved::OutsideItsRun { round }.by(from));
         };
         let (s, n) = (*sponsor, tree.len());
@@ -468,7 +525,7 @@ impl<G: Group> Str<G> {
             return Err(Error::Internal("STR: own leave message does not match"));
         }
         // Every check is done: the run's tree becomes the installed one.
-        let Run::Leave { mut tree, .. } = std::mem::replace(&mut self.run, Run::Idle) else {
+        let Run::Leave { mut tree, places, .. } = std::mem::replace(&mut self.run, Run::Idle) else {
             return Err(Error::Internal("STR: the leave run went away"));
         };
         if from != cx.me {
@@ -481,7 +538,7 @@ impl<G: Group> Str<G> {
             }
             tree.secret = tree.climb(cx, n - 1, 0)?;
         }
-        self.commit(cx, tree)
+        self.commit(cx, tree, places)
     }
 
     fn on_chain(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
@@ -551,8 +608,12 @@ impl<G: Group> Str<G> {
                 *bk = Some(new.clone());
             }
         }
+        // The chain's members' view places, in chain order: our subgroup's
+        // are `sub`'s (the same members).
+        let places = if own { m.sub_places.clone() } else { positions.clone() };
         let stacked = if covered + chain.members.len() == n {
-            let all: Vec<&Chain<G>> = m.chains.iter().chain([&chain]).collect();
+            let all: Vec<(&Chain<G>, &[usize])> =
+                m.chains.iter().map(|(c, p)| (c, p.as_slice())).chain([(&chain, places.as_slice())]).collect();
             Some(Self::stack(cx, &all, &m.sub)?)
         } else {
             None
@@ -561,38 +622,38 @@ impl<G: Group> Str<G> {
             m.announced[p] = true;
         }
         m.covered += chain.members.len();
-        m.chains.push(chain);
+        m.chains.push((chain, places));
         m.stacked = stacked;
         Ok(())
     }
 
-    /// Stacks the announced chains (which cover the view); the bottom chain
-    /// catches up on its node keys and its topmost member runs round 2.
-    /// Returns the stacked tree and the bottom chain's length.
-    fn stack(cx: &mut Ctx<'_, G>, chains: &[&Chain<G>], sub: &Tree<G>) -> Result<(Tree<G>, usize), Error> {
+    /// Stacks the announced chains (which cover the view; each with its
+    /// members' view places); the bottom chain catches up on its node keys
+    /// and its topmost member runs round 2. Returns the stacked tree, the
+    /// bottom chain's length and the stacked members' view places.
+    #[allow(clippy::type_complexity)]
+    fn stack(
+        cx: &mut Ctx<'_, G>,
+        chains: &[(&Chain<G>, &[usize])],
+        sub: &Tree<G>,
+    ) -> Result<(Tree<G>, usize, Vec<usize>), Error> {
         let n = cx.view.members.len();
         // Longest first; among chains as long, the one whose first member
-        // comes first in the view. Only chains as long as another need that
-        // member: finding it looks up each of their members by name, which
-        // at a join was n lookups per member for the one long chain.
-        let first = |c: &Chain<G>| c.members.iter().filter_map(|x| cx.position(x)).min();
-        let mut order: Vec<&Chain<G>> = chains.to_vec();
-        order.sort_by_key(|c| Reverse(c.members.len()));
-        for tied in order.chunk_by_mut(|a, b| a.members.len() == b.members.len()) {
-            if tied.len() > 1 {
-                tied.sort_by_cached_key(|c| first(c));
-            }
-        }
-        let bottom = order[0];
+        // comes first in the view.
+        let mut order: Vec<(&Chain<G>, &[usize])> = chains.to_vec();
+        order.sort_by_key(|(c, places)| (Reverse(c.members.len()), places.iter().min().copied()));
+        let bottom = order[0].0;
         let b = bottom.members.len();
-        let members: Vec<MemberId> = order.iter().flat_map(|c| c.members.iter().cloned()).collect();
-        let br: Vec<Arc<Bk<G>>> = order.iter().flat_map(|c| c.br.iter().cloned()).collect();
+        let members: Vec<MemberId> = order.iter().flat_map(|(c, _)| c.members.iter().cloned()).collect();
+        let places: Vec<usize> = order.iter().flat_map(|(_, p)| p.iter().copied()).collect();
+        let br: Vec<Arc<Bk<G>>> = order.iter().flat_map(|(c, _)| c.br.iter().cloned()).collect();
         // The bottom chain keeps its internal nodes; the rest are computed in round 2.
         let mut bk: Vec<Option<Arc<Bk<G>>>> = Vec::with_capacity(n);
         bk.push(Some(br[0].clone()));
         bk.extend(bottom.bk.iter().cloned().map(Some));
         bk.resize(n, None);
-        let pos = members.iter().position(|x| x == cx.me).ok_or(Error::Internal("STR: not in the stacked tree"))?;
+        let me = cx.position(cx.me).ok_or(Error::Internal("STR: not in the view"))?;
+        let pos = places.iter().position(|&p| p == me).ok_or(Error::Internal("STR: not in the stacked tree"))?;
         let in_bottom = pos < b;
         // In the bottom chain, which is our subgroup's, our keys below its
         // sponsor (or all of them, if we are the sponsor) are still valid.
@@ -609,7 +670,7 @@ impl<G: Group> Str<G> {
                 s.zeroize();
             }
         }
-        Ok((tree, b))
+        Ok((tree, b, places))
     }
 
     fn on_final(&mut self, cx: &mut Ctx<'_, G>, from: &MemberId, body: &[u8]) -> Result<(), Error> {
@@ -617,7 +678,7 @@ impl<G: Group> Str<G> {
         let Run::Merge(m) = &self.run else {
             return Err(Misbehaved::OutsideItsRun { round }.by(from));
         };
-        let Some((tree, b)) = &m.stacked else {
+        let Some((tree, b, _)) = &m.stacked else {
             // Its sponsor is known, and it can compute it, only once every
             // chain is in.
             return Err(Misbehaved::NotItsTurn { round }.by(from));
@@ -640,7 +701,7 @@ impl<G: Group> Str<G> {
         let Run::Merge(m) = std::mem::replace(&mut self.run, Run::Idle) else {
             return Err(Error::Internal("STR: the merge run went away"));
         };
-        let Some((mut tree, _)) = m.stacked else {
+        let Some((mut tree, _, places)) = m.stacked else {
             return Err(Error::Internal("STR: the stacked tree went away"));
         };
         if from != cx.me {
@@ -649,7 +710,7 @@ impl<G: Group> Str<G> {
             }
             tree.secret = tree.climb(cx, n - 1, 0)?;
         }
-        self.commit(cx, tree)
+        self.commit(cx, tree, places)
     }
 }
 
@@ -657,7 +718,7 @@ impl<G: Group> Protocol<G> for Str<G> {
     const ID: ProtocolId = ProtocolId::Str;
 
     fn new() -> Self {
-        Self { tree: None, run: Run::Idle }
+        Self { tree: None, places: Places::default(), run: Run::Idle }
     }
 
     fn reset(&mut self) {
@@ -672,7 +733,7 @@ impl<G: Group> Protocol<G> for Str<G> {
             let br = cx.exp_g(&r);
             let mut tree = Tree::leaf(cx.me, r, Bk::computed(cx.g, br.clone()));
             tree.secret = Some(br);
-            return self.commit(cx, tree);
+            return self.commit(cx, tree, vec![0]);
         }
         if change.single {
             self.start_leave(cx, change)
@@ -697,7 +758,7 @@ impl<G: Group> Protocol<G> for Str<G> {
             Run::Leave { tree, .. } => trees.push(tree),
             Run::Merge(m) => {
                 trees.push(&m.sub);
-                trees.extend(m.stacked.as_ref().map(|(t, _)| t));
+                trees.extend(m.stacked.as_ref().map(|(t, ..)| t));
             }
         }
         let mut scalars = Vec::new();
