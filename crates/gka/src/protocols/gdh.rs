@@ -845,11 +845,18 @@ mod validation {
     }
 
     fn list_body(members: &[&str]) -> Vec<u8> {
+        let e = elem();
+        list_of(&members.iter().map(|m| (*m, e.as_slice())).collect::<Vec<_>>())
+    }
+
+    /// A list round's body: each member's name and the bytes given for its
+    /// partial key.
+    fn list_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
         let mut w = Writer::new();
-        w.count(members.len());
-        for m in members {
+        w.count(entries.len());
+        for (m, e) in entries {
             w.short_bytes(m.as_bytes());
-            w.raw(&elem());
+            w.raw(e);
         }
         w.buf
     }
@@ -1029,13 +1036,9 @@ mod validation {
         net.agreed();
         // d leaves: c is the controller; a's partial key is no element.
         net.view(2, &["a", "b", "c"], &[]);
-        let mut w = Writer::new();
-        w.count(3);
-        for m in ["a", "b", "c"] {
-            w.short_bytes(m.as_bytes());
-            w.raw(&if m == "a" { vec![0xff; elem().len()] } else { elem() });
-        }
-        let e = net.reject("a", "c", None, ROUND_LIST, w.buf);
+        let (junk, e) = (vec![0xff; elem().len()], elem());
+        let body = list_of(&[("a", &junk), ("b", &e), ("c", &e)]);
+        let e = net.reject("a", "c", None, ROUND_LIST, body);
         assert!(matches!(e, Error::Crypto(_)), "{e:?}");
         // A list one element short is refused by every member, before any decoding.
         let mut body = list_body(&["a", "b", "c"]);
@@ -1061,13 +1064,7 @@ mod validation {
         net.agreed();
         // d leaves; c, the controller, lists b's partial key outside the subgroup.
         net.view(2, &["a", "b", "c"], &[]);
-        let mut w = Writer::new();
-        w.count(3);
-        for (m, e) in [("a", &inside), ("b", &outside), ("c", &inside)] {
-            w.short_bytes(m.as_bytes());
-            w.raw(e);
-        }
-        let bad = net.forge("c", None, ROUND_LIST, w.buf);
+        let bad = net.forge("c", None, ROUND_LIST, list_of(&[("a", &inside), ("b", &outside), ("c", &inside)]));
         let e = net.offer("b", &bad).expect_err("b refuses its entry");
         assert_eq!(e, Error::Crypto(CryptoError::InvalidElement));
         assert!(net.key("b").is_none(), "b installed a key");
