@@ -189,12 +189,11 @@ impl Confirmer {
         let mut k = Zeroizing::new([0u8; 32]);
         hk.expand(b"key confirmation", k.as_mut()).expect("32 bytes is a valid HKDF-SHA256 output length");
         let mut transcript = Sha256::new();
-        transcript.update(b"conclave/secure/v1/confirm\0");
-        transcript.update((group.as_str().len() as u16).to_be_bytes());
-        transcript.update(group.as_str().as_bytes());
-        transcript.update(epoch.to_bytes());
-        transcript.update([protocol.code()]);
-        transcript.update(members.0);
+        write(&mut transcript, b"conclave/secure/v1/confirm\0");
+        put(&mut transcript, group.as_str().as_bytes());
+        write(&mut transcript, &epoch.to_bytes());
+        write(&mut transcript, &[protocol.code()]);
+        write(&mut transcript, &members.0);
         let mut keyed = <Hmac<Sha256> as Mac>::new_from_slice(k.as_ref()).expect("HMAC takes any key length");
         keyed.update(&transcript.finalize());
         Self { keyed }

@@ -383,9 +383,10 @@ struct GroupState {
     engine: Box<dyn Engine>,
     /// The daemon's current view of the group.
     view: Option<View>,
-    /// The digest of `view`'s member list, for key confirmation, taken as
-    /// the view comes (see [`ListDigest`]); none in groups the daemons key,
-    /// which confirm nothing.
+    /// The digest of `view`'s member list, for key confirmation, taken when
+    /// a run starts in the view ([`GroupState::digest_view`]); none in
+    /// groups the daemons key, which confirm nothing, and for a view
+    /// superseded when it came.
     view_digest: Option<ListDigest>,
     /// The members of `view`, to look a sender up in O(1): every member
     /// checks every confirmation's sender, n per run, and a scan of the
@@ -498,8 +499,7 @@ impl GroupState {
         let in_view = &self.in_view;
         self.evs_seen.retain(|m, _| in_view.contains(m));
         self.evs_in_flight = 0;
-        self.view_digest =
-            (!daemon_keyed(self.policy.mode)).then(|| ListDigest::of(view.members.iter().map(|m| &m.id)));
+        self.view_digest = None;
         let previous = self.view.replace(view);
         if let Some(p) = &previous {
             if self.earlier_views.len() == EARLIER_VIEWS {
@@ -508,6 +508,16 @@ impl GroupState {
             self.earlier_views.push_back(p.id);
         }
         previous
+    }
+
+    /// Takes the current view's digest for key confirmation (see
+    /// [`ListDigest`]), in a group whose members confirm their keys: when a
+    /// run starts in the view, right after its names were read. A view
+    /// already superseded when it came starts none and is not digested.
+    fn digest_view(&mut self) {
+        if !daemon_keyed(self.policy.mode) {
+            self.view_digest = self.view.as_ref().map(|v| ListDigest::of(v.members.iter().map(|m| &m.id)));
+        }
     }
 
     /// The digest of `members`, a key's member list: a key of the whole
@@ -1141,11 +1151,13 @@ impl SessionCore {
             // The engine reads the view where the group keeps it: no copy of
             // a list of hundreds per view.
             gs.enter_view(view);
+            gs.digest_view();
             let view = gs.view.as_ref().expect("just entered");
             let res = gs.engine.on_view(view, &mut *self.rng);
             return self.engine_result(&group, None, res);
         }
         let previous = gs.enter_view(view.clone());
+        gs.digest_view();
         self.admit(group, previous, view)
     }
 
@@ -1197,6 +1209,7 @@ impl SessionCore {
             gs.phase = Phase::Agreeing; // set aside in the last view only
         }
         let previous = gs.enter_view(view.clone());
+        gs.digest_view();
         gs.new_view_admission();
         if self.certified.is_none() {
             let res = gs.engine.on_view(&view, &mut *self.rng);
@@ -2773,7 +2786,9 @@ mod tests {
         let digest_of = |v: &View| ListDigest::of(v.members.iter().map(|m| &m.id));
         let (first, second) = (view(1, &["m0", "m1"]), view(2, &["m0", "m1", "m2"]));
         gs.enter_view(first.clone());
+        gs.digest_view();
         gs.enter_view(second.clone());
+        gs.digest_view();
         // The current view's list: its digest, as it came.
         assert_eq!(gs.members_digest(&Members::of_view(&second)), digest_of(&second));
         // Any other list (a key of an earlier view, or of part of one) is
@@ -2782,6 +2797,12 @@ mod tests {
         let copy = Members::from(second.ids().cloned().collect::<Vec<_>>());
         assert_eq!(gs.members_digest(&copy), digest_of(&second), "the same names, another list");
         assert_ne!(digest_of(&first), digest_of(&second));
+        // A view entered without a run (superseded when it came) has no
+        // digest of its own, and never the last view's.
+        let third = view(3, &["m0", "m2"]);
+        gs.enter_view(third.clone());
+        assert_eq!(gs.view_digest, None);
+        assert_eq!(gs.members_digest(&Members::of_view(&third)), digest_of(&third));
     }
 
     #[test]
