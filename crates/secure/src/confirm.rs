@@ -5,7 +5,7 @@
 //! under a confirmation key derived from the new group key (never the data
 //! keys), over the group, the epoch (view, with its daemon incarnation, and
 //! run), the protocol, the member list (its digest, [`ListDigest`], taken
-//! when the view comes) and the sender's name. Because the
+//! when a run starts in the view) and the sender's name. Because the
 //! MAC names its sender, a member cannot confirm by echoing another's MAC: it
 //! must hold the key. The message is also signed by the sender's identity
 //! key (like every protocol message).
@@ -150,8 +150,8 @@ pub(crate) struct Confirmer {
 /// transcript takes it: SHA-256 over the list's length and each name,
 /// length first.
 ///
-/// A session takes it when the view comes ([`ListDigest::of`]), not when a
-/// run ends: a member reads the view's names as it comes (the client puts
+/// A session takes it when a run starts in the view, right after the view
+/// came ([`ListDigest::of`]), not when the run ends: a member reads the view's names as it comes (the client puts
 /// the list together, the session follows it), and they are still in the
 /// cache then; by the end of a run in a group of hundreds, other members'
 /// work has pushed them out, and reading n names scattered over the heap
